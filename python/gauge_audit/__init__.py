@@ -1,0 +1,15 @@
+"""gauge-audit: settle claims about transformer gauge symmetries four ways.
+
+Layers (imports point one way, top to bottom):
+
+    runtime, errors            device / dtype / seed selection; the one error type
+    models                     reference transformer families (torch), params as dicts
+    actions                    gauge actions: pure functions params -> params
+    claims                     the claim catalog (TOML data) and its loader
+    numeric / precision /      the checkers: torch, mpmath, SymPy, Jacobian nullity,
+    symbolic / nullity / formal  Lean
+    audit, report              combine checker evidence into verdicts and reports
+    cli                        the `gauge-audit` command
+"""
+
+__version__ = "0.1.0"

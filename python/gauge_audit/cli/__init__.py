@@ -1,0 +1,52 @@
+"""The ``gauge-audit`` command.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; the
+module list below is the only place that knows them all.  Every user-facing
+failure is a :class:`~gauge_audit.errors.GaugeAuditError`, printed as one line on
+stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import GaugeAuditError
+
+SUBCOMMANDS = (
+    "check",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 (argparse's own code)."""
+
+    def error(self, message: str):  # pragma: no cover - exercised through the CLI tests
+        sys.stderr.write(f"gauge-audit: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gauge-audit", description="Audit gauge-symmetry claims about transformers.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GaugeAuditError as exc:
+        sys.stderr.write(f"gauge-audit: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gauge-audit: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
