@@ -1,0 +1,20 @@
+"""Gauge actions: each a named pure function ``params -> params`` (never mutating
+its input), with its group, its preconditions and a seeded sampler."""
+
+from __future__ import annotations
+
+from ..errors import GaugeAuditError
+from . import attention, ffn, stream
+from .base import Action, Element
+
+ACTIONS: dict[str, Action] = {a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS)}
+
+
+def get_action(name: str) -> Action:
+    try:
+        return ACTIONS[name]
+    except KeyError:
+        raise GaugeAuditError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}") from None
+
+
+__all__ = ["ACTIONS", "Action", "Element", "get_action"]

@@ -1,0 +1,250 @@
+"""Gauge actions on the residual stream and its norms (pre-norm families).
+
+The stream is written by the embeddings, W_O/b_O of every attention layer and
+W_out/b_out of every FFN (all with d_model as their last axis), and read only
+through norms: ln1 → W_Q, W_K, W_V; ln2 → W_in, W_gate (or the MoE router and
+experts); ln_final → W_U (all with d_model at axis −2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import GaugeAuditError
+from ..models.config import Config
+from .base import Action, Element, Params, as64, put, random_orthogonal, require_shape, updated
+
+AFFINE = ("layernorm", "rmsnorm")
+
+
+def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str | None]]]:
+    """norm prefix → [(reader weight, its bias or None)], for pre-norm models.
+    The tied unembedding is not listed: its reader is W_Eᵀ, which is also a writer."""
+    out: dict[str, list[tuple[str, str | None]]] = {}
+    for i in range(cfg.n_layers):
+        b = f"blocks.{i}"
+        out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
+        ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
+        out[f"{b}.ln2"] = [(f"{ffn}.W_in", f"{ffn}.b_in")]
+        if cfg.act == "swiglu":
+            out[f"{b}.ln2"].append((f"{ffn}.W_gate", f"{ffn}.b_gate"))
+        if cfg.experts:
+            out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
+    if not cfg.tied:
+        out["ln_final"] = [("unembed.W_U", "unembed.b_U")]
+    return {norm: [(w, b if b in params else None) for w, b in readers] for norm, readers in out.items()}
+
+
+def stream_writers(cfg: Config, params: Params) -> list[str]:
+    names = ["embed.W_E", "embed.W_pos"]
+    for i in range(cfg.n_layers):
+        b = f"blocks.{i}"
+        ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
+        names += [f"{b}.attn.W_O", f"{b}.attn.b_O", f"{ffn}.W_out", f"{ffn}.b_out"]
+    return [n for n in names if n in params]
+
+
+def _pre_norm_reason(cfg: Config) -> str | None:
+    if cfg.family in ("attn",):
+        return "the single attention layer has no norms"
+    if cfg.norm_placement != "pre":
+        return ("post-LN writes γ⊙n(x)+β into the stream itself, so a rotation R would need "
+                "D_γ·R = R·D_γ' (generically impossible), and the model's output is the stream")
+    return None
+
+
+# ----------------------------------------------------------------------------- norm scale / shift
+def _scalable_norms(cfg: Config, params: Params) -> list[str]:
+    return [n for n in norm_readers(cfg, params) if f"{n}.w" in params]
+
+
+def _norm_scale_applies(cfg: Config) -> str | None:
+    return _pre_norm_reason(cfg) or (None if cfg.norm in AFFINE else "the norms have no weight γ")
+
+
+def _norm_scale_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    parts = {}
+    for n in _scalable_norms(cfg, params):
+        parts[n] = kappa ** (torch.rand(cfg.d_model, generator=g, dtype=torch.float64) - 0.5)
+    k = max(float(s.max() / s.min()) for s in parts.values())
+    return Element(parts, k)
+
+
+def norm_scale(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: (ℝ_{≠0})^{d_model} per norm with a weight (pre-norm models; the final norm
+    only when the unembedding is untied).
+
+    Acts: γ ↦ γ⊙s, β ↦ β⊙s, and each reader of the norm W ↦ diag(s)⁻¹·W.
+
+    Why: the readers see (n(x)⊙γ⊙s + β⊙s)·diag(s)⁻¹·W = (n(x)⊙γ + β)·W.
+    """
+    changes = {}
+    readers = norm_readers(cfg, params)
+    for norm, s in el.parts.items():
+        if norm not in readers or f"{norm}.w" not in params:
+            raise GaugeAuditError(f"{norm} is not a weighted norm with transformable readers in this model")
+        require_shape(f"scale for {norm}", s, (cfg.d_model,))
+        if (s == 0).any():
+            raise GaugeAuditError(f"scale for {norm} has a zero entry (not invertible)")
+        s = as64(s)
+        for t in ("w", "b"):
+            key = f"{norm}.{t}"
+            if key in params:
+                changes[key] = put(as64(params[key]) * s, params[key])
+        for w, _ in readers[norm]:
+            changes[w] = put(as64(params[w]) / s[:, None], params[w])
+    return updated(params, changes)
+
+
+def _shiftable_norms(cfg: Config, params: Params) -> list[str]:
+    return [n for n, readers in norm_readers(cfg, params).items()
+            if f"{n}.b" in params and all(b is not None for _, b in readers)]
+
+
+def _norm_shift_applies(cfg: Config) -> str | None:
+    return _pre_norm_reason(cfg) or (None if cfg.norm == "layernorm" else "the norms have no shift β")
+
+
+def _norm_shift_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    parts = {n: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64)
+             for n in _shiftable_norms(cfg, params)}
+    if not parts:
+        raise GaugeAuditError("no LayerNorm in this model has readers that all carry a bias")
+    return Element(parts, 1.0)
+
+
+def norm_shift(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: (ℝ^{d_model}, +) per LayerNorm whose readers all have biases.
+
+    Acts: β ↦ β + δ and each reader bias b ↦ b − δ·W.
+
+    Why: the reader computes (n(x)⊙γ + β + δ)·W + b − δ·W = (n(x)⊙γ + β)·W + b.
+    """
+    changes = {}
+    readers = norm_readers(cfg, params)
+    for norm, d in el.parts.items():
+        if norm not in _shiftable_norms(cfg, params):
+            raise GaugeAuditError(f"{norm} has no shift β or a reader without a bias")
+        require_shape(f"shift for {norm}", d, (cfg.d_model,))
+        d = as64(d)
+        changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) + d, params[f"{norm}.b"])
+        for w, b in readers[norm]:
+            changes[b] = put(as64(params[b]) - torch.einsum("d,...df->...f", d, as64(params[w])), params[b])
+    return updated(params, changes)
+
+
+# ----------------------------------------------------------------------------- stream rotation
+def _rotation_applies(cfg: Config) -> str | None:
+    reason = _pre_norm_reason(cfg)
+    if reason:
+        return reason
+    if cfg.tied and cfg.norm in AFFINE:
+        return ("tied embeddings: W_U = W_Eᵀ must become Rᵀ·W_U, but the final norm's readers need "
+                "D_γ⁻¹·Rᵀ·D_γ·W_U; both hold only if R commutes with diag(γ_final) (generically R = I)")
+    return None
+
+
+def _rotation_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    d = cfg.d_model
+    if cfg.norm.startswith("layernorm"):
+        # R = 11ᵀ/d + U·Q·Uᵀ with U an orthonormal basis of 1^⊥ and Q ∈ SO(d−1): R fixes 1.
+        basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1, dtype=torch.float64),
+                                              torch.randn(d, d - 1, generator=g, dtype=torch.float64)], dim=1))
+        u = basis[:, 1:]
+        r = torch.ones(d, d, dtype=torch.float64) / d + u @ random_orthogonal(d - 1, g, special=True) @ u.T
+    else:
+        r = random_orthogonal(d, g, special=True)
+    return Element({"R": r}, _rotation_kappa(cfg, params, r))
+
+
+def _conjugated(params: Params, norm: str, r: torch.Tensor) -> torch.Tensor:
+    """C = D_γ⁻¹·R·D_γ: the rotation as seen through the norm's affine map (R if no γ)."""
+    if f"{norm}.w" not in params:
+        return r
+    gamma = as64(params[f"{norm}.w"])
+    if (gamma == 0).any():
+        raise GaugeAuditError(f"{norm} has a zero weight entry: the corrected reader rule needs γ invertible")
+    return r * gamma[None, :] / gamma[:, None]
+
+
+def _rotation_kappa(cfg: Config, params: Params, r: torch.Tensor) -> float:
+    ks = [float(torch.linalg.cond(_conjugated(params, n, r))) for n in norm_readers(cfg, params)]
+    return max(ks, default=1.0)
+
+
+def _validate_rotation(cfg: Config, r: torch.Tensor) -> torch.Tensor:
+    require_shape("R", r, (cfg.d_model, cfg.d_model))
+    r = as64(r)
+    eye = torch.eye(cfg.d_model, dtype=torch.float64)
+    if torch.linalg.matrix_norm(r.T @ r - eye) > 1e-10 * cfg.d_model:
+        raise GaugeAuditError("R is not orthogonal (the norms only commute with isometries)")
+    if cfg.norm.startswith("layernorm"):
+        ones = torch.ones(cfg.d_model, dtype=torch.float64)
+        if torch.linalg.vector_norm(r @ ones - ones) > 1e-10 * cfg.d_model:
+            raise GaugeAuditError("R must fix the all-ones vector: LayerNorm's mean subtraction commutes "
+                                  "only with such rotations")
+    return r
+
+
+def _rotate_writers(cfg: Config, params: Params, r: torch.Tensor) -> Params:
+    return {w: put(as64(params[w]) @ r, params[w]) for w in stream_writers(cfg, params)}
+
+
+def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: O(d) on the residual stream for RMSNorm; the rotations fixing the all-ones
+    vector (≅ O(d−1)) for LayerNorm.  The CORRECTED reader rule for affine norms.
+
+    Acts: every writer W ↦ W·R (embeddings, W_O, b_O, W_out, b_out).  For each norm with
+    weight γ and shift β, with C = D_γ⁻¹·R·D_γ: β ↦ β·C, γ unchanged, and every reader
+    W ↦ C⁻¹·W = D_γ⁻¹·Rᵀ·D_γ·W.
+
+    Why: the norm's core n(·) commutes with R (it preserves the mean and the length),
+    so the norm output becomes n(x)·R·D_γ + β·C = (n(x)·D_γ + β)·C, and C⁻¹ in the
+    readers undoes C.  Impossible with tied embeddings and an affine final norm,
+    and for post-LN models (see ``applies``).
+    """
+    r = _validate_rotation(cfg, el.parts["R"])
+    changes = _rotate_writers(cfg, params, r)
+    for norm, readers in norm_readers(cfg, params).items():
+        c = _conjugated(params, norm, r)
+        if f"{norm}.b" in params:
+            changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) @ c, params[f"{norm}.b"])
+        c_inv = torch.linalg.inv(c)
+        for w, _ in readers:
+            changes[w] = put(c_inv @ as64(params[w]), params[w])
+    # Tied and weight-free final norm: W_U = W_Eᵀ becomes (W_E·R)ᵀ = Rᵀ·W_U = C⁻¹·W_U, as required.
+    return updated(params, changes)
+
+
+def _paper_applies(cfg: Config) -> str | None:
+    return _pre_norm_reason(cfg)
+
+
+def stream_rotation_paper(cfg: Config, params: Params, el: Element) -> Params:
+    """van Nierop's rule, exactly as written (eqs. 6–13): the stream is rotated by g,
+    readers are multiplied by gᵀ, and the LayerNorm γ and β are left unchanged.
+
+    Acts: writers W ↦ W·R; readers W ↦ Rᵀ·W; γ, β untouched.
+
+    True only when the norms have no affine part (then it equals ``stream-rotation``);
+    with learned γ the readers see n(x)·R·D_γ·Rᵀ ≠ n(x)·D_γ — the referee's objection.
+    """
+    r = _validate_rotation(cfg, el.parts["R"])
+    changes = _rotate_writers(cfg, params, r)
+    for readers in norm_readers(cfg, params).values():
+        for w, _ in readers:
+            changes[w] = put(r.T @ as64(params[w]), params[w])
+    return updated(params, changes)
+
+
+ACTIONS = [
+    Action("norm-scale", "(ℝ≠0)^d per weighted pre-norm", True, _norm_scale_applies, _norm_scale_sample,
+           norm_scale),
+    Action("norm-shift", "(ℝ^d,+) per LayerNorm with biased readers", True, _norm_shift_applies,
+           _norm_shift_sample, norm_shift, generic_kappa=False),
+    Action("stream-rotation", "O(d) (RMSNorm) / Stab(1) ≅ O(d−1) (LayerNorm) on the stream", True,
+           _rotation_applies, _rotation_sample, stream_rotation, claim="ln-affine-rotation", generic_kappa=False),
+    Action("stream-rotation-paper", "van Nierop's SO(d−1) rule with γ, β unchanged",
+           lambda cfg: cfg.norm not in AFFINE, _paper_applies,
+           _rotation_sample, stream_rotation_paper, claim="ln-affine-rotation", generic_kappa=False),
+]

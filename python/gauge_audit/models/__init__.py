@@ -1,0 +1,11 @@
+"""Reference transformer families in torch (one small file per family).
+
+Parameters are plain ``dict[str, Tensor]`` with per-head W_Q, W_K, W_V, W_O
+(no fused QKV); see :mod:`.layers` for the layout.
+"""
+
+from .config import ACTS, NORMS, Config, validate
+from .registry import FAMILIES, NAMED, Model, build, build_config, config_of, model_names
+
+__all__ = ["ACTS", "NORMS", "Config", "validate", "FAMILIES", "NAMED", "Model", "build", "build_config", "config_of",
+           "model_names"]

@@ -1,0 +1,76 @@
+"""One config dataclass for every reference family; the family files set the defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ..errors import GaugeAuditError
+
+NORMS = ("layernorm", "layernorm-noaffine", "rmsnorm", "rmsnorm-noweight", "none")
+ACTS = ("relu", "gelu", "silu", "swiglu")
+
+
+@dataclass(frozen=True)
+class Config:
+    family: str                 # gpt2 | bert | llama | qwen | moe | attn
+    d_model: int = 16
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 4         # = n_heads: MHA; 1 < n_kv < n_heads: GQA; 1: MQA
+    d_head: int = 4
+    d_ff: int = 32
+    n_ctx: int = 16             # maximum sequence length (learned positions) / default input length
+    vocab: int = 64
+    norm: str = "layernorm"
+    norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT)
+    norm_eps: float = 1e-5
+    act: str = "gelu"
+    attn_bias: bool = True      # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
+    out_bias: bool = True       # b_O
+    mlp_bias: bool = True
+    pos: str = "learned"        # learned | rope | none
+    rope_style: str = "half"    # half: planes (i, i + d/2) (GPT-NeoX/LLaMA-HF); interleaved: (2i, 2i+1) (original RoFormer/Meta)
+    rope_base: float = 10000.0
+    causal: bool = True
+    tied: bool = False          # W_U = W_Eᵀ
+    unembed_bias: bool = False
+    n_types: int = 0            # BERT token-type embeddings
+    embed_norm: bool = False    # BERT LayerNorm after the embedding sum
+    experts: int = 0            # > 0: the FFN is a top-k softmax-gated mixture of experts
+    top_k: int = 0
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    def with_(self, **changes) -> "Config":
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise GaugeAuditError(f"unknown config option(s): {', '.join(unknown)}")
+        return validate(replace(self, **changes))
+
+
+def validate(cfg: Config) -> Config:
+    def need(cond: bool, msg: str):
+        if not cond:
+            raise GaugeAuditError(f"invalid {cfg.family} config: {msg}")
+
+    for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "n_ctx"):
+        need(isinstance(getattr(cfg, name), int) and getattr(cfg, name) >= 1, f"{name} must be a positive integer")
+    need(cfg.family == "attn" or cfg.vocab >= 2, "vocab must be >= 2")
+    need(cfg.family == "attn" or cfg.d_ff >= 1, "d_ff must be >= 1")
+    need(cfg.n_heads % cfg.n_kv_heads == 0,
+         f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
+    need(cfg.norm in NORMS, f"norm must be one of {', '.join(NORMS)}")
+    need(cfg.act in ACTS, f"act must be one of {', '.join(ACTS)}")
+    need(cfg.norm_placement in ("pre", "post"), "norm_placement must be pre or post")
+    need(cfg.pos in ("learned", "rope", "none"), "pos must be learned, rope or none")
+    need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
+    need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")
+    need(not cfg.tied or cfg.family not in ("attn", "bert"), "--tied needs token embeddings and an unembedding")
+    need(cfg.experts == 0 or 1 <= cfg.top_k <= cfg.experts, "top_k must be in 1..experts")
+    need(cfg.experts > 0 or cfg.top_k == 0, "top_k given without experts")
+    need(cfg.norm_eps >= 0, "norm_eps must be >= 0")
+    return cfg

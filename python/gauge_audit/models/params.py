@@ -1,0 +1,42 @@
+"""Random generic parameter points, drawn reproducibly from a seed.
+
+Draws are made on the CPU in float64 and only then moved/cast, so a seed names
+the same parameters on every device and in every dtype.  The point is *generic*
+(norm weights bounded away from 0 and distinct, biases non-zero), which is what
+the gauge claims are about.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime import generator
+
+
+def init_params(shapes: dict, seed: int, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = generator(seed)
+    out = {}
+    for name, (shape, role) in shapes.items():
+        if role == "weight":
+            fan_in = math.prod(shape[-2:-1]) if len(shape) >= 2 else shape[0]
+            if name.endswith("W_O"):
+                fan_in = shape[0] * shape[1]  # Σ over heads feeds one output
+            t = torch.randn(shape, generator=g, dtype=torch.float64) / math.sqrt(fan_in)
+        elif role == "embed":
+            t = torch.randn(shape, generator=g, dtype=torch.float64)
+        elif role == "pos":
+            t = 0.3 * torch.randn(shape, generator=g, dtype=torch.float64)
+        elif role == "norm_w":
+            t = 0.6 + 0.8 * torch.rand(shape, generator=g, dtype=torch.float64)
+        elif role in ("bias", "norm_b"):
+            t = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"unknown role {role} for {name}")
+        out[name] = t.to(device=device, dtype=dtype)
+    return out
+
+
+def cast(params: dict[str, torch.Tensor], device=None, dtype=None) -> dict[str, torch.Tensor]:
+    return {k: v.to(device=device or v.device, dtype=dtype or v.dtype) for k, v in params.items()}

@@ -1,0 +1,97 @@
+"""Named model configurations and the :class:`Model` handle the checkers use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from ..errors import GaugeAuditError
+from ..runtime import generator, resolve_device
+from . import attn, bert, gpt2, llama, minilm, moe, qwen
+from .config import Config
+from .params import init_params
+
+FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
+                                   "attn": attn}
+
+# Tiny configs: d_model 16, 4 heads of size 4, 2 layers — small enough for exact
+# Jacobians, big enough that every symmetry family is non-trivial.
+NAMED: dict[str, Config] = {
+    "gpt2-tiny": gpt2.config(),
+    "gpt2-tiny-tied": gpt2.config(tied=True),
+    "gpt2-tiny-relu": gpt2.config(act="relu"),
+    "gpt2-tiny-noaffine": gpt2.config(norm="layernorm-noaffine"),
+    "bert-tiny": bert.config(),
+    "llama-tiny": llama.config(),
+    "llama-tiny-interleaved": llama.config(rope_style="interleaved"),
+    "llama-tiny-gqa": llama.config(n_kv_heads=2),
+    "llama-tiny-mqa": llama.config(n_kv_heads=1),
+    "llama-tiny-noweight": llama.config(norm="rmsnorm-noweight"),
+    "qwen-tiny": qwen.config(n_kv_heads=2),
+    "moe-tiny": moe.config(),
+    "attn-tiny": attn.config(),
+    "attn-tiny-gqa": attn.config(n_kv_heads=2),
+    "attn-tiny-rope": attn.config(pos="rope", attn_bias=False),
+}
+REAL = ("minilm",)
+
+
+def model_names() -> list[str]:
+    return [*NAMED, *REAL]
+
+
+@dataclass
+class Model:
+    """A configuration plus one parameter point.  ``forward`` never mutates ``params``."""
+
+    name: str
+    cfg: Config
+    params: dict[str, torch.Tensor]
+    family: ModuleType
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.params.values())).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.params.values())).dtype
+
+    def forward(self, params: dict[str, torch.Tensor], inputs: dict, trace: dict | None = None) -> torch.Tensor:
+        dtype = next(iter(params.values())).dtype
+        moved = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
+                 for k, v in inputs.items()}
+        return self.family.forward(params, self.cfg, moved, trace)
+
+    def sample_inputs(self, seed: int, batch: int = 4, n: int | None = None) -> dict:
+        n = min(self.cfg.n_ctx, 16) if n is None else n
+        if n > self.cfg.n_ctx and self.cfg.pos == "learned":
+            raise GaugeAuditError(f"sequence length {n} exceeds n_ctx {self.cfg.n_ctx}")
+        return self.family.sample_inputs(self.cfg, generator(seed), batch, n)
+
+
+def build_config(cfg: Config, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64,
+                 name: str | None = None) -> Model:
+    family = FAMILIES[cfg.family]
+    dev = resolve_device(device)
+    params = init_params(family.param_shapes(cfg), seed, dev, dtype)
+    return Model(name or cfg.family, cfg, params, family)
+
+
+def config_of(name: str) -> Config:
+    """The configuration of a named model (for MiniLM, read from its config.json)."""
+    if name == "minilm":
+        return minilm.config()
+    if name not in NAMED:
+        raise GaugeAuditError(f"unknown model {name!r}; known: {', '.join(model_names())}")
+    return NAMED[name]
+
+
+def build(name: str, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64) -> Model:
+    """A named model: random generic parameters from ``seed``, or the real MiniLM weights."""
+    if name == "minilm":
+        cfg = minilm.config()
+        return Model(name, cfg, minilm.load_params(cfg, resolve_device(device), dtype), bert)
+    return build_config(config_of(name), seed, device, dtype, name)

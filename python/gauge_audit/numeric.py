@@ -1,0 +1,128 @@
+"""The torch invariance check: apply a gauge action, run both parameter sets on the
+same inputs, and compare against a tolerance derived from first principles.
+
+Tolerance (printed with every result)::
+
+    tol = κ(g) · L · K · ε
+
+* ε — machine epsilon of the working dtype;
+* K — the sum of the inner-product lengths along one block's path
+  (d_model for the Q/K/V and FFN-in projections, d_head for the scores, n for the
+  attention average, n_heads·d_head for W_O, d_ff for the FFN-out, d_model for the
+  unembedding): each length-k dot product carries at most γ_k ≈ k·ε relative error
+  (Higham, Accuracy and Stability of Numerical Algorithms, §3.1);
+* L — the number of layers those errors accumulate over (at least 1);
+* κ(g) — the condition number of the group element: the transformed weights W·g and
+  g⁻¹·W' are each rounded, and the cancellation g·g⁻¹ that makes the function
+  invariant happens only up to κ(g) times their rounding.
+
+The error measured is ‖y' − y‖_∞ / ‖y‖_∞.  Elements are applied in float64 and the
+transformed parameters then rounded to the working dtype, as a user storing a
+gauge-transformed checkpoint would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .actions import ACTIONS, Action, Element, get_action
+from .errors import GaugeAuditError
+from .models import Model, config_of
+from .models.params import cast
+from .runtime import eps, generator, resolve_dtype
+
+
+@dataclass
+class CheckResult:
+    model: str
+    action: str
+    dtype: str
+    device: str
+    seed: int
+    expected: str          # HOLDS / FAILS: what the theory predicts
+    verdict: str           # HOLDS / FAILS: what was measured
+    max_rel_error: float
+    residual_eps: float    # max_rel_error / ε
+    tolerance: float
+    tolerance_eps: float
+    kappa: float
+    tolerance_formula: str
+    routing_changed: int | None = None   # MoE: tokens whose top-k expert set changed
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def agrees(self) -> bool:
+        return self.verdict == self.expected
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def path_length(model: Model, n: int) -> tuple[int, str]:
+    c = model.cfg
+    terms = [("d_model", c.d_model), ("d_head", c.d_head), ("n", n), ("n_heads·d_head", c.n_heads * c.d_head)]
+    if c.family != "attn":
+        terms += [("d_model", c.d_model), ("d_ff", c.d_ff)]
+    if c.family not in ("attn", "bert"):
+        terms.append(("d_model (unembed)", c.d_model))
+    return sum(v for _, v in terms), " + ".join(f"{k}={v}" for k, v in terms)
+
+
+def tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int) -> tuple[float, str]:
+    k, k_text = path_length(model, n)
+    layers = max(1, model.cfg.n_layers)
+    e = eps(dtype)
+    tol = kappa * layers * k * e
+    return tol, f"κ·L·K·ε = {kappa:.3g}·{layers}·{k}·ε  (K = {k_text})"
+
+
+def applicable(model: Model, action: Action) -> str | None:
+    return action.applies(model.cfg)
+
+
+def check(model: Model, action: Action | str, inputs: dict | None = None, *, seed: int = 0,
+          dtype: torch.dtype | str = torch.float64, kappa: float = 10.0, element: Element | None = None
+          ) -> CheckResult:
+    """Apply ``action`` (a random element from ``seed`` unless given) and measure the
+    output change.  ``model.params`` must be float64 (they are transformed there)."""
+    action = get_action(action) if isinstance(action, str) else action
+    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
+    reason = action.applies(model.cfg)
+    if reason:
+        raise GaugeAuditError(f"action {action.name} does not apply to {model.name}: {reason}")
+    if model.dtype != torch.float64:
+        raise GaugeAuditError("check() transforms parameters in float64; build the model in float64")
+    for name, t in model.params.items():
+        if not torch.isfinite(t).all():
+            raise GaugeAuditError(f"parameter {name} contains NaN or infinite entries")
+    inputs = model.sample_inputs(seed) if inputs is None else inputs
+    el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
+    new = action.apply(model.cfg, model.params, el)
+
+    p0, p1 = cast(model.params, dtype=dtype), cast(new, dtype=dtype)
+    trace0, trace1 = ({}, {}) if model.cfg.experts else (None, None)
+    with torch.no_grad():
+        y0 = model.forward(p0, inputs, trace0).to(torch.float64)
+        y1 = model.forward(p1, inputs, trace1).to(torch.float64)
+    if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
+        raise GaugeAuditError("the forward pass produced NaN or infinite values")
+    err = float((y1 - y0).abs().max() / y0.abs().max())
+    n = next(v for v in inputs.values()).shape[1]
+    tol, formula = tolerance(model, el.kappa, dtype, n)
+    e = eps(dtype)
+    routing = None
+    if trace0 is not None:
+        relabel = action.expert_relabel or (lambda el, layer, idx: idx)
+        routing = sum(int((a.sort(-1).values != relabel(el, l, b).sort(-1).values).any(-1).sum())
+                      for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])))
+    verdict = "HOLDS" if err <= tol and not routing else "FAILS"
+    return CheckResult(model.name, action.name, str(dtype).replace("torch.", ""), str(model.device), seed,
+                       "HOLDS" if action.expected_holds(model.cfg) else "FAILS", verdict, err, err / e, tol,
+                       tol / e, el.kappa, formula, routing)
+
+
+def pairs(models: list[str]) -> list[tuple[str, str]]:
+    """Every (model, action) pair where the action applies, in table order."""
+    return [(m, a.name) for m in models for a in ACTIONS.values() if a.applies(config_of(m)) is None]
