@@ -29,7 +29,7 @@ import torch
 
 from .actions import ACTIONS, Action, Element, get_action
 from .errors import GaugeAuditError
-from .models import Model, config_of
+from .models import Config, Model, config_of
 from .models.params import cast
 from .runtime import eps, generator, resolve_dtype
 
@@ -60,8 +60,7 @@ class CheckResult:
         return asdict(self)
 
 
-def path_length(model: Model, n: int) -> tuple[int, str]:
-    c = model.cfg
+def path_length(c: Config, n: int) -> tuple[int, str]:
     terms = [("d_model", c.d_model), ("d_head", c.d_head), ("n", n), ("n_heads·d_head", c.n_heads * c.d_head)]
     if c.family != "attn":
         terms += [("d_model", c.d_model), ("d_ff", c.d_ff)]
@@ -71,7 +70,7 @@ def path_length(model: Model, n: int) -> tuple[int, str]:
 
 
 def tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int) -> tuple[float, str]:
-    k, k_text = path_length(model, n)
+    k, k_text = path_length(model.cfg, n)
     layers = max(1, model.cfg.n_layers)
     e = eps(dtype)
     tol = kappa * layers * k * e

@@ -52,6 +52,23 @@ class Action:
         return (self.apply.__doc__ or "").strip()
 
 
+def element_from_arrays(parts: dict) -> Element:
+    """A user-supplied element (e.g. read from an .npz file): floats become float64
+    tensors, integer arrays stay integer (permutations); κ is the largest condition
+    number among its square floating-point parts (1 if none)."""
+    out = {}
+    for k, v in parts.items():
+        t = torch.as_tensor(v)
+        out[k] = t.to(torch.float64) if t.is_floating_point() else t.to(torch.long)
+    ks = [1.0]
+    for k, t in out.items():
+        if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] == t.shape[-2]:
+            ks.append(require_invertible(k, t))
+        elif t.is_floating_point() and not torch.isfinite(t).all():
+            raise GaugeAuditError(f"{k} contains NaN or infinite entries")
+    return Element(out, max(ks), note="user-supplied")
+
+
 def updated(params: Params, changes: Params) -> Params:
     """A new dict: ``params`` with ``changes`` replacing entries (inputs untouched)."""
     out = dict(params)
@@ -93,6 +110,8 @@ def cond(m: torch.Tensor) -> float:
     """Largest 2-norm condition number over a stack of square matrices."""
     m = m.reshape(-1, m.shape[-2], m.shape[-1])
     sv = torch.linalg.svdvals(m)
+    if not torch.isfinite(sv).all() or (sv[:, -1] == 0).any():
+        return float("inf")
     return float((sv[:, 0] / sv[:, -1]).max())
 
 

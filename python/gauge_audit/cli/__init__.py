@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except GaugeAuditError as exc:
         sys.stderr.write(f"gauge-audit: error: {exc}\n")
         return 2
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write("gauge-audit: interrupted\n")
         return 130

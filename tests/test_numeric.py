@@ -1,0 +1,268 @@
+"""Torch invariance checks: every true action HOLDS within the derived tolerance on
+every family it applies to, every false contrast FAILS by a wide margin, and the
+error paths give one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gauge_audit.actions import ACTIONS, get_action
+from gauge_audit.actions.base import Element
+from gauge_audit.cli import main
+from gauge_audit.errors import GaugeAuditError
+from gauge_audit.models import NAMED, config_of, model_names
+from gauge_audit.numeric import check, pairs, path_length
+
+EPS64 = torch.finfo(torch.float64).eps
+# A false rule must change the output by at least this much (issue acceptance) ...
+CONTRAST_MIN = 1e-3
+# ... which is many orders of magnitude above any derived float64 tolerance here.
+TINY = [m for m in model_names() if m != "minilm"]
+
+
+def _pairs(pred):
+    return [(m, a) for m, a in pairs(TINY) if pred(ACTIONS[a], config_of(m))]
+
+
+TRUE_PAIRS = _pairs(lambda a, cfg: a.expected_holds(cfg))
+FALSE_PAIRS = _pairs(lambda a, cfg: not a.expected_holds(cfg))
+
+
+def _assert_holds(r):
+    print(f"{r.model} {r.action}: residual {r.residual_eps:.2f} ε, tol {r.tolerance_eps:.0f} ε ({r.tolerance_formula})")
+    assert r.verdict == "HOLDS"
+    assert r.max_rel_error <= r.tolerance
+    # the tolerance is the derived formula, not a tuned constant
+    cfg = config_of(r.model)
+    k, _ = path_length(cfg, 16)
+    assert r.tolerance_eps == pytest.approx(r.kappa * max(1, cfg.n_layers) * k, rel=1e-12)
+
+
+def _assert_fails(r):
+    print(f"{r.model} {r.action}: rel error {r.max_rel_error:.3e} = {r.residual_eps:.3g} ε vs tol {r.tolerance_eps:.0f} ε")
+    assert r.verdict == "FAILS"
+    assert r.max_rel_error >= CONTRAST_MIN
+    assert r.max_rel_error >= 1e6 * r.tolerance
+
+
+@pytest.mark.parametrize("name,action", TRUE_PAIRS, ids=[f"{m}-{a}" for m, a in TRUE_PAIRS])
+def test_true_actions_hold_on_every_family(model, name, action):
+    _assert_holds(check(model(name), action, seed=0))
+
+
+@pytest.mark.parametrize("name,action", FALSE_PAIRS, ids=[f"{m}-{a}" for m, a in FALSE_PAIRS])
+def test_false_contrasts_fail_by_a_wide_margin(model, name, action):
+    _assert_fails(check(model(name), action, seed=0))
+
+
+def test_every_action_is_exercised():
+    used = {a for _, a in TRUE_PAIRS + FALSE_PAIRS}
+    assert used == set(ACTIONS)
+
+
+# ----------------------------------------------------------------------------- per claim
+@pytest.mark.parametrize("name", ["attn-tiny", "gpt2-tiny", "bert-tiny", "llama-tiny-gqa", "moe-tiny"])
+def test_qk_gl_holds_across_seeds_and_kappa(model, name):
+    for seed in range(3):
+        for kappa in (1.0, 1e3):
+            _assert_holds(check(model(name), "qk-gl", seed=seed, kappa=kappa))
+
+
+@pytest.mark.parametrize("name", ["attn-tiny", "gpt2-tiny", "llama-tiny-mqa"])
+def test_vo_gl_holds_across_seeds_and_kappa(model, name):
+    for seed in range(3):
+        for kappa in (1.0, 1e3):
+            _assert_holds(check(model(name), "vo-gl", seed=seed, kappa=kappa))
+
+
+def test_qk_same_action_holds_only_for_orthogonal_m(model):
+    m = model("attn-tiny")
+    cfg = m.cfg
+    q = torch.linalg.qr(torch.randn(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head,
+                                    generator=torch.Generator().manual_seed(3), dtype=torch.float64)).Q
+    _assert_holds(check(m, "qk-same-action", element=Element({"M": q}, 1.0)))
+    _assert_fails(check(m, "qk-same-action", seed=0))
+
+
+def test_rope_commutant_generic_m_fails_and_commutant_holds(model):
+    for name in ("llama-tiny", "llama-tiny-interleaved", "attn-tiny-rope"):
+        _assert_holds(check(model(name), "qk-gl", seed=1))
+        _assert_fails(check(model(name), "qk-gl-rope-generic", seed=1))
+
+
+def test_rope_commutant_element_outside_is_rejected(model):
+    m = model("llama-tiny")
+    g = torch.Generator().manual_seed(0)
+    el = Element({"M": torch.randn(m.cfg.n_layers, m.cfg.n_kv_heads, 4, 4, generator=g, dtype=torch.float64)}, 1.0)
+    with pytest.raises(GaugeAuditError, match="outside the RoPE commutant"):
+        check(m, "qk-gl", element=el)
+
+
+def test_gqa_tied_untied_m_fails(model):
+    for name in ("llama-tiny-gqa", "llama-tiny-mqa", "qwen-tiny", "attn-tiny-gqa"):
+        _assert_fails(check(model(name), "qk-gl-untied-gqa", seed=0))
+
+
+def test_ln_affine_rotation_paper_rule_fails_corrected_rule_holds(model):
+    for name in ("gpt2-tiny", "gpt2-tiny-relu", "llama-tiny", "qwen-tiny", "moe-tiny"):
+        _assert_fails(check(model(name), "stream-rotation-paper", seed=0))
+        _assert_holds(check(model(name), "stream-rotation", seed=0))
+
+
+def test_ln_affine_rotation_impossible_with_tied_embeddings():
+    reason = get_action("stream-rotation").applies(NAMED["gpt2-tiny-tied"])
+    assert reason and "tied" in reason
+
+
+def test_ln_noaffine_rotation_paper_rule_holds(model):
+    _assert_holds(check(model("gpt2-tiny-noaffine"), "stream-rotation-paper", seed=0))
+
+
+def test_rmsnorm_rotation_holds(model):
+    _assert_holds(check(model("llama-tiny-noweight"), "stream-rotation-paper", seed=0))
+    _assert_holds(check(model("llama-tiny"), "stream-rotation", seed=2))
+
+
+def test_relu_forces_identity_is_false_for_relu_but_true_for_gelu(model):
+    _assert_holds(check(model("gpt2-tiny-relu"), "relu-scaling", seed=0, kappa=100.0))
+    _assert_fails(check(model("gpt2-tiny"), "gelu-scaling", seed=0, kappa=100.0))
+
+
+def test_moe_expert_perm_holds(model):
+    r = check(model("moe-tiny"), "expert-perm", seed=0)
+    _assert_holds(r)
+    assert r.routing_changed == 0
+
+
+@pytest.mark.parametrize("action", ["qk-gl", "vo-gl", "head-perm", "norm-scale", "stream-rotation"])
+def test_moe_routing_unchanged_under_attention_actions(model, action):
+    r = check(model("moe-tiny"), action, seed=0)
+    _assert_holds(r)
+    assert r.routing_changed == 0
+
+
+def test_moe_routing_changes_under_false_rules(model):
+    r = check(model("moe-tiny"), "qk-same-action", seed=0)
+    assert r.routing_changed > 0
+
+
+# ----------------------------------------------------------------------------- real weights
+@pytest.fixture(scope="module")
+def minilm(model):
+    return model("minilm")
+
+
+def test_minilm_matches_transformers_reference(minilm):
+    transformers = pytest.importorskip("transformers")
+    from gauge_audit.models.minilm import model_dir
+
+    ref = transformers.BertModel.from_pretrained(str(model_dir()), dtype=torch.float64, attn_implementation="eager",
+                                                 add_pooling_layer=False).eval()
+    x = minilm.sample_inputs(0, batch=3, n=24)
+    with torch.no_grad():
+        want = ref(input_ids=x["tokens"], token_type_ids=x["token_types"],
+                   attention_mask=torch.ones_like(x["tokens"])).last_hidden_state
+    got = minilm.forward(minilm.params, x)
+    diff = float((got - want).abs().max())
+    print(f"MiniLM vs transformers.BertModel: max abs diff {diff:.3e} ({diff / EPS64:.1f} ε)")
+    assert diff <= 1e-10
+
+
+@pytest.mark.parametrize("action", [a for m, a in pairs(["minilm"])])
+def test_minilm_real_weights(minilm, action):
+    r = check(minilm, action, seed=0)
+    (_assert_holds if get_action(action).expected_holds(minilm.cfg) else _assert_fails)(r)
+
+
+# ----------------------------------------------------------------------------- properties of the check
+def test_check_can_fail_on_a_tiny_perturbation(model):
+    """A true rule spoiled by a 1e-9 relative error in M⁻ᵀ must be caught: the
+    tolerance is tight enough to see it."""
+    m = model("attn-tiny")
+    act = get_action("qk-gl")
+    el = act.sample(m.cfg, m.params, torch.Generator().manual_seed(0), 10.0)
+    new = act.apply(m.cfg, m.params, el)
+    key = "blocks.0.attn.W_K"
+    new[key] = new[key] * (1 + 1e-9)
+    x = m.sample_inputs(0)
+    y0, y1 = m.forward(m.params, x), m.forward(new, x)
+    err = float((y1 - y0).abs().max() / y0.abs().max())
+    r = check(m, "qk-gl", seed=0)
+    assert err > 10 * r.tolerance
+
+
+def test_actions_do_not_mutate_their_input(model):
+    for name, action in [("gpt2-tiny", a) for a in ACTIONS if ACTIONS[a].applies(NAMED["gpt2-tiny"]) is None]:
+        m = model(name)
+        before = {k: v.clone() for k, v in m.params.items()}
+        act = get_action(action)
+        act.apply(m.cfg, m.params, act.sample(m.cfg, m.params, torch.Generator().manual_seed(0), 10.0))
+        assert all(torch.equal(before[k], m.params[k]) for k in before)
+
+
+def test_float32_residual_scales_with_its_eps(model):
+    r = check(model("gpt2-tiny"), "qk-gl", seed=0, dtype="float32")
+    _assert_holds(r)
+    assert r.max_rel_error > 1e-9  # really evaluated in float32
+
+
+def test_same_seed_same_result(model):
+    a = check(model("llama-tiny-gqa"), "vo-gl", seed=5).to_json()
+    b = check(model("llama-tiny-gqa"), "vo-gl", seed=5).to_json()
+    assert a == b
+    assert check(model("llama-tiny-gqa"), "vo-gl", seed=6).to_json() != a
+
+
+# ----------------------------------------------------------------------------- error paths
+@pytest.mark.parametrize("parts,match", [
+    ({"M": np.zeros((2, 4, 4, 4))}, "singular"),
+    ({"M": np.eye(3)}, "shape"),
+    ({"M": np.full((2, 4, 4, 4), np.nan)}, "NaN"),
+])
+def test_check_bad_elements_one_line_exit_2(tmp_path, capsys, parts, match):
+    path = tmp_path / "el.npz"
+    np.savez(path, **parts)
+    assert main(["check", "--model", "gpt2-tiny", "--action", "qk-gl", "--element", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["check", "--model", "nope", "--action", "qk-gl"], "unknown model"),
+    (["check", "--model", "gpt2-tiny", "--action", "nope"], "unknown action"),
+    (["check", "--model", "bert-tiny", "--action", "stream-rotation"], "does not apply"),
+    (["check", "--model", "gpt2-tiny", "--action", "qk-gl", "--kappa", "0.5"], "kappa"),
+    (["check"], "give --model"),
+])
+def test_check_cli_errors_one_line_exit_2(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err
+
+
+def test_check_cli_json_keys(capsys):
+    assert main(["check", "--model", "attn-tiny", "--action", "vo-gl", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    assert {"model", "action", "verdict", "max_rel_error", "residual_eps", "tolerance_eps"} <= set(row)
+    assert row["verdict"] == "HOLDS" and math.isfinite(row["residual_eps"])
+
+
+def test_check_cli_list(capsys):
+    assert main(["check", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in model_names()) and all(a in out for a in ACTIONS)
+
+
+def test_invalid_configs_are_one_line_errors():
+    from gauge_audit.models import llama, bert
+    with pytest.raises(GaugeAuditError, match="divisible"):
+        llama.config(n_heads=4, n_kv_heads=3)
+    with pytest.raises(GaugeAuditError, match="tied"):
+        bert.config(tied=True)
+    with pytest.raises(GaugeAuditError, match="even"):
+        llama.config(d_head=3)
