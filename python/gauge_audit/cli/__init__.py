@@ -16,6 +16,8 @@ from ..errors import GaugeAuditError
 
 SUBCOMMANDS = (
     "check",
+    "derive",
+    "claims",
 )
 
 

@@ -1,0 +1,362 @@
+"""The claim catalog: TOML data files in ``claims/`` and their validating loader.
+
+Schema (one file per source document; see README "Claim catalog")::
+
+    [document]
+    key = "van-nierop"                       # short name, optional (defaults to the file stem)
+    title = "Transformer models are gauge invariant"
+    authors = ["Leo van Nierop"]
+    reference = "arXiv:2412.14543"
+    note = "..."                             # optional
+
+    [[claim]]
+    id = "value-g3-eq-g0"                    # stable, lowercase, [a-z0-9-]
+    source = "paper"                         # optional; who asserts it (default: the document title)
+    location = "Sec. 4.4, eq. (10)"
+    statement = "From the value matrix, g(3) = g(0)."
+    kind = "derivation"                      # symmetry | derivation | count | accuracy | bound
+    checkers = ["symbolic", "lean"]          # subset of symbolic, precision, torch, nullity, lean
+    params = { d_e = 3 }                     # small ints / floats / strings / bools, lists, tables
+    formula = "..."                          # optional, restricted formula language (claims.expr)
+    claimed_value = 1100000                  # optional number
+    claimed_percent = [1.3, 0.7, 0.3]        # optional number or list of numbers
+    relation = ">="                          # optional: "=", ">=", "<=", "~" (default "=")
+    action = "qk-gl"                         # optional: name of the numeric gauge action
+    expected = "holds"                       # optional: what the source asserts the action does
+    note = "..."                             # optional free text
+
+Every problem (TOML syntax, unknown key, missing field, wrong type, duplicate id) is
+a :class:`GaugeAuditError` whose message starts with ``FILE:LINE:`` and names the
+field.  Claim text is data: formulas go through :mod:`gauge_audit.claims.expr`,
+nothing is evaluated as code.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from ..errors import GaugeAuditError
+from .expr import parse_formula
+
+ROOT = Path(__file__).resolve().parents[3]
+CATALOG_DIR = ROOT / "claims"
+
+KINDS = ("symmetry", "derivation", "count", "accuracy", "bound")
+CHECKERS = ("symbolic", "precision", "torch", "nullity", "lean")
+RELATIONS = ("=", ">=", "<=", "~")
+EXPECTED = ("holds", "fails")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+DOCUMENT_FIELDS = {
+    "key": (str, False),
+    "title": (str, True),
+    "authors": (list, True),
+    "reference": (str, True),
+    "note": (str, False),
+}
+CLAIM_FIELDS = {
+    "id": (str, True),
+    "source": (str, False),
+    "location": (str, True),
+    "statement": (str, True),
+    "kind": (str, True),
+    "checkers": (list, True),
+    "params": (dict, False),
+    "formula": (str, False),
+    "claimed_value": ((int, float), False),
+    "claimed_percent": ((int, float, list), False),
+    "relation": (str, False),
+    "action": (str, False),
+    "expected": (str, False),
+    "note": (str, False),
+}
+
+
+@dataclass(frozen=True)
+class Document:
+    key: str
+    title: str
+    authors: tuple[str, ...]
+    reference: str
+    file: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    document: Document
+    source: str
+    location: str
+    statement: str
+    kind: str
+    checkers: tuple[str, ...]
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    formula: str | None = None
+    claimed_value: int | float | None = None
+    claimed_percent: tuple[float, ...] | None = None
+    relation: str = "="
+    action: str | None = None
+    expected: str = "holds"
+    note: str | None = None
+    file: str = ""
+    line: int = 0
+
+    @property
+    def where(self) -> str:
+        """``document — location``: the citation shown in listings and proofs.md."""
+        return f"{self.document.title} ({self.source}), {self.location}" if self.source != self.document.title \
+            else f"{self.document.title}, {self.location}"
+
+    @property
+    def formula_expr(self):
+        """The claim's formula as a SymPy expression (None when there is none)."""
+        if self.formula is None:
+            return None
+        return parse_formula(self.formula)
+
+    @property
+    def function_name(self) -> str:
+        return self.id.replace("-", "_")
+
+
+# ------------------------------------------------------------------------------------------
+# line lookup (tomllib has no positions)
+
+def _claim_blocks(text: str) -> list[tuple[int, int]]:
+    """(first line, last line) of every ``[[claim]]`` block, 1-based, in file order.
+
+    A block runs from its ``[[claim]]`` header to the line before the next table header
+    that is not one of its own sub-tables (``[claim.params]``)."""
+    lines = text.splitlines()
+    header = re.compile(r"^\s*\[")
+    own = re.compile(r"^\s*\[\[?\s*claim\.")
+    blocks = []
+    for i, ln in enumerate(lines):
+        if re.match(r"^\s*\[\[\s*claim\s*\]\]", ln):
+            end = len(lines)
+            for j in range(i + 1, len(lines)):
+                if header.match(lines[j]) and not own.match(lines[j]):
+                    end = j
+                    break
+            blocks.append((i + 1, end))
+    return blocks
+
+
+def _key_line(text: str, block: tuple[int, int], key: str) -> int:
+    lines = text.splitlines()
+    pat = re.compile(rf"^\s*{re.escape(key)}\s*[=.]|^\s*\[\s*claim\.{re.escape(key)}\s*\]")
+    for i in range(block[0] - 1, block[1]):
+        if pat.match(lines[i]):
+            return i + 1
+    return block[0]
+
+
+def _section_line(text: str, name: str, key: str | None = None) -> int:
+    lines = text.splitlines()
+    start = None
+    for i, ln in enumerate(lines):
+        if re.match(rf"^\s*\[\s*{name}\s*\]", ln):
+            start = i
+            break
+    if start is None:
+        return 1
+    if key is None:
+        return start + 1
+    for i in range(start + 1, len(lines)):
+        if re.match(r"^\s*\[", lines[i]):
+            break
+        if re.match(rf"^\s*{re.escape(key)}\s*=", lines[i]):
+            return i + 1
+    return start + 1
+
+
+# ------------------------------------------------------------------------------------------
+# validation
+
+def _type_name(t) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(_type_name(x) for x in t)
+    return {str: "string", list: "array", dict: "table", int: "integer", float: "number"}.get(t, t.__name__)
+
+
+def _check_type(value, expected) -> bool:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _check_param_value(value, depth=0) -> bool:
+    if depth > 4:
+        return False
+    if isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list):
+        return all(_check_param_value(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _check_param_value(v, depth + 1) for k, v in value.items())
+    return False  # dates/times are not parameters
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
+    path = Path(path)
+    try:
+        shown = str(path.relative_to(ROOT))
+    except ValueError:
+        shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise GaugeAuditError(f"{shown}:0: cannot read claim file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        line = m.group(1) if m else str(max(1, len(text.splitlines())) if "end of document" in str(exc) else 1)
+        raise GaugeAuditError(f"{shown}:{line}: TOML syntax error: {exc}") from None
+
+    def fail(line: int, msg: str):
+        raise GaugeAuditError(f"{shown}:{line}: {msg}")
+
+    for key in data:
+        if key not in ("document", "claim"):
+            fail(_section_line(text, key) if isinstance(data[key], dict) else _key_line(text, (1, len(text.splitlines())), key),
+                 f"unknown top-level key {key!r} (expected [document] and [[claim]])")
+    doc = data.get("document")
+    if not isinstance(doc, dict):
+        fail(1, "field document: missing [document] table")
+    for key in doc:
+        if key not in DOCUMENT_FIELDS:
+            fail(_section_line(text, "document", key), f"field document.{key}: unknown key")
+    for key, (typ, required) in DOCUMENT_FIELDS.items():
+        if key not in doc:
+            if required:
+                fail(_section_line(text, "document"), f"field document.{key}: missing")
+            continue
+        if not _check_type(doc[key], typ):
+            fail(_section_line(text, "document", key), f"field document.{key}: expected {_type_name(typ)}")
+    if not doc["authors"] or not all(isinstance(a, str) for a in doc["authors"]):
+        fail(_section_line(text, "document", "authors"), "field document.authors: expected a non-empty array of strings")
+    document = Document(
+        key=doc.get("key", path.stem), title=doc["title"], authors=tuple(doc["authors"]),
+        reference=doc["reference"], file=shown, note=doc.get("note"),
+    )
+
+    raw_claims = data.get("claim", [])
+    if not isinstance(raw_claims, list):
+        fail(_section_line(text, "claim"), "field claim: use [[claim]] array-of-tables")
+    blocks = _claim_blocks(text)
+    claims: list[Claim] = []
+    for n, raw in enumerate(raw_claims):
+        block = blocks[n] if n < len(blocks) else (1, len(text.splitlines()))
+        line_of = lambda key: _key_line(text, block, key)  # noqa: E731
+        for key in raw:
+            if key not in CLAIM_FIELDS:
+                fail(line_of(key), f"field {key}: unknown key in claim {raw.get('id', '#' + str(n + 1))!r}")
+        for key, (typ, required) in CLAIM_FIELDS.items():
+            if key not in raw:
+                if required:
+                    fail(block[0], f"field {key}: missing in claim {raw.get('id', '#' + str(n + 1))!r}")
+                continue
+            if not _check_type(raw[key], typ):
+                fail(line_of(key), f"field {key}: expected {_type_name(typ)}")
+        cid = raw["id"]
+        if not ID_RE.match(cid):
+            fail(line_of("id"), f"field id: {cid!r} is not a valid id (lowercase letters, digits, '-')")
+        for key in ("statement", "location"):
+            if not raw[key].strip():
+                fail(line_of(key), f"field {key}: empty")
+        if raw["kind"] not in KINDS:
+            fail(line_of("kind"), f"field kind: {raw['kind']!r} is not one of {', '.join(KINDS)}")
+        checkers = raw["checkers"]
+        if not all(isinstance(c, str) for c in checkers):
+            fail(line_of("checkers"), "field checkers: expected an array of strings")
+        for c in checkers:
+            if c not in CHECKERS:
+                fail(line_of("checkers"), f"field checkers: unknown checker {c!r} (choose from {', '.join(CHECKERS)})")
+        if len(set(checkers)) != len(checkers):
+            fail(line_of("checkers"), "field checkers: duplicate entry")
+        params = raw.get("params", {})
+        for k, v in params.items():
+            if not _check_param_value(v):
+                fail(line_of("params"), f"field params.{k}: expected numbers, strings, booleans, arrays or tables")
+        relation = raw.get("relation", "=")
+        if relation not in RELATIONS:
+            fail(line_of("relation"), f"field relation: {relation!r} is not one of {', '.join(RELATIONS)}")
+        expected = raw.get("expected", "holds")
+        if expected not in EXPECTED:
+            fail(line_of("expected"), f"field expected: {expected!r} is not one of {', '.join(EXPECTED)}")
+        percent = raw.get("claimed_percent")
+        if percent is not None:
+            if isinstance(percent, list):
+                if not percent or not all(_check_type(p, (int, float)) for p in percent):
+                    fail(line_of("claimed_percent"), "field claimed_percent: expected a number or array of numbers")
+                percent = tuple(float(p) for p in percent)
+            else:
+                percent = (float(percent),)
+        formula = raw.get("formula")
+        if formula is not None:
+            try:
+                parse_formula(formula)
+            except GaugeAuditError as exc:
+                fail(line_of("formula"), f"field formula: {exc}")
+        claims.append(Claim(
+            id=cid, document=document, source=raw.get("source", document.title),
+            location=raw["location"], statement=" ".join(raw["statement"].split()), kind=raw["kind"],
+            checkers=tuple(checkers), params=_freeze(params), formula=formula,
+            claimed_value=raw.get("claimed_value"), claimed_percent=percent, relation=relation,
+            action=raw.get("action"), expected=expected, note=raw.get("note"),
+            file=shown, line=block[0],
+        ))
+    seen: dict[str, Claim] = {}
+    for c in claims:
+        if c.id in seen:
+            fail(_key_line(text, blocks[claims.index(c)], "id"), f"field id: duplicate id {c.id!r} (also at line {seen[c.id].line})")
+        seen[c.id] = c
+    return document, claims
+
+
+def catalog_files(directory: Path = CATALOG_DIR) -> list[Path]:
+    """The catalog proper: ``claims/*.toml`` (sub-folders such as ``examples/`` are not included)."""
+    return sorted(directory.glob("*.toml"))
+
+
+def load_catalog(paths: Iterable[Path | str] | None = None) -> dict[str, Claim]:
+    """Load and validate claim files (default: every ``claims/*.toml``); ids are unique across files."""
+    files = catalog_files() if paths is None else [Path(p) for p in paths]
+    out: dict[str, Claim] = {}
+    for path in files:
+        _, claims = load_file(path)
+        for c in claims:
+            if c.id in out:
+                prev = out[c.id]
+                text = Path(path).read_text(encoding="utf-8")
+                line = _key_line(text, _claim_blocks(text)[[x.id for x in claims].index(c.id)], "id")
+                raise GaugeAuditError(f"{c.file}:{line}: field id: duplicate id {c.id!r} (already defined at {prev.file}:{prev.line})")
+            out[c.id] = c
+    return out
+
+
+def get_claim(claim_id: str, catalog: Mapping[str, Claim] | None = None) -> Claim:
+    catalog = load_catalog() if catalog is None else catalog
+    try:
+        return catalog[claim_id]
+    except KeyError:
+        raise GaugeAuditError(f"unknown claim id {claim_id!r} (see `gauge-audit claims`)") from None
+
+
+__all__ = ["CATALOG_DIR", "CHECKERS", "KINDS", "Claim", "Document", "catalog_files", "get_claim", "load_catalog", "load_file"]

@@ -1,0 +1,240 @@
+"""A restricted formula language for claim files.
+
+Claim files may carry formulas such as ``2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2`` or
+``h*(d_k^2+d_v^2) + log(h!)``.  They are parsed by the small tokenizer and
+recursive-descent parser below into SymPy objects.  Nothing in a claim file is
+ever evaluated as code: there is no ``eval``/``exec`` and no ``sympify`` /
+``parse_expr`` of file text.  Only numbers, identifiers, ``+ - * / ^ **``,
+postfix ``!``, parentheses and the whitelisted functions in :data:`FUNCTIONS`
+are accepted; every other character is an error that names its position.
+
+Grammar (``^`` and ``**`` are the same operator, right-associative)::
+
+    expr    := term (('+' | '-') term)*
+    term    := unary (('*' | '/') unary)*
+    unary   := ('+' | '-') unary | power
+    power   := postfix (('^' | '**') unary)?
+    postfix := atom '!'*
+    atom    := NUMBER | NAME | NAME '(' expr (',' expr)* ')' | '(' expr ')'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import sympy as sp
+
+from ..errors import GaugeAuditError
+
+#: function name -> (SymPy callable, number of arguments)
+FUNCTIONS = {
+    "log": (sp.log, 1),
+    "ln": (sp.log, 1),
+    "sqrt": (sp.sqrt, 1),
+    "exp": (sp.exp, 1),
+    "factorial": (sp.factorial, 1),
+    "binomial": (sp.binomial, 2),
+    "min": (sp.Min, 2),
+    "max": (sp.Max, 2),
+}
+
+#: named constants
+CONSTANTS = {"pi": sp.pi}
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_MAX_LEN = 2000
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str   # NUM, NAME, OP, END
+    text: str
+    pos: int
+
+
+def tokenize(text: str) -> list[Token]:
+    if not isinstance(text, str):
+        raise GaugeAuditError("formula must be a string")
+    if len(text) > _MAX_LEN:
+        raise GaugeAuditError(f"formula longer than {_MAX_LEN} characters")
+    out: list[Token] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c in " \t":
+            i += 1
+            continue
+        m = _NUMBER.match(text, i)
+        if m and (c.isdigit() or c == "."):
+            out.append(Token("NUM", m.group(0), i))
+            i = m.end()
+            continue
+        m = _NAME.match(text, i)
+        if m:
+            out.append(Token("NAME", m.group(0), i))
+            i = m.end()
+            continue
+        if text.startswith("**", i):
+            out.append(Token("OP", "^", i))
+            i += 2
+            continue
+        if c in "+-*/^()!,":
+            out.append(Token("OP", c, i))
+            i += 1
+            continue
+        raise GaugeAuditError(f"formula {text!r}: unexpected character {c!r} at position {i}")
+    out.append(Token("END", "", len(text)))
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str, names: frozenset[str] | None, symbols: dict[str, sp.Symbol]):
+        self.text = text
+        self.toks = tokenize(text)
+        self.i = 0
+        self.names = names
+        self.symbols = symbols
+        self.depth = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def peek(self) -> Token:
+        return self.toks[self.i]
+
+    def take(self) -> Token:
+        tok = self.toks[self.i]
+        self.i += 1
+        return tok
+
+    def error(self, msg: str, tok: Token | None = None):
+        tok = tok or self.peek()
+        where = "end of formula" if tok.kind == "END" else f"position {tok.pos}"
+        raise GaugeAuditError(f"formula {self.text!r}: {msg} at {where}")
+
+    def expect(self, op: str):
+        tok = self.peek()
+        if tok.kind != "OP" or tok.text != op:
+            self.error(f"expected {op!r}")
+        self.take()
+
+    # -- grammar ---------------------------------------------------------------------------
+    def parse(self) -> sp.Expr:
+        if self.peek().kind == "END":
+            self.error("empty formula")
+        value = self.expr()
+        if self.peek().kind != "END":
+            self.error(f"unexpected {self.peek().text!r}")
+        return value
+
+    def expr(self):
+        self.depth += 1
+        if self.depth > 100:
+            self.error("formula nested too deeply")
+        value = self.term()
+        while self.peek().kind == "OP" and self.peek().text in "+-":
+            op = self.take().text
+            rhs = self.term()
+            value = value + rhs if op == "+" else value - rhs
+        self.depth -= 1
+        return value
+
+    def term(self):
+        value = self.unary()
+        while self.peek().kind == "OP" and self.peek().text in "*/":
+            op = self.take().text
+            rhs = self.unary()
+            if op == "*":
+                value = value * rhs
+            else:
+                if rhs == 0:
+                    self.error("division by zero")
+                value = value / rhs
+        return value
+
+    def unary(self):
+        tok = self.peek()
+        if tok.kind == "OP" and tok.text in "+-":
+            self.take()
+            self.depth += 1
+            if self.depth > 100:
+                self.error("formula nested too deeply")
+            inner = self.unary()
+            self.depth -= 1
+            return -inner if tok.text == "-" else inner
+        return self.power()
+
+    def power(self):
+        base = self.postfix()
+        if self.peek().kind == "OP" and self.peek().text == "^":
+            self.take()
+            return sp.Pow(base, self.unary())
+        return base
+
+    def postfix(self):
+        value = self.atom()
+        while self.peek().kind == "OP" and self.peek().text == "!":
+            self.take()
+            value = sp.factorial(value)
+        return value
+
+    def atom(self):
+        tok = self.take()
+        if tok.kind == "NUM":
+            return sp.Rational(tok.text)  # exact: "1.3" -> 13/10
+        if tok.kind == "NAME":
+            if self.peek().kind == "OP" and self.peek().text == "(":
+                if tok.text not in FUNCTIONS:
+                    self.error(f"unknown function {tok.text!r} (allowed: {', '.join(sorted(FUNCTIONS))})", tok)
+                fn, arity = FUNCTIONS[tok.text]
+                self.take()
+                args = [self.expr()]
+                while self.peek().kind == "OP" and self.peek().text == ",":
+                    self.take()
+                    args.append(self.expr())
+                self.expect(")")
+                if len(args) != arity:
+                    self.error(f"{tok.text}() takes {arity} argument(s), got {len(args)}", tok)
+                return fn(*args)
+            if tok.text in CONSTANTS:
+                return CONSTANTS[tok.text]
+            if tok.text in FUNCTIONS:
+                self.error(f"function {tok.text!r} needs parentheses", tok)
+            if self.names is not None and tok.text not in self.names:
+                self.error(f"unknown name {tok.text!r} (allowed: {', '.join(sorted(self.names))})", tok)
+            if tok.text not in self.symbols:
+                self.symbols[tok.text] = sp.Symbol(tok.text, positive=True)
+            return self.symbols[tok.text]
+        if tok.kind == "OP" and tok.text == "(":
+            value = self.expr()
+            self.expect(")")
+            return value
+        self.error("expected a number, a name or '('" if tok.kind != "END" else "unexpected end", tok)
+
+
+def parse_formula(text: str, names: Iterable[str] | None = None) -> sp.Expr:
+    """Parse ``text`` into a SymPy expression.
+
+    ``names``, when given, is the whitelist of identifiers (typically the keys of the
+    claim's ``params``); any other identifier is an error.  Identifiers become positive
+    SymPy symbols of the same name.
+    """
+    allowed = None if names is None else frozenset(names)
+    return _Parser(text, allowed, {}).parse()
+
+
+def formula_symbols(expr: sp.Expr) -> dict[str, sp.Symbol]:
+    return {s.name: s for s in expr.free_symbols}
+
+
+def evaluate_formula(text: str, values: dict[str, object]) -> sp.Expr:
+    """Parse and substitute numeric parameter values (ints/floats from the claim file)."""
+    expr = parse_formula(text, names=values.keys())
+    subs = {}
+    for name, sym in formula_symbols(expr).items():
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GaugeAuditError(f"formula {text!r}: parameter {name!r} is not a number")
+        subs[sym] = sp.Integer(v) if isinstance(v, int) else sp.Rational(str(v))
+    return sp.simplify(expr.subs(subs))

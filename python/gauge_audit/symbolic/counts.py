@@ -1,0 +1,272 @@
+"""Dimension counts of transformer gauge groups: the papers' formulas and our corrected count.
+
+Paper formulas take plain ints (or SymPy symbols, to get the formula itself) and
+return ints (SymPy expressions for symbols):
+
+=====================================  ===========================================================
+:func:`mgs_layer_dim`                  MGS G_Layer (MHA): h·(d_k² + d_v²)
+:func:`mgs_model_dim`                  MGS G_Model = ∏_l G_Layer: L·h·(d_k² + d_v²)
+:func:`mgs_rope_layer_dim`             MGS G_RoPE: (GL(1,ℂ)^{d_k/2})^h × GL(d_v)^h: h·(d_k + d_v²)
+:func:`mgs_gqa_layer_dim`              MGS G_share with g K/V groups: g·(d_k² + d_v²)  (RoPE: g·(d_k + d_v²))
+:func:`wiki_gqa_layer_dim`             wiki §7: n_q·d_k² + n_kv·d_v²
+:func:`nierop_redundancy`              van Nierop eq. (17): 2·n_t·n_h·d_h² + ½(d_e−1)(d_e−2)
+:func:`wiki_group_dim`                 wiki §10.2: h(d_k² + d_v²) + log(h!)
+:func:`wiki_param_dim`                 wiki §10.2: dim Θ = 4h(d_k + d_v)·d_model
+:func:`attention_param_count`          the real number of W_Q,W_K,W_V,W_O entries
+=====================================  ===========================================================
+
+:func:`corrected_count` gives the continuous-symmetry dimension of a whole
+architecture (:class:`ArchConfig`) as named components, each marked
+``established`` (derived in :mod:`gauge_audit.symbolic`) or ``conjecture``
+(to be confirmed by the Jacobian-nullity audit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import sympy as sp
+
+ESTABLISHED = "established"
+CONJECTURE = "conjecture"
+
+
+def _half(x):
+    """x/2 for ints (exact, x must be even) and SymPy expressions."""
+    if isinstance(x, int):
+        if x % 2:
+            raise ValueError(f"{x} is odd")
+        return x // 2
+    return sp.Rational(1, 2) * x
+
+
+# ------------------------------------------------------------------------------------------
+# the papers' formulas
+
+def mgs_layer_dim(h, d_k, d_v):
+    """MGS G_max = ((GL(d_k))^h × (GL(d_v))^h) ⋊ S_h; S_h adds no dimension."""
+    return h * (d_k**2 + d_v**2)
+
+
+def mgs_model_dim(n_layers, h, d_k, d_v):
+    """MGS G_Model = ∏_{l=1}^{L} G_Layer^(l)."""
+    return n_layers * mgs_layer_dim(h, d_k, d_v)
+
+
+def mgs_rope_layer_dim(h, d_k, d_v):
+    """MGS G_RoPE with 𝒞_RoPE = GL(1,ℂ)^{d_k/2}: each GL(1,ℂ) has 2 real dims → d_k per head."""
+    return h * (2 * _half(d_k) + d_v**2)
+
+
+def mgs_gqa_layer_dim(n_groups, d_k, d_v, rope=False):
+    """MGS G_share = ((GL(d_k))^g × (GL(d_v))^g) ⋊ …, g = number of K/V groups."""
+    qk = 2 * _half(d_k) if rope else d_k**2
+    return n_groups * (qk + d_v**2)
+
+
+def wiki_gqa_layer_dim(n_q, n_kv, d_k, d_v):
+    """wiki §7.2/7.4: G_GQA = (GL(d_k))^{n_query} × (GL(d_v))^{n_kv} → n_q·d_k² + n_kv·d_v²."""
+    return n_q * d_k**2 + n_kv * d_v**2
+
+
+def nierop_redundancy(n_t, n_h, d_h, d_e):
+    """van Nierop eq. (17): 2·n_t·n_h·d_h² + ½(d_e−1)(d_e−2)."""
+    return 2 * n_t * n_h * d_h**2 + _half((d_e - 1) * (d_e - 2))
+
+
+def wiki_group_dim(h, d_k, d_v):
+    """wiki §10.2: dim G_max = h(d_k² + d_v²) + log(h!)  (a SymPy expression; log(h!) is not an integer)."""
+    return h * (d_k**2 + d_v**2) + sp.log(sp.factorial(h))
+
+
+def wiki_param_dim(h, d_k, d_v, d_model):
+    """wiki §10.2: dim Θ = 4h(d_k + d_v)·d_model."""
+    return 4 * h * (d_k + d_v) * d_model
+
+
+def attention_param_count(n_layers, d_model, n_heads, d_k, d_v=None, n_kv_heads=None):
+    """Entries of W_Q, W_K, W_V, W_O over all layers (no biases)."""
+    d_v = d_k if d_v is None else d_v
+    n_kv = n_heads if n_kv_heads is None else n_kv_heads
+    per_layer = d_model * (n_heads * d_k + n_kv * d_k + n_kv * d_v) + n_heads * d_v * d_model
+    return n_layers * per_layer
+
+
+def symbols(*names: str):
+    """Positive integer SymPy symbols, for printing the formulas themselves."""
+    return sp.symbols(" ".join(names), positive=True, integer=True)
+
+
+# ------------------------------------------------------------------------------------------
+# our corrected count
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """A decoder/encoder stack, enough to count its continuous gauge symmetries."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_k: int
+    d_v: int | None = None          # default d_k
+    n_kv_heads: int | None = None   # default n_heads (MHA); < n_heads: GQA, 1: MQA
+    d_ff: int = 0
+    norm: str = "layernorm"         # layernorm | rmsnorm | none
+    norm_affine: bool = True
+    norm_placement: str = "pre"     # pre | post
+    final_norm: bool = True
+    attn_bias: bool = False         # biases on Q, K, V and O
+    mlp_bias: bool = False
+    activation: str = "gelu"        # relu | gelu | silu | swiglu
+    rope: bool = False
+    tied_embeddings: bool = False
+    vocab_size: int = 0
+    n_positions: int = 0            # learned absolute positions (0: none)
+    name: str = ""
+
+    @property
+    def dv(self) -> int:
+        return self.d_k if self.d_v is None else self.d_v
+
+    @property
+    def n_kv(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def with_(self, **kw) -> "ArchConfig":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    value: int
+    status: str          # established | conjecture
+    why: str
+
+
+@dataclass(frozen=True)
+class CountBreakdown:
+    config: ArchConfig
+    components: tuple[Component, ...] = field(default_factory=tuple)
+
+    @property
+    def established(self) -> int:
+        return sum(c.value for c in self.components if c.status == ESTABLISHED)
+
+    @property
+    def conjectured(self) -> int:
+        return sum(c.value for c in self.components if c.status == CONJECTURE)
+
+    @property
+    def total(self) -> int:
+        return self.established + self.conjectured
+
+    def as_dict(self) -> dict[str, int]:
+        return {c.name: c.value for c in self.components}
+
+    def table(self) -> str:
+        rows = [f"  {c.name:<20} {c.value:>14,}  {c.status:<11}  {c.why}" for c in self.components]
+        rows.append(f"  {'established total':<20} {self.established:>14,}")
+        rows.append(f"  {'with conjectures':<20} {self.total:>14,}")
+        return "\n".join(rows)
+
+
+def corrected_count(cfg: ArchConfig) -> CountBreakdown:
+    """Dimension of the continuous function-preserving parameter symmetries of ``cfg``.
+
+    Established components are derived in :mod:`gauge_audit.symbolic` (attention GL
+    actions and their RoPE/GQA restrictions by exact Lie-algebra rank; bias shifts by
+    softmax shift invariance; ReLU/SwiGLU scaling by positive homogeneity; stream
+    rotations and the corrected affine-norm reader rule in ``ln_affine_rotation``).
+    Conjectures (LayerNorm's all-ones directions, stream scale, norm-free GL(d)) are
+    what the Jacobian-nullity audit must confirm or refute.
+    """
+    L, d, dk, dv, nkv = cfg.n_layers, cfg.d_model, cfg.d_k, cfg.dv, cfg.n_kv
+    comps: list[Component] = []
+
+    def add(name, value, status, why):
+        comps.append(Component(name, int(value), status, why))
+
+    qk = dk if cfg.rope else dk * dk
+    add("attn_qk", L * nkv * qk, ESTABLISHED,
+        "per K group: commutant of RoPE (a·I + b·J per plane, d_k dims)" if cfg.rope
+        else "per K group: W_Q→W_Q·M, W_K→W_K·M^-T, M ∈ GL(d_k)")
+    add("attn_vo", L * nkv * dv * dv, ESTABLISHED, "per V group: W_V→W_V·N, W_O→N^-1·W_O")
+    if cfg.attn_bias:
+        add("key_bias_shift", 0 if cfg.rope else L * nkv * dk, ESTABLISHED,
+            "b_K→b_K+c changes each query's scores by the constant q·c (softmax shift); broken by RoPE"
+            if not cfg.rope else "RoPE rotates the key bias: shift not constant across keys")
+        add("value_bias_fold", L * nkv * dv, ESTABLISHED, "b_V→b_V+v, b_O→b_O−v·W_O (attention rows sum to 1)")
+    if cfg.activation in ("relu", "swiglu"):
+        add("ffn_scaling", L * cfg.d_ff, ESTABLISHED,
+            "positive per-neuron scaling (ReLU homogeneous; SwiGLU: scale the linear 'up' branch)")
+    else:
+        add("ffn_scaling", 0, ESTABLISHED, f"{cfg.activation} is not positively homogeneous: no continuous scaling")
+
+    n_norms_inner = 2 * L
+    tied_final = cfg.tied_embeddings and cfg.final_norm and cfg.norm_affine
+    if cfg.norm in ("layernorm", "rmsnorm"):
+        rot = (d - 1) * (d - 2) // 2 if cfg.norm == "layernorm" else d * (d - 1) // 2
+        grp = "SO(d-1) fixing the all-ones vector" if cfg.norm == "layernorm" else "SO(d)"
+        if cfg.norm_placement == "post" and cfg.norm_affine:
+            add("stream_rotation", 0, ESTABLISHED,
+                "post-norm with affine γ: the stream is γ⊙z+β, no diagonal γ' gives γ'⊙(gz) = g(γ⊙z)")
+        elif tied_final:
+            add("stream_rotation", 0, ESTABLISHED,
+                "tied embedding/unembedding with affine final norm: g must commute with diag(γ_f) → only finitely many g")
+        else:
+            add("stream_rotation", rot, ESTABLISHED,
+                f"{grp}; readers of affine norms use W·diag(γ)·gᵀ·diag(γ)^-1 (corrected rule)")
+        if cfg.norm_affine and cfg.norm_placement == "pre":
+            n_scale = n_norms_inner + (1 if cfg.final_norm and not cfg.tied_embeddings else 0)
+            add("norm_scale", n_scale * d, ESTABLISHED, "γ→c⊙γ (and β→c⊙β), readers W→W·diag(c)^-1")
+            if cfg.norm == "layernorm":
+                n_shift = (L if cfg.attn_bias else 0) + (L if cfg.mlp_bias else 0)
+                add("norm_shift", n_shift * d, ESTABLISHED, "β→β+δ, reader bias b→b−W·δ (readers with biases only)")
+        elif cfg.norm_affine and cfg.norm_placement == "post":
+            add("norm_scale", 0, CONJECTURE, "post-norm: γ feeds the residual stream directly, no compensating reader")
+        if cfg.norm == "layernorm" and cfg.norm_placement == "pre":
+            # LayerNorm removes the all-ones component of its input and its readers see only D·1^⊥ + β.
+            attn_out = cfg.n_heads * dk + nkv * dk + nkv * dv
+            mlp_out = cfg.d_ff * (2 if cfg.activation == "swiglu" else 1)
+            biased = lambda has_bias: has_bias or not cfg.norm_affine  # noqa: E731
+            reader = L * ((attn_out if biased(cfg.attn_bias) else 0) + (mlp_out if biased(cfg.mlp_bias) else 0))
+            add("ln_reader_ones", reader, CONJECTURE,
+                "readers W→W+u·(γ^-1)ᵀ (zero on γ⊙1^⊥), bias absorbs u·Σβ/γ; needs reader biases or β=0")
+            writer = L * (cfg.n_heads * dv + cfg.d_ff + int(cfg.attn_bias) + int(cfg.mlp_bias))
+            writer += cfg.n_positions + (0 if cfg.tied_embeddings else cfg.vocab_size)
+            add("ln_writer_ones", writer if cfg.final_norm else 0, CONJECTURE,
+                "writers W_out→W_out+1·uᵀ: every reader is a LayerNorm, which ignores the all-ones component")
+        if cfg.norm_placement == "pre" and cfg.final_norm:
+            add("stream_scale", 1, CONJECTURE, "x→c·x for c>0: exact only when the norm's ε is 0")
+    else:
+        add("stream_gl", d * (d - 1) // 2 if cfg.tied_embeddings else d * d, CONJECTURE,
+            "no normalization: any invertible stream map (orthogonal when embeddings are tied)")
+    return CountBreakdown(cfg, tuple(comps))
+
+
+# ------------------------------------------------------------------------------------------
+# the reference architectures used by the paper claims (parameter totals from the model cards)
+
+GPT2_SMALL = ArchConfig(name="GPT-2 (124M)", n_layers=12, d_model=768, n_heads=12, d_k=64, d_ff=3072,
+                        attn_bias=True, mlp_bias=True, activation="gelu", tied_embeddings=True,
+                        vocab_size=50257, n_positions=1024)
+GPT2_XL = ArchConfig(name="GPT-2-XL (1.5B)", n_layers=48, d_model=1600, n_heads=25, d_k=64, d_ff=6400,
+                     attn_bias=True, mlp_bias=True, activation="gelu", tied_embeddings=True,
+                     vocab_size=50257, n_positions=1024)
+LLAMA = {
+    "7B": ArchConfig(name="LLaMA-7B", n_layers=32, d_model=4096, n_heads=32, d_k=128, d_ff=11008,
+                     norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
+    "13B": ArchConfig(name="LLaMA-13B", n_layers=40, d_model=5120, n_heads=40, d_k=128, d_ff=13824,
+                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
+    "33B": ArchConfig(name="LLaMA-33B", n_layers=60, d_model=6656, n_heads=52, d_k=128, d_ff=17920,
+                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
+    "65B": ArchConfig(name="LLaMA-65B", n_layers=80, d_model=8192, n_heads=64, d_k=128, d_ff=22016,
+                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
+}
+BERT_BASE = ArchConfig(name="Transformer-Base / BERT-base (110M)", n_layers=12, d_model=768, n_heads=12, d_k=64,
+                       d_ff=3072, norm_placement="post", attn_bias=True, mlp_bias=True, activation="gelu",
+                       tied_embeddings=True, vocab_size=30522, n_positions=512)
+
+ARCHITECTURES = {"gpt2": GPT2_SMALL, "gpt2-xl": GPT2_XL, "bert-base": BERT_BASE,
+                 **{f"llama-{k.lower()}": v for k, v in LLAMA.items()}}
