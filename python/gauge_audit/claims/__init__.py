@@ -23,6 +23,8 @@ Schema (one file per source document; see README "Claim catalog")::
     relation = ">="                          # optional: "=", ">=", "<=", "~" (default "=")
     action = "qk-gl"                         # optional: name of the numeric gauge action
     expected = "holds"                       # optional: what the source asserts the action does
+    corrected_action = "stream-rotation"     # optional: the action implementing the corrected rule
+    models = ["gpt2-tiny", "minilm"]         # optional: reference models for the torch check
     note = "..."                             # optional free text
 
 Every problem (TOML syntax, unknown key, missing field, wrong type, duplicate id) is
@@ -40,7 +42,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from ..actions import ACTIONS
 from ..errors import GaugeAuditError
+from ..models import model_names
 from .expr import parse_formula
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,6 +77,8 @@ CLAIM_FIELDS = {
     "relation": (str, False),
     "action": (str, False),
     "expected": (str, False),
+    "corrected_action": (str, False),
+    "models": (list, False),
     "note": (str, False),
 }
 
@@ -103,6 +109,8 @@ class Claim:
     relation: str = "="
     action: str | None = None
     expected: str = "holds"
+    corrected_action: str | None = None
+    models: tuple[str, ...] | None = None
     note: str | None = None
     file: str = ""
     line: int = 0
@@ -222,6 +230,13 @@ def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GaugeAuditError(f"{shown}:0: cannot read claim file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise GaugeAuditError(f"{shown}:0: claim file is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return load_text(text, shown)
+
+
+def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]]:
+    """Validate the TOML ``text`` of one claim file; ``shown`` names it in error messages."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -252,7 +267,7 @@ def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
     if not doc["authors"] or not all(isinstance(a, str) for a in doc["authors"]):
         fail(_section_line(text, "document", "authors"), "field document.authors: expected a non-empty array of strings")
     document = Document(
-        key=doc.get("key", path.stem), title=doc["title"], authors=tuple(doc["authors"]),
+        key=doc.get("key", Path(shown).stem), title=doc["title"], authors=tuple(doc["authors"]),
         reference=doc["reference"], file=shown, note=doc.get("note"),
     )
 
@@ -300,6 +315,15 @@ def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
         expected = raw.get("expected", "holds")
         if expected not in EXPECTED:
             fail(line_of("expected"), f"field expected: {expected!r} is not one of {', '.join(EXPECTED)}")
+        for key in ("action", "corrected_action"):
+            if key in raw and raw[key] not in ACTIONS:
+                fail(line_of(key), f"field {key}: unknown action {raw[key]!r} (see `gauge-audit check --list`)")
+        models = raw.get("models")
+        if models is not None:
+            known = model_names()
+            if not models or not all(isinstance(m, str) and m in known for m in models):
+                fail(line_of("models"), f"field models: expected a non-empty array of model names from {', '.join(known)}")
+            models = tuple(models)
         percent = raw.get("claimed_percent")
         if percent is not None:
             if isinstance(percent, list):
@@ -319,7 +343,8 @@ def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
             location=raw["location"], statement=" ".join(raw["statement"].split()), kind=raw["kind"],
             checkers=tuple(checkers), params=_freeze(params), formula=formula,
             claimed_value=raw.get("claimed_value"), claimed_percent=percent, relation=relation,
-            action=raw.get("action"), expected=expected, note=raw.get("note"),
+            action=raw.get("action"), expected=expected, corrected_action=raw.get("corrected_action"),
+            models=models, note=raw.get("note"),
             file=shown, line=block[0],
         ))
     seen: dict[str, Claim] = {}

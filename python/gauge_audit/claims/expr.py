@@ -46,6 +46,8 @@ CONSTANTS = {"pi": sp.pi}
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _MAX_LEN = 2000
+_MAX_DIGITS = 4000      # numeric literals and numeric powers stay below 10^_MAX_DIGITS
+_MAX_FACTORIAL = 1000   # numeric factorial / binomial arguments
 
 
 @dataclass(frozen=True)
@@ -128,29 +130,39 @@ class _Parser:
             self.error(f"unexpected {self.peek().text!r}")
         return value
 
+    def checked(self, value, tok: Token | None = None):
+        """Refuse non-finite numbers and numbers beyond 10^_MAX_DIGITS (SymPy would carry them on)."""
+        if value.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
+            self.error("the formula is undefined (division by zero or infinity)", tok)
+        if value.is_Rational:
+            bits = max(int(value.p).bit_length(), int(value.q).bit_length())
+            if bits * 0.30103 > _MAX_DIGITS:
+                self.error(f"number too large (about 10^{bits * 0.30103:.3g})", tok)
+        return value
+
     def expr(self):
         self.depth += 1
         if self.depth > 100:
             self.error("formula nested too deeply")
         value = self.term()
         while self.peek().kind == "OP" and self.peek().text in "+-":
-            op = self.take().text
+            tok = self.take()
             rhs = self.term()
-            value = value + rhs if op == "+" else value - rhs
+            value = self.checked(value + rhs if tok.text == "+" else value - rhs, tok)
         self.depth -= 1
         return value
 
     def term(self):
         value = self.unary()
         while self.peek().kind == "OP" and self.peek().text in "*/":
-            op = self.take().text
+            tok = self.take()
             rhs = self.unary()
-            if op == "*":
-                value = value * rhs
+            if tok.text == "*":
+                value = self.checked(value * rhs, tok)
             else:
                 if rhs == 0:
-                    self.error("division by zero")
-                value = value / rhs
+                    self.error("division by zero", tok)
+                value = self.checked(value / rhs, tok)
         return value
 
     def unary(self):
@@ -168,20 +180,31 @@ class _Parser:
     def power(self):
         base = self.postfix()
         if self.peek().kind == "OP" and self.peek().text == "^":
-            self.take()
-            return sp.Pow(base, self.unary())
+            tok = self.take()
+            exponent = self.unary()
+            if base.is_Number and exponent.is_Number and base != 0:
+                # SymPy evaluates numeric powers eagerly: refuse results beyond _MAX_DIGITS digits
+                digits = abs(float(exponent)) * max(abs(sp.log(abs(base), 10).evalf(15)), 1)
+                if digits > _MAX_DIGITS:
+                    self.error(f"number too large (about 10^{digits:.3g})", tok)
+            return self.checked(sp.Pow(base, exponent), tok)
         return base
 
     def postfix(self):
         value = self.atom()
         while self.peek().kind == "OP" and self.peek().text == "!":
-            self.take()
-            value = sp.factorial(value)
+            tok = self.take()
+            if value.is_Number and abs(value) > _MAX_FACTORIAL:
+                self.error(f"factorial argument too large (> {_MAX_FACTORIAL})", tok)
+            value = self.checked(sp.factorial(value), tok)
         return value
 
     def atom(self):
         tok = self.take()
         if tok.kind == "NUM":
+            mantissa, _, exp10 = tok.text.lower().partition("e")
+            if len(mantissa) > 64 or (exp10 and abs(int(exp10)) > _MAX_DIGITS):
+                self.error(f"number {tok.text[:20]!r} too long or too large", tok)
             return sp.Rational(tok.text)  # exact: "1.3" -> 13/10
         if tok.kind == "NAME":
             if self.peek().kind == "OP" and self.peek().text == "(":
@@ -196,7 +219,10 @@ class _Parser:
                 self.expect(")")
                 if len(args) != arity:
                     self.error(f"{tok.text}() takes {arity} argument(s), got {len(args)}", tok)
-                return fn(*args)
+                if tok.text in ("factorial", "binomial") and any(a.is_Number and abs(a) > _MAX_FACTORIAL
+                                                                  for a in args):
+                    self.error(f"{tok.text}() argument too large (> {_MAX_FACTORIAL})", tok)
+                return self.checked(fn(*args), tok)
             if tok.text in CONSTANTS:
                 return CONSTANTS[tok.text]
             if tok.text in FUNCTIONS:

@@ -18,6 +18,8 @@ SUBCOMMANDS = (
     "check",
     "derive",
     "claims",
+    "audit",
+    "precision",
 )
 
 

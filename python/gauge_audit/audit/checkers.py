@@ -1,0 +1,178 @@
+"""One function per checker: claim → :class:`Evidence`.
+
+Each checker reports what it measured or proved about the claim *as the source
+states it*; none of them looks at another checker's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import formal
+from ..actions import get_action
+from ..claims import Claim
+from ..errors import GaugeAuditError
+from ..models import Model, build, config_of, model_names
+from ..models.config import Config
+from ..numeric import check
+from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+
+
+@dataclass
+class Context:
+    """Shared state of one audit run: seed, device, depth, caches."""
+
+    seed: int = 0
+    device: str = "cpu"
+    full: bool = False
+    models: dict[str, Model] = field(default_factory=dict)
+    lake: dict = field(default_factory=dict)   # cached `lake build` outcome
+    cache: dict = field(default_factory=dict)  # checker-specific shared results (error study, ...)
+
+    def model(self, name: str) -> Model:
+        if name not in self.models:
+            self.models[name] = build(name, seed=self.seed, device=self.device)
+        return self.models[name]
+
+
+# ----------------------------------------------------------------------------- lean
+_ROLE = {"refutes": FAILS, "corrects": CORRECTED, "establishes": HOLDS}
+
+
+def lean(claim: Claim, ctx: Context) -> Evidence:
+    thms = [t for t in formal.theorems() if claim.id in t.claims]
+    if not thms:
+        return Evidence("lean", NOT_RUN, "no Lean theorem names this claim")
+    names = ", ".join(t.name.split(".")[-1] for t in thms)
+    details = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
+    if formal.lake_path() is None:
+        return Evidence("lean", NOT_RUN, f"{len(thms)} theorem(s) ({names}); not machine-checked here: "
+                        "`lake` is not on PATH (CI workflow .github/workflows/lean.yml checks them)", details)
+    if "result" not in ctx.lake:
+        try:
+            proc = formal.lake_build()
+            ctx.lake["result"] = (proc.returncode, (proc.stdout + proc.stderr)[-2000:])
+        except Exception as exc:  # a broken toolchain must not stop the audit
+            ctx.lake["result"] = (-1, str(exc))
+    rc, log = ctx.lake["result"]
+    if rc != 0:
+        return Evidence("lean", ERROR, f"`lake build` failed (exit {rc}); {len(thms)} theorem(s) unchecked",
+                        {**details, "log_tail": log})
+    roles = {t.roles.get(claim.id, "establishes") for t in thms}
+    outcome = FAILS if "refutes" in roles else CORRECTED if "corrects" in roles else HOLDS
+    return Evidence("lean", outcome, f"`lake build` checked {len(thms)} theorem(s): {names}", details)
+
+
+# ----------------------------------------------------------------------------- symbolic
+def symbolic(claim: Claim, ctx: Context) -> Evidence:
+    from ..symbolic import DERIVATIONS
+
+    if claim.id not in DERIVATIONS:
+        return Evidence("symbolic", NOT_RUN, "no SymPy derivation for this claim")
+    d = DERIVATIONS[claim.id]()
+    summary = f"derived: {d.derived}" if d.derived else "derivation done"
+    if d.residual not in ("", "0"):
+        summary += f"; residual of the claimed rule: {d.residual}"
+    return Evidence("symbolic", d.verdict, summary, {"derived": d.derived, "residual": d.residual,
+                                                      "steps": list(d.steps), "data": _jsonable(d.data)},
+                    corrected_rule=d.corrected_rule, counterexample=d.counterexample)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (int, float, str, bool)) or x is None:
+        return x
+    return str(x)
+
+
+# ----------------------------------------------------------------------------- torch
+def _matches(cfg: Config, params) -> bool:
+    """Does a reference architecture have the features the claim's params name?"""
+    norm, affine = params.get("norm"), params.get("norm_affine")
+    if norm is not None and not cfg.norm.startswith(norm):
+        return False
+    if affine is not None and (cfg.norm in ("layernorm", "rmsnorm")) != bool(affine):
+        return False
+    if "tied" in params and cfg.tied != bool(params["tied"]):
+        return False
+    if "activation" in params and cfg.act != params["activation"]:
+        return False
+    if "n_experts" in params and not cfg.experts:
+        return False
+    return True
+
+
+def torch_models(claim: Claim) -> list[str]:
+    action = get_action(claim.action)
+    names = list(claim.models) if claim.models else model_names()
+    return [m for m in names if action.applies(config_of(m)) is None and _matches(config_of(m), claim.params)]
+
+
+def torch(claim: Claim, ctx: Context) -> Evidence:
+    if not claim.action:
+        return Evidence("torch", NOT_APPLICABLE, "the claim names no gauge action")
+    models = torch_models(claim)
+    if not models:
+        return Evidence("torch", NOT_APPLICABLE, f"action {claim.action} applies to no reference model matching "
+                                                 f"the claim's parameters")
+    results = [check(ctx.model(m), claim.action, seed=ctx.seed) for m in models]
+    rows = [_row(r) for r in results]
+    measured = {r.verdict for r in results}
+    want = "HOLDS" if claim.expected == "holds" else "FAILS"
+    worst = max(results, key=lambda r: r.max_rel_error)
+    details = {"action": claim.action, "expected_by_source": want, "results": rows}
+    if any(r.routing_changed for r in results if r.verdict == "HOLDS"):
+        return Evidence("torch", ERROR, "top-k routing changed under a true action", details)
+    if measured == {want}:
+        summary = (f"{claim.action} {want} on {len(models)} model(s) as claimed; max error {worst.max_rel_error:.2e} "
+                   f"({worst.residual_eps:.3g} ε) vs tol {worst.tolerance_eps:.3g} ε")
+        if want == "FAILS" and claim.corrected_action:
+            fix = _corrected(claim, ctx, models, details)
+            if fix is not None:
+                return Evidence("torch", CORRECTED, summary + f"; but {fix}", details,
+                                corrected_rule=_first_line(get_action(claim.corrected_action).doc))
+        return Evidence("torch", HOLDS, summary, details)
+    if len(measured) > 1:
+        return Evidence("torch", UNDECIDED, f"{claim.action} holds on some models and fails on others", details)
+    bad = worst if want == "HOLDS" else min(results, key=lambda r: r.max_rel_error)
+    counter = (f"{bad.model}, seed {bad.seed}: {claim.action} changes the output by {bad.max_rel_error:.3e} relative"
+               if want == "HOLDS" else
+               f"{bad.model}, seed {bad.seed}: {claim.action} leaves the output unchanged to "
+               f"{bad.residual_eps:.3g} ε (tol {bad.tolerance_eps:.3g} ε)")
+    summary = f"{claim.action} {bad.verdict} on {len(models)} model(s), the source says {want}: {counter}"
+    if claim.corrected_action and want == "HOLDS":
+        fix = _corrected(claim, ctx, models, details)
+        if fix is not None:
+            return Evidence("torch", CORRECTED, summary + f"; {fix}", details,
+                            corrected_rule=_first_line(get_action(claim.corrected_action).doc), counterexample=counter)
+    return Evidence("torch", FAILS, summary, details, counterexample=counter)
+
+
+def _corrected(claim: Claim, ctx: Context, models: list[str], details: dict) -> str | None:
+    fix = get_action(claim.corrected_action)
+    usable = [m for m in models if fix.applies(config_of(m)) is None]
+    if not usable:
+        return None
+    fixed = [check(ctx.model(m), fix.name, seed=ctx.seed) for m in usable]
+    details["corrected"] = [_row(r) for r in fixed]
+    if all(r.verdict == "HOLDS" for r in fixed):
+        worst = max(fixed, key=lambda r: r.max_rel_error)
+        return (f"the corrected rule {fix.name} HOLDS on {len(usable)} model(s) "
+                f"(max {worst.residual_eps:.3g} ε ≤ tol {worst.tolerance_eps:.3g} ε)")
+    return None
+
+
+def _row(r) -> dict:
+    return {"model": r.model, "verdict": r.verdict, "max_rel_error": r.max_rel_error,
+            "residual_eps": r.residual_eps, "tolerance_eps": r.tolerance_eps, "kappa": r.kappa,
+            "routing_changed": r.routing_changed}
+
+
+def _first_line(doc: str) -> str:
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch}

@@ -1,0 +1,79 @@
+"""Run every applicable checker on every claim and combine the evidence."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..claims import Claim
+from ..errors import GaugeAuditError
+from .checkers import CHECKER_FUNCTIONS, Context
+from .evidence import ERROR, NOT_RUN, Evidence, Verdict, combine
+
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    evidence: list[Evidence]
+    verdict: Verdict
+
+    def to_json(self) -> dict:
+        c = self.claim
+        return {
+            "id": c.id, "document": c.document.title, "source": c.source, "location": c.location,
+            "statement": c.statement, "kind": c.kind, "file": c.file, "line": c.line,
+            "verdict": self.verdict.verdict, "why": self.verdict.why, "conflicts": self.verdict.conflicts,
+            "corrected_rule": self.verdict.corrected_rule, "counterexample": self.verdict.counterexample,
+            "evidence": {e.checker: e.to_json() for e in self.evidence},
+        }
+
+
+@dataclass
+class AuditReport:
+    seed: int
+    full: bool
+    results: list[ClaimResult]
+    extras: dict = field(default_factory=dict)     # plots' data, counts tables, ... (deterministic)
+    timings: dict = field(default_factory=dict)    # seconds per claim/checker (kept out of report.json)
+
+    def verdicts(self) -> dict[str, str]:
+        return {r.claim.id: r.verdict.verdict for r in self.results}
+
+    def to_json(self) -> dict:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.verdict.verdict] = counts.get(r.verdict.verdict, 0) + 1
+        return {"seed": self.seed, "full": self.full, "summary": dict(sorted(counts.items())),
+                "claims": [r.to_json() for r in self.results], "extras": self.extras}
+
+
+def _progress(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def audit(claims: list[Claim], ctx: Context | None = None, progress=_progress) -> AuditReport:
+    ctx = ctx or Context()
+    report = AuditReport(ctx.seed, ctx.full, [])
+    t_all = time.perf_counter()
+    for i, claim in enumerate(claims, 1):
+        evidence = []
+        for name in claim.checkers:
+            fn = CHECKER_FUNCTIONS.get(name)
+            t = time.perf_counter()
+            if fn is None:
+                ev = Evidence(name, NOT_RUN, f"the {name} checker is not available in this build")
+            else:
+                try:
+                    ev = fn(claim, ctx)
+                except GaugeAuditError as exc:
+                    ev = Evidence(name, ERROR, str(exc))
+            dt = time.perf_counter() - t
+            report.timings[f"{claim.id}/{name}"] = round(dt, 3)
+            evidence.append(ev)
+            if progress:
+                progress(f"[{i}/{len(claims)}] {claim.id:26s} {name:9s} {ev.outcome:22s} {dt:6.1f}s")
+        report.results.append(ClaimResult(claim, evidence, combine(evidence)))
+    report.timings["total"] = round(time.perf_counter() - t_all, 3)
+    return report

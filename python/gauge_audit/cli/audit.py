@@ -1,0 +1,65 @@
+"""``gauge-audit audit``: settle every claim of a catalog four ways and write the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..audit.checkers import Context
+from ..audit.evidence import CORRECTED, FAILS, HOLDS, UNDECIDED
+from ..audit.run import audit
+from ..claims import load_catalog
+from ..errors import GaugeAuditError
+from ..runtime import resolve_device
+
+VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="audit claims (default: the built-in catalog) and write a report",
+                       description="Run every applicable checker (Lean, SymPy, mpmath, torch, nullity) on each "
+                                   "claim, combine the evidence into a verdict and write report.md/json/html.")
+    p.add_argument("files", nargs="*", metavar="CLAIMS.toml", help="claim files (default: claims/*.toml)")
+    p.add_argument("--only", help="comma-separated claim ids")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--out", default="reports/latest", help="report directory (default: reports/latest)")
+    p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
+    p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")
+    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..report import terminal_table, write
+
+    if args.fail_on and args.fail_on not in VERDICTS:
+        raise GaugeAuditError(f"--fail-on must be one of {', '.join(VERDICTS)}")
+    resolve_device(args.device)
+    catalog = load_catalog(args.files or None)
+    claims = list(catalog.values())
+    if args.only:
+        wanted = [x.strip() for x in args.only.split(",") if x.strip()]
+        unknown = [x for x in wanted if x not in catalog]
+        if unknown:
+            raise GaugeAuditError(f"unknown claim id(s): {', '.join(unknown)}")
+        claims = [catalog[x] for x in wanted]
+    ctx = Context(seed=args.seed, device=args.device, full=args.full)
+    report = audit(claims, ctx, progress=None if args.quiet else _progress)
+    plots = {}
+    paths = write(report, Path(args.out), plots)
+    if args.json:
+        sys.stdout.write(paths["report.json"].read_text(encoding="utf-8"))
+    else:
+        print(terminal_table(report))
+        print(f"report: {paths['report.md']}, {paths['report.html']}, {paths['report.json']}")
+    if args.fail_on and any(r.verdict.verdict == args.fail_on for r in report.results):
+        return 1
+    return 0
+
+
+def _progress(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
