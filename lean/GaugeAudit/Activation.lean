@@ -22,7 +22,7 @@ theorem relu_negOfNat : (k : Nat) → relu (Int.negOfNat k) = 0
 
 /-- ReLU is positively homogeneous: `relu (c·x) = c·relu x` for every `c ≥ 0`, so positive
 per-neuron scaling is a symmetry of the feed-forward block and `f(0) = f(1) = 1` is not forced
-(claim `relu-forces-identity`). -/
+(claim `relu-forces-identity`, refutes). -/
 theorem relu_nonneg_homogeneous (c : Nat) : ∀ x : Int, relu ((c : Int) * x) = (c : Int) * relu x
   | Int.ofNat _ => rfl
   | Int.negSucc m =>
@@ -30,7 +30,7 @@ theorem relu_nonneg_homogeneous (c : Nat) : ∀ x : Int, relu ((c : Int) * x) = 
     h.trans rfl
 
 /-- A nonnegative diagonal scaling `s` of the hidden pre-activations commutes with ReLU,
-coordinate by coordinate: `relu (s_i·z_i) = s_i·relu z_i` (claim `relu-forces-identity`). -/
+coordinate by coordinate: `relu (s_i·z_i) = s_i·relu z_i` (claim `relu-forces-identity`, refutes). -/
 theorem relu_commutes_with_nonneg_diagonal {k : Nat} (s : Fin k → Nat) (z : Fin k → Int)
     (i : Fin k) : relu ((s i : Int) * z i) = (s i : Int) * relu (z i) :=
   relu_nonneg_homogeneous (s i) (z i)

@@ -31,7 +31,7 @@ variable {Mat : Nat → Nat → Type} [MatrixAlgebra Mat]
 /-- Attention scores are unchanged by `W_Q ↦ W_Q·M`, `W_K ↦ W_K·M⁻ᵀ` for every invertible `M`
 (here `M' = M⁻¹`, so `M'ᵀ = M⁻ᵀ`): `(X·W_Q·M)·(X·W_K·M⁻ᵀ)ᵀ = (X·W_Q)·(X·W_K)ᵀ`
 (claim `qk-gl`).  Since `M` need not be orthogonal, this refutes "only orthogonal `M`
-preserve the scores" (claim `qk-orthogonal-only`). -/
+preserve the scores" (claim `qk-orthogonal-only`, refutes). -/
 theorem qk_scores_invariant {n d dk : Nat} (X : Mat n d) (W_Q W_K : Mat d dk)
     (M M' : Mat dk dk) (hM : M ⬝ M' = one dk) :
     (X ⬝ W_Q ⬝ M) ⬝ (X ⬝ W_K ⬝ M'ᵀ)ᵀ = (X ⬝ W_Q) ⬝ (X ⬝ W_K)ᵀ := by
@@ -40,7 +40,7 @@ theorem qk_scores_invariant {n d dk : Nat} (X : Mat n d) (W_Q W_K : Mat d dk)
     MatrixAlgebra.one_mul]
 
 /-- With the same action `W_Q ↦ W_Q·M`, `W_K ↦ W_K·M`, an orthogonal `M` (`M·Mᵀ = 1`) leaves
-the scores unchanged (claim `qk-same-action`). -/
+the scores unchanged (claim `qk-same-action`, context). -/
 theorem qk_same_action_invariant_of_orthogonal {n d dk : Nat} (X : Mat n d)
     (W_Q W_K : Mat d dk) (M : Mat dk dk) (hM : M ⬝ Mᵀ = one dk) :
     (X ⬝ W_Q ⬝ M) ⬝ (X ⬝ W_K ⬝ M)ᵀ = (X ⬝ W_Q) ⬝ (X ⬝ W_K)ᵀ := by
@@ -65,7 +65,7 @@ theorem qk_scores_invariant_forces_mul_tr_eq_one {n d dk : Nat} (W_Q W_K : Mat d
 
 /-- Under the same-action rule `W_Q ↦ W_Q·M`, `W_K ↦ W_K·M`, invariance of the scores for all
 inputs forces `M` to be orthogonal, `M·Mᵀ = 1` (given the cancellation hypothesis `hcancel`)
-(claim `qk-same-action`). -/
+(claim `qk-same-action`, refutes). -/
 theorem qk_same_action_requires_orthogonal {n d dk : Nat} (W_Q W_K : Mat d dk)
     (M : Mat dk dk)
     (hcancel : ∀ P Q : Mat dk dk,
@@ -77,7 +77,7 @@ theorem qk_same_action_requires_orthogonal {n d dk : Nat} (W_Q W_K : Mat d dk)
 /-- van Nierop's eq. (14), correctly placed: with `Ē ↦ g·Ē`, `Q ↦ h₁·Q·g₁`, `K ↦ h₂·K·g₂`,
 the scores `(Q·Ē)ᵀ·(K·Ē)` are unchanged for `g₁ = g₂ = g⁻¹` (here `g'` with `g'·g = 1`), with
 no transpose on `g₁`, `g₂`, and `h₁ᵀ·h₂ = 1`, i.e. `h₂ᵀ = h₁⁻¹` as printed
-(claim `nierop-eq14-transpose`). -/
+(claim `nierop-eq14-transpose`, corrects). -/
 theorem nierop_eq14_corrected {n de dh : Nat} (Ebar : Mat de n) (Q K : Mat dh de)
     (g g' : Mat de de) (h₁ h₂ : Mat dh dh) (hg : g' ⬝ g = one de) (hh : h₁ᵀ ⬝ h₂ = one dh) :
     (h₁ ⬝ Q ⬝ g' ⬝ (g ⬝ Ebar))ᵀ ⬝ (h₂ ⬝ K ⬝ g' ⬝ (g ⬝ Ebar)) = (Q ⬝ Ebar)ᵀ ⬝ (K ⬝ Ebar) := by
@@ -93,7 +93,7 @@ section Concrete
 
 /-- A concrete non-orthogonal `M` for which the same action changes the scores: with
 `X·W_Q = X·W_K = 1` and `M = diag(2, 1)` the scores become `M·Mᵀ = diag(4, 1) ≠ 1`
-(claim `qk-same-action`). -/
+(claim `qk-same-action`, refutes). -/
 theorem qk_same_action_changes_scores_diag :
     Mat2.mul (Mat2.mul id2 diag21) (Mat2.tr (Mat2.mul id2 diag21)) ≠
       Mat2.mul id2 (Mat2.tr id2) :=
@@ -101,7 +101,7 @@ theorem qk_same_action_changes_scores_diag :
 
 /-- A non-orthogonal `M` that preserves the scores: the shear `M = [[1, 1], [0, 1]]` has
 `M·Mᵀ ≠ 1` and inverse `[[1, -1], [0, 1]]`, and `W_Q ↦ W_Q·M`, `W_K ↦ W_K·M⁻ᵀ` leaves the
-scores of a sample input unchanged (claim `qk-orthogonal-only`). -/
+scores of a sample input unchanged (claim `qk-orthogonal-only`, refutes). -/
 theorem qk_nonorthogonal_shear_preserves_scores :
     Mat2.mul shear (Mat2.tr shear) ≠ id2 ∧ Mat2.mul shear shearInv = id2 ∧
       Mat2.mul (Mat2.mul sampleQ shear) (Mat2.tr (Mat2.mul sampleK (Mat2.tr shearInv))) =
@@ -110,7 +110,7 @@ theorem qk_nonorthogonal_shear_preserves_scores :
 
 /-- The transposed placement of eq. (14), `g₁ = g₂ = g⁻ᵀ`, does not preserve the scores once
 `g` is not orthogonal: for the shear `g` and `Q = K = Ē = 1` the scores become
-`[[2, 1], [1, 1]] ≠ 1` (claim `nierop-eq14-transpose`). -/
+`[[2, 1], [1, 1]] ≠ 1` (claim `nierop-eq14-transpose`, refutes). -/
 theorem nierop_eq14_transposed_placement_fails :
     Mat2.mul (Mat2.tr (Mat2.mul (Mat2.mul id2 (Mat2.tr shearInv)) (Mat2.mul shear id2)))
         (Mat2.mul (Mat2.mul id2 (Mat2.tr shearInv)) (Mat2.mul shear id2)) ≠

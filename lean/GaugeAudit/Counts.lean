@@ -48,7 +48,7 @@ theorem count_transformer_base_per_layer :
 
 /-- van Nierop's eq. (17) for GPT-2 small (`n_t = 12`, `n_h = 12`, `d_h = 64`, `d_e = 768`)
 gives `1 473 409`; its first term is the `GL(d_h)` count `gmaxDim 12 12 64 64` and its second
-`dim SO(767) = 293 761` (claim `count-nierop`). -/
+`dim SO(767) = 293 761` (claim `count-nierop`, context). -/
 theorem count_nierop_gpt2_small :
     nieropRedundancy 12 12 64 768 = 1473409 ∧
       2 * 12 * 12 * 64 ^ 2 = gmaxDim 12 12 64 64 ∧
@@ -56,7 +56,7 @@ theorem count_nierop_gpt2_small :
   decide
 
 /-- van Nierop's eq. (17) for GPT-2 XL (`n_t = 48`, `n_h = 25`, `d_h = 64`, `d_e = 1600`)
-gives `11 108 001` (claim `count-nierop`). -/
+gives `11 108 001` (claim `count-nierop`, context). -/
 theorem count_nierop_gpt2_xl : nieropRedundancy 48 25 64 1600 = 11108001 := by
   decide
 
@@ -64,7 +64,7 @@ theorem count_nierop_gpt2_xl : nieropRedundancy 48 25 64 1600 = 11108001 := by
 exactly when `(2p − 1)·b ≤ 2000·a < (2p + 1)·b`, and the counts round to 1.3 % of GPT-2's
 117 M, 0.7 % of GPT-2-XL's 1.5 B and 0.3 % of LLaMA-65B's 65.2 B parameters (`n_t = 80`,
 `n_h = 64`, `d_h = 128`, `d_e = 8192`): the table's arithmetic is consistent with the formula
-(claim `count-nierop`). -/
+(claim `count-nierop`, context). -/
 theorem count_nierop_table1_percentages :
     25 * 117000000 ≤ 2000 * nieropRedundancy 12 12 64 768 ∧
       2000 * nieropRedundancy 12 12 64 768 < 27 * 117000000 ∧
@@ -77,7 +77,7 @@ theorem count_nierop_table1_percentages :
 /-- The wiki's `h(d_k² + d_v²) + log(h!)` is not a dimension: summing the Lie-algebra blocks
 of `G_max` (`h` copies of `gl(d_k)`, `h` of `gl(d_v)`, none for the finite `S_h`) gives exactly
 `h(d_k² + d_v²)` (`98 304` for `h = 12`, `d_k = d_v = 64`), while `12! = 479 001 600 > 1`, so
-the extra `log(12!)` is positive (claim `count-wiki-log-hfact`). -/
+the extra `log(12!)` is positive (claim `count-wiki-log-hfact`, refutes). -/
 theorem count_wiki_log_hfact_refuted :
     blockDim (List.replicate 12 (64 ^ 2) ++ List.replicate 12 (64 ^ 2)) = gmaxDim 1 12 64 64 ∧
       factorial 12 = 479001600 ∧ 1 < factorial 12 := by

@@ -28,7 +28,7 @@ def centeredSample : Vec3 := ⟨1, -1, 0⟩
 
 /-- The rotation `g = cycle` fixes the all-ones vector, yet `γ ⊙ (g·u) ≠ g·(γ ⊙ u)` for
 `γ = (1, 2, 3)` and the centered `u = (1, -1, 0)`: the paper's rule that LayerNorm with a
-learned scale commutes with `SO(d_e − 1)` fails (claim `ln-affine-rotation`). -/
+learned scale commutes with `SO(d_e − 1)` fails (claim `ln-affine-rotation`, refutes). -/
 theorem ln_gamma_does_not_commute_with_rotation :
     Vec3.cycle Vec3.ones = Vec3.ones ∧
       Vec3.hadamard gammaSample (Vec3.cycle centeredSample) ≠
@@ -42,7 +42,7 @@ variable {Mat : Nat → Nat → Type} [MatrixAlgebra Mat]
 /-- The corrected reader rule: if the stream carries `g·z` instead of `z` (`g'·g = 1`), a
 reader `W` of the LayerNorm output `D·z + β` (`D = diag γ`) is replaced by `W·D·g'` on the
 stream plus the constant `W·β`, and reads exactly the same values:
-`(W·D·g')·(g·z) + W·β = W·(D·z + β)` (claim `ln-affine-rotation`). -/
+`(W·D·g')·(g·z) + W·β = W·(D·z + β)` (claim `ln-affine-rotation`, corrects). -/
 theorem ln_reader_absorbs_affine {d k : Nat} (W : Mat k d) (D : Mat d d) (β z : Mat d 1)
     (g g' : Mat d d) (hg : g' ⬝ g = one d) :
     W ⬝ D ⬝ g' ⬝ (g ⬝ z) ⊞ W ⬝ β = W ⬝ (D ⬝ z ⊞ β) := by

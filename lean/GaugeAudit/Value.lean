@@ -44,7 +44,7 @@ theorem vo_attention_output_invariant_with_bias {n d dv dout : Nat} (P : Mat n n
 
 /-- If `V ↦ V·g(3)` together with `Ē ↦ g(0)·Ē` leaves `V·Ē` unchanged for every `Ē`, and
 `V` separates matrices (`hcancel`: `V·P·Ē = V·Q·Ē` for all `Ē` implies `P = Q`; it holds when
-`V` has full column rank), then `g(3)·g(0) = 1` (claim `value-g3-eq-g0`).  A common left
+`V` has full column rank), then `g(3)·g(0) = 1` (claim `value-g3-eq-g0`, refutes).  A common left
 factor `h(3)` on `V` cancels from both sides and is omitted. -/
 theorem value_gauge_requires_inverse {n de dh : Nat} (V : Mat dh de) (g0 g3 : Mat de de)
     (hcancel : ∀ P Q : Mat de de, (∀ Ebar : Mat de n, V ⬝ P ⬝ Ebar = V ⬝ Q ⬝ Ebar) → P = Q)
@@ -57,7 +57,7 @@ theorem value_gauge_requires_inverse {n de dh : Nat} (V : Mat dh de) (g0 g3 : Ma
   exact hinv Ebar
 
 /-- Hence `g(3) = g(0)⁻¹` (here `g0'` with `g(0)·g0' = 1`), not `g(3) = g(0)` as the paper
-states (claim `value-g3-eq-g0`). -/
+states (claim `value-g3-eq-g0`, refutes). -/
 theorem value_gauge_eq_inverse {n de dh : Nat} (V : Mat dh de) (g0 g0' g3 : Mat de de)
     (hg0 : g0 ⬝ g0' = one de)
     (hcancel : ∀ P Q : Mat de de, (∀ Ebar : Mat de n, V ⬝ P ⬝ Ebar = V ⬝ Q ⬝ Ebar) → P = Q)
@@ -65,7 +65,7 @@ theorem value_gauge_eq_inverse {n de dh : Nat} (V : Mat dh de) (g0 g0' g3 : Mat 
     g3 = g0' :=
   MatrixAlgebra.eq_of_mul_eq_one (value_gauge_requires_inverse V g0 g3 hcancel hinv) hg0
 
-/-- Conversely `g(3)·g(0) = 1` does preserve `V·Ē` (claim `value-g3-eq-g0`). -/
+/-- Conversely `g(3)·g(0) = 1` does preserve `V·Ē` (claim `value-g3-eq-g0`, context). -/
 theorem value_gauge_invariant_of_inverse {n de dh : Nat} (V : Mat dh de) (g0 g3 : Mat de de)
     (h : g3 ⬝ g0 = one de) (Ebar : Mat de n) :
     V ⬝ g3 ⬝ (g0 ⬝ Ebar) = V ⬝ Ebar := by
@@ -78,14 +78,14 @@ section Concrete
 
 /-- The paper's rule `g(3) = g(0)` fails for the quarter-turn rotation `J`: with
 `g(3) = g(0) = J`, `V·J·(J·Ē) = -V·Ē ≠ V·Ē` for the sample `V` and `Ē = 1`
-(claim `value-g3-eq-g0`). -/
+(claim `value-g3-eq-g0`, refutes). -/
 theorem value_g3_eq_g0_fails_quarter_turn :
     Mat2.mul (Mat2.mul sampleQ quarterTurnInt) (Mat2.mul quarterTurnInt id2) ≠
       Mat2.mul sampleQ id2 :=
   Mat2.ne_of_a_ne (by decide)
 
 /-- The corrected rule `g(3) = g(0)⁻¹ = Jᵀ` works on the same example
-(claim `value-g3-eq-g0`). -/
+(claim `value-g3-eq-g0`, context). -/
 theorem value_g3_inverse_quarter_turn :
     Mat2.mul (Mat2.mul sampleQ (Mat2.tr quarterTurnInt)) (Mat2.mul quarterTurnInt id2) =
       Mat2.mul sampleQ id2 :=

@@ -6,7 +6,11 @@ docstring of every main theorem names its claim as ``(claim `ID`)``, e.g.
     /-- Attention scores are unchanged by W_Q ↦ W_Q·M, W_K ↦ W_K·M⁻ᵀ (claim `qk-gl`). -/
     theorem qk_scores_invariant ...
 
-A docstring may name several claims.  Namespaces are tracked through ``namespace X`` /
+A docstring may name several claims.  The marker may carry the theorem's *role* for
+that claim: ``(claim `ID`, refutes)`` — it proves the claim false as stated;
+``(claim `ID`, corrects)`` — it proves the corrected rule; ``(claim `ID`, context)``
+— it proves a fact the claim uses (a special case, the arithmetic) without deciding it; plain
+``(claim `ID`)`` — it establishes the claim.  Namespaces are tracked through ``namespace X`` /
 ``end X`` (nested namespaces compose), so names come back fully qualified.
 """
 
@@ -30,7 +34,8 @@ _DECL = re.compile(
     r"(?P<kind>theorem|def|example|instance)\s+(?P<name>[^\s:({\[]+)",
     re.S,
 )
-_CLAIM = re.compile(r"claim `([a-z0-9][a-z0-9-]*)`")
+_CLAIM = re.compile(r"claim `([a-z0-9][a-z0-9-]*)`(?:,\s*(refutes|corrects|context|establishes))?")
+ROLES = ("establishes", "refutes", "corrects", "context")
 _SCOPE = re.compile(r"^[ \t]*(?P<kw>namespace|section|end)\b[ \t]*(?P<arg>[^\s-]*)", re.M)
 _COMMENT = re.compile(r"/-.*?-/|--[^\n]*", re.S)
 # forbidden in proofs: `sorry`, `admit`, `native_decide` anywhere in code, and new `axiom`s
@@ -46,6 +51,7 @@ class LeanTheorem:
     claims: tuple[str, ...]
     file: str          # relative to the repository root
     line: int
+    roles: dict = None  # claim id -> role (see the module docstring)
 
 
 def lean_files(lean_dir: Path = LEAN_DIR) -> list[Path]:
@@ -83,7 +89,9 @@ def theorems(lean_dir: Path = LEAN_DIR) -> list[LeanTheorem]:
         for m in _DECL.finditer(text):
             if m.group("kind") != "theorem":
                 continue
-            ids = tuple(dict.fromkeys(_CLAIM.findall(m.group("doc"))))
+            marks = _CLAIM.findall(m.group("doc"))
+            ids = tuple(dict.fromkeys(cid for cid, _ in marks))
+            roles = {cid: role or "establishes" for cid, role in reversed(marks)}
             if not ids:
                 continue
             ns = [n for pos, n in scopes if pos <= m.start()][-1]
@@ -97,7 +105,7 @@ def theorems(lean_dir: Path = LEAN_DIR) -> list[LeanTheorem]:
                 rel = str(path.relative_to(ROOT))
             except ValueError:
                 rel = str(path)
-            found.append(LeanTheorem(name, ids, rel, line))
+            found.append(LeanTheorem(name, ids, rel, line, roles))
     return found
 
 

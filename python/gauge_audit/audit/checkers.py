@@ -36,9 +36,6 @@ class Context:
 
 
 # ----------------------------------------------------------------------------- lean
-_ROLE = {"refutes": FAILS, "corrects": CORRECTED, "establishes": HOLDS}
-
-
 def lean(claim: Claim, ctx: Context) -> Evidence:
     thms = [t for t in formal.theorems() if claim.id in t.claims]
     if not thms:
@@ -59,7 +56,9 @@ def lean(claim: Claim, ctx: Context) -> Evidence:
         return Evidence("lean", ERROR, f"`lake build` failed (exit {rc}); {len(thms)} theorem(s) unchecked",
                         {**details, "log_tail": log})
     roles = {t.roles.get(claim.id, "establishes") for t in thms}
-    outcome = FAILS if "refutes" in roles else CORRECTED if "corrects" in roles else HOLDS
+    details["roles"] = {t.name: t.roles.get(claim.id, "establishes") for t in thms}
+    outcome = (CORRECTED if "corrects" in roles else FAILS if "refutes" in roles
+               else HOLDS if "establishes" in roles else UNDECIDED)
     return Evidence("lean", outcome, f"`lake build` checked {len(thms)} theorem(s): {names}", details)
 
 
@@ -175,4 +174,27 @@ def _first_line(doc: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch}
+# ----------------------------------------------------------------------------- precision
+def precision(claim: Claim, ctx: Context) -> Evidence:
+    """mpmath at dps 30/50/100, interval certificates, the referee test, the error study."""
+    from ..precision import verdicts as pv
+    from ..precision.residual import check_action
+
+    if claim.id in pv.CLAIMS:
+        v = pv.claim_verdict(claim.id, seed=ctx.seed)
+        outcome = v.verdict if v.verdict in (HOLDS, FAILS, CORRECTED) else UNDECIDED
+        counter = v.summary if outcome == FAILS else None
+        return Evidence("precision", outcome, v.summary, _jsonable(v.evidence), corrected_rule=v.corrected,
+                        counterexample=counter)
+    if not claim.action:
+        return Evidence("precision", NOT_APPLICABLE, "no high-precision check for this claim and no action named")
+    # A user's claim: the named action at dps 30/50/100 on its default tiny model.
+    r = check_action(claim.action, seed=ctx.seed)
+    want = HOLDS if claim.expected == "holds" else FAILS
+    res = ", ".join(f"dps {x.dps}: {x.residual:.2e}" for x in r.residuals)
+    outcome = HOLDS if r.verdict == want else FAILS
+    return Evidence("precision", outcome, f"{claim.action} on {r.model} {r.verdict} ({res}); the source says {want}",
+                    _jsonable(r.to_json()))
+
+
+CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision}

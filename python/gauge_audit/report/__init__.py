@@ -94,8 +94,10 @@ def markdown(report: AuditReport, plot_names: list[str] = ()) -> str:
             steps = e.get("details", {}).get("steps")
             if steps:
                 out += [f"    {i}. {_md_cell(s)}" for i, s in enumerate(steps, 1)]
-            for row in e.get("details", {}).get("results", []) + e.get("details", {}).get("corrected", []):
-                if "residual_eps" in row:
+            details = e.get("details", {})
+            rows = [r for k in ("results", "corrected") if isinstance(details.get(k), list) for r in details[k]]
+            for row in rows:
+                if isinstance(row, dict) and "residual_eps" in row:
                     out.append(f"    - {row['model']}: {row['verdict']}, max rel error {row['max_rel_error']:.3e} "
                                f"= {row['residual_eps']:.4g} ε (tol {row['tolerance_eps']:.4g} ε, κ {row['kappa']:.3g})")
         out.append("")
