@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "claims",
     "audit",
     "precision",
+    "nullity",
 )
 
 

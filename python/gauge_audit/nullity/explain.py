@@ -1,0 +1,149 @@
+"""Compare the measured null space with the theory's generators.
+
+For every family: ‖J·v‖ against a derived tolerance, the rank of its vectors against
+its formula; for the union: its rank, and the measured nullity minus that rank (the
+*unexplained* dimension).  Unexplained directions are returned with their dominant
+parameter blocks — a finding to explain, not a failure to hide.
+
+Tolerance for ‖J·v‖ (an exact generator has J·v = 0)::
+
+    tol(v) = L · K · ε · ‖J‖_F · ‖v‖
+
+K is the path length (:func:`path_length`, as in :mod:`gauge_audit.numeric`) (the summed inner-
+product lengths along one block, so each computed entry of J carries a relative error
+≲ K·ε, Higham §3.1), L the number of layers those errors accumulate over, and
+‖E‖₂ ≤ ‖|J|‖₂ ≤ ‖J‖_F bounds how an entrywise relative error K·ε·|J| acts on v.
+A wrong generator has ‖J·v‖ ≥ σ_min⁺(J)·dist(v, ker J), orders of magnitude above.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .generators import Family
+from .measure import EPS64, Problem, numerical_rank
+
+
+def path_length(cfg, n: int) -> tuple[int, str]:
+    """Summed inner-product lengths along one block (as in :mod:`gauge_audit.numeric`)."""
+    terms = [("d_model", cfg.d_model), ("d_head", cfg.d_head), ("n", n), ("n_heads·d_head", cfg.n_heads * cfg.d_head)]
+    if cfg.family != "attn":
+        terms += [("d_model", cfg.d_model), ("d_ff", cfg.d_ff)]
+    if cfg.family not in ("attn", "bert"):
+        terms.append(("d_model (unembed)", cfg.d_model))
+    return sum(v for _, v in terms), " + ".join(f"{k}={v}" for k, v in terms)
+
+
+def generator_tolerance(problem: Problem, j_fro: float) -> tuple[float, str]:
+    """Relative tolerance on ‖J·v‖/‖v‖ and its formula."""
+    K, k_text = path_length(problem.cfg, problem.seq_len)
+    L = max(1, problem.cfg.n_layers)
+    tol = L * K * EPS64 * j_fro
+    return tol, f"L·K·ε·‖J‖_F = {L}·{K}·ε·{j_fro:.3g}  (K = {k_text})"
+
+
+def span_rank(V: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Rank of the row span of V (rows normalised), an orthonormal basis (P × r) of it,
+    and the singular values of the normalised stack."""
+    if V.shape[0] == 0:
+        return 0, torch.zeros(V.shape[1], 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+    n = V / torch.linalg.vector_norm(V, dim=1, keepdim=True).clamp_min(1e-300)
+    q, r = torch.linalg.qr(n.T)                       # P × k, k × k
+    u, s, _ = torch.linalg.svd(r)
+    # rank by the largest gap of the normalised generators' spectrum (extended by the noise floor)
+    rank = numerical_rank(s, min_gap=1.0).rank
+    return rank, q @ u[:, :rank], s
+
+
+@dataclass
+class Unexplained:
+    count: int
+    directions: torch.Tensor                 # (P × count) orthonormal, in ker J ∩ span(generators)^⊥
+    blocks: list[list[tuple[str, float]]]    # per direction: dominant parameter blocks (name, share)
+
+
+@dataclass
+class Explanation:
+    families: list[Family]
+    explained: int                      # rank of the span of the flat families
+    predicted: int                      # Σ of their formulas
+    tolerance_formula: str
+    all_within_tolerance: bool
+    overlap: int                        # predicted − explained (0: the families are independent)
+    basis: torch.Tensor = field(repr=False, default=None)   # P × explained orthonormal
+
+    def by_family(self) -> dict[str, int]:
+        return {f.name: f.rank for f in self.families if f.flat}
+
+
+def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor], j_fro: float,
+                   threshold: float | None) -> Explanation:
+    """Record residuals and ranks; decide ε-broken families against the rank threshold.
+
+    ``JV[i]`` is J·vᵢ for the rows of family i (k × rows); ``threshold`` is the absolute
+    singular-value threshold of the measurement (None: no measurement to compare with).
+    """
+    tol_rel, formula = generator_tolerance(problem, j_fro)
+    ok = True
+    exact = [f.vectors for f in fams if f.kind != "eps-broken"]
+    q_exact = span_rank(torch.cat(exact))[1] if exact else torch.zeros(problem.P, 0, dtype=torch.float64)
+    for f, jv in zip(fams, JV):
+        vec = f.vectors
+        if f.kind == "eps-broken":
+            # its singular value: ‖J·v‖ over the part of v outside the exact kernel
+            vec = vec - (vec @ q_exact) @ q_exact.T
+        norms = torch.linalg.vector_norm(vec, dim=1).clamp_min(1e-300)
+        res = torch.linalg.vector_norm(jv, dim=1) / norms
+        f.residual = float(res.max()) if res.numel() else 0.0
+        f.tolerance = tol_rel
+        f.rank = span_rank(f.vectors)[0]
+        if f.kind == "eps-broken":
+            # a symmetry only at ε = 0: flat for the measurement iff its singular value is below the threshold
+            f.flat = threshold is not None and f.residual < threshold
+            f.extra["relative_singular_value"] = f.residual / j_fro
+        else:
+            f.flat = True
+            if f.residual > tol_rel:
+                ok = False
+    flat = [f for f in fams if f.flat]
+    V = torch.cat([f.vectors for f in flat]) if flat else torch.zeros(0, problem.P, dtype=torch.float64)
+    rank, basis, _ = span_rank(V)
+    predicted = sum(f.expected for f in flat)
+    return Explanation(fams, rank, predicted, formula, ok, predicted - rank, basis)
+
+
+def unexplained_directions(problem: Problem, null: torch.Tensor, basis: torch.Tensor, top: int = 4) -> Unexplained:
+    """ker J ∩ span(generators)^⊥: the null vectors' components outside the span."""
+    if null.shape[1] == 0:
+        return Unexplained(0, null, [])
+    res = null - basis @ (basis.T @ null) if basis.shape[1] else null
+    u, s, _ = torch.linalg.svd(res, full_matrices=False)
+    count = int((s > 0.5).sum())   # singular values are ≈1 (outside the span) or ≈0 (inside)
+    dirs = u[:, :count]
+    blocks = []
+    for i in range(count):
+        shares = problem.layout.block_norms(dirs[:, i])
+        blocks.append(sorted(((n, sh) for n, sh in shares.items() if sh > 1e-3), key=lambda t: -t[1])[:top])
+    return Unexplained(count, dirs, blocks)
+
+
+def summarize_blocks(u: Unexplained, top: int = 6) -> list[tuple[str, float]]:
+    """Parameter blocks carrying the unexplained subspace, by total share."""
+    if u.count == 0:
+        return []
+    tot: dict[str, float] = {}
+    for i in range(u.count):
+        for n, sh in u.blocks[i]:
+            tot[n] = tot.get(n, 0.0) + sh
+    return sorted(((n, v / u.count) for n, v in tot.items()), key=lambda t: -t[1])[:top]
+
+
+def frobenius(J: torch.Tensor) -> float:
+    return float(torch.linalg.matrix_norm(J))
+
+
+__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank",
+           "generator_tolerance", "summarize_blocks", "frobenius", "math"]

@@ -1,0 +1,363 @@
+"""Measure the symmetry dimension: the nullity of the output Jacobian J = ∂y/∂θ.
+
+At a generic parameter point θ, the fibre of the parameter→function map through θ
+is a manifold whose dimension is the nullity of J, provided J is taken over enough
+inputs that its row space is the whole cotangent space of the function (rows ≥ 3·P,
+every token / position / token type / expert exercised, no ReLU unit dead or always
+active over the data).  Everything here is float64.
+
+* :class:`Problem` — a model, its parameters flattened into one vector θ (with a
+  :class:`Layout` mapping blocks of θ back to named tensors) and generic inputs.
+* :func:`dense_jacobian` — J, one ``jacrev`` per sequence, vmapped over sequences.
+* :func:`numerical_rank` — the rank threshold placed in the largest relative gap of
+  the singular-value spectrum (extended by the float64 noise floor P·ε so that a
+  full-rank J is recognised); refuses when that gap is not clear.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.func import jacrev, jvp, vjp, vmap
+
+from ..errors import GaugeAuditError
+from ..models import Config, Model, build_config
+from ..models.layers import activation  # noqa: F401  (documented dependency: the layer equations)
+from ..runtime import generator
+
+EPS64 = float(torch.finfo(torch.float64).eps)
+MIN_GAP = 1e4  # below this ratio the spectrum has no clear separation (typical clean gaps are >= 1e6)
+
+
+def progress(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        sys.stderr.write(f"[nullity] {msg}\n")
+        sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class Layout:
+    """Named parameter tensors laid end to end in one flat vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+
+    @classmethod
+    def of(cls, params: dict[str, torch.Tensor]) -> "Layout":
+        names = tuple(params)
+        shapes = tuple(tuple(params[n].shape) for n in names)
+        offs, o = [], 0
+        for s in shapes:
+            offs.append(o)
+            o += math.prod(s)
+        return cls(names, shapes, tuple(offs))
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1] + math.prod(self.shapes[-1]) if self.names else 0
+
+    def span(self, name: str) -> slice:
+        i = self.names.index(name)
+        return slice(self.offsets[i], self.offsets[i] + math.prod(self.shapes[i]))
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A flat vector; names missing from ``tensors`` are zero (tangent vectors)."""
+        out = torch.zeros(self.size, dtype=torch.float64)
+        for n, t in tensors.items():
+            out[self.span(n)] = t.reshape(-1).to(torch.float64)
+        return out
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: theta[..., self.span(n)].reshape(*theta.shape[:-1], *s) for n, s in zip(self.names, self.shapes)}
+
+    def block_norms(self, v: torch.Tensor) -> dict[str, float]:
+        """‖v restricted to each named tensor‖² as a share of ‖v‖²."""
+        tot = float((v * v).sum()) or 1.0
+        return {n: float((v[self.span(n)] ** 2).sum()) / tot for n in self.names}
+
+
+# ----------------------------------------------------------------------------- inputs
+def outputs_per_sequence(cfg: Config, n: int) -> int:
+    return n * (cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab)
+
+
+def _cover(t: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+    """Overwrite k random slots of ``t`` with a random permutation of 0..k−1, so every
+    value in 0..k−1 occurs (unseen embedding rows would be spurious flat directions)."""
+    flat = t.reshape(-1).clone()
+    slots = torch.randperm(flat.numel(), generator=g)[:k]
+    flat[slots] = torch.randperm(k, generator=g)
+    return flat.reshape(t.shape)
+
+
+def generic_inputs(cfg: Config, n_params: int, seed: int, factor: float = 3.0, n: int | None = None,
+                   batch: int | None = None) -> dict:
+    """Inputs with rows = batch·(outputs per sequence) ≥ factor·P.  Token sequences have
+    length n_ctx (every learned position is used) and every token / token type occurs."""
+    n = cfg.n_ctx if n is None else n
+    per = outputs_per_sequence(cfg, n)
+    if batch is None:
+        batch = max(1, math.ceil(factor * n_params / per))
+        if cfg.family != "attn":
+            batch = max(batch, math.ceil(cfg.vocab / n), math.ceil(max(cfg.n_types, 1) / n))
+    g = generator(seed)
+    if cfg.family == "attn":
+        return {"x": torch.randn(batch, n, cfg.d_model, generator=g, dtype=torch.float64)}
+    tokens = _cover(torch.randint(0, cfg.vocab, (batch, n), generator=g), cfg.vocab, g)
+    out = {"tokens": tokens}
+    if cfg.n_types:
+        out["token_types"] = _cover(torch.randint(0, cfg.n_types, (batch, n), generator=g), cfg.n_types, g)
+    return out
+
+
+def input_rows(inputs: dict) -> int:
+    return next(iter(inputs.values())).shape[0]
+
+
+# ----------------------------------------------------------------------------- problem
+@dataclass
+class Problem:
+    """A model at one parameter point, its flat layout, and the inputs J is taken over."""
+
+    model: Model
+    layout: Layout
+    theta: torch.Tensor
+    inputs: dict
+    seed: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cfg(self) -> Config:
+        return self.model.cfg
+
+    @property
+    def P(self) -> int:
+        return self.layout.size
+
+    @property
+    def batch(self) -> int:
+        return input_rows(self.inputs)
+
+    @property
+    def seq_len(self) -> int:
+        return next(iter(self.inputs.values())).shape[1]
+
+    @property
+    def rows(self) -> int:
+        return self.batch * outputs_per_sequence(self.cfg, self.seq_len)
+
+    def forward_flat(self, theta: torch.Tensor, inputs: dict | None = None) -> torch.Tensor:
+        inputs = self.inputs if inputs is None else inputs
+        return self.model.family.forward(self.layout.unflatten(theta), self.cfg, inputs).reshape(-1)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return self.layout.unflatten(self.theta)
+
+    def chunks(self, size: int):
+        """The inputs in consecutive chunks of ``size`` sequences."""
+        b = self.batch
+        for i in range(0, b, size):
+            yield {k: v[i:i + size] for k, v in self.inputs.items()}
+
+
+def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch: int | None = None) -> Problem:
+    """Parameters from ``seed``, inputs from ``seed + 1``."""
+    model = build_config(cfg, seed, device="cpu", dtype=torch.float64)
+    layout = Layout.of(model.params)
+    theta = layout.flatten(model.params)
+    if cfg.experts:  # each expert sees only a top_k/E share of the tokens
+        factor = factor * max(1.0, cfg.experts / cfg.top_k)
+    inputs = generic_inputs(cfg, layout.size, seed + 1, factor=factor, batch=batch)
+    return Problem(model, layout, theta, inputs, seed)
+
+
+# ----------------------------------------------------------------------------- genericity
+@dataclass
+class Genericity:
+    """Data-dependent degeneracies of the sampled inputs (each creates flat directions
+    that are not symmetries of the architecture)."""
+
+    dead: dict[str, list[int]] = field(default_factory=dict)            # ReLU units never positive
+    always_active: dict[str, list[int]] = field(default_factory=dict)   # ReLU units never negative
+    unrouted: dict[str, list[int]] = field(default_factory=dict)        # experts never in any top-k
+
+    @property
+    def clean(self) -> bool:
+        return not (any(self.dead.values()) or any(self.always_active.values()) or any(self.unrouted.values()))
+
+    def lines(self) -> list[str]:
+        out = []
+        for label, d in (("dead ReLU units", self.dead), ("always-active ReLU units", self.always_active),
+                         ("experts never routed", self.unrouted)):
+            for k, v in d.items():
+                if v:
+                    out.append(f"{label} in {k}: {v}")
+        return out
+
+
+def genericity(problem: Problem) -> Genericity:
+    """Record every ReLU unit's sign pattern and every expert's routing over the inputs."""
+    cfg, params = problem.cfg, problem.params()
+    out = Genericity()
+    if cfg.family == "attn":
+        return out
+    captured: dict[str, torch.Tensor] = {}
+    import gauge_audit.models.layers as L
+
+    orig_mlp = L.mlp
+
+    def spy(params_, prefix, cfg_, x, e=None):
+        if cfg_.act == "relu":
+            w = params_[f"{prefix}.W_in"] if e is None else params_[f"{prefix}.W_in"][e]
+            z = x @ w
+            b = params_.get(f"{prefix}.b_in")
+            if b is not None:
+                z = z + (b if e is None else b[e])
+            key = prefix if e is None else f"{prefix}[expert {e}]"
+            if cfg_.experts:
+                captured.setdefault("_x_" + key, x)
+            captured[key] = z.reshape(-1, z.shape[-1])
+        return orig_mlp(params_, prefix, cfg_, x, e)
+
+    trace: dict = {}
+    L.mlp = spy
+    try:
+        with torch.no_grad():
+            problem.model.family.forward(params, cfg, problem.inputs, trace)
+    finally:
+        L.mlp = orig_mlp
+    routing = trace.get("routing", [])
+    for key, z in captured.items():
+        if key.startswith("_x_"):
+            continue
+        if cfg.experts:
+            # only tokens routed to this expert count
+            layer = int(key.split(".")[1])
+            e = int(key.split("expert ")[1].rstrip("]"))
+            sel = (routing[layer] == e).any(-1).reshape(-1)
+            z = z[sel]
+        out.dead[key] = [int(i) for i in torch.nonzero((z <= 0).all(0)).flatten()]
+        out.always_active[key] = [int(i) for i in torch.nonzero((z > 0).all(0)).flatten()]
+    for layer, r in enumerate(routing):
+        used = set(int(i) for i in r.unique())
+        out.unrouted[f"blocks.{layer}.moe"] = [e for e in range(cfg.experts) if e not in used]
+    return out
+
+
+# ----------------------------------------------------------------------------- dense J
+def _seq_fn(problem: Problem):
+    fam, cfg, layout = problem.model.family, problem.cfg, problem.layout
+
+    def f(theta, one):
+        return fam.forward(layout.unflatten(theta), cfg, {k: v[None] for k, v in one.items()}).reshape(-1)
+    return f
+
+
+def dense_jacobian(problem: Problem, chunk: int | None = None, quiet: bool = False) -> torch.Tensor:
+    """J (rows × P): reverse mode per sequence, vmapped over sequences in chunks."""
+    f = _seq_fn(problem)
+    per = outputs_per_sequence(problem.cfg, problem.seq_len)
+    if chunk is None:  # keep one chunk's Jacobian near 64 MiB
+        chunk = max(1, int(8e6 // (per * problem.P)))
+    jac = vmap(jacrev(f), in_dims=(None, 0))
+    parts, t0 = [], time.time()
+    b = problem.batch
+    for i, inp in enumerate(problem.chunks(chunk)):
+        parts.append(jac(problem.theta, inp).reshape(-1, problem.P))
+        done = min(b, (i + 1) * chunk)
+        if time.time() - t0 > 2 and (i % 10 == 0 or done == b):
+            progress(f"Jacobian: {done}/{b} sequences ({time.time() - t0:.0f} s)", quiet)
+    return torch.cat(parts)
+
+
+# ----------------------------------------------------------------------------- rank
+@dataclass
+class Spectrum:
+    singular_values: torch.Tensor   # descending, length P (zeros padded if rows < P)
+    rank: int
+    threshold: float                # absolute: between s[rank-1] and s[rank]
+    gap_ratio: float                # s[rank-1] / s[rank]  (s[P] := the noise floor P·ε·s[0])
+    second_gap: float               # the next-largest gap ratio (how much cleaner the chosen gap is)
+    noise_floor: float
+
+    @property
+    def nullity(self) -> int:
+        return len(self.singular_values) - self.rank
+
+
+def numerical_rank(s: torch.Tensor, min_gap: float = MIN_GAP) -> Spectrum:
+    """Rank with the threshold in the largest relative gap of the spectrum.
+
+    The spectrum is extended by one virtual value, the float64 noise floor P·ε·s₀
+    (what an exactly rank-deficient J's zero singular values round to), so that a
+    full-rank J is recognised when its smallest singular value stands clear of it.
+    """
+    s = s.to(torch.float64)
+    P = s.numel()
+    if P == 0 or float(s[0]) == 0.0:
+        raise GaugeAuditError("the Jacobian is identically zero: nothing to measure")
+    floor = P * EPS64 * float(s[0])
+    ext = torch.cat([s, torch.tensor([floor], dtype=torch.float64)])
+    ext = torch.clamp(ext, min=float(s[0]) * 1e-300)
+    ratios = ext[:-1] / ext[1:]
+    # a gap below the noise floor separates noise from noise: not a rank decision
+    valid = ext[:-1] > floor
+    ratios = torch.where(valid, ratios, torch.zeros_like(ratios))
+    order = torch.argsort(ratios, descending=True)
+    i = int(order[0])
+    best = float(ratios[i])
+    second = float(ratios[int(order[1])]) if P > 1 else 1.0
+    if best < min_gap:
+        raise GaugeAuditError(f"no clear gap in the singular-value spectrum (largest relative gap {best:.3g} < "
+                              f"{min_gap:.0e}); the numerical rank is not well defined at this point")
+    thr = math.sqrt(float(ext[i]) * float(ext[i + 1]))
+    return Spectrum(s, i + 1, thr, best, second, floor)
+
+
+def singular_values(J: torch.Tensor, quiet: bool = False) -> torch.Tensor:
+    """All P singular values of J (rows ≥ P: via R of a QR factorisation, then SVD of R)."""
+    t0 = time.time()
+    m, P = J.shape
+    if m > P:
+        R = torch.linalg.qr(J, mode="r").R
+    else:
+        R = J
+    s = torch.linalg.svdvals(R)
+    if s.numel() < P:
+        s = torch.cat([s, torch.zeros(P - s.numel(), dtype=s.dtype)])
+    progress(f"SVD of {m}×{P}: {time.time() - t0:.1f} s", quiet or time.time() - t0 < 2)
+    return s
+
+
+def null_basis(J: torch.Tensor, rank: int) -> torch.Tensor:
+    """Orthonormal basis (P × nullity) of the numerical null space."""
+    m, P = J.shape
+    R = torch.linalg.qr(J, mode="r").R if m > P else J
+    _, _, vh = torch.linalg.svd(R, full_matrices=True)
+    return vh[rank:].T.contiguous()
+
+
+# ----------------------------------------------------------------------------- products
+def jvp_rows(problem: Problem, V: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """J·vᵢ for the rows vᵢ of V (k × P), without forming J: (k × rows)."""
+    f = problem.forward_flat
+    out = []
+
+    def one(v):
+        return jvp(f, (problem.theta,), (v,))[1]
+    batched = vmap(one)
+    for i in range(0, V.shape[0], chunk):
+        out.append(batched(V[i:i + chunk]))
+    return torch.cat(out) if out else torch.zeros(0, problem.rows, dtype=torch.float64)
+
+
+def vjp_rows(problem: Problem, U: torch.Tensor) -> torch.Tensor:
+    """Jᵀ·uᵢ for the rows uᵢ of U (k × rows): (k × P)."""
+    _, pull = vjp(problem.forward_flat, problem.theta)
+    return vmap(lambda u: pull(u)[0])(U)

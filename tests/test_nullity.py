@@ -1,0 +1,323 @@
+"""Maximality audit: the measured symmetry dimension (Jacobian nullity) equals the theory's
+explained count on every family, the generators are exact, the papers' counts are
+compared, and the error paths are one line with exit 2."""
+
+from __future__ import annotations
+
+import math
+import pytest
+import torch
+
+from gauge_audit.actions import ACTIONS
+from gauge_audit.actions.base import Element
+from gauge_audit.errors import GaugeAuditError
+from gauge_audit.models import attn, bert, gpt2, llama, moe, qwen
+from gauge_audit.nullity import analyze, maximality_verdicts, paper_counts
+from gauge_audit.nullity import explain as ex
+from gauge_audit.nullity.generators import families, qk_family
+from gauge_audit.nullity.measure import dense_jacobian, genericity, make_problem, numerical_rank
+from gauge_audit.symbolic import counts
+
+# Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d
+# without learned positions is a known open case, see the README).
+SIZES = {
+    "A": dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8),
+    "B": dict(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, d_ff=7, n_ctx=4, vocab=11),
+}
+NB = dict(attn_bias=False, out_bias=False, mlp_bias=False)
+
+
+def _attn(size, **kw):
+    s = {k: v for k, v in SIZES[size].items() if k not in ("d_ff", "vocab")}
+    s.update(kw)
+    return attn.config(**s)
+
+
+def _fam(mod, size, **kw):
+    s = dict(SIZES[size])
+    s.update(kw)
+    return mod.config(**s)
+
+
+CONFIGS = {
+    # attention layer on continuous inputs (non-causal, output X + Attn(X))
+    "attn-bias": lambda z: _attn(z),
+    "attn-nobias": lambda z: _attn(z, attn_bias=False, out_bias=False),
+    "attn-rope": lambda z: _attn(z, pos="rope", attn_bias=False, out_bias=False),
+    "attn-rope-bias": lambda z: _attn(z, pos="rope"),
+    "attn-gqa": lambda z: _attn(z, n_heads=4, n_kv_heads=2),
+    "attn-mqa-rope": lambda z: _attn(z, n_heads=2, n_kv_heads=1, pos="rope"),
+    "attn-2layers": lambda z: _attn(z, n_layers=2),
+    # GPT-2 (pre-LN, learned positions)
+    "gpt2": lambda z: _fam(gpt2, z, n_layers=1),
+    "gpt2-2layers": lambda z: _fam(gpt2, z, n_layers=2),
+    "gpt2-tied": lambda z: _fam(gpt2, z, n_layers=1, tied=True),
+    "gpt2-relu": lambda z: _fam(gpt2, z, n_layers=1, act="relu"),
+    "gpt2-relu-tied-2layers": lambda z: _fam(gpt2, z, n_layers=2, act="relu", tied=True),
+    "gpt2-nobias": lambda z: _fam(gpt2, z, n_layers=2, **NB),
+    "gpt2-ln-noaffine": lambda z: _fam(gpt2, z, n_layers=1, norm="layernorm-noaffine"),
+    "gpt2-ln-noaffine-tied": lambda z: _fam(gpt2, z, n_layers=1, norm="layernorm-noaffine", tied=True),
+    "gpt2-rmsnorm-noweight": lambda z: _fam(gpt2, z, n_layers=1, norm="rmsnorm-noweight"),
+    "gpt2-nonorm": lambda z: _fam(gpt2, z, n_layers=2, norm="none"),
+    "gpt2-eps0": lambda z: _fam(gpt2, z, n_layers=1, norm_eps=0.0),
+    # BERT (post-LN encoder)
+    "bert": lambda z: _fam(bert, z, n_layers=1),
+    "bert-2layers": lambda z: _fam(bert, z, n_layers=2),
+    "bert-nobias": lambda z: _fam(bert, z, n_layers=2, **NB),
+    "bert-ln-noaffine": lambda z: _fam(bert, z, n_layers=1, norm="layernorm-noaffine"),
+    # LLaMA (RMSNorm, RoPE, GQA, SwiGLU), Qwen, MoE
+    "llama": lambda z: _fam(llama, z, n_layers=1),
+    "llama-gqa-2layers": lambda z: _fam(llama, z, n_layers=2, n_heads=4, n_kv_heads=2),
+    "llama-mqa": lambda z: _fam(llama, z, n_layers=1, n_heads=2, n_kv_heads=1),
+    "llama-rmsnorm-noweight": lambda z: _fam(llama, z, n_layers=1, norm="rmsnorm-noweight"),
+    "llama-layernorm": lambda z: _fam(llama, z, n_layers=1, norm="layernorm"),
+    "qwen": lambda z: _fam(qwen, z, n_layers=1, n_heads=2, n_kv_heads=1),
+    "qwen-2layers": lambda z: _fam(qwen, z, n_layers=2),
+    "moe": lambda z: _fam(moe, z, n_layers=1, experts=3, top_k=2),
+    "moe-2layers-bias": lambda z: _fam(moe, z, n_layers=2, experts=2, top_k=2, attn_bias=True, out_bias=True,
+                                       mlp_bias=True),
+}
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_maximality_measured_equals_explained(name, size):
+    cfg = CONFIGS[name](size)
+    r = analyze(cfg, seed=0)
+    assert r.rows >= 3 * r.params
+    assert r.gap_ratio >= 1e6, f"no clean gap: {r.gap_ratio:.3g}"
+    assert r.generators_ok, [(f.name, f.residual, f.tolerance) for f in r.families]
+    assert r.overlap == 0                                      # families are independent
+    assert r.unexplained == 0, r.unexplained_blocks
+    assert r.measured_nullity == r.explained == sum(r.family_dims().values())
+    assert r.genericity.clean, r.genericity.lines()
+    # every exact family's rank is its formula
+    for f in r.families:
+        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+
+
+def test_maximality_formulas_at_two_sizes_gpt2():
+    """The explained count follows the closed-form family dimensions (not just the rank)."""
+    for z in SIZES:
+        c = _fam(gpt2, z, n_layers=1)
+        d, L, h, e, f, V, n = c.d_model, 1, c.n_heads, c.d_head, c.d_ff, c.vocab, c.n_ctx
+        expected = (L * h * e * e * 2 + 2 * L * h * e          # QK, VO, key bias, value bias
+                    + (2 * L + 1) * d * 2                       # norm scale, norm shift
+                    + L * (3 * h * e + f)                       # LN reader ones (biased readers)
+                    + V + n + L * (h * e + 1 + f + 1)           # LN writer ones
+                    + (d - 1) + (d - 1) * (d - 2) // 2)         # embedding offset ⊥ 1, rotation fixing 1
+        assert analyze(c).measured_nullity == expected
+
+
+def test_maximality_verdicts_per_family():
+    vs = {v.config: v for v in maximality_verdicts()}
+    by_family = {}
+    for v in vs.values():
+        by_family.setdefault(v.family, []).append(v)
+    assert set(by_family) == {"attn", "gpt2", "bert", "llama", "qwen", "moe"}
+    attn_v = [v for v in by_family["attn"] if "no-bias" in v.config]
+    assert attn_v and all(v.verdict == "HOLDS" for v in attn_v)        # G_max is everything there
+    for fam in ("gpt2", "bert", "llama", "qwen", "moe"):
+        for v in by_family[fam]:
+            assert v.verdict == "FAILS" and v.measured_nullity > v.gmax_dimension
+            assert sum(v.beyond_gmax.values()) == v.measured_nullity - v.gmax_dimension
+    biased = [v for v in by_family["attn"] if "no-bias" not in v.config]
+    assert all(v.verdict == "FAILS" and "key-bias-shift" in v.beyond_gmax for v in biased if "rope" not in v.config)
+
+
+def test_count_papers_compared_with_measurement():
+    # MHA attention without biases: MGS G_max count is exact
+    c = _attn("A", attn_bias=False, out_bias=False)
+    r = analyze(c)
+    pc = r.paper_counts
+    assert pc["mgs"] == counts.mgs_model_dim(1, 2, 2, 2) == r.measured_nullity
+    # GQA: the MGS variant (per K/V group) matches, the wiki's n_q·d_k² + n_kv·d_v² does not
+    g = analyze(_attn("A", n_heads=4, n_kv_heads=2, attn_bias=False, out_bias=False))
+    assert g.measured_nullity == g.paper_counts["mgs-variant"] == counts.mgs_gqa_layer_dim(2, 2, 2)
+    assert g.paper_counts["wiki-gqa"] == counts.wiki_gqa_layer_dim(4, 2, 2, 2) != g.measured_nullity
+    # RoPE: the commutant variant matches
+    rr = analyze(_attn("A", pos="rope", attn_bias=False, out_bias=False))
+    assert rr.measured_nullity == rr.paper_counts["mgs-variant"] == counts.mgs_rope_layer_dim(2, 2, 2)
+    # van Nierop's count for a GPT-2: 2·n_t·n_h·d_h² + ½(d_e−1)(d_e−2), far below the measurement
+    gp = analyze(_fam(gpt2, "A", n_layers=1))
+    assert gp.paper_counts["van-nierop"] == counts.nierop_redundancy(1, 2, 2, 6) == 2 * 2 * 4 + 10
+    assert gp.measured_nullity > gp.paper_counts["van-nierop"]
+    assert not float(gp.paper_counts["wiki-log-hfact"]).is_integer()
+
+
+def test_count_printed_by_cli():
+    out = _cli("nullity", "--family", "gpt2", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--d-ff", "6",
+               "--n-ctx", "5", "--vocab", "8", "--layers", "1", "--quiet")
+    assert out.returncode == 0, out.stderr
+    for label in ("MGS G_Model", "MGS RoPE/GQA variant", "van Nierop eq. 17", "wiki GQA", "P/log P",
+                  "measured nullity", "unexplained", "maximality"):
+        assert label in out.stdout
+
+
+def test_fdof_bound_against_measurement():
+    r = analyze(_fam(llama, "A", n_layers=1))
+    assert r.functional_dimension == r.params - r.measured_nullity
+    assert r.fdof_bound == pytest.approx(r.params / math.log(r.params))
+    # the wiki's bound fdof ≤ P/log P fails: the measured functional dimension is far larger
+    assert r.fdof_bound_holds is False and r.functional_dimension > 2 * r.fdof_bound
+
+
+def test_json_output_fields():
+    out = _cli("nullity", "--family", "attn", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--n-ctx", "5",
+               "--no-bias", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    obj = json.loads(out.stdout)
+    for key in ("params", "measured_nullity", "explained", "unexplained", "families", "gap_ratio", "paper_counts"):
+        assert key in obj
+    assert obj["families"] == {"qk-gl": 8, "vo-gl": 8} and obj["unexplained"] == 0
+    assert obj["paper_counts"]["mgs"] == 16
+
+
+# ----------------------------------------------------------------------------- the theory can fail
+def test_maximality_missing_family_is_reported_with_its_blocks():
+    """Drop the norm-shift family: the audit must show unexplained directions in β and reader biases."""
+    cfg = _fam(gpt2, "A", n_layers=1)
+    p = make_problem(cfg, 0)
+    J = dense_jacobian(p, quiet=True)
+    spec = numerical_rank(torch.linalg.svdvals(J))
+    fams = [f for f in families(p, genericity(p)) if f.name != "norm-shift"]
+    expl = ex.check_families(p, fams, [f.vectors @ J.T for f in fams], ex.frobenius(J), spec.threshold)
+    from gauge_audit.nullity.measure import null_basis
+    u = ex.unexplained_directions(p, null_basis(J, spec.rank), expl.basis)
+    assert spec.nullity - expl.explained == u.count == (2 * 1 + 1) * cfg.d_model
+    top = {n for n, _ in ex.summarize_blocks(u, top=8)}
+    assert {"blocks.0.ln1.b", "blocks.0.ln2.b", "ln_final.b"} & top
+
+
+def test_maximality_wrong_generator_exceeds_tolerance():
+    """A sign error in the key rule (+W_K·Aᵀ instead of −W_K·Aᵀ) is not a symmetry: flagged."""
+    cfg = _attn("A", attn_bias=False, out_bias=False)
+    p = make_problem(cfg, 0)
+    J = dense_jacobian(p, quiet=True)
+    good = qk_family(p)
+    bad = qk_family(p)
+    bad.vectors = bad.vectors.clone()
+    bad.vectors[:, p.layout.span("blocks.0.attn.W_K")] *= -1      # dW_K = +W_K·Aᵀ: scores gain 2·q·A·kᵀ
+    jf = ex.frobenius(J)
+    e_good = ex.check_families(p, [good], [good.vectors @ J.T], jf, None)
+    e_bad = ex.check_families(p, [bad], [bad.vectors @ J.T], jf, None)
+    assert e_good.all_within_tolerance and not e_bad.all_within_tolerance
+    assert bad.residual > 1e6 * good.tolerance
+
+
+def test_generator_matches_action_derivative():
+    """The qk-gl / vo-gl / norm-scale generators are the derivatives of the numeric-core actions at
+    the identity (central differences, error O(t²) plus rounding ε/t)."""
+    cfg = _fam(gpt2, "A", n_layers=1)
+    p = make_problem(cfg, 0)
+    params = p.params()
+    fam = {f.name: f for f in families(p, genericity(p))}
+    t = 1e-5
+    e = cfg.d_head
+    a = torch.zeros(1, cfg.n_kv_heads, e, e, dtype=torch.float64)
+    a[0, 0, 0, 1] = 1.0
+    eye = torch.eye(e, dtype=torch.float64).expand_as(a)
+    act = ACTIONS["qk-gl"]
+    plus = act.apply(cfg, params, Element({"M": eye + t * a}, 1.0))
+    minus = act.apply(cfg, params, Element({"M": eye - t * a}, 1.0))
+    fd = (p.layout.flatten(plus) - p.layout.flatten(minus)) / (2 * t)
+    v = fam["qk-gl"].vectors[1]                                # basis element E_01 of KV head 0
+    scale = float(v.norm())
+    assert float((fd - v).norm()) <= (t ** 2 + 1e-16 / t) * 100 * scale
+
+
+def test_eps_broken_stream_scale():
+    """With ε > 0 the stream scale is not flat (its singular value is resolved); with ε = 0 it is."""
+    r = analyze(_fam(llama, "A", n_layers=1))
+    r0 = analyze(_fam(llama, "A", n_layers=1, norm_eps=0.0))
+    s = {f.name: f for f in r.families}["stream-scale"]
+    s0 = {f.name: f for f in r0.families}["stream-scale"]
+    assert not s.flat and s0.flat
+    assert r0.measured_nullity == r.measured_nullity + 1
+    assert s.extra["relative_singular_value"] > 1e3 * r.threshold_rel
+
+
+def test_dead_relu_units_are_reported_and_explained():
+    cfg = _fam(gpt2, "A", n_layers=1, act="relu")
+    p = make_problem(cfg, 0)
+    theta = p.layout.unflatten(p.theta.clone())
+    theta["blocks.0.mlp.b_in"][0] = -50.0                       # unit 0 never fires
+    p.theta = p.layout.flatten(theta)
+    gen = genericity(p)
+    assert gen.dead["blocks.0.mlp"] == [0] and not gen.clean
+    J = dense_jacobian(p, quiet=True)
+    spec = numerical_rank(torch.linalg.svdvals(J))
+    fams = families(p, gen)
+    expl = ex.check_families(p, fams, [f.vectors @ J.T for f in fams], ex.frobenius(J), spec.threshold)
+    assert "dead-relu-units" in {f.name for f in fams}
+    assert spec.nullity == expl.explained
+
+
+def test_no_gap_is_refused():
+    s = torch.logspace(0, -15, 200, dtype=torch.float64)       # a smooth spectrum: no rank decision
+    with pytest.raises(GaugeAuditError, match="no clear gap"):
+        numerical_rank(s)
+    s2 = torch.cat([torch.logspace(0, -3, 50, dtype=torch.float64), torch.full((5,), 1e-17, dtype=torch.float64)])
+    spec = numerical_rank(s2)
+    assert spec.rank == 50 and spec.gap_ratio > 1e10
+
+
+# ----------------------------------------------------------------------------- matrix-free
+@pytest.mark.parametrize("cfg", [_fam(gpt2, "A", n_layers=1), _fam(llama, "A", n_layers=1, n_heads=2, n_kv_heads=1)],
+                         ids=["gpt2", "llama"])
+def test_maximality_matrix_free_agrees_with_dense(cfg):
+    d = analyze(cfg, method="dense")
+    m = analyze(cfg, method="matrix-free")
+    assert m.measured_nullity == d.measured_nullity == m.explained
+    assert m.gap_ratio >= 1e6
+    # the certified σ_min on the generators' complement is the dense smallest non-zero singular value
+    # (from below: the square root of the smallest Ritz value minus its residual bound)
+    s = d.singular_values
+    smallest_nonzero = float(s[d.params - d.measured_nullity - 1])
+    assert smallest_nonzero / 10 <= m.extra["sigma_min_complement"] <= 1.05 * smallest_nonzero
+
+
+# ----------------------------------------------------------------------------- CLI errors
+class _Out:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+_CAPSYS = []
+
+
+@pytest.fixture(autouse=True)
+def _capsys_for_cli(capsys):
+    _CAPSYS.append(capsys)
+    yield
+    _CAPSYS.pop()
+
+
+def _cli(*args):
+    """Run ``gauge-audit`` in-process (exit status, stdout, stderr)."""
+    from gauge_audit.cli import main
+    capsys = _CAPSYS[-1]
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:      # argparse usage errors
+        code = exc.code
+    out = capsys.readouterr()
+    return _Out(code, out.out, out.err)
+
+
+@pytest.mark.parametrize("args", [
+    ["--family", "llama", "--n-heads", "3", "--n-kv-heads", "2"],
+    ["--family", "bert", "--tied"],
+    ["--family", "attn", "--norm", "layernorm"],
+    ["--family", "gpt2", "--layers", "0"],
+    ["--family", "gpt2", "--method", "matrix-free", "--plot", "x.png", "--d-model", "4", "--n-heads", "1",
+     "--d-head", "2", "--d-ff", "4", "--n-ctx", "3", "--vocab", "6", "--layers", "1"],
+    ["--family", "nosuch"],
+])
+def test_cli_errors_are_one_line_exit_2(args):
+    out = _cli("nullity", "--quiet", *args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
