@@ -18,3 +18,19 @@ def _model(name: str, seed: int = 0):
 def model():
     """``model(name, seed=0)`` -> a cached float64 CPU model (treat as read-only)."""
     return _model
+
+
+@pytest.fixture(scope="session")
+def catalog_report(tmp_path_factory):
+    """The default audit of the built-in catalog (seed 0), run once per session,
+    with its report files written to a temporary directory."""
+    from gauge_audit.audit.checkers import Context
+    from gauge_audit.audit.run import audit
+    from gauge_audit.claims import load_catalog
+    from gauge_audit.report import write
+
+    catalog = load_catalog()
+    report = audit(list(catalog.values()), Context(seed=0), progress=None)
+    out = tmp_path_factory.mktemp("report")
+    write(report, out)
+    return report, out

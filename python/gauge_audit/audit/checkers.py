@@ -182,6 +182,8 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
 
     if claim.id in pv.CLAIMS:
         v = pv.claim_verdict(claim.id, seed=ctx.seed)
+        if claim.id in ("eps-24", "wiki-1e-12"):
+            ctx.cache["error_study"] = True  # the report plots it
         outcome = v.verdict if v.verdict in (HOLDS, FAILS, CORRECTED) else UNDECIDED
         counter = v.summary if outcome == FAILS else None
         return Evidence("precision", outcome, v.summary, _jsonable(v.evidence), corrected_rule=v.corrected,
@@ -197,4 +199,10 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
                     _jsonable(r.to_json()))
 
 
-CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision}
+def nullity(claim: Claim, ctx: Context) -> Evidence:
+    """Jacobian nullity of small models, explained by symmetry families (see nullity_checks)."""
+    from .nullity_checks import nullity as run
+    return run(claim, ctx)
+
+
+CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision, "nullity": nullity}

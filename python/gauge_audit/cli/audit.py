@@ -33,6 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..audit.plots import collect
     from ..report import terminal_table, write
 
     if args.fail_on and args.fail_on not in VERDICTS:
@@ -48,7 +49,8 @@ def run(args) -> int:
         claims = [catalog[x] for x in wanted]
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     report = audit(claims, ctx, progress=None if args.quiet else _progress)
-    plots = {}
+    plots, extras = collect(ctx)
+    report.extras.update(extras)
     paths = write(report, Path(args.out), plots)
     if args.json:
         sys.stdout.write(paths["report.json"].read_text(encoding="utf-8"))

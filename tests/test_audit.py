@@ -1,0 +1,134 @@
+"""`gauge-audit audit`: verdicts come from the checkers, reports are deterministic,
+user claim files work, and every error path is one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gauge_audit.audit.evidence import CORRECTED, FAILS, HOLDS, NOT_RUN, UNDECIDED, Evidence, combine
+from gauge_audit.claims import CATALOG_DIR, load_catalog
+from gauge_audit.cli import main
+
+EXAMPLE = CATALOG_DIR / "examples" / "example_paper.toml"
+FAST = "qk-gl,value-g3-eq-g0,ln-affine-rotation,relu-forces-identity,count-wiki-log-hfact"
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- combination rule
+def test_combine_rules():
+    h, f, c = (Evidence("torch", HOLDS, "h"), Evidence("symbolic", FAILS, "f", counterexample="x"),
+               Evidence("precision", CORRECTED, "c", corrected_rule="rule"))
+    assert combine([h, Evidence("lean", NOT_RUN, "n")]).verdict == HOLDS
+    assert combine([f]).verdict == FAILS and combine([f]).counterexample == "x"
+    v = combine([h, f])
+    assert v.verdict == UNDECIDED and v.conflicts == ["torch says HOLDS but symbolic says FAILS"]
+    v = combine([f, c])
+    assert v.verdict == CORRECTED and v.corrected_rule == "rule"
+    v = combine([h, c])
+    assert v.verdict == CORRECTED and v.refinements and not v.conflicts
+    assert combine([Evidence("lean", NOT_RUN, "n")]).verdict == UNDECIDED
+
+
+# ----------------------------------------------------------------------------- the catalog
+def test_catalog_audit_every_claim_decided_by_checkers(catalog_report):
+    report, out = catalog_report
+    catalog = load_catalog()
+    assert [r.claim.id for r in report.results] == list(catalog)
+    for r in report.results:
+        deciding = [e for e in r.evidence if e.decides]
+        assert r.verdict.verdict != UNDECIDED or r.verdict.conflicts, f"{r.claim.id}: undecided without conflict"
+        assert deciding, f"{r.claim.id}: no checker decided"
+        assert {e.checker for e in r.evidence} == set(r.claim.checkers)
+    verdicts = report.verdicts()
+    # the headline findings, each produced by the checkers above
+    assert verdicts["value-g3-eq-g0"] == FAILS
+    assert verdicts["qk-same-action"] == FAILS
+    assert verdicts["ln-affine-rotation"] == CORRECTED
+    assert verdicts["relu-forces-identity"] == FAILS
+    assert verdicts["qk-gl"] == HOLDS and verdicts["vo-gl"] == HOLDS
+    for name in ("report.md", "report.html", "report.json", "timings.json"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_catalog_audit_html_is_self_contained(catalog_report):
+    _, out = catalog_report
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href)=["'](https?:)?//""", html)
+    assert "<table>" in html and "value-g3-eq-g0" in html
+
+
+def test_catalog_audit_counterexamples_and_corrections_reported(catalog_report):
+    data = json.loads((catalog_report[1] / "report.json").read_text(encoding="utf-8"))
+    by_id = {c["id"]: c for c in data["claims"]}
+    assert "g(0)" in (by_id["value-g3-eq-g0"]["evidence"]["symbolic"]["details"]["derived"])
+    assert by_id["qk-same-action"]["counterexample"]
+    assert by_id["ln-affine-rotation"]["corrected_rule"]
+    assert "total" not in data
+
+
+# ----------------------------------------------------------------------------- determinism
+def test_audit_same_seed_byte_identical_report(tmp_path, capsys):
+    for d in ("a", "b"):
+        assert _run(["audit", "--only", FAST, "--seed", "3", "--out", str(tmp_path / d), "--quiet"], capsys)[0] == 0
+    a = (tmp_path / "a" / "report.json").read_bytes()
+    assert a == (tmp_path / "b" / "report.json").read_bytes()
+    assert _run(["audit", "--only", FAST, "--seed", "4", "--out", str(tmp_path / "c"), "--quiet"], capsys)[0] == 0
+    assert (tmp_path / "c" / "report.json").read_bytes() != a
+
+
+# ----------------------------------------------------------------------------- user claim files
+def test_audit_example_user_claim_file(tmp_path, capsys):
+    code, out, _ = _run(["audit", str(EXAMPLE), "--out", str(tmp_path), "--quiet"], capsys)
+    assert code == 0
+    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    got = {c["id"]: c["verdict"] for c in data["claims"]}
+    assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
+                   "example-stream-rotation": CORRECTED}
+    assert "example-gelu-rescaling" in out and "FAILS" in out
+
+
+def test_audit_fail_on(tmp_path, capsys):
+    assert _run(["audit", str(EXAMPLE), "--out", str(tmp_path), "--quiet", "--fail-on", "FAILS"], capsys)[0] == 1
+    assert _run(["audit", str(EXAMPLE), "--only", "example-relu-rescaling", "--out", str(tmp_path), "--quiet",
+                 "--fail-on", "FAILS"], capsys)[0] == 0
+
+
+def test_audit_json_output(tmp_path, capsys):
+    code, out, _ = _run(["audit", "--only", "count-wiki-log-hfact", "--out", str(tmp_path), "--quiet", "--json"],
+                        capsys)
+    assert code == 0 and json.loads(out)["claims"][0]["verdict"] == FAILS
+
+
+# ----------------------------------------------------------------------------- error paths
+@pytest.mark.parametrize("text,match", [
+    ("[document]\ntitle = 1\n", r"bad\.toml:2: field document\.title"),
+    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\n", r"bad\.toml:5: field location"),
+    ("this is not toml", r"bad\.toml:1: TOML syntax error"),
+    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
+     "kind='symmetry'\ncheckers=['torch']\naction='no-such-action'\n", r"bad\.toml:11: field action"),
+    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
+     "kind='count'\ncheckers=['symbolic']\nformula='__import__(\"os\")'\n", r"bad\.toml:11: field formula"),
+])
+def test_audit_malformed_claim_file_one_line_exit_2(tmp_path, capsys, text, match):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text, encoding="utf-8")
+    code, _, err = _run(["audit", str(bad), "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and err.count("\n") == 1 and re.search(match, err), err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["audit", "--only", "no-such-claim"], "unknown claim id"),
+    (["audit", "--fail-on", "MAYBE"], "--fail-on"),
+    (["audit", "/nonexistent/claims.toml"], "cannot read claim file"),
+])
+def test_audit_cli_errors_one_line_exit_2(tmp_path, capsys, argv, match):
+    code, _, err = _run(argv + ["--out", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and match in err, err
