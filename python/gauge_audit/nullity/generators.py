@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..actions.stream import norm_readers, stream_writers
 from ..models.config import Config
 from ..models.layers import rope_planes
 from .measure import Genericity, Layout, Problem
@@ -349,29 +350,15 @@ def _complement_of_ones(d: int) -> torch.Tensor:
 
 
 def pre_norm_readers(cfg: Config, p: dict) -> dict[str, list[tuple[str, str | None]]]:
-    """norm prefix → [(reader weight, its bias or None)], including a tied final norm's
-    reader, written as ``embed.W_E^T``."""
-    out: dict[str, list[tuple[str, str | None]]] = {}
-    for i in range(cfg.n_layers):
-        b = f"blocks.{i}"
-        out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
-        ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
-        out[f"{b}.ln2"] = [(f"{ffn}.W_in", f"{ffn}.b_in")]
-        if cfg.act == "swiglu":
-            out[f"{b}.ln2"].append((f"{ffn}.W_gate", f"{ffn}.b_gate"))
-        if cfg.experts:
-            out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
-    out["ln_final"] = [("embed.W_E^T", None)] if cfg.tied else [("unembed.W_U", "unembed.b_U")]
-    return {n: [(w, b if (b in p) else None) for w, b in rs] for n, rs in out.items()}
+    """norm prefix → [(reader weight, its bias or None)] as the stream actions define them,
+    plus a tied final norm's reader, written as ``embed.W_E^T``."""
+    out = norm_readers(cfg, p)
+    if cfg.tied:
+        out["ln_final"] = [("embed.W_E^T", None)]
+    return out
 
 
-def pre_norm_writers(cfg: Config, p: dict) -> list[str]:
-    names = ["embed.W_E", "embed.W_pos"]
-    for i in range(cfg.n_layers):
-        b = f"blocks.{i}"
-        ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
-        names += [f"{b}.attn.W_O", f"{b}.attn.b_O", f"{ffn}.W_out", f"{ffn}.b_out"]
-    return [n for n in names if n in p]
+pre_norm_writers = stream_writers
 
 
 def _reader_rows(R: _Rows, v: torch.Tensor, name: str) -> torch.Tensor:

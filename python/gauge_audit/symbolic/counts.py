@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import sympy as sp
 
 ESTABLISHED = "established"
+EPS_ZERO = "exact only at ε = 0"
 CONJECTURE = "conjecture"
 
 
@@ -123,6 +124,24 @@ class ArchConfig:
     vocab_size: int = 0
     n_positions: int = 0            # learned absolute positions (0: none)
     name: str = ""
+    out_bias: bool | None = None    # bias on the attention output projection (default: attn_bias)
+    unembed_bias: bool = False
+
+    @classmethod
+    def from_model(cls, cfg) -> "ArchConfig":
+        """The count's view of a reference-model :class:`~gauge_audit.models.Config` (no MoE)."""
+        base = {"layernorm-noaffine": "layernorm", "rmsnorm-noweight": "rmsnorm"}.get(cfg.norm, cfg.norm)
+        return cls(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_head,
+                   n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff if cfg.family != "attn" else 0, norm=base,
+                   norm_affine=cfg.norm in ("layernorm", "rmsnorm"), norm_placement=cfg.norm_placement,
+                   final_norm=cfg.family not in ("attn", "bert"), attn_bias=cfg.attn_bias, out_bias=cfg.out_bias,
+                   unembed_bias=cfg.unembed_bias, mlp_bias=cfg.mlp_bias, activation=cfg.act, rope=cfg.pos == "rope",
+                   tied_embeddings=cfg.tied, vocab_size=cfg.vocab, n_positions=cfg.n_ctx if cfg.pos == "learned" else 0,
+                   name=f"{cfg.family} (reference config)")
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.attn_bias if self.out_bias is None else self.out_bias
 
     @property
     def dv(self) -> int:
@@ -196,7 +215,8 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
         add("key_bias_shift", 0 if cfg.rope else L * nkv * dk, ESTABLISHED,
             "b_K→b_K+c changes each query's scores by the constant q·c (softmax shift); broken by RoPE"
             if not cfg.rope else "RoPE rotates the key bias: shift not constant across keys")
-        add("value_bias_fold", L * nkv * dv, ESTABLISHED, "b_V→b_V+v, b_O→b_O−v·W_O (attention rows sum to 1)")
+        add("value_bias_fold", L * nkv * dv if cfg.has_out_bias else 0, ESTABLISHED,
+            "b_V→b_V+v, b_O→b_O−v·W_O (attention rows sum to 1); needs b_O")
     if cfg.activation in ("relu", "swiglu"):
         add("ffn_scaling", L * cfg.d_ff, ESTABLISHED,
             "positive per-neuron scaling (ReLU homogeneous; SwiGLU: scale the linear 'up' branch)")
@@ -221,24 +241,39 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
             n_scale = n_norms_inner + (1 if cfg.final_norm and not cfg.tied_embeddings else 0)
             add("norm_scale", n_scale * d, ESTABLISHED, "γ→c⊙γ (and β→c⊙β), readers W→W·diag(c)^-1")
             if cfg.norm == "layernorm":
-                n_shift = (L if cfg.attn_bias else 0) + (L if cfg.mlp_bias else 0)
-                add("norm_shift", n_shift * d, ESTABLISHED, "β→β+δ, reader bias b→b−W·δ (readers with biases only)")
+                add("norm_shift", n_scale * d, ESTABLISHED,
+                    "β→β+δ: a reader with a bias takes b→b−δ·W; without one it absorbs δ through its weights, "
+                    "because the LN output lies in the hyperplane y·γ⁻¹ = β·γ⁻¹ (confirmed by the nullity audit)")
         elif cfg.norm_affine and cfg.norm_placement == "post":
             add("norm_scale", 0, CONJECTURE, "post-norm: γ feeds the residual stream directly, no compensating reader")
         if cfg.norm == "layernorm" and cfg.norm_placement == "pre":
             # LayerNorm removes the all-ones component of its input and its readers see only D·1^⊥ + β.
-            attn_out = cfg.n_heads * dk + nkv * dk + nkv * dv
-            mlp_out = cfg.d_ff * (2 if cfg.activation == "swiglu" else 1)
-            biased = lambda has_bias: has_bias or not cfg.norm_affine  # noqa: E731
-            reader = L * ((attn_out if biased(cfg.attn_bias) else 0) + (mlp_out if biased(cfg.mlp_bias) else 0))
-            add("ln_reader_ones", reader, CONJECTURE,
-                "readers W→W+u·(γ^-1)ᵀ (zero on γ⊙1^⊥), bias absorbs u·Σβ/γ; needs reader biases or β=0")
-            writer = L * (cfg.n_heads * dv + cfg.d_ff + int(cfg.attn_bias) + int(cfg.mlp_bias))
+            # A reader column W→W+γ⁻¹·u sees the constant (β·γ⁻¹)·u: absorbed by its bias, free when β = 0,
+            # free for a key column (softmax ignores a per-query constant; not under RoPE), and for a value
+            # column when b_O exists (attention rows sum to 1).
+            free = not cfg.norm_affine
+            q_cols = cfg.n_heads * dk if (cfg.attn_bias or free) else 0
+            k_cols = nkv * dk if (cfg.attn_bias or free or not cfg.rope) else 0
+            v_cols = nkv * dv if (cfg.attn_bias or free or cfg.has_out_bias) else 0
+            mlp_cols = cfg.d_ff * (2 if cfg.activation == "swiglu" else 1) if (cfg.mlp_bias or free) else 0
+            reader = L * (q_cols + k_cols + v_cols + mlp_cols)
+            if cfg.final_norm and not cfg.tied_embeddings and (free or cfg.unembed_bias):
+                reader += cfg.vocab_size
+            add("ln_reader_ones", reader, ESTABLISHED,
+                "readers W→W+γ⁻¹·u (zero on the LN output's hyperplane); the constant (β·γ⁻¹)·u goes to a bias, "
+                "vanishes with β = 0, or is ignored (keys) / carried by b_O (values) (confirmed by the nullity audit)")
+            writer = L * (cfg.n_heads * dv + cfg.d_ff + int(cfg.has_out_bias) + int(cfg.mlp_bias))
             writer += cfg.n_positions + (0 if cfg.tied_embeddings else cfg.vocab_size)
-            add("ln_writer_ones", writer if cfg.final_norm else 0, CONJECTURE,
-                "writers W_out→W_out+1·uᵀ: every reader is a LayerNorm, which ignores the all-ones component")
+            add("ln_writer_ones", writer if cfg.final_norm else 0, ESTABLISHED,
+                "writers W_out→W_out+1·uᵀ: every reader is a LayerNorm, which ignores the all-ones component "
+                "(confirmed by the nullity audit)")
+        if cfg.norm_placement == "pre" and cfg.n_positions and not cfg.tied_embeddings:
+            add("embed_offset", d - 1 if cfg.norm == "layernorm" else d, ESTABLISHED,
+                "c added to every row of W_E and subtracted from every row of W_pos (the all-ones part is a "
+                "writer direction already under LayerNorm); broken by tied embeddings (W_E is also read)")
         if cfg.norm_placement == "pre" and cfg.final_norm:
-            add("stream_scale", 1, CONJECTURE, "x→c·x for c>0: exact only when the norm's ε is 0")
+            add("stream_scale", 1, EPS_ZERO, "x→c·x for c>0: exact only when the norm's ε is 0 (measured: not "
+                "flat at ε = 1e-5, flat at ε = 0)")
     else:
         add("stream_gl", d * (d - 1) // 2 if cfg.tied_embeddings else d * d, CONJECTURE,
             "no normalization: any invertible stream map (orthogonal when embeddings are tied)")
