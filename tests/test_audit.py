@@ -91,7 +91,9 @@ def test_audit_example_user_claim_file(tmp_path, capsys):
     data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
     assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
-                   "example-stream-rotation": CORRECTED}
+                   "example-stream-rotation": CORRECTED, "example-attention-dimension": FAILS}
+    dim = next(c for c in data["claims"] if c["id"] == "example-attention-dimension")["evidence"]["nullity"]
+    assert "measured symmetry dimension 16" in dim["summary"]  # h(d_k² + d_v²) = 2·(4 + 4), not 2·1 + 8
     assert "example-gelu-rescaling" in out and "FAILS" in out
 
 

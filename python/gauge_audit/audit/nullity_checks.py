@@ -220,7 +220,7 @@ def _catalog_checks(full: bool):
 
 
 _USER_KEYS = {"family", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "n_ctx", "vocab", "n_layers", "act",
-              "norm", "attn_bias", "pos", "tied", "experts", "top_k"}
+              "norm", "attn_bias", "out_bias", "mlp_bias", "pos", "tied", "experts", "top_k"}
 _FAMILY_CONFIG = {"attn": attn.config, "gpt2": gpt2.config, "bert": bert.config, "llama": llama.config,
                   "qwen": qwen.config, "moe": moe.config}
 
@@ -234,6 +234,8 @@ def _user_claim(claim: Claim, ctx) -> Evidence:
     if fam not in _FAMILY_CONFIG:
         raise GaugeAuditError(f"{claim.file}:{claim.line}: field params.family: unknown family {fam!r}")
     overrides = {k: v for k, v in p.items() if k in _USER_KEYS and k != "family"}
+    if "n_heads" in overrides and "n_kv_heads" not in overrides:
+        overrides["n_kv_heads"] = overrides["n_heads"]  # multi-head attention unless GQA is asked for
     cfg = _FAMILY_CONFIG[fam](**overrides)
     numeric = {k: v for k, v in p.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     claimed = evaluate_formula(claim.formula, numeric)

@@ -46,13 +46,13 @@ def table_rows(report: AuditReport) -> list[tuple[str, str, str, list[str]]]:
 
 
 def terminal_table(report: AuditReport, width: int = 160) -> str:
-    lines = [f"{'claim':26s} {'verdict':22s} {'source':34s} evidence"]
+    lines = [f"{'claim':28s} {'verdict':22s} {'source':34s} evidence"]
     lines.append("-" * min(width, 140))
     for cid, source, verdict, ev in table_rows(report):
         first = True
         for e in ev or ["(no checker)"]:
-            text = e if len(e) <= width - 85 else e[: width - 88] + "..."
-            lead = f"{cid:26s} {verdict:22s} {source[:34]:34s}" if first else " " * 84
+            text = e if len(e) <= width - 87 else e[: width - 90] + "..."
+            lead = f"{cid:28s} {verdict:22s} {source[:34]:34s}" if first else " " * 86
             lines.append(f"{lead} {text}")
             first = False
     counts = report.to_json()["summary"]
