@@ -18,6 +18,9 @@ from gauge_audit.claims import load_catalog
 
 
 def run(full: bool) -> tuple[float, dict]:
+    from gauge_audit.precision.verdicts import study_for
+
+    study_for.cache_clear()  # each run pays for its own error study
     claims = list(load_catalog().values())
     t = time.perf_counter()
     ctx = Context(seed=0, full=full)
