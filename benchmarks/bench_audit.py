@@ -41,7 +41,8 @@ def main() -> None:
           + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items())))
     if "--no-full" not in sys.argv:
         t_full, per = run(full=True)
-        print(f"--full audit: {t_full:.1f} s  (full / default = {t_full / t_default:.2f})  "
+        print(f"--full audit (same process: SymPy and torch warm): {t_full:.1f} s  "
+              f"(full / default = {t_full / t_default:.2f})  "
               + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items())))
 
 
