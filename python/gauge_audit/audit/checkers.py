@@ -181,8 +181,8 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
     from ..precision.residual import check_action
 
     if claim.id in pv.CLAIMS:
-        v = pv.claim_verdict(claim.id, seed=ctx.seed)
-        if claim.id in ("eps-24", "wiki-1e-12"):
+        v = pv.claim_verdict(claim.id, seed=ctx.seed, full=ctx.full)
+        if claim.id in pv.STUDY_CLAIMS:
             ctx.cache["error_study"] = True  # the report plots it
         outcome = v.verdict if v.verdict in (HOLDS, FAILS, CORRECTED) else UNDECIDED
         counter = v.summary if outcome == FAILS else None

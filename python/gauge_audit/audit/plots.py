@@ -18,7 +18,7 @@ def error_study_plot(ctx: Context) -> bytes | None:
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "error_vs_kappa.png"
-        plot_study(study_for(ctx.seed), path)
+        plot_study(study_for(ctx.seed, ctx.full), path)
         return path.read_bytes()
 
 

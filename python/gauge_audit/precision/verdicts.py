@@ -144,22 +144,23 @@ def _relu(seed: int) -> PrecisionVerdict:
 
 
 @functools.lru_cache(maxsize=4)
-def study_for(seed: int):
-    """The default error study for ``seed`` (computed once: eps-24, wiki-1e-12 and the
-    audit's plot share it)."""
+def study_for(seed: int, full: bool = False):
+    """The error study for ``seed`` (computed once: eps-24, wiki-1e-12 and the audit's plot
+    share it).  ``full``: κ = 10⁰…10¹² in every decade, 5 seeds, three architectures."""
+    if full:
+        from .error_study import FULL_KAPPAS
+        return run_study(models=("gpt2-tiny", "llama-tiny", "bert-tiny"), kappas=FULL_KAPPAS,
+                         seeds=tuple(range(seed, seed + 5)))
     return run_study(seeds=(seed, seed + 1, seed + 2))
 
 
-_study = study_for
-
-
-def _eps24(seed: int) -> PrecisionVerdict:
-    v = eps24_verdict(_study(seed))
+def _eps24(seed: int, full: bool = False) -> PrecisionVerdict:
+    v = eps24_verdict(study_for(seed, full))
     return PrecisionVerdict(v.claim, v.verdict, v.statement, v.corrected, v.evidence)
 
 
-def _wiki(seed: int) -> PrecisionVerdict:
-    v = wiki_1e12_verdict(_study(seed))
+def _wiki(seed: int, full: bool = False) -> PrecisionVerdict:
+    v = wiki_1e12_verdict(study_for(seed, full))
     return PrecisionVerdict(v.claim, v.verdict, v.statement, v.corrected, v.evidence)
 
 
@@ -182,10 +183,13 @@ CLAIMS: dict[str, Callable[[int], PrecisionVerdict]] = {
 }
 
 
-def claim_verdict(claim: str, seed: int = 0) -> PrecisionVerdict:
+STUDY_CLAIMS = ("eps-24", "wiki-1e-12")  # decided by the float error study (``full``: the dense sweep)
+
+
+def claim_verdict(claim: str, seed: int = 0, full: bool = False) -> PrecisionVerdict:
     """The high-precision verdict on a catalog claim (see :data:`CLAIMS`)."""
     try:
         fn = CLAIMS[claim]
     except KeyError:
         raise GaugeAuditError(f"no precision check for claim {claim!r}; known: {', '.join(CLAIMS)}") from None
-    return fn(seed)
+    return fn(seed, full) if claim in STUDY_CLAIMS else fn(seed)
