@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from .. import formal
 from ..actions import get_action
 from ..claims import Claim
-from ..errors import GaugeAuditError
 from ..models import Model, build, config_of, model_names
 from ..models.config import Config
 from ..numeric import check

@@ -46,7 +46,7 @@ def nullity_spectra_plot(ctx: Context) -> bytes | None:
         P = len(s)
         ax.semilogy(range(1, P + 1), s, ".", ms=2)
         ax.axvline(P - r.measured_nullity + 0.5, color="tab:red", lw=1, label=f"rank {P - r.measured_nullity}")
-        ax.axvline(P - r.explained + 0.5, color="tab:green", lw=1, ls="--", label=f"P − explained")
+        ax.axvline(P - r.explained + 0.5, color="tab:green", lw=1, ls="--", label="P − explained")
         ax.set_title(f"{r.cfg.family}: P={P}, nullity {r.measured_nullity}, gap ×{r.gap_ratio:.1e}", fontsize=9)
         ax.set_xlabel(describe(r.cfg), fontsize=7)
         ax.legend(fontsize=7, loc="lower left")

@@ -76,7 +76,7 @@ def _table(r) -> str:
 
 
 def _list() -> int:
-    from ..precision import CERTIFIABLE, CLAIMS, false_actions, true_actions
+    from ..precision import CERTIFIABLE, CLAIMS, true_actions
     print("true actions (residual at 30/50/100 digits): " + ", ".join(true_actions()))
     print("false rules (certified counterexample, --certify): " + ", ".join(CERTIFIABLE))
     print("claims: " + ", ".join(CLAIMS))

@@ -452,7 +452,6 @@ def pre_norm_families(problem: Problem) -> list[Family]:
     writers = pre_norm_writers(cfg, p)
     tied, norm = cfg.tied, cfg.norm
     fams: list[Family] = []
-    final_affine = norm in AFFINE  # tied final norm has γ (and β for layernorm)
     transformable = {n: rs for n, rs in readers.items() if not (tied and n == "ln_final")}
 
     # ---------------------------------------------------------------- norm scale
@@ -589,7 +588,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
 
 
 def _embed_offset(problem: Problem, pairs: list[tuple[str, str]], ones: bool) -> Family:
-    p, d = problem.params(), problem.cfg.d_model
+    d = problem.cfg.d_model
     basis = _complement_of_ones(d) if ones else torch.eye(d, dtype=torch.float64)
     R = _Rows(problem.layout)
     for a, b in pairs:
@@ -808,7 +807,7 @@ def post_norm_families(problem: Problem) -> list[Family]:
     lose its all-ones component or its scale; the last LN2's output is observed.
     """
     cfg, p, layout = problem.cfg, problem.params(), problem.layout
-    d, L, norm = cfg.d_model, cfg.n_layers, cfg.norm
+    L, norm = cfg.n_layers, cfg.norm
     fams: list[Family] = []
     ln = norm in LN
     emb_tables = [t for t in ("embed.W_E", "embed.W_pos", "embed.W_tt") if t in p]

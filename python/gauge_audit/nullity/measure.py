@@ -26,7 +26,6 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from ..errors import GaugeAuditError
 from ..models import Config, Model, build_config
-from ..models.layers import activation  # noqa: F401  (documented dependency: the layer equations)
 from ..runtime import generator
 
 EPS64 = float(torch.finfo(torch.float64).eps)

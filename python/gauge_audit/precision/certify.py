@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
 import torch
-from mpmath import iv, mp
+from mpmath import mp
 
 from ..actions import ACTIONS
 from ..errors import GaugeAuditError

@@ -91,7 +91,7 @@ class ErrorStudy:
 
     def render(self) -> str:
         lines = [f"Floating-point error study: models {', '.join(self.models)}; seeds {self.seeds}; device {self.device}",
-                 f"  worst relative output error over seeds, in units of ε(dtype)   (24 ε line: claim eps-24)"]
+                 "  worst relative output error over seeds, in units of ε(dtype)   (24 ε line: claim eps-24)"]
         head = f"  {'action':8s} {'dtype':9s} " + " ".join(f"{'κ=%.0e' % k:>9s}" for k in self.kappas)
         lines.append(head)
         for a in self.actions:

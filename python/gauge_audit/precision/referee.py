@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from mpmath import mp
 
 from ..actions import ACTIONS
 from ..actions.base import Element
