@@ -12,10 +12,11 @@ from gauge_audit.actions import ACTIONS
 from gauge_audit.actions.base import Element
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import attn, bert, gpt2, llama, moe, qwen
-from gauge_audit.nullity import analyze, maximality_verdicts, paper_counts
+from gauge_audit.nullity import analyze, maximality_verdicts
 from gauge_audit.nullity import explain as ex
 from gauge_audit.nullity.generators import families, qk_family
-from gauge_audit.nullity.measure import dense_jacobian, genericity, make_problem, numerical_rank
+from gauge_audit.nullity import matrixfree as mf
+from gauge_audit.nullity.measure import MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
 from gauge_audit.symbolic import counts
 
 # Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d
@@ -264,20 +265,96 @@ def test_no_gap_is_refused():
 
 
 # ----------------------------------------------------------------------------- matrix-free
-@pytest.mark.parametrize("cfg", [_fam(gpt2, "A", n_layers=1), _fam(llama, "A", n_layers=1, n_heads=2, n_kv_heads=1)],
-                         ids=["gpt2", "llama"])
-def test_maximality_matrix_free_agrees_with_dense(cfg):
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_maximality_matrix_free_agrees_with_dense(name):
+    """The inertia certificate on a row sketch gives the dense nullity on every family."""
+    cfg = CONFIGS[name]("A")
     d = analyze(cfg, method="dense")
     m = analyze(cfg, method="matrix-free")
-    assert m.measured_nullity == d.measured_nullity == m.explained
-    assert m.gap_ratio >= 1e6
-    # σ_min of J on W (orthogonal to every generator, hence to the kernel) interlaces the dense spectrum:
-    # s_r ≤ σ_min(J|W) ≤ s_{r−m}, m = the ε-broken directions also removed (σ_min reported from below)
-    s = d.singular_values
-    r = d.params - d.measured_nullity
-    m_eps = sum(f.k for f in m.families if f.kind == "eps-broken")
-    low = m.extra["sigma_min_complement"]
-    assert float(s[r - 1]) / 10 <= low <= 1.05 * float(s[r - 1 - m_eps])
+    assert m.measured_nullity == d.measured_nullity == m.explained, (m.measured_nullity, d.measured_nullity)
+    assert m.unexplained == 0 and m.generators_ok
+    assert m.gap_ratio >= MIN_GAP
+    # the certified bound is a lower bound on the singular values it covers (all but the generators and
+    # the low directions, which are measured exactly)
+    assert m.extra["sigma_min_complement"] > 0
+    if m.extra["low_directions"] == 0:
+        assert m.extra["sigma_min_complement"] <= m.extra["sigma_min_estimate"] * (1 + 1e-9)
+    else:
+        assert min(m.extra["low_singular_values"]) >= MIN_GAP * m.extra["kernel_residual"]
+    assert m.rows < d.rows                                    # a sketch: fewer rows than the dense J
+
+
+def test_maximality_matrix_free_finds_the_unexplained_directions():
+    """vocab < d_model without learned positions (the open case): the matrix-free path counts the same
+    unexplained directions as the dense one, on the same parameter blocks."""
+    cfg = llama.config(n_layers=1, d_model=6, n_heads=2, n_kv_heads=1, d_head=2, d_ff=6, n_ctx=5, vocab=5)
+    d = analyze(cfg, method="dense")
+    m = analyze(cfg, method="matrix-free")
+    assert d.unexplained > 0
+    assert (m.measured_nullity, m.unexplained) == (d.measured_nullity, d.unexplained)
+    assert m.unexplained_blocks[0][0] == d.unexplained_blocks[0][0]
+    assert m.gap_ratio >= MIN_GAP
+
+
+def test_matrix_free_thin_sketch_is_enlarged():
+    """A sketch with fewer rows than unknowns is rank deficient: the exact singular values of its
+    low directions are null, so the sketch is doubled until they are not."""
+    cfg = CONFIGS["gpt2"]("A")
+    d = analyze(cfg, method="dense")
+    m = analyze(cfg, method="matrix-free", mf_options={"sketch": 0.3})
+    assert m.measured_nullity == d.measured_nullity and m.unexplained == 0
+    assert m.rows >= m.params - m.measured_nullity
+
+
+def test_matrix_free_worst_case_rounding():
+    cfg = CONFIGS["llama"]("A")
+    p = analyze(cfg, method="matrix-free")
+    w = analyze(cfg, method="matrix-free", mf_options={"rounding": "worst-case"})
+    assert w.measured_nullity == p.measured_nullity
+    assert w.extra["rounding_bound"] > p.extra["rounding_bound"]   # j·u against λ·√j·u (λ = 10)
+    with pytest.raises(GaugeAuditError, match="rounding model"):
+        analyze(cfg, method="matrix-free", mf_options={"rounding": "optimistic"})
+
+
+def test_inertia_and_certificate_on_known_spectra():
+    g = torch.Generator().manual_seed(3)
+    n, m = 60, 90
+    A = torch.randn(m, n, generator=g, dtype=torch.float64)
+    G = A.T @ A
+    lam = torch.linalg.eigvalsh(G)
+    for tau in (float(lam[0]) / 2, float(lam[5]), float(lam[30]) + 1e-9):
+        assert mf.inertia_below(G, tau) == int((lam < tau).sum())
+    # full rank: the certificate holds and is a true lower bound (in the scaled coordinates)
+    out = mf.certify(torch.tril(G).clone(), m, 0, True)
+    Gs = G * out["scaling"][:, None] * out["scaling"][None, :]
+    assert out["below"] == 0 and 0 < out["lambda_cert"] <= float(torch.linalg.eigvalsh(Gs)[0])
+    # rank deficient by 4: exactly 4 eigenvalues below the shift, and their directions are the null space
+    A[:, :4] = A[:, 4:8] @ torch.randn(4, 4, generator=g, dtype=torch.float64)
+    G = A.T @ A
+    out = mf.certify(torch.tril(G).clone(), m, 0, True)
+    assert out["below"] == 4
+    X = out["directions"][:, :4]
+    assert float(torch.linalg.matrix_norm(A @ torch.linalg.qr(X).Q)) < 1e-10 * float(torch.linalg.matrix_norm(A))
+
+
+def test_sketch_pieces():
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(50, 30, generator=g, dtype=torch.float64)
+    G = torch.zeros(50, 50, dtype=torch.float64)
+    mf.syrk_lower(G, A, block=16)
+    assert torch.allclose(torch.tril(G), torch.tril(A @ A.T), rtol=0, atol=1e-12)
+    B = torch.linalg.qr(torch.randn(40, 6, generator=g, dtype=torch.float64)).Q
+    piv = mf.pivot_coordinates(B)
+    assert piv.numel() == 6 and torch.linalg.cond(B[piv]) < 1e3
+    assert mf.gamma(100, "worst-case") > mf.gamma(100, "probabilistic") > 0
+    # the JVP products equal the streamed rows, projection included
+    cfg = CONFIGS["gpt2"]("A")
+    pr = make_problem(cfg, 0, batch=3)
+    proj = mf.projection(cfg, pr.batch, 1)
+    assert proj is not None and proj.shape[2] == cfg.d_model
+    W = torch.randn(pr.P, 3, generator=g, dtype=torch.float64)
+    rows = torch.cat([blk for _, blk in jacobian_rows(pr, proj=proj)])
+    assert torch.allclose(mf.sketch_products(pr, proj, W), rows @ W, rtol=1e-10, atol=1e-10)
 
 
 # ----------------------------------------------------------------------------- CLI errors

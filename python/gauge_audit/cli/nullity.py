@@ -32,6 +32,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--method", choices=("dense", "matrix-free"), default="dense")
+    p.add_argument("--rounding", choices=("probabilistic", "worst-case"), default="probabilistic",
+                   help="matrix-free: the rounding-error bound behind the Cholesky certificate")
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -86,7 +88,8 @@ def run(args) -> int:
     cfg = build_cfg(args)
     if args.plot and args.method != "dense":
         raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
-    report = analyze(cfg, seed=args.seed, method=args.method, quiet=args.quiet or args.json)
+    report = analyze(cfg, seed=args.seed, method=args.method, quiet=args.quiet or args.json,
+                     mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None)
     if args.plot:
         if report.singular_values is None:
             raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")

@@ -123,21 +123,26 @@ def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3
     if method not in ("dense", "matrix-free"):
         raise GaugeAuditError(f"unknown method {method!r} (choose dense or matrix-free)")
     t0 = time.time()
+    if method == "matrix-free":
+        from .matrixfree import analyze_matrix_free
+        return analyze_matrix_free(cfg, seed, quiet, t0, **(mf_options or {}))
     problem = make_problem(cfg, seed, factor=factor)
-    if method == "dense" and problem.P > DENSE_LIMIT:
+    if problem.P > DENSE_LIMIT:
         raise GaugeAuditError(f"P = {problem.P} parameters is above the dense limit {DENSE_LIMIT}; "
                               "use --method matrix-free")
     progress(f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
              f"({problem.batch} sequences), method {method}", quiet)
+    gen, fams = theory(problem, quiet)
+    timings = {"setup": time.time() - t0}
+    return _analyze_dense(problem, gen, fams, timings, quiet)
+
+
+def theory(problem: Problem, quiet: bool) -> tuple[Genericity, list[Family]]:
+    """The sample's genericity (reported) and every family of generators at this point."""
     gen = genericity(problem)
     for line in gen.lines():
         progress(f"non-generic sample: {line}", quiet)
-    fams = families(problem, gen)
-    timings = {"setup": time.time() - t0}
-    if method == "dense":
-        return _analyze_dense(problem, gen, fams, timings, quiet)
-    from .matrixfree import analyze_matrix_free
-    return analyze_matrix_free(problem, gen, fams, timings, quiet, **(mf_options or {}))
+    return gen, families(problem, gen)
 
 
 def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool

@@ -49,6 +49,23 @@ def span_rank(V: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
     return rank, q @ u[:, :rank], s
 
 
+def extend_basis(Q: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
+    """An orthonormal basis of span(Q) + the rows of ``extra`` (Q: P × r orthonormal)."""
+    if not extra:
+        return Q
+    W = torch.cat(extra)
+    W = W - (W @ Q) @ Q.T
+    W = W - (W @ Q) @ Q.T
+    r, q, _ = span_rank(W)
+    return torch.cat([Q, q], dim=1) if r else Q
+
+
+def support_rank(V: torch.Tensor) -> int:
+    """rank of the rows of V, computed on the columns they touch (generators are sparse)."""
+    sup = (V != 0).any(0)
+    return span_rank(V[:, sup])[0]
+
+
 @dataclass
 class Unexplained:
     count: int
@@ -71,16 +88,20 @@ class Explanation:
 
 
 def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor], j_fro: float,
-                   threshold: float | None) -> Explanation:
+                   threshold: float | None, exact_span: tuple | None = None) -> Explanation:
     """Record residuals and ranks; decide ε-broken families against the rank threshold.
 
     ``JV[i]`` is J·vᵢ for the rows of family i (k × rows); ``threshold`` is the absolute
-    singular-value threshold of the measurement (None: no measurement to compare with).
+    singular-value threshold of the measurement (None: no measurement to compare with);
+    ``exact_span``: :func:`span_rank` of the exact families' vectors, if already computed.
     """
     tol_rel, formula = generator_tolerance(problem, j_fro)
     ok = True
     exact = [f.vectors for f in fams if f.kind != "eps-broken"]
-    q_exact = span_rank(torch.cat(exact))[1] if exact else torch.zeros(problem.P, 0, dtype=torch.float64)
+    if exact_span is None:
+        exact_span = span_rank(torch.cat(exact)) if exact else \
+            (0, torch.zeros(problem.P, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))
+    q_exact = exact_span[1]
     for f, jv in zip(fams, JV):
         vec = f.vectors
         if f.kind == "eps-broken":
@@ -90,7 +111,7 @@ def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor],
         res = torch.linalg.vector_norm(jv, dim=1) / norms
         f.residual = float(res.max()) if res.numel() else 0.0
         f.tolerance = tol_rel
-        f.rank = span_rank(f.vectors)[0]
+        f.rank = support_rank(f.vectors)
         if f.kind == "eps-broken":
             # a symmetry only at ε = 0: flat for the measurement iff its singular value is below the threshold
             f.flat = threshold is not None and f.residual < threshold
@@ -100,8 +121,11 @@ def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor],
             if f.residual > tol_rel:
                 ok = False
     flat = [f for f in fams if f.flat]
-    V = torch.cat([f.vectors for f in flat]) if flat else torch.zeros(0, problem.P, dtype=torch.float64)
-    rank, basis, _ = span_rank(V)
+    if all(f.kind != "eps-broken" for f in flat) and len(flat) == len(exact):
+        rank, basis, _ = exact_span          # the flat families are exactly the exact ones
+    else:
+        V = torch.cat([f.vectors for f in flat]) if flat else torch.zeros(0, problem.P, dtype=torch.float64)
+        rank, basis, _ = span_rank(V)
     predicted = sum(f.expected for f in flat)
     return Explanation(fams, rank, predicted, formula, ok, predicted - rank, basis)
 
@@ -136,5 +160,6 @@ def frobenius(J: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(J))
 
 
-__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank",
+__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank", "extend_basis",
+           "support_rank",
            "generator_tolerance", "summarize_blocks", "frobenius", "math"]

@@ -1,290 +1,467 @@
 """Certify the nullity without forming J (for P beyond the dense limit).
 
-The theory's generators V span a candidate kernel.  The nullity is certified equal to
-rank(V) when
+The theory's generators span a candidate kernel.  The matrix-free path certifies that J has
+no other flat direction, by inertia rather than by an SVD:
 
-1. every flat generator has ‖J·v‖ within the derived tolerance (batched JVPs), and the
-   orthonormal basis Q of their span has ‖J·Q‖₂ at the rounding level;
-2. the smallest singular value of J on W = span(V)^⊥ is bounded away from zero.
+1. **The sketch.**  J here is the Jacobian over the sketch's inputs, with each position's
+   outputs compressed to d_model orthonormal combinations (S·J: a language model's logits
+   reach the parameters through a d_model-wide stream, so more rows per position add little
+   rank, and ‖S‖ = 1 so no singular value grows).  ≥ 1.1·P rows, every token used.  Its rows are
+   streamed in blocks (reverse mode per sequence); J itself is never held.
+2. **Upper end.**  Every generator's image S·J·v is accumulated from the streamed rows (each
+   family multiplies only the coordinates it touches): ‖S·J·Q‖₂ ≤ δ for an orthonormal basis Q
+   of the exact generators' span, so at least k singular values are ≤ δ.
+3. **Lower end, by Courant–Fischer and inertia.**  Let I be k coordinates on which Q is well
+   conditioned (the row pivots of LU with partial pivoting).  U = {v : v_I = 0} has
+   codimension k, so the (k+1)-th smallest singular value of S·J is ≥ min over U of
+   ‖S·J·v‖/‖v‖ = σ_min(S·J_{:,Iᶜ}) — for *any* I; pivoting keeps the kernel out of U.  That is
+   certified from the Gram G = (S·J_{:,Iᶜ}·D)ᵀ(S·J_{:,Iᶜ}·D) (lower triangle only; D a
+   power-of-two column scaling, exact) by one floating-point Cholesky factorisation of
+   G − τI, τ = 2c: if it completes, G − τI is positive definite up to rounding, so
+   λ_min(G) ≥ τ − c with
 
-(2) is λ_min of A = P_W·JᵀJ·P_W on W.  JᵀJ is ill-conditioned (κ(J) ~ 10³–10⁴ on W at
-generic points), so the Krylov method runs on S·A·S with a randomized Nyström
-preconditioner: from ℓ products Y = A·Ω (Ω Gaussian in W) the top-ℓ eigenpairs (U, Λ) of A
-are approximated and S = U·diag(√(λ_ℓ/λ_i))·Uᵀ + (I − U·Uᵀ) flattens them (Frangella, Tropp
-& Udell, "Randomized Nyström preconditioning", 2023).  Because ‖S‖₂ ≤ 1, xᵀAx = yᵀ(SAS)y
-with x = S·y gives λ_min(A) ≥ λ_min(SAS).
+       c = (γ_{n+1}/(1 − γ_{n+1}) + γ_m) · tr(G)
 
-The Krylov method (default ``krylov="block"``) is a block Krylov–Rayleigh–Ritz iteration:
-each step applies SAS to a whole block of b vectors (one vmapped JVP + VJP over b tangents,
-several times cheaper per vector than b single products) and extends an orthonormal basis
-of the block Krylov space; the smallest Ritz pair (θ, x) has an exactly computed residual
-r = ‖SASx − θx‖ (from the stored images), and it stops once r ≤ tol·θ.
+   (γ_m: forming G from m rows, |Ĝ − G| ≤ γ_m·|SJ|ᵀ|SJ|; γ_{n+1}: Cholesky's backward error
+   |ΔA| ≤ γ_{n+1}·|R̂ᵀ||R̂| (Higham, *Accuracy and Stability*, Thm 10.3), whose 2-norm is at most
+   tr by Cauchy–Schwarz — Rump's criterion, BIT 46, 2006).  γ_j is the worst-case j·u/(1 − j·u)
+   with ``rounding="worst-case"``, or Higham & Mary's probabilistic λ·√j·u (λ = 10, the default).
+   Then σ_min(S·J_{:,Iᶜ}) ≥ √(τ − c)/max D, less the rounding of J's own entries.
+4. **ε-broken generators** (exact only at ε = 0) are not eliminated: those inside the kernel's
+   gap are deflated (β·EEᵀ added to G), the others are measured.  Directions the Gram cannot
+   resolve — a non-flat ε-broken one, or the small-singular-value tail of a thin sketch — are
+   handled by inertia: when the Cholesky breaks down, an LDLᵀ (Bunch–Kaufman) factorisation
+   counts the eigenvalues ν below τ (Sylvester; by Weyl at most ν singular values lie below
+   √(τ − c)), inverse iteration returns those directions with guard vectors, and a Rayleigh–Ritz
+   step with *exact* products (forward-mode JVPs, no Gram) measures their singular values.
+   Null ones (inside the kernel's gap) are unexplained directions — the sketch is first doubled
+   (up to 4·P rows) in case the sketch, not J, is deficient.
 
-What is certified, exactly: [θ − r, θ + r] contains an eigenvalue of SAS (a rigorous
-statement about the computed operator, up to the rounding of the products), and
-√(θ − r) is reported as the lower bound for σ_min(J|W).  That this eigenvalue is the
-*smallest* one rests on the Krylov space of a random Gaussian start block having converged
-to the bottom of the spectrum — true with probability one in exact arithmetic once converged,
-but not an inertia proof; the dense path remains the reference wherever it runs.  The gap
-ratio is that bound over ‖J·Q‖₂.  ``krylov="lanczos"`` keeps the single-vector Lanczos.
+What rests on more than floating-point bounds: the probabilistic rounding model (when chosen),
+and for the ν low directions the Rayleigh–Ritz step (their exact singular values are measured
+on the computed subspace).  The dense path remains the reference wherever it runs.
 
-Each JᵀJ·x is one forward-mode JVP plus one reverse-mode VJP over the whole batch,
-vmapped over blocks of vectors; J itself (rows × P) is never formed.
+Cost: the sketch rows, m·(P − k)² flops for the Gram and (P − k)³/3 for the Cholesky.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
-from torch.func import jvp, vjp, vmap
+from torch.func import jvp, vmap
 
 from ..errors import GaugeAuditError
 from ..runtime import generator
 from . import explain as ex
 from .generators import Family
-from .measure import EPS64, MIN_GAP, Genericity, Problem, progress
+from .measure import EPS64, MIN_GAP, Problem, jacobian_rows, make_problem, output_width, progress
+
+U64 = EPS64 / 2     # unit roundoff of float64
 
 
-class Operator:
-    """Blocked products with J, Jᵀ and JᵀJ at the problem's parameter point."""
-
-    def __init__(self, problem: Problem, block: int = 32):
-        self.problem = problem
-        self.block = block
-        f = problem.forward_flat
-        self._jvp = vmap(lambda v: jvp(f, (problem.theta,), (v,))[1])
-        _, pull = vjp(f, problem.theta)
-        self._vjp = vmap(lambda u: pull(u)[0])
-        self.products = 0
-
-    def J(self, V: torch.Tensor) -> torch.Tensor:
-        """J·vᵢ for the rows of V (k × P) → (k × rows)."""
-        out = [self._jvp(V[i:i + self.block]) for i in range(0, V.shape[0], self.block)]
-        self.products += V.shape[0]
-        return torch.cat(out) if out else torch.zeros(0, self.problem.rows, dtype=torch.float64)
-
-    def JtJ(self, X: torch.Tensor) -> torch.Tensor:
-        """JᵀJ·xᵢ for the rows of X (k × P)."""
-        out = []
-        for i in range(0, X.shape[0], self.block):
-            out.append(self._vjp(self._jvp(X[i:i + self.block])))
-        self.products += X.shape[0]
-        return torch.cat(out)
+LAMBDA = 10.0        # the probabilistic bound's confidence parameter (Higham & Mary 2019)
 
 
-def frobenius_estimate(op: Operator, probes: int, seed: int) -> float:
-    """‖J‖_F by Hutchinson: E‖J·z‖² = ‖J‖_F² for Rademacher z."""
-    g = generator(seed)
-    z = torch.randint(0, 2, (probes, op.problem.P), generator=g).to(torch.float64) * 2 - 1
-    return float(torch.sqrt((op.J(z) ** 2).sum(1).mean()))
+def gamma(j: int, rounding: str = "worst-case") -> float:
+    """γ_j = j·u/(1 − j·u), the worst-case bound on j accumulated roundings; or, for
+    ``rounding="probabilistic"``, Higham & Mary's γ̃_j(λ) = exp(λ·√j·u + j·u²/(1 − u)) − 1, which
+    holds with probability ≥ 1 − 2j·exp(−λ²(1 − u)²/2) when the roundings are independent with
+    mean zero (SIAM J. Sci. Comput. 41, 2019, Thm 2.4).  With λ = 10 the union over the
+    ≤ n³ inner products of a Cholesky factorisation of order n ≤ 10⁵ fails with probability < 10⁻⁶."""
+    if rounding == "probabilistic":
+        return math.expm1(LAMBDA * math.sqrt(j) * U64 + j * U64 * U64 / (1 - U64))
+    if rounding != "worst-case":
+        raise GaugeAuditError(f"unknown rounding model {rounding!r} (probabilistic or worst-case)")
+    return j * U64 / (1 - j * U64)
 
 
-def _project(X: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
-    """Rows of X with their components in span(Q) (P × k, orthonormal) removed (twice, for stability)."""
-    if Q.shape[1] == 0:
-        return X
-    for _ in range(2):
-        X = X - (X @ Q) @ Q.T
-    return X
+# ----------------------------------------------------------------------------- the sketch
+def sketch_width(cfg) -> int:
+    """Rows kept per position: d_model combinations of the outputs (a language model's logits
+    reach the parameters through a d_model-wide residual stream, so more rows per position add
+    little rank; attention / BERT outputs are already d_model wide)."""
+    return min(output_width(cfg), cfg.d_model)
 
 
-def nystrom(op: Operator, Q: torch.Tensor, rank: int, seed: int):
-    """Approximate top eigenpairs (U: P × r, lam: r) of A = P_W JᵀJ P_W."""
-    g = generator(seed)
-    P = op.problem.P
-    omega = _project(torch.randn(rank, P, generator=g, dtype=torch.float64), Q)
-    omega = torch.linalg.qr(omega.T).Q.T                   # orthonormal rows in W
-    Y = _project(op.JtJ(omega), Q)                          # rank × P
-    nu = EPS64 * float(torch.linalg.matrix_norm(Y))
-    Yn = Y + nu * omega
-    C = torch.linalg.cholesky(omega @ Yn.T)                 # (ΩᵀY_ν), rank × rank
-    B = torch.linalg.solve_triangular(C, Yn, upper=False)   # C⁻¹·Y_νᵀ (as rows)
-    U, s, _ = torch.linalg.svd(B.T, full_matrices=False)    # P × r
-    lam = torch.clamp(s ** 2 - nu, min=0.0)
-    return U, lam
+def sketch_batch(cfg, P: int, factor: float) -> int:
+    """Sequences for ≥ factor·P sketch rows, enough for every token / token type to occur."""
+    b = math.ceil(factor * P / (cfg.n_ctx * sketch_width(cfg)))
+    if cfg.family != "attn":
+        b = max(b, math.ceil(cfg.vocab / cfg.n_ctx), math.ceil(max(cfg.n_types, 1) / cfg.n_ctx))
+    return b
 
 
-def lanczos_min(apply, start: torch.Tensor, steps: int, Q: torch.Tensor, tol: float, quiet: bool,
-                check_every: int = 10) -> tuple[float, float, int]:
-    """Smallest eigenvalue of the symmetric operator ``apply`` on W (start ∈ W):
-    (smallest Ritz value, its residual bound, steps taken).  Full re-orthogonalisation."""
-    P = start.numel()
-    basis = torch.zeros(steps + 1, P, dtype=torch.float64)
-    alpha, beta = [], []
-    q = start / torch.linalg.vector_norm(start)
-    basis[0] = q
-    theta, resid = float("nan"), float("inf")
-    t0 = time.time()
-    for j in range(steps):
-        w = apply(basis[j][None])[0]
-        a = float(w @ basis[j])
-        alpha.append(a)
-        w = w - basis[:j + 1].T @ (basis[:j + 1] @ w)
-        w = w - basis[:j + 1].T @ (basis[:j + 1] @ w)
-        w = _project(w[None], Q)[0]
-        b = float(torch.linalg.vector_norm(w))
-        beta.append(b)
-        if (j + 1) % check_every == 0 or j + 1 == steps or b < 1e-14:
-            T = torch.diag(torch.tensor(alpha, dtype=torch.float64))
-            if j > 0:
-                off = torch.tensor(beta[:-1], dtype=torch.float64)
-                T = T + torch.diag(off, 1) + torch.diag(off, -1)
-            ev, evec = torch.linalg.eigh(T)
-            theta, resid = float(ev[0]), abs(b * float(evec[-1, 0]))
-            if time.time() - t0 > 2 and (j + 1) % (check_every * 5) == 0:
-                progress(f"Lanczos step {j + 1}: λ_min ≈ {theta:.3e} (residual {resid:.1e})", quiet)
-            if resid <= tol * max(theta, 1e-300) or b < 1e-14:
-                return theta, resid, j + 1
-        basis[j + 1] = w / b
-    return theta, resid, steps
+def projection(cfg, batch: int, seed: int) -> torch.Tensor | None:
+    """Per sequence and position, d' orthonormal combinations of the outputs (batch × n × d' × width):
+    S has orthonormal rows, so every singular value of S·J is at most the matching one of J."""
+    width, dp = output_width(cfg), sketch_width(cfg)
+    if dp == width:
+        return None
+    g = torch.randn(batch, cfg.n_ctx, width, dp, generator=generator(seed), dtype=torch.float64)
+    return torch.linalg.qr(g).Q.transpose(-1, -2).contiguous()
 
 
-def block_lanczos_min(apply, start: torch.Tensor, max_vectors: int, Q: torch.Tensor, tol: float, quiet: bool
-                      ) -> tuple[float, float, int]:
-    """Smallest eigenvalue of the symmetric operator ``apply`` on W by block Krylov–Rayleigh–Ritz.
-
-    ``start`` (b × P, in W) is the first block; each step applies the operator to one whole block
-    (b vectors in one vmapped JVP + VJP), orthogonalises the result against the whole basis (twice)
-    and extends it.  The Rayleigh–Ritz pair (θ, x) of the basis gives the exact residual
-    ‖Ax − θx‖ from the stored images, so [θ − r, θ + r] contains an eigenvalue of the operator.
-    Returns (θ_min, r, vectors applied)."""
-    b, P = start.shape
-    basis = torch.zeros(max_vectors + b, P, dtype=torch.float64)
-    images = torch.zeros(max_vectors + b, P, dtype=torch.float64)
-    blk = torch.linalg.qr(_project(start, Q).T).Q.T
-    n = 0
-    theta, resid = float("nan"), float("inf")
-    t0 = time.time()
-    T = torch.zeros(max_vectors + b, max_vectors + b, dtype=torch.float64)
-    last = 0
-    while n + blk.shape[0] <= max_vectors and blk.shape[0] > 0:
-        m = blk.shape[0]
-        basis[n:n + m] = blk
-        images[n:n + m] = apply(blk)
-        n += m
-        V, AV = basis[:n], images[:n]
-        T[n - m:n, :n] = AV[n - m:n] @ V.T
-        T[:n, n - m:n] = T[n - m:n, :n].T
-        if n >= 1.2 * last or n + m > max_vectors:   # Rayleigh–Ritz every ~20 % growth of the basis
-            last = n
-            Tn = 0.5 * (T[:n, :n] + T[:n, :n].T)
-            ev, evec = torch.linalg.eigh(Tn)
-            y = evec[:, 0]
-            theta = float(ev[0])
-            resid = float(torch.linalg.vector_norm(y @ AV - theta * (y @ V)))
-            if time.time() - t0 > 2:
-                progress(f"block Krylov {n} vectors: λ_min ≈ {theta:.3e} (residual {resid:.1e})", quiet)
-            if resid <= tol * max(theta, 1e-300):
-                return theta, resid, n
-        # next block: the newest images, orthogonalised against the basis (twice) and W's complement
-        W = images[n - m:n].clone()
-        for _ in range(2):
-            W = W - (W @ V.T) @ V
-        W = _project(W, Q)
-        q, r = torch.linalg.qr(W.T)
-        dr = torch.abs(torch.diagonal(r))
-        blk = q.T[dr > 1e-10 * max(float(dr.max()), 1e-300)]
-        blk = blk - (blk @ V.T) @ V
-        blk = torch.linalg.qr(blk.T).Q.T
-    return theta, resid, n
+def pivot_coordinates(Q: torch.Tensor) -> torch.Tensor:
+    """k coordinates on which the P × k basis Q is well conditioned: the row pivots of
+    LU with partial pivoting (every multiplier ≤ 1 in modulus)."""
+    P, k = Q.shape
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long)
+    _, piv = torch.linalg.lu_factor(Q)
+    perm = list(range(P))
+    for i, p in enumerate(piv.tolist()):     # LAPACK row swaps, 1-based
+        perm[i], perm[p - 1] = perm[p - 1], perm[i]
+    return torch.tensor(sorted(perm[:k]), dtype=torch.long)
 
 
-def analyze_matrix_free(problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool,
-                        nystrom_rank: int | None = None, steps: int = 4000, block: int = 64, probes: int = 16,
-                        tol: float = 0.5, krylov: str = "block"):
-    from .analysis import _report
+def syrk_lower(G: torch.Tensor, A: torch.Tensor, block: int = 1024) -> None:
+    """G[lower] += A·Aᵀ for A (n × rows), only the lower triangle (half the flops)."""
+    n = A.shape[0]
+    for j in range(0, n, block):
+        e = min(n, j + block)
+        G[j:, j:e].addmm_(A[j:], A[j:e].T)
 
-    op = Operator(problem, block)
+
+class _Images:
+    """J·v for every generator, accumulated block by block from the streamed rows; each family
+    multiplies only the coordinates its generators touch."""
+
+    def __init__(self, fams: list[Family]):
+        self.parts = []
+        for f in fams:
+            sup = torch.nonzero((f.vectors != 0).any(0)).flatten()
+            self.parts.append((sup, f.vectors.index_select(1, sup).contiguous(), []))
+
+    def add(self, blockT: torch.Tensor) -> None:
+        for sup, v, out in self.parts:
+            out.append(v @ blockT.index_select(0, sup))
+
+    def result(self) -> list[torch.Tensor]:
+        return [torch.cat(out, dim=1) for _, _, out in self.parts]
+
+
+@dataclass
+class Sketch:
+    gram: torch.Tensor          # lower triangle of (S·J_{:,cols})ᵀ(S·J_{:,cols})
+    images: list[torch.Tensor]  # per family: S·J·vᵢ (k × rows)
+    rows: int
+    fro: float                  # ‖S·J‖_F (exact, all columns)
+
+
+def stream_sketch(problem: Problem, proj, cols: torch.Tensor, fams: list[Family], quiet: bool) -> Sketch:
+    n = cols.numel()
+    G = torch.zeros(n, n, dtype=torch.float64)
+    images = _Images(fams)
+    m, fro2, t0 = 0, 0.0, time.time()
+    b = problem.batch
+    for i, (done, blockT) in enumerate(jacobian_rows(problem, proj=proj, transposed=True)):
+        images.add(blockT)
+        fro2 += float((blockT * blockT).sum())
+        syrk_lower(G, blockT.index_select(0, cols))
+        m += blockT.shape[1]
+        if time.time() - t0 > 2 and i % 10 == 0:
+            progress(f"sketch: {done}/{b} sequences, {m} rows ({time.time() - t0:.0f} s)", quiet)
+    return Sketch(G, images.result(), m, math.sqrt(fro2))
+
+
+# ----------------------------------------------------------------------------- inertia
+def pow2_scaling(G: torch.Tensor) -> torch.Tensor:
+    """Powers of two d_i ≈ 1/√G_ii (exact scaling: D·G·D has no rounding)."""
+    diag = torch.diagonal(G).clamp_min(1e-300)
+    return torch.exp2(torch.round(-0.5 * torch.log2(diag)))
+
+
+def inertia_below(G: torch.Tensor, tau: float) -> int:
+    """Number of eigenvalues of the symmetric G below τ, by Sylvester's law of inertia on the
+    Bunch–Kaufman LDLᵀ factorisation of G − τI."""
+    A = G - tau * torch.eye(G.shape[0], dtype=G.dtype)
+    LD, piv = torch.linalg.ldl_factor(A)
+    del A
+    n, neg, i = G.shape[0], 0, 0
+    pv = piv.tolist()
+    while i < n:
+        if pv[i] < 0 and i + 1 < n:          # a 2×2 pivot block (lower storage)
+            blk = torch.tensor([[float(LD[i, i]), float(LD[i + 1, i])], [float(LD[i + 1, i]), float(LD[i + 1, i + 1])]],
+                               dtype=torch.float64)
+            neg += int((torch.linalg.eigvalsh(blk) < 0).sum())
+            i += 2
+        else:
+            neg += int(LD[i, i] < 0)
+            i += 1
+    return neg
+
+
+def low_eigenpairs(G: torch.Tensor, tau: float, count: int, seed: int, iters: int = 20, guards: int = 16):
+    """The ``count`` lowest eigenpairs of the symmetric positive semi-definite G, and ``guards``
+    more, by subspace inverse iteration with (G + τI)⁻¹ (a Cholesky factor) and Rayleigh–Ritz:
+    (Ritz values, vectors, residual norms ‖G·x − θ·x‖), ascending.  The guards carry the
+    directions that pollute the low ones most (the next eigenvalues), so that a later
+    Rayleigh–Ritz with exact products can rotate that pollution out."""
+    n = G.shape[0]
+    b = min(n, count + guards)
+    A = G + tau * torch.eye(n, dtype=G.dtype)
+    L = torch.linalg.cholesky(A)
+    del A
+    X = torch.linalg.qr(torch.randn(n, b, generator=generator(seed), dtype=torch.float64)).Q
+    for _ in range(iters):
+        X = torch.linalg.qr(torch.cholesky_solve(X, L)).Q
+    GX = G @ X
+    theta, vec = torch.linalg.eigh(X.T @ GX)
+    X, GX = X @ vec, GX @ vec
+    res = torch.linalg.vector_norm(GX - X * theta, dim=0)
+    return theta, X, res
+
+
+def _sym_times(G: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """G·X for a symmetric G of which only the lower triangle is stored."""
+    return torch.tril(G) @ X + torch.tril(G, -1).T @ X
+
+
+def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "probabilistic",
+            flat: torch.Tensor | None = None, nonflat: torch.Tensor | None = None,
+            nonflat_images: torch.Tensor | None = None) -> dict:
+    """The lower-end certificate from the (lower-stored) sketch Gram G on the coordinates off
+    the exact generators' pivots.
+
+    ``flat`` / ``nonflat`` (n × e, unscaled coordinates): the ε-broken generators (reduced to
+    those coordinates) whose singular values fall inside / outside the kernel's gap, and
+    ``nonflat_images`` S·J of the latter (e × rows, exact products).  With D·G·D scaled to unit
+    diagonal (D: powers of two), E an orthonormal basis of D⁻¹·[flat, nonflat], β = tr:
+
+    * Cholesky of D·G·D + β·E·Eᵀ − τI, τ = 2c (c: the rounding bound).  If it completes,
+      zᵀ(DGD)z ≥ (τ − c)‖z‖² for z ⊥ E.  For the non-flat ε-broken block E₂, with a = λ_min of
+      its exact Gram (from ``nonflat_images``) and γ ≥ ‖(I − EEᵀ)·DGD·E₂‖₂, every z in
+      span(E₂) ⊕ E^⊥ has zᵀ(DGD)z ≥ λ_min([[a, γ], [γ, τ − c]])·‖z‖² — the certified bound.
+    * Otherwise (or when that bound is not positive): the inertia of D·G·D + β·E₁E₁ᵀ − τI
+      (LDLᵀ) gives the number ν of eigenvalues below τ — at most ν singular values of the
+      sketch lie below √(τ − c) (Weyl: the exact Gram differs from the computed one by ≤ c) —
+      and inverse iteration returns those ν directions, whose singular values the caller
+      measures with exact products: small-but-nonzero ones (an ill-conditioned sketch, a
+      non-flat ε-broken direction) are not null."""
+    n = G.shape[0]
+    d = pow2_scaling(G)
+    G.mul_(d[:, None]).mul_(d[None, :])
+    g = gamma(n + 1, rounding)
+    tr = float(torch.diagonal(G).sum())
+    c = (g / (1 - g) + gamma(m, rounding)) * tr
+    tau = 2.0 * c
+    out = {"shift": tau, "rounding": c, "rounding_model": rounding, "dmax": float(d.max()), "scaling": d}
+    empty = torch.zeros(n, 0, dtype=torch.float64)
+    Z1 = (flat if flat is not None else empty) / d[:, None]
+    Z2 = (nonflat if nonflat is not None else empty) / d[:, None]
+    E1 = torch.linalg.qr(Z1).Q if Z1.shape[1] else empty
+    E = torch.linalg.qr(torch.cat([Z1, Z2], dim=1)).Q if Z1.shape[1] + Z2.shape[1] else empty
+    schur = None
+    if Z2.shape[1]:
+        E2 = torch.linalg.qr(Z2 - E1 @ (E1.T @ Z2)).Q
+        GE2 = _sym_times(G, E2)
+        gam = float(torch.linalg.matrix_norm(GE2 - E @ (E.T @ GE2), ord=2)) + c
+        # the exact Gram of the block: (S·J·D·E₂)ᵀ(S·J·D·E₂) from exact images (E₂ = Z₂·R⁻¹ on the part ⊥ E₁)
+        coef = torch.linalg.lstsq(Z2, E2).solution            # E₂ = Z₂·coef
+        JE2 = nonflat_images.T @ coef
+        a = float(torch.linalg.eigvalsh(JE2.T @ JE2)[0])
+        schur = (a, gam)
     t = time.time()
-    j_fro = frobenius_estimate(op, probes, problem.seed + 7)
-    JV = []
-    for f in fams:
-        JV.append(op.J(f.vectors))
-    timings["generators"] = time.time() - t
-    progress(f"generators: {sum(f.k for f in fams)} JVPs ({timings['generators']:.1f} s)", quiet)
-
-    # W = the complement of every generator.  ε-broken generators get their singular values from
-    # ‖J·v‖ / ‖v outside the exact kernel‖ and count as flat only when those are not separated from
-    # the kernel's rounding level by a clear gap.  (Limitation: a mixture of an ε-broken direction
-    # with W can have a smaller singular value than either; the certificate bounds W alone.)
+    if E.shape[1]:
+        G.addmm_(E, E.T, alpha=tr)
+    G.diagonal().sub_(tau)
+    L, info = torch.linalg.cholesky_ex(G)
+    G.diagonal().add_(tau)
+    if E.shape[1]:
+        G.addmm_(E, E.T, alpha=-tr)
+    out["cholesky_seconds"] = time.time() - t
+    lam = tau - c
+    if int(info) == 0 and schur is not None:
+        a, gam = schur
+        lam_b = 0.5 * (a + lam) - math.sqrt(0.25 * (a - lam) ** 2 + gam * gam)
+        if lam_b <= 0:
+            # the ε-broken block is below the Gram's resolution: all but e₂ directions are certified
+            # (≥ τ − c off E); the e₂ remaining ones are those of E₂ corrected by one least-squares step
+            # y = −(DGD + βEEᵀ − τI)⁻¹·(I − EEᵀ)·DGD·E₂, measured by the caller with exact products
+            corr = torch.cholesky_solve(GE2 - E @ (E.T @ GE2), L)
+            F = torch.linalg.qr(torch.cat([E2, E2 - corr], dim=1)).Q
+            progress(f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed off "
+                     f"{E2.shape[1]} ε-broken direction(s) below its resolution; measuring those exactly", quiet)
+            return {**out, "below": E2.shape[1], "lambda_cert": lam, "lambda_est": a,
+                    "directions": F * d[:, None], "ritz_residual": float("nan")}
+        lam = min(lam, lam_b)
+    if int(info) == 0:
+        x = torch.randn(n, 1, generator=generator(seed), dtype=torch.float64)
+        for _ in range(4):    # an estimate of λ_min off E for the report (inverse iteration, from above)
+            x = torch.linalg.solve_triangular(L.T, torch.linalg.solve_triangular(L, x, upper=False), upper=True)
+            x = x / torch.linalg.vector_norm(x)
+        est = float(torch.linalg.vector_norm(L.T @ x) ** 2) + tau
+        progress(f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed "
+                 f"(τ = {tau:.2e}, rounding bound {c:.2e})", quiet)
+        return {**out, "below": 0, "lambda_cert": lam, "lambda_est": est}
+    del L
     t = time.time()
-    flatV = [(f, jv) for f, jv in zip(fams, JV) if f.kind != "eps-broken"]
-    V = torch.cat([f.vectors for f, _ in flatV]) if flatV else torch.zeros(0, problem.P, dtype=torch.float64)
-    JVf = torch.cat([jv for _, jv in flatV]) if flatV else torch.zeros(0, problem.rows, dtype=torch.float64)
-    null_norm = _basis_image_norm(V, JVf)
-    _, Q_flat, _ = ex.span_rank(V)
-    eps_sv = []
-    for f, jv in [(f, jv) for f, jv in zip(fams, JV) if f.kind == "eps-broken"]:
-        perp = f.vectors - (f.vectors @ Q_flat) @ Q_flat.T
-        eps_sv.append(float((torch.linalg.vector_norm(jv, dim=1)
-                             / torch.linalg.vector_norm(perp, dim=1).clamp_min(1e-300)).max()))
-    allV = torch.cat([f.vectors for f in fams]) if fams else torch.zeros(0, problem.P, dtype=torch.float64)
-    Q_all = ex.span_rank(allV)[1]
+    Gf = torch.tril(G) + torch.tril(G, -1).T
+    if E1.shape[1]:
+        Gf.addmm_(E1, E1.T, alpha=tr)
+    nu = inertia_below(Gf, tau)
+    theta, X, res = low_eigenpairs(Gf, tau, nu, seed)
+    out["ldl_seconds"] = time.time() - t
+    progress(f"certificate: {nu} eigenvalue(s) of the {n}×{n} sketch Gram ({m} rows) below τ = {tau:.2e} "
+             f"(Ritz values {float(theta[0]):.2e}…{float(theta[-1]):.2e}); measuring them exactly", quiet)
+    return {**out, "below": nu, "lambda_cert": tau - c, "lambda_est": float(theta[0]) if nu else tau,
+            "directions": X * d[:, None], "ritz_residual": float(res[:nu].max()) if nu else 0.0}
 
-    # λ_min of JᵀJ on W with a Nyström preconditioner
-    P = problem.P
-    dimW = P - Q_all.shape[1]
-    if dimW <= 0:
-        raise GaugeAuditError("the generators span the whole parameter space: nothing to certify")
-    ell = nystrom_rank or min(dimW - 1, max(50, int(4 * math.sqrt(P)) * 2))
-    U, lam = nystrom(op, Q_all, ell, problem.seed + 11)
-    timings["nystrom"] = time.time() - t
-    lam_l = float(lam[-1])
-    scale = torch.sqrt(lam_l / torch.clamp(lam, min=lam_l))   # ≤ 1
 
-    def S(X):
-        c = X @ U
-        return X - c @ U.T + (c * scale) @ U.T
+def sketch_products(problem: Problem, proj, W: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """S·J·W (rows × r) by forward-mode JVPs over the sketch's inputs (exact products)."""
+    width = output_width(problem.cfg)
 
-    def apply(X):
-        return S(_project(op.JtJ(_project(S(X), Q_all)), Q_all))
+    def f(theta):
+        y = problem.forward_flat(theta).reshape(problem.batch, -1, width)
+        return (y if proj is None else torch.einsum("btdw,btw->btd", proj, y)).reshape(-1)
+
+    one = vmap(lambda v: jvp(f, (problem.theta,), (v,))[1])
+    return torch.cat([one(W.T[i:i + block]) for i in range(0, W.shape[1], block)]).T
+
+
+def exact_singular_values(problem: Problem, proj, cols: torch.Tensor, X: torch.Tensor):
+    """Singular values (ascending) and right singular vectors of S·J on span(X) (X: coordinates
+    ``cols``) — a Rayleigh–Ritz step with exact products, no Gram."""
+    W = torch.zeros(problem.P, X.shape[1], dtype=torch.float64)
+    W[cols] = X
+    W = torch.linalg.qr(W).Q
+    _, s, vh = torch.linalg.svd(sketch_products(problem, proj, W), full_matrices=False)
+    return s.flip(0), W @ vh.flip(0).T
+
+
+# ----------------------------------------------------------------------------- analysis
+MAX_FACTOR = 4.0     # sketch rows up to 4·P (the dense path uses 3·P full rows) before ν counts
+
+
+def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 1.1,
+                        rounding: str = "probabilistic"):
+    from .analysis import _report, theory
+
+    factor = sketch * (max(1.0, cfg.experts / cfg.top_k) if cfg.experts else 1.0)
+    timings: dict = {}
+    while True:
+        problem = make_problem(cfg, seed, batch=lambda P: sketch_batch(cfg, P, factor))
+        progress(f"{cfg.family}: P = {problem.P} parameters, sketch of {problem.batch} sequences × "
+                 f"{cfg.n_ctx} positions × {sketch_width(cfg)} rows, method matrix-free", quiet)
+        gen, fams = theory(problem, quiet)
+        timings["setup"] = time.time() - t0
+
+        # the exact generators' span and k coordinates on which it is well conditioned (pivots);
+        # the certificate runs on the other P − k coordinates
+        t = time.time()
+        exact = [f.vectors for f in fams if f.kind != "eps-broken"]
+        V = torch.cat(exact) if exact else torch.zeros(0, problem.P, dtype=torch.float64)
+        exact_span = ex.span_rank(V)
+        B = exact_span[1]
+        piv = pivot_coordinates(B)
+        keep = torch.ones(problem.P, dtype=torch.bool)
+        keep[piv] = False
+        cols = torch.nonzero(keep).flatten()
+        if cols.numel() == 0:
+            raise GaugeAuditError("the generators span the whole parameter space: nothing to certify")
+        timings["pivots"] = time.time() - t
+        t = time.time()
+        proj = projection(cfg, problem.batch, seed + 5)
+        sk = stream_sketch(problem, proj, cols, fams, quiet)
+        timings["sketch"] = time.time() - t
+
+        j_fro, JV = sk.fro, sk.images
+        JVf = [jv for f, jv in zip(fams, JV) if f.kind != "eps-broken"]
+        JVf = torch.cat(JVf) if JVf else torch.zeros(0, sk.rows, dtype=torch.float64)
+        null_norm = _basis_image_norm(V, JVf, exact_span)
+        floor = max(null_norm, EPS64 * j_fro)      # the kernel's measured image, at least one rounding of ‖J‖
+        # ε-broken generators: singular value ‖J·v‖/‖v off the exact kernel‖; flat when inside the gap
+        eps_sv, flat_z, non_z, non_img = [], [], [], []
+        for f, jv in zip(fams, JV):
+            if f.kind != "eps-broken":
+                continue
+            perp = f.vectors - (f.vectors @ B) @ B.T
+            sv = float((torch.linalg.vector_norm(jv, dim=1) / torch.linalg.vector_norm(perp, dim=1).clamp_min(1e-300)).max())
+            eps_sv.append(sv)
+            # the same direction modulo the exact kernel, with zero pivot coordinates
+            red = f.vectors - (torch.linalg.solve(B[piv], f.vectors[:, piv].T).T @ B.T) if B.shape[1] else f.vectors
+            if sv <= MIN_GAP * floor:
+                flat_z.append(red[:, cols].T)
+            else:
+                non_z.append(red[:, cols].T)
+                non_img.append(jv)
+        t = time.time()
+        cert = certify(sk.gram, sk.rows, seed + 13, quiet, rounding,
+                       flat=torch.cat(flat_z, 1) if flat_z else None, nonflat=torch.cat(non_z, 1) if non_z else None,
+                       nonflat_images=torch.cat(non_img) if non_img else None)
+        sk.gram = None
+        timings["certificate"] = time.time() - t
+        low_sv, nulls = None, 0
+        if cert["below"]:
+            t = time.time()
+            # exact singular values on the ν low directions and their guards: the ν smallest
+            low_sv, low_vecs = exact_singular_values(problem, proj, cols, cert["directions"])
+            low_sv, low_vecs = low_sv[:cert["below"]], low_vecs[:, :cert["below"]]
+            nulls = int((low_sv <= MIN_GAP * floor).sum())
+            timings["low_directions"] = time.time() - t
+            progress(f"the {cert['below']} low directions: exact singular values {float(low_sv[0]):.3e}…"
+                     f"{float(low_sv[-1]):.3e}; {nulls} within the kernel's gap", quiet)
+        if nulls == 0 or factor * 2 > MAX_FACTOR:
+            break
+        factor *= 2                       # maybe the sketch was too thin for some parameter: twice the rows
+        progress(f"retrying with a sketch of {factor:.2g}·P rows", quiet)
 
     t = time.time()
-    if krylov == "block":
-        start = torch.randn(block, P, generator=generator(problem.seed + 13), dtype=torch.float64)
-        theta, resid, taken = block_lanczos_min(apply, start, min(steps, dimW), Q_all, tol, quiet)
-    else:
-        start = _project(torch.randn(1, P, generator=generator(problem.seed + 13), dtype=torch.float64), Q_all)[0]
-        theta, resid, taken = lanczos_min(apply, start, steps, Q_all, tol, quiet)
-    timings["lanczos"] = time.time() - t
-    lam_low = max(theta - resid, 0.0)
-    sigma_low = math.sqrt(lam_low)
-    sigma_max = math.sqrt(float(lam[0])) if lam.numel() else 0.0
-    progress(f"Lanczos: {taken} steps, σ_min(J on W) ≥ {sigma_low:.3e} (σ_max ≈ {sigma_max:.3e})", quiet)
-
-    # the nullity: flat generators, plus ε-broken ones whose singular value falls on the null side of the gap
-    floor = max(null_norm, EPS64 * sigma_max)   # the kernel's measured image, at least one rounding of σ_max
-    eps_nonflat = [x for x in eps_sv if x > MIN_GAP * floor]
-    lowest_nonnull = min([sigma_low] + eps_nonflat)
-    threshold = math.sqrt(floor * lowest_nonnull) if lowest_nonnull > 0 else 0.0
-    expl = ex.check_families(problem, fams, JV, j_fro, threshold)
-    gap = lowest_nonnull / floor if floor > 0 else float("inf")
-    if gap < MIN_GAP or taken >= steps and resid > tol * max(theta, 1e-300):
+    tol_rel, _ = ex.generator_tolerance(problem, j_fro)
+    # certified: all but (exact + flat ε-broken + ν) singular values of S·J are ≥ √λ/max D, less J's rounding
+    sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
+    sigma_est = math.sqrt(max(cert["lambda_est"], 0.0)) / cert["dmax"]
+    null_dirs = low_vecs[:, :nulls] if nulls else None
+    unexplained = nulls
+    # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
+    null_side = max([floor] + [x for x in eps_sv if x <= MIN_GAP * floor]
+                    + ([float(low_sv[nulls - 1])] if nulls else []))
+    nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + \
+        ([float(x) for x in low_sv[nulls:]] if low_sv is not None else [])
+    lowest_nonnull = min([sigma_low] + nonnull)
+    if cert["below"]:        # the smallest non-null singular value found: the exact low ones (Rayleigh–Ritz)
+        sigma_est = min([float(x) for x in low_sv[nulls:]] or [sigma_est])
+    threshold = math.sqrt(null_side * lowest_nonnull) if lowest_nonnull > 0 else 0.0
+    gap = lowest_nonnull / null_side if null_side > 0 else float("inf")
+    if gap < MIN_GAP:
         raise GaugeAuditError(
-            f"matrix-free certificate failed: σ_min(J on the generators' complement) ≥ {sigma_low:.3g} against a "
-            f"kernel residual {floor:.3g} (ratio {gap:.3g}; Lanczos {taken} steps, residual {resid:.2g}); "
-            "unexplained directions may exist — run --method dense on a smaller configuration")
-    nullity = expl.explained
-    report = _report(problem, gen, fams, expl, nullity, gap, float("nan"), threshold / max(sigma_max, 1e-300),
+            f"matrix-free certificate too weak: the smallest certified non-null singular value {lowest_nonnull:.3g} "
+            f"against the kernel's {null_side:.3g} (ratio {gap:.3g} < {MIN_GAP:.0e}); "
+            "run --method dense on a smaller configuration")
+    expl = ex.check_families(problem, fams, JV, j_fro, threshold, exact_span)
+    nullity = expl.explained + unexplained
+    timings["generators"] = time.time() - t
+    report = _report(problem, gen, fams, expl, nullity, gap, float("nan"), threshold / max(j_fro, 1e-300),
                      "matrix-free", timings, j_fro, None)
-    report.extra.update({"sigma_min_complement": sigma_low, "sigma_max": sigma_max, "lanczos_steps": taken,
-                         "nystrom_rank": ell, "kernel_residual": null_norm, "jtj_products": op.products,
-                         "eps_broken_singular_values": eps_sv})
+    report.rows = sk.rows
+    if unexplained:
+        # the null directions live on the coordinates off the pivots; their parts outside the
+        # generators' span are what no family explains
+        res = null_dirs - expl.basis @ (expl.basis.T @ null_dirs) if expl.basis.shape[1] else null_dirs
+        u = ex.unexplained_directions(problem, torch.linalg.qr(res).Q, expl.basis)
+        report.unexplained_blocks = ex.summarize_blocks(u)
+        report.unexplained_examples = u.blocks[:8]
+    report.extra.update({
+        "sigma_min_complement": sigma_low, "sigma_min_estimate": sigma_est, "kernel_residual": null_norm,
+        "sketch_rows": sk.rows, "sketch_sequences": problem.batch, "cholesky_shift": cert["shift"],
+        "rounding_bound": cert["rounding"], "rounding_model": rounding, "eps_broken_singular_values": eps_sv,
+        "low_directions": cert["below"], "low_singular_values": [] if low_sv is None else low_sv.tolist(),
+        "eliminated_coordinates": problem.P - cols.numel()})
+    progress(f"matrix-free: nullity {nullity} (explained {expl.explained}, unexplained {unexplained}); "
+             f"smallest non-null singular value ≥ {lowest_nonnull:.3e}, kernel {null_side:.2e}, gap {gap:.3g}", quiet)
     return report
 
 
-def _basis_image_norm(V: torch.Tensor, JV: torch.Tensor) -> float:
-    """‖J·Q‖₂ for an orthonormal basis Q of span(V), from J·V (no further products)."""
-    if V.shape[0] == 0:
+def _basis_image_norm(V: torch.Tensor, JV: torch.Tensor, span: tuple) -> float:
+    """An upper bound on ‖J·Q‖₂ for an orthonormal basis Q of span(V), from J·V: with the rows
+    of V normalised (Vₙ) and r = rank, Q = Vₙᵀ·C with ‖C‖₂ = 1/s_r(Vₙ), so
+    ‖J·Q‖₂ ≤ ‖J·Vₙᵀ‖_F / s_r."""
+    rank, _, s = span
+    if V.shape[0] == 0 or rank == 0:
         return 0.0
     norms = torch.linalg.vector_norm(V, dim=1, keepdim=True).clamp_min(1e-300)
-    n, jn = V / norms, JV / norms
-    q, r = torch.linalg.qr(n.T)
-    rank, _, _ = ex.span_rank(V)
-    u, s, vh = torch.linalg.svd(r)
-    # Q = q·u[:, :rank] = nᵀ·r⁻¹·u[:, :rank] = nᵀ·vhᵀ[:, :rank]·diag(1/s[:rank])
-    coeff = vh[:rank].T / s[:rank][None, :]
-    JQ = jn.T @ coeff
-    return float(torch.linalg.matrix_norm(JQ, ord=2))
+    return float(torch.linalg.vector_norm(JV / norms)) / float(s[rank - 1])

@@ -8,7 +8,8 @@ active over the data).  Everything here is float64.
 
 * :class:`Problem` — a model, its parameters flattened into one vector θ (with a
   :class:`Layout` mapping blocks of θ back to named tensors) and generic inputs.
-* :func:`dense_jacobian` — J, one ``jacrev`` per sequence, vmapped over sequences.
+* :func:`jacobian_rows` / :func:`dense_jacobian` — J by row blocks, one ``jacrev`` per sequence,
+  vmapped over sequences.
 * :func:`numerical_rank` — the rank threshold placed in the largest relative gap of
   the singular-value spectrum (extended by the float64 noise floor P·ε so that a
   full-rank J is recognised); refuses when that gap is not clear.
@@ -83,7 +84,7 @@ class Layout:
 
 # ----------------------------------------------------------------------------- inputs
 def outputs_per_sequence(cfg: Config, n: int) -> int:
-    return n * (cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab)
+    return n * output_width(cfg)
 
 
 def _cover(t: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
@@ -165,11 +166,14 @@ class Problem:
             yield {k: v[i:i + size] for k, v in self.inputs.items()}
 
 
-def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch: int | None = None) -> Problem:
-    """Parameters from ``seed``, inputs from ``seed + 1``."""
+def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch=None) -> Problem:
+    """Parameters from ``seed``, inputs from ``seed + 1``.  ``batch``: a number of sequences, a
+    function of P giving one, or None (rows ≥ factor·P)."""
     model = build_config(cfg, seed, device="cpu", dtype=torch.float64)
     layout = Layout.of(model.params)
     theta = layout.flatten(model.params)
+    if callable(batch):
+        batch = batch(layout.size)
     if cfg.experts:  # each expert sees only a top_k/E share of the tokens
         factor = factor * max(1.0, cfg.experts / cfg.top_k)
     inputs = generic_inputs(cfg, layout.size, seed + 1, factor=factor, batch=batch)
@@ -250,26 +254,59 @@ def genericity(problem: Problem) -> Genericity:
 
 
 # ----------------------------------------------------------------------------- dense J
-def _seq_fn(problem: Problem):
-    fam, cfg, layout = problem.model.family, problem.cfg, problem.layout
+def _seq_fn(problem: Problem, width: int):
+    """One sequence's outputs as a function of the *named* parameter tensors, optionally
+    compressed per position by a fixed matrix (d' × width) — a row sketch S·J.
 
-    def f(theta, one):
-        return fam.forward(layout.unflatten(theta), cfg, {k: v[None] for k, v in one.items()}).reshape(-1)
+    Differentiating with respect to the dict (not the flat θ that is sliced into it) matters
+    for speed: the reverse-mode adjoint of each slice of a flat vector is a full-length zero
+    vector plus an add, so a flat argument costs (number of tensors) × P per Jacobian row."""
+    fam, cfg = problem.model.family, problem.cfg
+
+    def f(params, one, proj=None):
+        y = fam.forward(params, cfg, {k: v[None] for k, v in one.items()}).reshape(-1, width)
+        if proj is not None:
+            y = torch.einsum("tdw,tw->td", proj, y)
+        return y.reshape(-1)
     return f
 
 
+def output_width(cfg: Config) -> int:
+    return cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab
+
+
+def jacobian_rows(problem: Problem, inputs: dict | None = None, chunk: int | None = None,
+                  proj: torch.Tensor | None = None, transposed: bool = False):
+    """Blocks of rows of J (reverse mode per sequence, vmapped over ``chunk`` sequences):
+    yields (sequences done, rows × P block) — or its transpose, P × rows, contiguous, when
+    ``transposed`` (cheap gathers of parameter subsets).  J itself is never held.  ``proj``
+    (batch × n × d' × width) replaces each position's outputs by d' fixed combinations."""
+    inputs = problem.inputs if inputs is None else inputs
+    width = output_width(problem.cfg)
+    f = _seq_fn(problem, width)
+    lay = problem.layout
+    n = next(iter(inputs.values())).shape[1]
+    per = n * (width if proj is None else proj.shape[2])
+    if chunk is None:  # ~16 sequences per vmapped call is fastest on CPU; keep a block near 128 MiB
+        chunk = max(1, min(16, int(16e6 // (per * problem.P))))
+    jac = vmap(jacrev(f), in_dims=(None, 0) if proj is None else (None, 0, 0))
+    params = problem.params()
+    b = input_rows(inputs)
+    for i in range(0, b, chunk):
+        args = (params, {k: v[i:i + chunk] for k, v in inputs.items()})
+        d = jac(*args) if proj is None else jac(*args, proj[i:i + chunk])
+        if transposed:
+            block = torch.cat([d[n].reshape(d[n].shape[0] * per, -1).T for n in lay.names], dim=0)
+        else:
+            block = torch.cat([d[n].reshape(d[n].shape[0] * per, -1) for n in lay.names], dim=1)
+        yield min(b, i + chunk), block
+
+
 def dense_jacobian(problem: Problem, chunk: int | None = None, quiet: bool = False) -> torch.Tensor:
-    """J (rows × P): reverse mode per sequence, vmapped over sequences in chunks."""
-    f = _seq_fn(problem)
-    per = outputs_per_sequence(problem.cfg, problem.seq_len)
-    if chunk is None:  # keep one chunk's Jacobian near 64 MiB
-        chunk = max(1, int(8e6 // (per * problem.P)))
-    jac = vmap(jacrev(f), in_dims=(None, 0))
-    parts, t0 = [], time.time()
-    b = problem.batch
-    for i, inp in enumerate(problem.chunks(chunk)):
-        parts.append(jac(problem.theta, inp).reshape(-1, problem.P))
-        done = min(b, (i + 1) * chunk)
+    """J (rows × P), all of it."""
+    parts, t0, b = [], time.time(), problem.batch
+    for i, (done, block) in enumerate(jacobian_rows(problem, chunk=chunk)):
+        parts.append(block)
         if time.time() - t0 > 2 and (i % 10 == 0 or done == b):
             progress(f"Jacobian: {done}/{b} sequences ({time.time() - t0:.0f} s)", quiet)
     return torch.cat(parts)
