@@ -157,11 +157,15 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, fams: list[Family]
     images = _Images(fams)
     m, fro2, t0 = 0, 0.0, time.time()
     b = problem.batch
+    pending: list[torch.Tensor] = []       # ≥ 4096 rows per syrk: BLAS-3 efficiency
     for i, (done, blockT) in enumerate(jacobian_rows(problem, proj=proj, transposed=True)):
         images.add(blockT)
         fro2 += float((blockT * blockT).sum())
-        syrk_lower(G, blockT.index_select(0, cols))
+        pending.append(blockT.index_select(0, cols))
         m += blockT.shape[1]
+        if sum(a.shape[1] for a in pending) >= 4096 or done == b:
+            syrk_lower(G, torch.cat(pending, dim=1) if len(pending) > 1 else pending[0])
+            pending = []
         if time.time() - t0 > 2 and i % 10 == 0:
             progress(f"sketch: {done}/{b} sequences, {m} rows ({time.time() - t0:.0f} s)", quiet)
     return Sketch(G, images.result(), m, math.sqrt(fro2))
