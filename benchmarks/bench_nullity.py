@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     if not (a.quick or a.skip_20k):
         p20 = gpt2.config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_head=8, d_ff=64, n_ctx=12, vocab=40)
         r2, t2 = run(p20, "matrix-free", quiet=False)
-        print(f"P = {r2.params}: matrix-free {t2:.1f} s (nullity {r2.measured_nullity} = explained "
+        print(f"P = {r2.params}: matrix-free {t2:.1f} s ({r2.extra['rounding_model']} rounding model; "
+              f"nullity {r2.measured_nullity} = explained "
               f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}")
         print(f"  {fmt(r2.timings)} s; sketch {r2.extra['sketch_rows']} rows × "
               f"{r2.params - r2.extra['eliminated_coordinates']} coordinates, {r2.extra['low_directions']} low "

@@ -306,14 +306,15 @@ def test_matrix_free_thin_sketch_is_enlarged():
     assert m.rows >= m.params - m.measured_nullity
 
 
-def test_matrix_free_worst_case_rounding():
-    cfg = CONFIGS["llama"]("A")
-    p = analyze(cfg, method="matrix-free")
-    w = analyze(cfg, method="matrix-free", mf_options={"rounding": "worst-case"})
-    assert w.measured_nullity == p.measured_nullity
-    assert w.extra["rounding_bound"] > p.extra["rounding_bound"]   # j·u against λ·√j·u (λ = 10)
+@pytest.mark.parametrize("name", ["llama", "gpt2-2layers", "bert"])
+def test_matrix_free_rounding_models_agree(name):
+    cfg = CONFIGS[name]("A")
+    r = {model: analyze(cfg, method="matrix-free", mf_options={"rounding": model}) for model in mf.ROUNDING}
+    assert len({x.measured_nullity for x in r.values()}) == 1
+    assert (r["statistical"].extra["rounding_bound"] < r["probabilistic"].extra["rounding_bound"]
+            < r["worst-case"].extra["rounding_bound"])
     with pytest.raises(GaugeAuditError, match="rounding model"):
-        analyze(cfg, method="matrix-free", mf_options={"rounding": "optimistic"})
+        analyze(CONFIGS["llama"]("A"), method="matrix-free", mf_options={"rounding": "optimistic"})
 
 
 def test_inertia_and_certificate_on_known_spectra():
@@ -335,6 +336,32 @@ def test_inertia_and_certificate_on_known_spectra():
     assert out["below"] == 4
     X = out["directions"][:, :4]
     assert float(torch.linalg.matrix_norm(A @ torch.linalg.qr(X).Q)) < 1e-10 * float(torch.linalg.matrix_norm(A))
+
+
+def test_maximality_rounding_bounds_hold_against_extended_precision():
+    """The Gram and Cholesky rounding bounds c (all three models) exceed the actual error of the
+    float64 computation, measured against an 80-bit (x87 long double) reference — the statistical
+    model by the smallest margin, the worst-case one by the largest."""
+    import numpy as np
+    if np.finfo(np.longdouble).eps > 1e-18:
+        pytest.skip("numpy long double is not extended precision on this platform")
+    g = torch.Generator().manual_seed(7)
+    m, n = 400, 300
+    A = torch.randn(m, n, generator=g, dtype=torch.float64) * torch.logspace(0, 2, n, dtype=torch.float64)
+    G = torch.zeros(n, n, dtype=torch.float64)
+    mf.syrk_lower(G, A.T.contiguous(), block=64)
+    G = torch.tril(G) + torch.tril(G, -1).T
+    d = mf.pow2_scaling(G)
+    Gs = G * d[:, None] * d[None, :]
+    Al = A.numpy().astype(np.longdouble) * d.numpy().astype(np.longdouble)
+    ref = Al.T @ Al
+    L = torch.linalg.cholesky(Gs).numpy().astype(np.longdouble)
+    err_gram = float(np.linalg.norm((Gs.numpy().astype(np.longdouble) - ref).astype(np.float64), 2))
+    err_chol = float(np.linalg.norm((L @ L.T - Gs.numpy().astype(np.longdouble)).astype(np.float64), 2))
+    bounds = {r: mf.rounding_bound(n, m, Gs, r) for r in mf.ROUNDING}
+    assert bounds["statistical"] < bounds["probabilistic"] < bounds["worst-case"]
+    assert err_gram + err_chol < bounds["statistical"], (err_gram, err_chol, bounds)
+    print(f"actual {err_gram + err_chol:.2e}; bounds {bounds}")
 
 
 def test_sketch_pieces():

@@ -32,8 +32,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--method", choices=("dense", "matrix-free"), default="dense")
-    p.add_argument("--rounding", choices=("probabilistic", "worst-case"), default="probabilistic",
-                   help="matrix-free: the rounding-error bound behind the Cholesky certificate")
+    p.add_argument("--rounding", choices=("statistical", "probabilistic", "worst-case"), default="statistical",
+                   help="matrix-free: the rounding-error model behind the Cholesky certificate "
+                        "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)")
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
