@@ -57,17 +57,6 @@ def span_rank(V: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
     return rank, q @ u[:, :rank], s
 
 
-def extend_basis(Q: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
-    """An orthonormal basis of span(Q) + the rows of ``extra`` (Q: P × r orthonormal)."""
-    if not extra:
-        return Q
-    W = torch.cat(extra)
-    W = W - (W @ Q) @ Q.T
-    W = W - (W @ Q) @ Q.T
-    r, q, _ = span_rank(W)
-    return torch.cat([Q, q], dim=1) if r else Q
-
-
 def support_rank(V: torch.Tensor) -> int:
     """rank of the rows of V, computed on the columns they touch (generators are sparse)."""
     sup = (V != 0).any(0)
@@ -168,6 +157,5 @@ def frobenius(J: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(J))
 
 
-__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank", "extend_basis",
-           "support_rank",
+__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank", "support_rank",
            "generator_tolerance", "summarize_blocks", "frobenius", "math"]

@@ -83,6 +83,10 @@ class Layout:
 
 
 # ----------------------------------------------------------------------------- inputs
+def output_width(cfg: Config) -> int:
+    return cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab
+
+
 def outputs_per_sequence(cfg: Config, n: int) -> int:
     return n * output_width(cfg)
 
@@ -158,12 +162,6 @@ class Problem:
 
     def params(self) -> dict[str, torch.Tensor]:
         return self.layout.unflatten(self.theta)
-
-    def chunks(self, size: int):
-        """The inputs in consecutive chunks of ``size`` sequences."""
-        b = self.batch
-        for i in range(0, b, size):
-            yield {k: v[i:i + size] for k, v in self.inputs.items()}
 
 
 def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch=None) -> Problem:
@@ -254,51 +252,43 @@ def genericity(problem: Problem) -> Genericity:
 
 
 # ----------------------------------------------------------------------------- dense J
-def _seq_fn(problem: Problem, width: int):
+def project_outputs(y: torch.Tensor, proj: torch.Tensor | None) -> torch.Tensor:
+    """Each position's outputs (… × width) replaced by d' fixed combinations (proj: … × d' × width)."""
+    return y if proj is None else torch.einsum("...dw,...w->...d", proj, y)
+
+
+def _seq_fn(problem: Problem):
     """One sequence's outputs as a function of the *named* parameter tensors, optionally
-    compressed per position by a fixed matrix (d' × width) — a row sketch S·J.
+    compressed per position (a row sketch S·J, :func:`project_outputs`).
 
     Differentiating with respect to the dict (not the flat θ that is sliced into it) matters
     for speed: the reverse-mode adjoint of each slice of a flat vector is a full-length zero
     vector plus an add, so a flat argument costs (number of tensors) × P per Jacobian row."""
-    fam, cfg = problem.model.family, problem.cfg
+    fam, cfg, width = problem.model.family, problem.cfg, output_width(problem.cfg)
 
     def f(params, one, proj=None):
         y = fam.forward(params, cfg, {k: v[None] for k, v in one.items()}).reshape(-1, width)
-        if proj is not None:
-            y = torch.einsum("tdw,tw->td", proj, y)
-        return y.reshape(-1)
+        return project_outputs(y, proj).reshape(-1)
     return f
 
 
-def output_width(cfg: Config) -> int:
-    return cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab
-
-
-def jacobian_rows(problem: Problem, inputs: dict | None = None, chunk: int | None = None,
-                  proj: torch.Tensor | None = None, transposed: bool = False):
+def jacobian_rows(problem: Problem, chunk: int | None = None, proj: torch.Tensor | None = None,
+                  transposed: bool = False):
     """Blocks of rows of J (reverse mode per sequence, vmapped over ``chunk`` sequences):
     yields (sequences done, rows × P block) — or its transpose, P × rows, contiguous, when
     ``transposed`` (cheap gathers of parameter subsets).  J itself is never held.  ``proj``
     (batch × n × d' × width) replaces each position's outputs by d' fixed combinations."""
-    inputs = problem.inputs if inputs is None else inputs
-    width = output_width(problem.cfg)
-    f = _seq_fn(problem, width)
-    lay = problem.layout
-    n = next(iter(inputs.values())).shape[1]
-    per = n * (width if proj is None else proj.shape[2])
+    f = _seq_fn(problem)
+    per = problem.seq_len * (output_width(problem.cfg) if proj is None else proj.shape[2])
     if chunk is None:  # ~16 sequences per vmapped call is fastest on CPU; keep a block near 128 MiB
         chunk = max(1, min(16, int(16e6 // (per * problem.P))))
     jac = vmap(jacrev(f), in_dims=(None, 0) if proj is None else (None, 0, 0))
-    params = problem.params()
-    b = input_rows(inputs)
+    params, names, b = problem.params(), problem.layout.names, problem.batch
     for i in range(0, b, chunk):
-        args = (params, {k: v[i:i + chunk] for k, v in inputs.items()})
+        args = (params, {k: v[i:i + chunk] for k, v in problem.inputs.items()})
         d = jac(*args) if proj is None else jac(*args, proj[i:i + chunk])
-        if transposed:
-            block = torch.cat([d[n].reshape(d[n].shape[0] * per, -1).T for n in lay.names], dim=0)
-        else:
-            block = torch.cat([d[n].reshape(d[n].shape[0] * per, -1) for n in lay.names], dim=1)
+        pieces = [d[name].reshape(d[name].shape[0] * per, -1) for name in names]
+        block = torch.cat([p.T for p in pieces], dim=0) if transposed else torch.cat(pieces, dim=1)
         yield min(b, i + chunk), block
 
 
