@@ -14,7 +14,7 @@ from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import attn, bert, gpt2, llama, moe, qwen
 from gauge_audit.nullity import analyze, maximality_verdicts
 from gauge_audit.nullity import explain as ex
-from gauge_audit.nullity.generators import families, qk_family
+from gauge_audit.nullity.generators import families, first_block_families, qk_family
 from gauge_audit.nullity import matrixfree as mf
 from gauge_audit.nullity.measure import MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
 from gauge_audit.symbolic import counts
@@ -95,6 +95,48 @@ def test_maximality_measured_equals_explained(name, size):
     # every exact family's rank is its formula
     for f in r.families:
         assert f.rank == f.expected, (f.name, f.rank, f.expected)
+
+
+# vocab < d_model without learned positions: block 0 reads the stream at finitely many points
+SMALL_VOCAB = dict(n_layers=1, d_model=6, n_heads=2, n_kv_heads=1, d_head=2, d_ff=6, n_ctx=5, vocab=5)
+FIRST_BLOCK = {
+    "llama": (lambda: llama.config(**SMALL_VOCAB), {"unreached-readers": 8, "input-offset": 2}),
+    "llama-vocab3-gqa-2layers": (lambda: llama.config(**{**SMALL_VOCAB, "vocab": 3, "n_heads": 4, "n_kv_heads": 2,
+                                                          "n_layers": 2}),
+                                 {"unreached-readers": 48, "input-offset": 4}),
+    "llama-layernorm-noaffine": (lambda: llama.config(**SMALL_VOCAB, norm="layernorm-noaffine"), {"input-offset": 2}),
+    "qwen": (lambda: qwen.config(**SMALL_VOCAB), {"unreached-readers": 8, "bias-trade": 8,
+                                                  "input-offset": 2}),
+    "gpt2-rope": (lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope"),
+                  {"unreached-readers": 24, "input-offset": 7}),
+    "gpt2-rope-rmsnorm": (lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope", norm="rmsnorm"),
+                          {"unreached-readers": 24, "bias-trade": 8, "input-offset": 8}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_BLOCK))
+def test_maximality_small_vocab_first_block_families(name):
+    """vocab < d_model without learned positions: the first block's readers see only the vocab
+    points, which adds the unreached-reader, bias-trade and input-offset families; with them the
+    measured nullity is explained, every generator exact, and the families independent."""
+    make, dims = FIRST_BLOCK[name]
+    r = analyze(make(), seed=0)
+    assert r.gap_ratio >= 1e6 and r.generators_ok and r.overlap == 0
+    assert r.unexplained == 0, r.unexplained_blocks
+    assert r.measured_nullity == r.explained
+    got = r.family_dims()
+    assert {k: got.get(k, 0) for k in ("unreached-readers", "bias-trade", "input-offset")} == \
+        {k: dims.get(k, 0) for k in ("unreached-readers", "bias-trade", "input-offset")}
+    for f in r.families:
+        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+
+
+def test_maximality_first_block_families_absent_for_real_vocabularies():
+    """vocab ≫ d_model (every real model, every CONFIGS entry): the embedding points span the
+    stream and are dependent, so none of the three families exists."""
+    for name in ("llama", "qwen", "gpt2"):
+        p = make_problem(CONFIGS[name]("A"), 0, batch=2)
+        assert first_block_families(p) == []
 
 
 def test_maximality_formulas_at_two_sizes_gpt2():
@@ -285,9 +327,9 @@ def test_maximality_matrix_free_agrees_with_dense(name):
 
 
 def test_maximality_matrix_free_finds_the_unexplained_directions():
-    """vocab < d_model without learned positions (the open case): the matrix-free path counts the same
-    unexplained directions as the dense one, on the same parameter blocks."""
-    cfg = llama.config(n_layers=1, d_model=6, n_heads=2, n_kv_heads=1, d_head=2, d_ff=6, n_ctx=5, vocab=5)
+    """Tied embeddings with vocab < d_model (the open case): the matrix-free path counts the same
+    unexplained direction(s) as the dense one, on the same parameter blocks."""
+    cfg = llama.config(**SMALL_VOCAB, tied=True)
     d = analyze(cfg, method="dense")
     m = analyze(cfg, method="matrix-free")
     assert d.unexplained > 0
@@ -387,7 +429,7 @@ def test_sketch_pieces():
     cfg = CONFIGS["gpt2"]("A")
     pr = make_problem(cfg, 0, batch=3)
     proj = mf.projection(cfg, pr.batch, 1)
-    assert proj is not None and proj.shape[2] == cfg.d_model
+    assert proj is not None and proj.shape[2] == mf.sketch_width(cfg) < cfg.d_model
     W = torch.randn(pr.P, 3, generator=g, dtype=torch.float64)
     rows = torch.cat([blk for _, blk in jacobian_rows(pr, proj=proj)])
     # forward and reverse mode agree to the rounding of J's entries: L·K·ε·‖S·J‖_F·‖w‖ per column

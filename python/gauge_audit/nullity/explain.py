@@ -36,31 +36,89 @@ def generator_tolerance(problem: Problem, j_fro: float) -> tuple[float, str]:
     return tol, f"L·K·ε·‖J‖_F = {L}·{K}·ε·{j_fro:.3g}  (K = {k_text})"
 
 
-def span_rank(V: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """Rank of the row span of V (rows normalised), an orthonormal basis (P × r) of it,
-    and the singular values of the normalised stack."""
-    if V.shape[0] == 0:
-        return 0, torch.zeros(V.shape[1], 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
-    n = V / torch.linalg.vector_norm(V, dim=1, keepdim=True).clamp_min(1e-300)
-    k, P = n.shape
+@dataclass
+class Span:
+    """The row span of a stack of generators (rows normalised): its rank, the singular values of
+    the normalised stack, and — computed only when asked for — an orthonormal basis."""
+
+    rank: int
+    s: torch.Tensor                       # singular values of the normalised stack, descending
+    rows: torch.Tensor = field(repr=False)          # the normalised stack (k × P)
+    _eig: tuple | None = field(default=None, repr=False)     # (U, √λ) of the Gram, fast path
+    _basis: torch.Tensor | None = field(default=None, repr=False)
+
+    def basis(self) -> torch.Tensor:
+        """P × rank, orthonormal (nᵀ·U·Λ^{-1/2} on the fast path: orthonormal to ~ε·κ²)."""
+        if self._basis is None:
+            U, root = self._eig
+            self._basis = self.rows.T @ (U / root[None, :])
+        return self._basis
+
+    def frame(self) -> torch.Tensor:
+        """P × rank, columns spanning it: the normalised generators themselves when independent
+        (the fast path), else the orthonormal basis."""
+        return self.rows.T if self._basis is None else self._basis
+
+    def project_out(self, X: torch.Tensor) -> torch.Tensor:
+        """X − X·Q·Qᵀ for the rows of X (Q the basis), without forming Q on the fast path."""
+        if self.rank == 0:
+            return X
+        if self._basis is None:
+            U, root = self._eig
+            return X - ((X @ self.rows.T) @ (U / (root * root)[None, :]) @ U.T) @ self.rows
+        Q = self._basis
+        return X - (X @ Q) @ Q.T
+
+
+def _gram(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The Gram of the stacked rows of ``parts``, block by block on the columns both blocks touch
+    (generator families are sparse: most pairs share few or no coordinates)."""
+    sups = [torch.nonzero((a != 0).any(0)).flatten() for a in parts]
+    offs = [0]
+    for a in parts:
+        offs.append(offs[-1] + a.shape[0])
+    G = torch.zeros(offs[-1], offs[-1], dtype=torch.float64)
+    P = parts[0].shape[1]
+    for i, a in enumerate(parts):
+        for j in range(i + 1):
+            mask = torch.zeros(P, dtype=torch.bool)
+            mask[sups[i]] = True
+            common = sups[j][mask[sups[j]]]
+            if common.numel() == 0:
+                continue
+            blk = a[:, common] @ parts[j][:, common].T
+            G[offs[i]:offs[i + 1], offs[j]:offs[j + 1]] = blk
+            G[offs[j]:offs[j + 1], offs[i]:offs[i + 1]] = blk.T
+    return G
+
+
+def span_rank(blocks: list[torch.Tensor]) -> Span:
+    """The span of the stacked rows of ``blocks`` (each k_i × P, e.g. one per family), rows normalised."""
+    P = blocks[0].shape[1]
+    parts = [a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(1e-300) for a in blocks if a.shape[0]]
+    if not parts:
+        return Span(0, torch.zeros(0, dtype=torch.float64), torch.zeros(0, P, dtype=torch.float64),
+                    _basis=torch.zeros(P, 0, dtype=torch.float64))
+    n = torch.cat(parts) if len(parts) > 1 else parts[0]
+    k = n.shape[0]
     if 2 * k <= P:
         # fast path for a tall, clearly full-rank stack (κ < 100): the k × k Gram's eigenvectors
-        # give the basis nᵀ·U·Λ^{-1/2} (orthonormal to ~ε·κ²) in a fraction of a QR's time
-        ev, U = torch.linalg.eigh(n @ n.T)
+        # give the basis nᵀ·U·Λ^{-1/2} in a fraction of a QR's time
+        ev, U = torch.linalg.eigh(_gram(parts))
         if float(ev[0]) > 1e-4 * float(ev[-1]):
-            s = torch.sqrt(ev.flip(0))
-            return k, n.T @ (U.flip(1) / s[None, :]), s
+            root = torch.sqrt(ev.flip(0))
+            return Span(k, root, n, _eig=(U.flip(1), root))
     q, r = torch.linalg.qr(n.T)                       # P × k, k × k
     u, s, _ = torch.linalg.svd(r)
     # rank by the largest gap of the normalised generators' spectrum (extended by the noise floor)
     rank = numerical_rank(s, min_gap=1.0).rank
-    return rank, q @ u[:, :rank], s
+    return Span(rank, s, n, _basis=q @ u[:, :rank])
 
 
 def support_rank(V: torch.Tensor) -> int:
     """rank of the rows of V, computed on the columns they touch (generators are sparse)."""
     sup = (V != 0).any(0)
-    return span_rank(V[:, sup])[0]
+    return span_rank([V[:, sup]]).rank
 
 
 @dataclass
@@ -78,14 +136,19 @@ class Explanation:
     tolerance_formula: str
     all_within_tolerance: bool
     overlap: int                        # predicted − explained (0: the families are independent)
-    basis: torch.Tensor = field(repr=False, default=None)   # P × explained orthonormal
+    span: Span = field(repr=False, default=None)           # of the flat families' generators
+
+    @property
+    def basis(self) -> torch.Tensor:
+        """P × explained, orthonormal."""
+        return self.span.basis()
 
     def by_family(self) -> dict[str, int]:
         return {f.name: f.rank for f in self.families if f.flat}
 
 
 def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor], j_fro: float,
-                   threshold: float | None, exact_span: tuple | None = None) -> Explanation:
+                   threshold: float | None, exact_span: Span | None = None) -> Explanation:
     """Record residuals and ranks; decide ε-broken families against the rank threshold.
 
     ``JV[i]`` is J·vᵢ for the rows of family i (k × rows); ``threshold`` is the absolute
@@ -96,14 +159,12 @@ def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor],
     ok = True
     exact = [f.vectors for f in fams if f.kind != "eps-broken"]
     if exact_span is None:
-        exact_span = span_rank(torch.cat(exact)) if exact else \
-            (0, torch.zeros(problem.P, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))
-    q_exact = exact_span[1]
+        exact_span = span_rank(exact or [torch.zeros(0, problem.P, dtype=torch.float64)])
     for f, jv in zip(fams, JV):
         vec = f.vectors
         if f.kind == "eps-broken":
             # its singular value: ‖J·v‖ over the part of v outside the exact kernel
-            vec = vec - (vec @ q_exact) @ q_exact.T
+            vec = exact_span.project_out(vec)
         norms = torch.linalg.vector_norm(vec, dim=1).clamp_min(1e-300)
         res = torch.linalg.vector_norm(jv, dim=1) / norms
         f.residual = float(res.max()) if res.numel() else 0.0
@@ -119,12 +180,11 @@ def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor],
                 ok = False
     flat = [f for f in fams if f.flat]
     if all(f.kind != "eps-broken" for f in flat) and len(flat) == len(exact):
-        rank, basis, _ = exact_span          # the flat families are exactly the exact ones
+        span = exact_span          # the flat families are exactly the exact ones
     else:
-        V = torch.cat([f.vectors for f in flat]) if flat else torch.zeros(0, problem.P, dtype=torch.float64)
-        rank, basis, _ = span_rank(V)
+        span = span_rank([f.vectors for f in flat] or [torch.zeros(0, problem.P, dtype=torch.float64)])
     predicted = sum(f.expected for f in flat)
-    return Explanation(fams, rank, predicted, formula, ok, predicted - rank, basis)
+    return Explanation(fams, span.rank, predicted, formula, ok, predicted - span.rank, span)
 
 
 def unexplained_directions(problem: Problem, null: torch.Tensor, basis: torch.Tensor, top: int = 4) -> Unexplained:
@@ -157,5 +217,5 @@ def frobenius(J: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(J))
 
 
-__all__ = ["Explanation", "Unexplained", "check_families", "unexplained_directions", "span_rank", "support_rank",
+__all__ = ["Explanation", "Span", "Unexplained", "check_families", "unexplained_directions", "span_rank", "support_rank",
            "generator_tolerance", "summarize_blocks", "frobenius", "math"]

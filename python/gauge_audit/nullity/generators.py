@@ -238,6 +238,127 @@ def ffn_scaling_family(problem: Problem, gen: Genericity) -> Family | None:
     return fam
 
 
+def first_block_families(problem: Problem) -> list[Family]:
+    """Pre-norm language models: the first block reads the stream at finitely many points.
+
+    Without learned positions the stream entering block 0 is one of the vocab rows of W_E (with
+    them, one of the vocab·n_ctx sums W_E[t] + W_pos[p]), so its first norm has a finite set Y
+    of outputs.  When Y does not span R^d (vocab < d_model without learned positions), families
+    appear that no real model (vocab ≫ d) has:
+
+    * ``unreached-readers`` — every reader of that norm (W_Q, W_K, W_V) may add any
+      a ⊥ span(Y) to any column: it never sees that direction (a ⊥ 1 excluded under a
+      LayerNorm without affine, where it is ln-reader-ones).
+
+    When moreover the points of Y are linearly independent, every reader's outputs on them can
+    be set at will (Y·δW = any target), and two more appear:
+
+    * ``bias-trade`` — a reader's bias may take over a constant from its weights: b ↦ b + c,
+      W ↦ W − Y⁺·1⊗c.  One per column of a biased reader (not under an affine LayerNorm, where
+      ln-reader-ones is that direction: W ↦ W + γ⁻¹, b ↦ b − β·γ⁻¹).
+    * ``input-offset`` — every row of W_E may move by −w if block 0 puts w back: with b_O, any
+      w (b_O ↦ b_O + w; d, or d − 1 under a LayerNorm, whose ones direction is ln-writer-ones);
+      without, W_V adds a constant c to every value of a KV group, which moves block 0's output
+      by w = c·Σ_{h∈group} W_O[h] at every position (n_kv·d_v).  The readers re-solve
+      Y'·W' = Y·W for the moved points (first order: Y·δW = target − δY·W).  Untied only (a
+      tied W_E is also read by the unembedding)."""
+    from torch.func import jvp
+
+    from ..models.layers import normalize
+    cfg, p, layout = problem.cfg, problem.params(), problem.layout
+    d = cfg.d_model
+    if cfg.family == "attn" or cfg.norm_placement != "pre" or "embed.W_E" not in p:
+        return []
+    X0 = p["embed.W_E"]
+    if "embed.W_pos" in p:
+        X0 = (X0[:, None, :] + p["embed.W_pos"][None, :, :]).reshape(-1, d)
+    if X0.shape[0] >= d + 1:      # generically spanning (and dependent): nothing here
+        return []
+    norm = "blocks.0.ln1"
+
+    def first_norm(x):
+        return normalize(p, norm, cfg, x)
+    Y = first_norm(X0)
+    basis = Y if cfg.norm != "layernorm-noaffine" else torch.cat([Y, torch.ones(1, d, dtype=torch.float64)])
+    _, sv, vh = torch.linalg.svd(basis, full_matrices=True)
+    rank = int((sv > 1e-10 * sv[0]).sum())
+    readers = pre_norm_readers(cfg, p)[norm]
+    fams: list[Family] = []
+    if rank < d:
+        R, count = _Rows(layout), 0
+        for a in vh[rank:]:
+            for w, _ in readers:
+                for col in range(_reader_value(p, w).reshape(d, -1).shape[1]):
+                    v = R.new()
+                    _set_reader_column(R, v, w, col, a)
+                    count += 1
+        fams.append(_fam(layout, "unreached-readers", "(d−rank Y)·(h·d_k+n_kv·(d_k+d_v))", count, R,
+                         """Without learned positions block 0's first norm has finitely many outputs Y (one
+                         per token); when they do not span R^d, its readers may add any a ⊥ span(Y) to any
+                         column — they never see that direction."""))
+    ysv = torch.linalg.svdvals(Y)
+    if not (Y.shape[0] <= d and float(ysv[-1]) > 1e-8 * float(ysv[0])):
+        return fams
+    # Y has linearly independent rows: every reader's outputs on them can be set at will (Y·Y⁺ = I)
+    pinv = torch.linalg.pinv(Y)
+    ones = pinv.sum(1)                                    # Y·ones = 1: a constant on every input
+    pre = "blocks.0.attn"
+    R, count = _Rows(layout), 0
+    for w, b in readers:
+        if b is None or cfg.norm == "layernorm":     # affine LayerNorm: ln-reader-ones already trades
+            continue
+        for col in range(_reader_value(p, w).reshape(d, -1).shape[1]):
+            v = R.new()
+            R.at(v, b).view(-1)[col] = 1.0
+            _set_reader_column(R, v, w, col, -ones)
+            count += 1
+    if count:
+        fams.append(_fam(layout, "bias-trade", "width of the biased readers", count, R,
+                         """The first norm's outputs Y (one per token) are linearly independent, so a
+                         biased reader's bias may take over a constant from its weights: b ↦ b + c,
+                         W ↦ W − Y⁺·1⊗c."""))
+    if cfg.tied:
+        return fams
+
+    def offset(R: _Rows, v: torch.Tensor, w: torch.Tensor, value_col: int | None) -> None:
+        """E ↦ E − w on every row, the readers re-solved for the moved points (plus a constant
+        1 on value column ``value_col``)."""
+        dY = jvp(first_norm, (X0,), (-w.expand_as(X0),))[1]
+        R.at(v, "embed.W_E")[...] = -w
+        for name, _ in readers:
+            W = _reader_value(p, name).reshape(d, -1)
+            target = torch.zeros(Y.shape[0], W.shape[1], dtype=torch.float64)
+            if value_col is not None and name == f"{pre}.W_V":
+                target[:, value_col] = 1.0
+            rows = _reader_rows(R, v, name)
+            rows[...] = (pinv @ (target - dY @ W)).reshape(rows.shape)
+
+    R, count = _Rows(layout), 0
+    if f"{pre}.b_O" in p:
+        # b_O absorbs any offset w (along 1 under a LayerNorm it is already ln-writer-ones)
+        ws = _complement_of_ones(d) if cfg.norm in LN else torch.eye(d, dtype=torch.float64)
+        for w in ws:
+            v = R.new()
+            offset(R, v, w, None)
+            R.at(v, f"{pre}.b_O")[...] = w
+            count += 1
+        formula = "d − 1" if cfg.norm in LN else "d"
+    else:
+        for g in range(cfg.n_kv_heads):
+            for e in range(cfg.d_head):
+                w = sum(p[f"{pre}.W_O"][h][e] for h in range(g * cfg.group_size, (g + 1) * cfg.group_size))
+                v = R.new()
+                offset(R, v, w, g * cfg.d_head + e)
+                count += 1
+        formula = "n_kv·d_v"
+    fams.append(_fam(layout, "input-offset", formula, count, R,
+                     """The first norm's outputs Y (one per token) are linearly independent: every row
+                     of W_E may move by −w if block 0 puts w back — through b_O, or as a constant added
+                     to a KV group's values by W_V (w = c·Σ_{h∈group} W_O[h]) — with the readers
+                     re-solved for the moved points (Y·δW = target − δY·W)."""))
+    return fams
+
+
 def data_families(problem: Problem, gen: Genericity) -> list[Family]:
     """Flat directions created by the sample, not by the architecture."""
     cfg, p = problem.cfg, problem.params()
@@ -931,7 +1052,7 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
     if cfg.family != "attn":
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
         if cfg.norm_placement == "pre":
-            out += pre_norm_families(problem)
+            out += pre_norm_families(problem) + first_block_families(problem)
         else:
             out += post_norm_families(problem)
     out += data_families(problem, gen)

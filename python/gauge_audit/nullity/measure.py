@@ -272,24 +272,27 @@ def _seq_fn(problem: Problem):
     return f
 
 
-def jacobian_rows(problem: Problem, chunk: int | None = None, proj: torch.Tensor | None = None,
-                  transposed: bool = False):
-    """Blocks of rows of J (reverse mode per sequence, vmapped over ``chunk`` sequences):
-    yields (sequences done, rows × P block) — or its transpose, P × rows, contiguous, when
-    ``transposed`` (cheap gathers of parameter subsets).  J itself is never held.  ``proj``
-    (batch × n × d' × width) replaces each position's outputs by d' fixed combinations."""
+def jacobian_pieces(problem: Problem, chunk: int | None = None, proj: torch.Tensor | None = None):
+    """Blocks of rows of J (reverse mode per sequence, vmapped over ``chunk`` sequences), per
+    named parameter tensor: yields (sequences done, {name: rows × numel}).  J itself is never
+    held.  ``proj`` (batch × n × d' × width) replaces each position's outputs by d' fixed
+    combinations."""
     f = _seq_fn(problem)
     per = problem.seq_len * (output_width(problem.cfg) if proj is None else proj.shape[2])
     if chunk is None:  # ~16 sequences per vmapped call is fastest on CPU; keep a block near 128 MiB
         chunk = max(1, min(16, int(16e6 // (per * problem.P))))
     jac = vmap(jacrev(f), in_dims=(None, 0) if proj is None else (None, 0, 0))
-    params, names, b = problem.params(), problem.layout.names, problem.batch
+    params, b = problem.params(), problem.batch
     for i in range(0, b, chunk):
         args = (params, {k: v[i:i + chunk] for k, v in problem.inputs.items()})
         d = jac(*args) if proj is None else jac(*args, proj[i:i + chunk])
-        pieces = [d[name].reshape(d[name].shape[0] * per, -1) for name in names]
-        block = torch.cat([p.T for p in pieces], dim=0) if transposed else torch.cat(pieces, dim=1)
-        yield min(b, i + chunk), block
+        yield min(b, i + chunk), {name: t.reshape(t.shape[0] * per, -1) for name, t in d.items()}
+
+
+def jacobian_rows(problem: Problem, chunk: int | None = None, proj: torch.Tensor | None = None):
+    """Blocks of rows of J: yields (sequences done, rows × P block), columns in θ's order."""
+    for done, pieces in jacobian_pieces(problem, chunk, proj):
+        yield done, torch.cat([pieces[name] for name in problem.layout.names], dim=1)
 
 
 def dense_jacobian(problem: Problem, chunk: int | None = None, quiet: bool = False) -> torch.Tensor:
