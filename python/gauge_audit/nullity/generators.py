@@ -690,6 +690,9 @@ def pre_norm_families(problem: Problem) -> list[Family]:
     rot = _stream_map_family(problem, readers, writers)
     if rot is not None:
         fams.append(rot)
+    tu = tied_unembed_family(problem, readers, writers)
+    if tu is not None:
+        fams.append(tu)
 
     # ---------------------------------------------------------------- stream scale
     if norm != "none" and not (tied and norm not in AFFINE):
@@ -751,22 +754,7 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
         name, formula = "stream-rotation", "d(d−1)/2"
     R = _Rows(layout)
     for a in gens:
-        v = R.new()
-        for w in writers:
-            R.at(v, w)[...] = p[w] @ a
-        for n, rs in readers.items():
-            if tied and n == "ln_final":
-                continue  # W_Eᵀ follows the writer rule: (W_E·R)ᵀ = Rᵀ·W_Eᵀ, as the reader rule asks
-            if f"{n}.w" in p:
-                gamma = p[f"{n}.w"]
-                c = a * gamma[None, :] / gamma[:, None]      # D_γ⁻¹·A·D_γ
-            else:
-                c = a
-            if f"{n}.b" in p:
-                R.at(v, f"{n}.b")[...] = p[f"{n}.b"] @ c
-            for w, _ in rs:
-                rv = _reader_value(p, w)
-                _reader_rows(R, v, w)[...] = -(c @ rv.reshape(d, -1)).reshape(rv.shape)
+        _stream_map_vector(problem, R, R.new(), a, readers, writers)
     doc = {"stream-gl": """Without norms the stream is read only linearly: any invertible A with writers W·A
                          and readers A⁻¹·W.""",
            "stream-rotation": """Norm cores commute with isometries of the stream (LayerNorm: those fixing 1).
@@ -774,6 +762,104 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
                          corrected rule).  Tied with an affine final norm: none (R would have to commute
                          with diag(γ_final))."""}[name]
     return _fam(layout, name, formula, len(gens), R, doc)
+
+
+def _stream_map_vector(problem: Problem, R: _Rows, v: torch.Tensor, a: torch.Tensor, readers: dict,
+                       writers: list[str]) -> None:
+    """The tangent of x ↦ x·(I + t·A) on the stream: writers W·A; for a norm with weight γ,
+    C = D_γ⁻¹·A·D_γ, β·C and readers −C·W.  A tied final norm is left to the caller."""
+    p, d, tied = problem.params(), problem.cfg.d_model, problem.cfg.tied
+    for w in writers:
+        R.at(v, w)[...] = p[w] @ a
+    for n, rs in readers.items():
+        if tied and n == "ln_final":
+            continue  # W_Eᵀ follows the writer rule: (W_E·R)ᵀ = Rᵀ·W_Eᵀ, as the reader rule asks
+        if f"{n}.w" in p:
+            gamma = p[f"{n}.w"]
+            c = a * gamma[None, :] / gamma[:, None]      # D_γ⁻¹·A·D_γ
+        else:
+            c = a
+        if f"{n}.b" in p:
+            R.at(v, f"{n}.b")[...] = p[f"{n}.b"] @ c
+        for w, _ in rs:
+            rv = _reader_value(p, w)
+            _reader_rows(R, v, w)[...] = -(c @ rv.reshape(d, -1)).reshape(rv.shape)
+
+
+def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> Family | None:
+    """Tied embeddings, affine final norm, vocab < d_model: the logits (n·D_γ + β)·W_Eᵀ read the
+    final norm's output only on the rows of W_E, which leave a null space N = ker W_E.
+
+    A stream rotation R = I + A (writers W·R, so W_E·R also as the unembedding) with γ ↦ γ + δγ
+    changes the logits by n·M·W_Eᵀ + (δβ − β·A)·W_Eᵀ, M = A·D_γ − D_γ·A + diag(δγ) symmetric.
+    So: every symmetric M with M·W_Eᵀ = 0 gives A_ij = M_ij/(γ_j − γ_i), δγ = diag M — c(c+1)/2
+    of them, c = dim N (RMSNorm).  Under LayerNorm (n ⊥ 1, A·1 = 0) W_E may also move by s⊗1,
+    which no norm sees: the conditions become M·W_Eᵀ + γ⊗s = 1⊗w for some w, and δβ solves
+    δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s; β may also move along N (c more).  Solved numerically as the
+    null space of those linear conditions; every solution is an exact generator."""
+    cfg, p, layout = problem.cfg, problem.params(), problem.layout
+    d = cfg.d_model
+    if not (cfg.tied and cfg.norm in AFFINE and cfg.norm_placement == "pre" and "ln_final.w" in p):
+        return None
+    E = p["embed.W_E"]
+    _, sv, vh = torch.linalg.svd(E, full_matrices=True)
+    rank = int((sv > 1e-10 * sv[0]).sum())
+    if rank == d:
+        return None
+    gamma, ln = p["ln_final.w"], cfg.norm == "layernorm"
+    iu = torch.triu_indices(d, d)
+    n_m, V = iu.shape[1], E.shape[0]
+    # unknowns: the upper triangle of M (and w under LayerNorm); conditions: M·Eᵀ (− 1⊗w) = 0, A·1 = 0
+    basis_m = torch.zeros(n_m, d, d, dtype=torch.float64)
+    basis_m[torch.arange(n_m), iu[0], iu[1]] = 1.0
+    basis_m[torch.arange(n_m), iu[1], iu[0]] = 1.0
+    gap = gamma[None, :] - gamma[:, None]
+    off = ~torch.eye(d, dtype=torch.bool)
+
+    def skew(M):
+        return torch.where(off, M / torch.where(off, gap, torch.ones_like(gap)), torch.zeros_like(M))
+    cols = [torch.cat([(Mk @ E.T).reshape(-1), skew(Mk).sum(1) if ln else torch.zeros(0, dtype=torch.float64)])
+            for Mk in basis_m]
+    if ln:
+        # LayerNorm: W_E may also move by s⊗1 (invisible to every norm; the logits move by
+        # s_t·(n·γ + β·1), which γ·sᵀ in the first condition and δβ below cancel)
+        for j in range(V):                       # w_j
+            e = torch.zeros(d, V, dtype=torch.float64)
+            e[:, j] = -1.0
+            cols.append(torch.cat([e.reshape(-1), torch.zeros(d, dtype=torch.float64)]))
+        for j in range(V):                       # s_j
+            e = torch.zeros(d, V, dtype=torch.float64)
+            e[:, j] = gamma
+            cols.append(torch.cat([e.reshape(-1), torch.zeros(d, dtype=torch.float64)]))
+    C = torch.stack(cols, dim=1)
+    _, cs, cvh = torch.linalg.svd(C, full_matrices=True)
+    null = cvh[int((cs > 1e-10 * cs[0]).sum()):]
+    R, count = _Rows(layout), 0
+    for x in null:
+        M = (x[:n_m, None, None] * basis_m).sum(0)
+        A = skew(M)
+        v = R.new()
+        _stream_map_vector(problem, R, v, A, readers, writers)
+        R.at(v, "ln_final.w")[...] = torch.diagonal(M)
+        if ln:
+            beta, sv_ = p["ln_final.b"], x[n_m + V:]
+            R.at(v, "embed.W_E")[...] += sv_[:, None]
+            # δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s  (W_E has independent rows: solvable)
+            rhs = (beta @ A) @ E.T - beta.sum() * sv_
+            R.at(v, "ln_final.b")[...] = torch.linalg.lstsq(E, rhs[:, None]).solution[:, 0]
+        count += 1
+    if ln:
+        for z in vh[rank:]:
+            v = R.new()
+            R.at(v, "ln_final.b")[...] = z
+            count += 1
+    if count == 0:
+        return None
+    return _fam(layout, "tied-unembed-null", "c(c+1)/2 (RMSNorm), c = d − rank W_E", count, R,
+                """Tied embeddings with an affine final norm and vocab < d_model: the logits read the
+                final norm only on W_E's rows, so a stream rotation A with γ_final ↦ γ_final + diag M
+                (M = [A, D_γ] + diag M symmetric, M·W_Eᵀ = 0) is flat; under LayerNorm also β_final
+                along ker W_E.""")
 
 
 def _skew_basis(u: torch.Tensor) -> list[torch.Tensor]:

@@ -442,7 +442,7 @@ def exact_singular_values(problem: Problem, proj, cols: torch.Tensor, X: torch.T
 
 
 # ----------------------------------------------------------------------------- analysis
-MAX_FACTOR = 4.0     # sketch rows up to 4·(P − k) (the dense path uses 3·P full rows) before ν counts
+MAX_FACTOR = 4.5     # sketch rows doubled up to ~4·(P − k) (the dense path uses 3·P full rows) before ν counts
 
 
 def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 1.05,
@@ -517,29 +517,30 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
             timings["low_directions"] = time.time() - t
             progress(f"the {cert['below']} low directions: exact singular values {float(low_sv[0]):.3e}…"
                      f"{float(low_sv[-1]):.3e}; {nulls} within the kernel's gap", quiet)
-        if nulls == 0 or factor * 2 > MAX_FACTOR:
+        tol_rel, _ = ex.generator_tolerance(problem, j_fro)
+        # certified: all but (exact + flat ε-broken + ν) singular values of S·J are ≥ √λ/max D, less J's rounding
+        sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
+        # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
+        null_side = max([floor] + [x for x in eps_sv if x <= MIN_GAP * floor]
+                        + ([float(low_sv[nulls - 1])] if nulls else []))
+        nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + \
+            ([float(x) for x in low_sv[nulls:]] if low_sv is not None else [])
+        lowest_nonnull = min([sigma_low] + nonnull)
+        gap = lowest_nonnull / null_side if null_side > 0 else float("inf")
+        if (nulls == 0 and gap >= MIN_GAP) or factor * 2 > MAX_FACTOR:
             break
-        factor *= 2                       # maybe the sketch was too thin for some parameter: twice the rows
+        # null low directions or a weak gap: maybe the sketch was too thin for some parameter
+        factor *= 2
         progress(f"retrying with a sketch of {factor:.2g}·(P − k) rows", quiet)
 
     t = time.time()
-    tol_rel, _ = ex.generator_tolerance(problem, j_fro)
-    # certified: all but (exact + flat ε-broken + ν) singular values of S·J are ≥ √λ/max D, less J's rounding
-    sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
     null_dirs = low_vecs[:, :nulls] if nulls else None
     unexplained = nulls
-    # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
-    null_side = max([floor] + [x for x in eps_sv if x <= MIN_GAP * floor]
-                    + ([float(low_sv[nulls - 1])] if nulls else []))
-    nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + \
-        ([float(x) for x in low_sv[nulls:]] if low_sv is not None else [])
-    lowest_nonnull = min([sigma_low] + nonnull)
     # an estimate of the smallest non-null singular value: the exact low ones (Rayleigh–Ritz), else
     # the inverse-iteration estimate behind the Cholesky certificate
     sigma_est = (min([float(x) for x in low_sv[nulls:]] or [sigma_low]) if cert["below"]
                  else math.sqrt(cert["lambda_est"]) / cert["dmax"])
     threshold = math.sqrt(null_side * lowest_nonnull) if lowest_nonnull > 0 else 0.0
-    gap = lowest_nonnull / null_side if null_side > 0 else float("inf")
     if gap < MIN_GAP:
         raise GaugeAuditError(
             f"matrix-free certificate too weak: the smallest certified non-null singular value {lowest_nonnull:.3g} "
