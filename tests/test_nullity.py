@@ -16,7 +16,7 @@ from gauge_audit.nullity import analyze, maximality_verdicts
 from gauge_audit.nullity import explain as ex
 from gauge_audit.nullity.generators import families, first_block_families, qk_family
 from gauge_audit.nullity import matrixfree as mf
-from gauge_audit.nullity.measure import MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
+from gauge_audit.nullity.measure import EPS64 as EPS, MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
 from gauge_audit.symbolic import counts
 
 # Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d
@@ -454,6 +454,36 @@ def test_sketch_pieces():
     tol, _ = ex.generator_tolerance(pr, float(torch.linalg.matrix_norm(rows)))
     diff = torch.linalg.vector_norm(mf.sketch_products(pr, proj, W) - rows @ W, dim=0)
     assert bool((diff <= tol * torch.linalg.vector_norm(W, dim=0)).all()), (diff, tol)
+
+
+def test_span_and_sparse_products():
+    """The lazily orthonormalised span projects like its explicit basis, and the generator-image
+    products (CSR, gathered, dense) equal the plain product to the rounding of their sums."""
+    g = torch.Generator().manual_seed(11)
+    P = 60
+    blocks = [torch.zeros(5, P, dtype=torch.float64), torch.zeros(3, P, dtype=torch.float64)]
+    blocks[0][:, :10] = torch.randn(5, 10, generator=g, dtype=torch.float64)
+    blocks[1][:, 5:20] = torch.randn(3, 15, generator=g, dtype=torch.float64)
+    sp = ex.span_rank(blocks)
+    assert sp.rank == 8 and sp._basis is None                        # fast path: no basis formed yet
+    X = torch.randn(4, P, generator=g, dtype=torch.float64)
+    Q = sp.basis()
+    assert float((Q.T @ Q - torch.eye(8, dtype=torch.float64)).abs().max()) < 1e2 * 8 * EPS
+    assert float((sp.project_out(X) - (X - (X @ Q) @ Q.T)).abs().max()) < 1e2 * P * EPS * float(X.abs().max())
+    # a dependent stack takes the QR path and finds the rank
+    dep = ex.span_rank([blocks[0], blocks[0][:2] * 3.0])
+    assert dep.rank == 5 and dep.frame().shape == (P, 5)
+    Y = torch.randn(P, 7, generator=g, dtype=torch.float64)
+    sparse = torch.zeros(40, P, dtype=torch.float64)
+    sparse[torch.arange(40), torch.arange(40)] = 1.0                # one entry per row: CSR
+    narrow = torch.zeros(3, P, dtype=torch.float64)
+    narrow[:, :4] = torch.randn(3, 4, generator=g, dtype=torch.float64)   # dense on few columns: gather
+    wide = torch.randn(3, P, generator=g, dtype=torch.float64)      # dense
+    for V, mode in ((sparse, "sparse"), (narrow, "gather"), (wide, "dense"), (torch.zeros(2, P, dtype=torch.float64), "zero")):
+        prod = mf._Product(V)
+        assert prod.mode == mode
+        bound = mf.gamma(P) * (V.abs() @ Y.abs())
+        assert bool(((prod(Y) - V @ Y).abs() <= 2 * bound).all())
 
 
 # ----------------------------------------------------------------------------- CLI errors
