@@ -238,6 +238,71 @@ def ffn_scaling_family(problem: Problem, gen: Genericity) -> Family | None:
     return fam
 
 
+@dataclass
+class _FirstPoints:
+    """The finitely many points X0 at which block 0 reads the stream, their first-norm outputs Y
+    and the readers of that norm."""
+
+    X0: torch.Tensor
+    Y: torch.Tensor
+    norm: object                   # x ↦ the first norm's output
+    readers: list
+
+    @property
+    def independent(self) -> bool:
+        sv = torch.linalg.svdvals(self.Y)
+        return self.Y.shape[0] <= self.Y.shape[1] and float(sv[-1]) > 1e-8 * float(sv[0])
+
+
+def _first_points(problem: Problem) -> _FirstPoints | None:
+    from ..models.layers import normalize
+    cfg, p = problem.cfg, problem.params()
+    if cfg.family == "attn" or cfg.norm_placement != "pre" or "embed.W_E" not in p:
+        return None
+    X0 = p["embed.W_E"]
+    if "embed.W_pos" in p:
+        X0 = (X0[:, None, :] + p["embed.W_pos"][None, :, :]).reshape(-1, cfg.d_model)
+    if X0.shape[0] > 100_000:     # far beyond the sizes a Jacobian nullity can be measured at
+        return None
+
+    def first_norm(x):
+        return normalize(p, "blocks.0.ln1", cfg, x)
+    return _FirstPoints(X0, first_norm(X0), first_norm, pre_norm_readers(cfg, p)["blocks.0.ln1"])
+
+
+def _add_input_offset(problem: Problem, pts: _FirstPoints, R: _Rows, v: torch.Tensor, w: torch.Tensor,
+                      values: torch.Tensor | None) -> None:
+    """Adds to v: every row of W_E moved by −w, block 0's readers re-solved so that their outputs
+    on the moved points are unchanged — except W_V's, which gain the constant ``values`` (one
+    per value column) on every point.  Needs independent points (Y·Y⁺ = I)."""
+    from torch.func import jvp
+    p, d = problem.params(), problem.cfg.d_model
+    dY = jvp(pts.norm, (pts.X0,), (-w.expand_as(pts.X0),))[1]
+    pinv = torch.linalg.pinv(pts.Y)
+    R.at(v, "embed.W_E")[...] -= w
+    for name, _ in pts.readers:
+        W = _reader_value(p, name).reshape(d, -1)
+        target = torch.zeros(pts.Y.shape[0], W.shape[1], dtype=torch.float64)
+        if values is not None and name.endswith(".W_V"):
+            target[:] = values
+        rows = _reader_rows(R, v, name)
+        rows[...] += (pinv @ (target - dY @ W)).reshape(rows.shape)
+
+
+def _value_offsets(problem: Problem) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per KV group g and value coordinate e: the constant (one-hot over W_V's columns) and the
+    vector w = Σ_{h∈g} W_O[h][e] it adds to block 0's output at every position."""
+    cfg, p = problem.cfg, problem.params()
+    out = []
+    for g in range(cfg.n_kv_heads):
+        for e in range(cfg.d_head):
+            c = torch.zeros(cfg.n_kv_heads * cfg.d_head, dtype=torch.float64)
+            c[g * cfg.d_head + e] = 1.0
+            w = sum(p["blocks.0.attn.W_O"][h][e] for h in range(g * cfg.group_size, (g + 1) * cfg.group_size))
+            out.append((c, w))
+    return out
+
+
 def first_block_families(problem: Problem) -> list[Family]:
     """Pre-norm language models: the first block reads the stream at finitely many points.
 
@@ -262,27 +327,15 @@ def first_block_families(problem: Problem) -> list[Family]:
       by w = c·Σ_{h∈group} W_O[h] at every position (n_kv·d_v).  The readers re-solve
       Y'·W' = Y·W for the moved points (first order: Y·δW = target − δY·W).  Untied only (a
       tied W_E is also read by the unembedding)."""
-    from torch.func import jvp
-
-    from ..models.layers import normalize
     cfg, p, layout = problem.cfg, problem.params(), problem.layout
     d = cfg.d_model
-    if cfg.family == "attn" or cfg.norm_placement != "pre" or "embed.W_E" not in p:
+    pts = _first_points(problem)
+    if pts is None:
         return []
-    X0 = p["embed.W_E"]
-    if "embed.W_pos" in p:
-        X0 = (X0[:, None, :] + p["embed.W_pos"][None, :, :]).reshape(-1, d)
-    if X0.shape[0] > 100_000:     # far beyond the sizes a Jacobian nullity can be measured at
-        return []
-    norm = "blocks.0.ln1"
-
-    def first_norm(x):
-        return normalize(p, norm, cfg, x)
-    Y = first_norm(X0)
+    Y, readers = pts.Y, pts.readers
     basis = Y if cfg.norm != "layernorm-noaffine" else torch.cat([Y, torch.ones(1, d, dtype=torch.float64)])
     _, sv, vh = torch.linalg.svd(basis, full_matrices=True)
     rank = int((sv > 1e-10 * sv[0]).sum())
-    readers = pre_norm_readers(cfg, p)[norm]
     fams: list[Family] = []
     if rank < d:
         R, count = _Rows(layout), 0
@@ -296,12 +349,10 @@ def first_block_families(problem: Problem) -> list[Family]:
                          """Without learned positions block 0's first norm has finitely many outputs Y (one
                          per token); when they do not span R^d, its readers may add any a ⊥ span(Y) to any
                          column — they never see that direction."""))
-    ysv = torch.linalg.svdvals(Y)
-    if not (Y.shape[0] <= d and float(ysv[-1]) > 1e-8 * float(ysv[0])):
+    if not pts.independent:
         return fams
     # Y has linearly independent rows: every reader's outputs on them can be set at will (Y·Y⁺ = I)
-    pinv = torch.linalg.pinv(Y)
-    ones = pinv.sum(1)                                    # Y·ones = 1: a constant on every input
+    ones = torch.linalg.pinv(Y).sum(1)                   # Y·ones = 1: a constant on every input
     pre = "blocks.0.attn"
     R, count = _Rows(layout), 0
     for w, b in readers:
@@ -318,38 +369,22 @@ def first_block_families(problem: Problem) -> list[Family]:
                          biased reader's bias may take over a constant from its weights: b ↦ b + c,
                          W ↦ W − Y⁺·1⊗c."""))
     if cfg.tied:
-        return fams
-
-    def offset(R: _Rows, v: torch.Tensor, w: torch.Tensor, value_col: int | None) -> None:
-        """E ↦ E − w on every row, the readers re-solved for the moved points (plus a constant
-        1 on value column ``value_col``)."""
-        dY = jvp(first_norm, (X0,), (-w.expand_as(X0),))[1]
-        R.at(v, "embed.W_E")[...] = -w
-        for name, _ in readers:
-            W = _reader_value(p, name).reshape(d, -1)
-            target = torch.zeros(Y.shape[0], W.shape[1], dtype=torch.float64)
-            if value_col is not None and name == f"{pre}.W_V":
-                target[:, value_col] = 1.0
-            rows = _reader_rows(R, v, name)
-            rows[...] = (pinv @ (target - dY @ W)).reshape(rows.shape)
-
+        return fams            # W_E is also the unembedding: see tied_unembed_family
     R, count = _Rows(layout), 0
     if f"{pre}.b_O" in p:
         # b_O absorbs any offset w (along 1 under a LayerNorm it is already ln-writer-ones)
         ws = _complement_of_ones(d) if cfg.norm in LN else torch.eye(d, dtype=torch.float64)
         for w in ws:
             v = R.new()
-            offset(R, v, w, None)
+            _add_input_offset(problem, pts, R, v, w, None)
             R.at(v, f"{pre}.b_O")[...] = w
             count += 1
         formula = "d − 1" if cfg.norm in LN else "d"
     else:
-        for g in range(cfg.n_kv_heads):
-            for e in range(cfg.d_head):
-                w = sum(p[f"{pre}.W_O"][h][e] for h in range(g * cfg.group_size, (g + 1) * cfg.group_size))
-                v = R.new()
-                offset(R, v, w, g * cfg.d_head + e)
-                count += 1
+        for c, w in _value_offsets(problem):
+            v = R.new()
+            _add_input_offset(problem, pts, R, v, w, c)
+            count += 1
         formula = "n_kv·d_v"
     fams.append(_fam(layout, "input-offset", formula, count, R,
                      """The first norm's outputs Y (one per token) are linearly independent: every row
@@ -432,6 +467,20 @@ def data_families(problem: Problem, gen: Genericity) -> list[Family]:
         out.append(_fam(problem.layout, "unrouted-experts", "all parameters of experts never in a top-k",
                         count, R, """An expert that the sample never routes to has no effect on it.""",
                         kind="data"))
+    R, count = _Rows(problem.layout), 0
+    for pre, per in gen.unreached.items():
+        for e, dirs in per.items():
+            for a in dirs:
+                for name in (f"{pre}.W_in", f"{pre}.W_gate"):
+                    if name in p:
+                        for col in range(p[name].shape[-1]):
+                            v = R.new()
+                            R.at(v, name)[e][:, col] = a
+                            count += 1
+    if count:
+        out.append(_fam(problem.layout, "expert-unreached-readers", "(d − rank of its routed inputs)·(reader width)",
+                        count, R, """An expert whose routed inputs all lie in a proper subspace cannot see
+                        its readers' (W_in, W_gate) components orthogonal to it.""", kind="data"))
     return out
 
 
@@ -795,8 +844,11 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
     So: every symmetric M with M·W_Eᵀ = 0 gives A_ij = M_ij/(γ_j − γ_i), δγ = diag M — c(c+1)/2
     of them, c = dim N (RMSNorm).  Under LayerNorm (n ⊥ 1, A·1 = 0) W_E may also move by s⊗1,
     which no norm sees: the conditions become M·W_Eᵀ + γ⊗s = 1⊗w for some w, and δβ solves
-    δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s; β may also move along N (c more).  Solved numerically as the
-    null space of those linear conditions; every solution is an exact generator."""
+    δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s; β may also move along N (c more).  When block 0 reads W_E's
+    rows at independent points it may also move W_E by −o and put o back (input-offset: through
+    b_O, or a constant on its values); as the unembedding that adds −D_γ·o to every column of the
+    first condition and β·o to δβ's.  Solved numerically as the null space of those linear
+    conditions; every solution is an exact generator."""
     cfg, p, layout = problem.cfg, problem.params(), problem.layout
     d = cfg.d_model
     if not (cfg.tied and cfg.norm in AFFINE and cfg.norm_placement == "pre" and "ln_final.w" in p):
@@ -831,9 +883,23 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
             e = torch.zeros(d, V, dtype=torch.float64)
             e[:, j] = gamma
             cols.append(torch.cat([e.reshape(-1), torch.zeros(d, dtype=torch.float64)]))
+    # block 0 may move W_E by −w and put w back through its values (independent points, no b_O):
+    # as an unembedding, W_E − 1⊗w moves every logit by −(n·D_γ + β)·w
+    pts = _first_points(problem)
+    offsets: list = []
+    if pts is not None and pts.independent:
+        if "blocks.0.attn.b_O" in p:     # b_O puts any w back (along 1 under LN: ln-writer-ones)
+            ws = _complement_of_ones(d) if cfg.norm in LN else torch.eye(d, dtype=torch.float64)
+            offsets = [(None, w) for w in ws]
+        else:
+            offsets = _value_offsets(problem)
+    for _, w in offsets:
+        e = -(gamma * w)[:, None].expand(d, V)
+        cols.append(torch.cat([e.reshape(-1), torch.zeros(d if ln else 0, dtype=torch.float64)]))
     C = torch.stack(cols, dim=1)
     _, cs, cvh = torch.linalg.svd(C, full_matrices=True)
     null = cvh[int((cs > 1e-10 * cs[0]).sum()):]
+    n_s = 2 * V if ln else 0
     R, count = _Rows(layout), 0
     for x in null:
         M = (x[:n_m, None, None] * basis_m).sum(0)
@@ -841,11 +907,18 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
         v = R.new()
         _stream_map_vector(problem, R, v, A, readers, writers)
         R.at(v, "ln_final.w")[...] = torch.diagonal(M)
+        coef = x[n_m + n_s:]
+        w_tot = sum((a * w for a, (_, w) in zip(coef, offsets)), torch.zeros(d, dtype=torch.float64))
+        if offsets and offsets[0][0] is None:
+            _add_input_offset(problem, pts, R, v, w_tot, None)
+            R.at(v, "blocks.0.attn.b_O")[...] += w_tot
+        elif offsets:
+            _add_input_offset(problem, pts, R, v, w_tot, sum(a * c for a, (c, _) in zip(coef, offsets)))
         if ln:
-            beta, sv_ = p["ln_final.b"], x[n_m + V:]
+            beta, sv_ = p["ln_final.b"], x[n_m + V:n_m + 2 * V]
             R.at(v, "embed.W_E")[...] += sv_[:, None]
-            # δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s  (W_E has independent rows: solvable)
-            rhs = (beta @ A) @ E.T - beta.sum() * sv_
+            # δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s + β·w  (W_E has independent rows: solvable)
+            rhs = (beta @ A) @ E.T - beta.sum() * sv_ + beta @ w_tot
             R.at(v, "ln_final.b")[...] = torch.linalg.lstsq(E, rhs[:, None]).solution[:, 0]
         count += 1
     if ln:
@@ -855,11 +928,12 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
             count += 1
     if count == 0:
         return None
-    return _fam(layout, "tied-unembed-null", "c(c+1)/2 (RMSNorm), c = d − rank W_E", count, R,
+    return _fam(layout, "tied-unembed-null", "null space of its conditions", count, R,
                 """Tied embeddings with an affine final norm and vocab < d_model: the logits read the
                 final norm only on W_E's rows, so a stream rotation A with γ_final ↦ γ_final + diag M
-                (M = [A, D_γ] + diag M symmetric, M·W_Eᵀ = 0) is flat; under LayerNorm also β_final
-                along ker W_E.""")
+                (M = [A, D_γ] + diag M symmetric, M·W_Eᵀ = 0; c(c+1)/2 of them under RMSNorm, c =
+                d − rank W_E) is flat, also combined with block 0's input offsets; under LayerNorm
+                W_E may move by s⊗1 and β_final along ker W_E.""")
 
 
 def _skew_basis(u: torch.Tensor) -> list[torch.Tensor]:

@@ -187,10 +187,13 @@ class Genericity:
     dead: dict[str, list[int]] = field(default_factory=dict)            # ReLU units never positive
     always_active: dict[str, list[int]] = field(default_factory=dict)   # ReLU units never negative
     unrouted: dict[str, list[int]] = field(default_factory=dict)        # experts never in any top-k
+    # per MoE layer and expert: directions (c × d) orthogonal to every input routed to it
+    unreached: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
-        return not (any(self.dead.values()) or any(self.always_active.values()) or any(self.unrouted.values()))
+        return not (any(self.dead.values()) or any(self.always_active.values()) or any(self.unrouted.values())
+                    or any(self.unreached.values()))
 
     def lines(self) -> list[str]:
         out = []
@@ -199,6 +202,9 @@ class Genericity:
             for k, v in d.items():
                 if v:
                     out.append(f"{label} in {k}: {v}")
+        for k, per in self.unreached.items():
+            for e, dirs in per.items():
+                out.append(f"expert {e} in {k}: its routed inputs miss {dirs.shape[0]} stream direction(s)")
         return out
 
 
@@ -214,6 +220,8 @@ def genericity(problem: Problem) -> Genericity:
     orig_mlp = L.mlp
 
     def spy(params_, prefix, cfg_, x, e=None):
+        if e is not None:
+            captured.setdefault("_in_" + prefix, x)
         if cfg_.act == "relu":
             w = params_[f"{prefix}.W_in"] if e is None else params_[f"{prefix}.W_in"][e]
             z = x @ w
@@ -235,7 +243,7 @@ def genericity(problem: Problem) -> Genericity:
         L.mlp = orig_mlp
     routing = trace.get("routing", [])
     for key, z in captured.items():
-        if key.startswith("_x_"):
+        if key.startswith("_x_") or key.startswith("_in_"):
             continue
         if cfg.experts:
             # only tokens routed to this expert count
@@ -247,7 +255,19 @@ def genericity(problem: Problem) -> Genericity:
         out.always_active[key] = [int(i) for i in torch.nonzero((z > 0).all(0)).flatten()]
     for layer, r in enumerate(routing):
         used = set(int(i) for i in r.unique())
-        out.unrouted[f"blocks.{layer}.moe"] = [e for e in range(cfg.experts) if e not in used]
+        pre = f"blocks.{layer}.moe"
+        out.unrouted[pre] = [e for e in range(cfg.experts) if e not in used]
+        # an expert whose routed inputs leave stream directions unseen (few distinct inputs,
+        # e.g. a tiny vocabulary with top-1 routing) cannot tell its readers' components there
+        x = captured["_in_" + pre].reshape(-1, cfg.d_model)
+        per = {}
+        for e in sorted(used):
+            xe = x[(r == e).any(-1).reshape(-1)]
+            _, sv, vh = torch.linalg.svd(xe, full_matrices=True)
+            rank = int((sv > 1e-10 * sv[0]).sum()) if sv.numel() else 0
+            if rank < cfg.d_model:
+                per[e] = vh[rank:]
+        out.unreached[pre] = per
     return out
 
 
