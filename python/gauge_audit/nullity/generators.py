@@ -26,6 +26,7 @@ Kinds:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -253,6 +254,11 @@ class _FirstPoints:
         sv = torch.linalg.svdvals(self.Y)
         return self.Y.shape[0] <= self.Y.shape[1] and float(sv[-1]) > 1e-8 * float(sv[0])
 
+    @functools.cached_property
+    def pinv(self) -> torch.Tensor:
+        """Y⁺ (Y·Y⁺ = I when the points are independent): readers' outputs set at will."""
+        return torch.linalg.pinv(self.Y)
+
 
 def _first_points(problem: Problem) -> _FirstPoints | None:
     from ..models.layers import normalize
@@ -278,7 +284,6 @@ def _add_input_offset(problem: Problem, pts: _FirstPoints, R: _Rows, v: torch.Te
     from torch.func import jvp
     p, d = problem.params(), problem.cfg.d_model
     dY = jvp(pts.norm, (pts.X0,), (-w.expand_as(pts.X0),))[1]
-    pinv = torch.linalg.pinv(pts.Y)
     R.at(v, "embed.W_E")[...] -= w
     for name, _ in pts.readers:
         W = _reader_value(p, name).reshape(d, -1)
@@ -286,7 +291,7 @@ def _add_input_offset(problem: Problem, pts: _FirstPoints, R: _Rows, v: torch.Te
         if values is not None and name.endswith(".W_V"):
             target[:] = values
         rows = _reader_rows(R, v, name)
-        rows[...] += (pinv @ (target - dY @ W)).reshape(rows.shape)
+        rows[...] += (pts.pinv @ (target - dY @ W)).reshape(rows.shape)
 
 
 def _value_offsets(problem: Problem) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -352,7 +357,7 @@ def first_block_families(problem: Problem) -> list[Family]:
     if not pts.independent:
         return fams
     # Y has linearly independent rows: every reader's outputs on them can be set at will (Y·Y⁺ = I)
-    ones = torch.linalg.pinv(Y).sum(1)                   # Y·ones = 1: a constant on every input
+    ones = pts.pinv.sum(1)                               # Y·ones = 1: a constant on every input
     pre = "blocks.0.attn"
     R, count = _Rows(layout), 0
     for w, b in readers:
@@ -779,7 +784,7 @@ def _embed_offset(problem: Problem, pairs: list[tuple[str, str]], ones: bool) ->
 
 def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> Family | None:
     """so(d) / so(1^⊥) / gl(d) acting on the residual stream (pre-norm)."""
-    cfg, p, layout = problem.cfg, problem.params(), problem.layout
+    cfg, layout = problem.cfg, problem.layout
     d, norm, tied = cfg.d_model, cfg.norm, cfg.tied
     if tied and norm in AFFINE:
         return None
