@@ -76,6 +76,15 @@ def _unexplained(reports) -> Evidence | None:
     return None
 
 
+def _decide(ok: bool, text: str, details: dict, corrected: str | None = None) -> Evidence:
+    """HOLDS when ``ok``; else HOLDS-WITH-CORRECTION when a corrected rule is known, else FAILS."""
+    if ok:
+        return Evidence("nullity", HOLDS, text, details)
+    if corrected:
+        return Evidence("nullity", CORRECTED, text, details, corrected_rule=corrected)
+    return Evidence("nullity", FAILS, text, details, counterexample=text)
+
+
 def _family_claim(ctx, cfg_name: str, family: str, expected_rank, claimed_ok, holds_text, fails_text,
                   corrected=None) -> Evidence:
     r = _analyze(ctx, cfg_name)
@@ -89,11 +98,7 @@ def _family_claim(ctx, cfg_name: str, family: str, expected_rank, claimed_ok, ho
         return Evidence("nullity", UNDECIDED, f"{family} has rank {rank}, predicted {want}", details)
     ok = claimed_ok(r.cfg, rank)
     text = (holds_text if ok else fails_text).format(rank=rank, nullity=r.measured_nullity, cfg=_describe(r.cfg))
-    if ok:
-        return Evidence("nullity", HOLDS, text, details)
-    if corrected:
-        return Evidence("nullity", CORRECTED, text, details, corrected_rule=corrected)
-    return Evidence("nullity", FAILS, text, details, counterexample=text)
+    return _decide(ok, text, details, corrected)
 
 
 def _maximality(ctx, names) -> Evidence:
@@ -117,11 +122,11 @@ def _maximality(ctx, names) -> Evidence:
             extra[k] = max(extra.get(k, 0), n)
     text = (f"nullity = dim G_max only on {len(verdicts) - len(failing)}/{len(verdicts)} configurations; "
             + "; ".join(f"{v.config}: {v.measured_nullity} vs {v.gmax_dimension}" for v in failing[:3]))
+    rule = None
     if bias_free_attn and all(v.verdict == "HOLDS" for v in bias_free_attn):
         rule = ("G_max (G_RoPE, G_share) is the whole continuous group of a bias-free attention layer; with biases, "
                 "norms, FFNs and embeddings the group is larger: " + ", ".join(sorted(extra)))
-        return Evidence("nullity", CORRECTED, text, details, corrected_rule=rule)
-    return Evidence("nullity", FAILS, text, details, counterexample=text)
+    return _decide(False, text, details, rule)
 
 
 def _model_product(ctx, names) -> Evidence:
@@ -148,7 +153,7 @@ def _count(ctx, cfg_name: str, paper: str, relation: str = "=") -> Evidence:
     text = (f"{_describe(r.cfg)}: measured symmetry dimension {r.measured_nullity}, the {paper} formula gives "
             f"{claimed} (claimed relation: {relation})")
     details = {"reports": [_summary(r)], "paper": paper, "claimed": claimed}
-    return Evidence("nullity", HOLDS if ok else FAILS, text, details, counterexample=None if ok else text)
+    return _decide(ok, text, details)
 
 
 def _fdof(ctx, names) -> Evidence:
@@ -158,7 +163,7 @@ def _fdof(ctx, names) -> Evidence:
     ok = all(x["holds"] for x in rows)
     text = "; ".join(f"{x['config']}: fdof = P − nullity = {x['fdof']} vs P/log P = {x['P_over_logP']:.1f}"
                      for x in rows[:3])
-    return Evidence("nullity", HOLDS if ok else FAILS, text, {"rows": rows}, counterexample=None if ok else text)
+    return _decide(ok, text, {"rows": rows})
 
 
 def _compare(measured: float, claimed: float, relation: str) -> bool:
@@ -249,8 +254,7 @@ def _user_claim(claim: Claim, ctx) -> Evidence:
     ok = _compare(r.measured_nullity, float(claimed), claim.relation)
     text = (f"{_describe(cfg)}: measured symmetry dimension {r.measured_nullity} "
             f"({', '.join(f'{k} {v}' for k, v in r.family_dims().items())}); the claim's formula gives {claimed}")
-    return Evidence("nullity", HOLDS if ok else FAILS, text, {"reports": [_summary(r)], "claimed": str(claimed)},
-                    counterexample=None if ok else text)
+    return _decide(ok, text, {"reports": [_summary(r)], "claimed": str(claimed)})
 
 
 def nullity(claim: Claim, ctx) -> Evidence:
