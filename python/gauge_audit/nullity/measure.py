@@ -164,14 +164,12 @@ class Problem:
         return self.layout.unflatten(self.theta)
 
 
-def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch=None) -> Problem:
-    """Parameters from ``seed``, inputs from ``seed + 1``.  ``batch``: a number of sequences, a
-    function of P giving one, or None (rows ≥ factor·P)."""
+def make_problem(cfg: Config, seed: int = 0, factor: float = 3.0, batch: int | None = None) -> Problem:
+    """Parameters from ``seed``, inputs from ``seed + 1``.  ``batch``: a number of sequences, or
+    None (rows ≥ factor·P)."""
     model = build_config(cfg, seed, device="cpu", dtype=torch.float64)
     layout = Layout.of(model.params)
     theta = layout.flatten(model.params)
-    if callable(batch):
-        batch = batch(layout.size)
     if cfg.experts:  # each expert sees only a top_k/E share of the tokens
         factor = factor * max(1.0, cfg.experts / cfg.top_k)
     inputs = generic_inputs(cfg, layout.size, seed + 1, factor=factor, batch=batch)
@@ -229,8 +227,6 @@ def genericity(problem: Problem) -> Genericity:
             if b is not None:
                 z = z + (b if e is None else b[e])
             key = prefix if e is None else f"{prefix}[expert {e}]"
-            if cfg_.experts:
-                captured.setdefault("_x_" + key, x)
             captured[key] = z.reshape(-1, z.shape[-1])
         return orig_mlp(params_, prefix, cfg_, x, e)
 
@@ -243,7 +239,7 @@ def genericity(problem: Problem) -> Genericity:
         L.mlp = orig_mlp
     routing = trace.get("routing", [])
     for key, z in captured.items():
-        if key.startswith("_x_") or key.startswith("_in_"):
+        if key.startswith("_in_"):
             continue
         if cfg.experts:
             # only tokens routed to this expert count
