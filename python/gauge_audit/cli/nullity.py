@@ -32,7 +32,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--method", choices=("dense", "matrix-free"), default="dense")
-    p.add_argument("--rounding", choices=("statistical", "probabilistic", "worst-case"), default="statistical",
+    from ..nullity.matrixfree import ROUNDING
+    p.add_argument("--rounding", choices=ROUNDING, default=ROUNDING[0],
                    help="matrix-free: the rounding-error model behind the Cholesky certificate "
                         "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)")
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
