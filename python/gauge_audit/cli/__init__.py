@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from ..errors import GaugeAuditError
+from ..progress import quiet
 
 SUBCOMMANDS = (
     "check",
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "json", False):  # JSON output: no progress bars, even on a terminal
+            with quiet():
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except GaugeAuditError as exc:
         sys.stderr.write(f"gauge-audit: error: {exc}\n")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
-
 import zipfile
 
 import numpy as np
@@ -15,6 +12,7 @@ from ..actions.base import Element, element_from_arrays
 from ..errors import GaugeAuditError
 from ..models import build, config_of, model_names
 from ..numeric import CheckResult, check, pairs
+from ..progress import bar, echo
 from ..runtime import eps, resolve_dtype
 
 
@@ -88,11 +86,11 @@ def run(args) -> int:
         reason = get_action(args.action).applies(config_of(args.model))
         raise GaugeAuditError(f"action {args.action} does not apply to {args.model}: {reason}")
 
-    cache, results, t0 = {}, [], time.perf_counter()
+    cache, results = {}, []
     if not args.json:
         print(f"{'model':24s} {'action':22s} {'verdict':6s} {'max rel err':>10s} {'residual/ε':>12s} "
               f"{'tol/ε':>10s} {'κ':>8s}")
-    for i, (m, a) in enumerate(todo, 1):
+    for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
             cache[m] = build(m, seed=args.seed, device=args.device)
         r = check(cache[m], a, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
@@ -100,10 +98,7 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
         else:
-            print(_row(r))
-            sys.stdout.flush()
-        if len(todo) > 1 and sys.stderr.isatty():
-            sys.stderr.write(f"\r[{i}/{len(todo)}] {time.perf_counter() - t0:.1f}s ")
+            echo(_row(r))
     if not args.json:
         holds = sum(r.verdict == "HOLDS" for r in results)
         differ = [r for r in results if not r.agrees]

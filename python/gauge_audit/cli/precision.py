@@ -10,10 +10,9 @@ referee's concrete test and the floating-point error study.
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 from ..errors import GaugeAuditError
+from ..progress import ticker
 
 DEFAULT_PLOT = "reports/precision/error_vs_kappa.png"
 
@@ -40,19 +39,6 @@ def register(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the actions and claims this command settles")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=run)
-
-
-def _progress(label: str):
-    if not sys.stderr.isatty():
-        return None
-    t0 = time.perf_counter()
-
-    def tick(i: int, n: int) -> None:
-        sys.stderr.write(f"\r[{label}] {i}/{n}  {time.perf_counter() - t0:.1f}s ")
-        if i == n:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-    return tick
 
 
 def _emit(args, obj: dict, text: str) -> None:
@@ -95,7 +81,7 @@ def run(args) -> int:
         raise GaugeAuditError("--sequences must be >= 1")
     if args.referee_test:
         r = P.referee_test(seed=args.seed, dps=args.dps or 50, sequences=args.sequences,
-                           progress=_progress("referee test"))
+                           progress=ticker("referee test"))
         _emit(args, r.to_json(), r.render())
         return 0
     if args.plot is not None:
@@ -109,10 +95,10 @@ def _plot(args, P) -> int:
     if args.full:
         study = P.run_study(models=("gpt2-tiny", "llama-tiny", "bert-tiny"), kappas=P.error_study.FULL_KAPPAS,
                             seeds=tuple(range(args.seed, args.seed + 5)), minilm=not args.no_minilm,
-                            device=args.device, progress=_progress("error study"))
+                            device=args.device, progress=ticker("error study"))
     else:
         study = P.run_study(seeds=(args.seed, args.seed + 1, args.seed + 2), minilm=not args.no_minilm,
-                            device=args.device, progress=_progress("error study"))
+                            device=args.device, progress=ticker("error study"))
     path = P.plot_study(study, args.plot)
     v24, v12 = P.eps24_verdict(study), P.wiki_1e12_verdict(study)
     obj = {"plot": path, "study": study.to_json(), "eps-24": v24.to_json(), "wiki-1e-12": v12.to_json()}
@@ -129,7 +115,7 @@ def _name(args, P) -> int:
         if args.kappa < 1 or args.kappa != args.kappa:
             raise GaugeAuditError("--kappa must be a number >= 1")
         r = P.check_action(name, args.model, dps=dps, seed=args.seed, kappa=args.kappa,
-                           certify=args.certify, progress=_progress(name))
+                           certify=args.certify, progress=ticker(name))
         if args.certify and r.certificate is None:
             if r.expected == "HOLDS":
                 note = f"{name} is a true symmetry on {r.model}: there is no counterexample to certify"
