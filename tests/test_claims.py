@@ -103,6 +103,48 @@ def test_loader_errors_name_file_line_field(tmp_path, mutation, line, field):
     assert field in msg
 
 
+def test_loader_reports_every_field_error_in_one_run(tmp_path, capsys):
+    """Missing authors and reference, a bad kind, an unknown checker and an unknown key in a
+    second claim: all five lines in one error, in file order, and the CLI prints each and exits 2."""
+    text = GOOD.replace('authors = ["A"]\n', "").replace('reference = "R"\n', "")
+    text = text.replace('kind = "count"', 'kind = "opinion"') + textwrap.dedent("""
+        [[claim]]
+        id = "x-two"
+        location = "eq. 2"
+        statement = "t"
+        kind = "count"
+        checkers = ["symbolic", "oracle"]
+        colour = "red"
+        """)
+    p = _write(tmp_path, text)
+    with pytest.raises(GaugeAuditError) as e:
+        load_file(p)
+    lines = e.value.lines
+    assert len(lines) == 5, lines
+    assert all(ln.startswith(f"{p}:") for ln in lines)
+    for field, ln in zip(("document.authors", "document.reference", "kind", "checkers", "colour"), lines):
+        assert f"field {field}" in ln, (field, ln)
+    nums = [int(ln.split(":")[1]) for ln in lines]
+    assert nums == sorted(nums)
+
+    from gauge_audit.cli import main
+    assert main(["claims", "--file", str(p)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 5 and all(ln.startswith(f"gauge-audit: error: {p}:") for ln in err)
+    # once fixed, the same file loads
+    good = text.replace('kind = "opinion"', 'kind = "count"').replace(', "oracle"', "").replace('colour = "red"\n', "")
+    good = good.replace('title = "T"\n', 'title = "T"\nauthors = ["A"]\nreference = "R"\n')
+    assert [c.id for c in load_file(_write(tmp_path, good, "fixed.toml"))[1]] == ["x-one", "x-two"]
+
+
+def test_loader_errors_of_every_catalog_file_together(tmp_path):
+    a = _write(tmp_path, GOOD.replace('kind = "count"', 'kind = 1'), "a.toml")
+    b = _write(tmp_path, GOOD.replace('id = "x-one"', 'id = "x-two"').replace('location = "eq. 1"\n', ""), "b.toml")
+    with pytest.raises(GaugeAuditError) as e:
+        load_catalog([a, b])
+    assert [ln.split(":")[0] for ln in e.value.lines] == [str(a), str(b)]
+
+
 def test_loader_duplicate_ids_across_files(tmp_path):
     a = _write(tmp_path, GOOD, "a.toml")
     b = _write(tmp_path, GOOD, "b.toml")

@@ -28,8 +28,8 @@ Schema (one file per source document; see README "Claim catalog")::
     note = "..."                             # optional free text
 
 Every problem (TOML syntax, unknown key, missing field, wrong type, duplicate id) is
-a :class:`GaugeAuditError` whose message starts with ``FILE:LINE:`` and names the
-field.  Claim text is data: formulas go through :mod:`gauge_audit.claims.expr`,
+reported as a line ``FILE:LINE: field NAME: ...``; all problems of a file (of every
+file, for :func:`load_catalog`) come together in one :class:`GaugeAuditError`.  Claim text is data: formulas go through :mod:`gauge_audit.claims.expr`,
 nothing is evaluated as code.
 """
 
@@ -235,25 +235,27 @@ def load_file(path: Path | str) -> tuple[Document, list[Claim]]:
     return load_text(text, shown)
 
 
-def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]]:
-    """Validate the TOML ``text`` of one claim file; ``shown`` names it in error messages."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        line = m.group(1) if m else str(max(1, len(text.splitlines())) if "end of document" in str(exc) else 1)
-        raise GaugeAuditError(f"{shown}:{line}: TOML syntax error: {exc}") from None
+class _Problems:
+    """Collects every ``FILE:LINE: message`` of one file, so a user fixes them all in one pass."""
 
-    def fail(line: int, msg: str):
-        raise GaugeAuditError(f"{shown}:{line}: {msg}")
+    def __init__(self, shown: str):
+        self.shown, self.items = shown, []
 
-    for key in data:
-        if key not in ("document", "claim"):
-            fail(_section_line(text, key) if isinstance(data[key], dict) else _key_line(text, (1, len(text.splitlines())), key),
-                 f"unknown top-level key {key!r} (expected [document] and [[claim]])")
-    doc = data.get("document")
+    def __call__(self, line: int, msg: str) -> None:
+        self.items.append((int(line), f"{self.shown}:{line}: {msg}"))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            lines = [m for _, m in sorted(self.items, key=lambda x: x[0])]  # stable: file order
+            raise GaugeAuditError(*lines)
+
+
+def _validate_document(text: str, doc, fail: _Problems) -> bool:
+    """Check the [document] table; True when it is usable for building a Document."""
     if not isinstance(doc, dict):
         fail(1, "field document: missing [document] table")
+        return False
+    ok = True
     for key in doc:
         if key not in DOCUMENT_FIELDS:
             fail(_section_line(text, "document", key), f"field document.{key}: unknown key")
@@ -261,97 +263,149 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
         if key not in doc:
             if required:
                 fail(_section_line(text, "document"), f"field document.{key}: missing")
+                ok = False
             continue
         if not _check_type(doc[key], typ):
             fail(_section_line(text, "document", key), f"field document.{key}: expected {_type_name(typ)}")
-    if not doc["authors"] or not all(isinstance(a, str) for a in doc["authors"]):
-        fail(_section_line(text, "document", "authors"), "field document.authors: expected a non-empty array of strings")
-    document = Document(
-        key=doc.get("key", Path(shown).stem), title=doc["title"], authors=tuple(doc["authors"]),
-        reference=doc["reference"], file=shown, note=doc.get("note"),
-    )
+            ok = False
+        elif key == "authors" and (not doc[key] or not all(isinstance(a, str) for a in doc[key])):
+            fail(_section_line(text, "document", "authors"),
+                 "field document.authors: expected a non-empty array of strings")
+            ok = False
+    return ok
+
+
+def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problems) -> dict | None:
+    """Check one ``[[claim]]`` table, reporting every problem; the normalised fields, or None."""
+    before = len(fail.items)
+    label = raw.get("id", "#" + str(n + 1))
+    for key in raw:
+        if key not in CLAIM_FIELDS:
+            fail(line_of(key), f"field {key}: unknown key in claim {label!r}")
+    typed = set()
+    for key, (typ, required) in CLAIM_FIELDS.items():
+        if key not in raw:
+            if required:
+                fail(block_start, f"field {key}: missing in claim {label!r}")
+            continue
+        if not _check_type(raw[key], typ):
+            fail(line_of(key), f"field {key}: expected {_type_name(typ)}")
+        else:
+            typed.add(key)
+    # Each semantic check runs only on a field that has the right type, so one problem is
+    # reported once and never hides another.
+    if "id" in typed and not ID_RE.match(raw["id"]):
+        fail(line_of("id"), f"field id: {raw['id']!r} is not a valid id (lowercase letters, digits, '-')")
+    for key in ("statement", "location"):
+        if key in typed and not raw[key].strip():
+            fail(line_of(key), f"field {key}: empty")
+    if "kind" in typed and raw["kind"] not in KINDS:
+        fail(line_of("kind"), f"field kind: {raw['kind']!r} is not one of {', '.join(KINDS)}")
+    if "checkers" in typed:
+        checkers = raw["checkers"]
+        if not all(isinstance(c, str) for c in checkers):
+            fail(line_of("checkers"), "field checkers: expected an array of strings")
+        else:
+            for c in checkers:
+                if c not in CHECKERS:
+                    fail(line_of("checkers"), f"field checkers: unknown checker {c!r} (choose from {', '.join(CHECKERS)})")
+            if len(set(checkers)) != len(checkers):
+                fail(line_of("checkers"), "field checkers: duplicate entry")
+    if "params" in typed:
+        for k, v in raw["params"].items():
+            if not _check_param_value(v):
+                fail(line_of("params"), f"field params.{k}: expected numbers, strings, booleans, arrays or tables")
+    if "relation" in typed and raw["relation"] not in RELATIONS:
+        fail(line_of("relation"), f"field relation: {raw['relation']!r} is not one of {', '.join(RELATIONS)}")
+    if "expected" in typed and raw["expected"] not in EXPECTED:
+        fail(line_of("expected"), f"field expected: {raw['expected']!r} is not one of {', '.join(EXPECTED)}")
+    for key in ("action", "corrected_action"):
+        if key in typed and raw[key] not in ACTIONS:
+            fail(line_of(key), f"field {key}: unknown action {raw[key]!r} (see `gauge-audit check --list`)")
+    models = None
+    if "models" in typed:
+        known = model_names()
+        if not raw["models"] or not all(isinstance(m, str) and m in known for m in raw["models"]):
+            fail(line_of("models"), f"field models: expected a non-empty array of model names from {', '.join(known)}")
+        models = tuple(raw["models"])
+    percent = None
+    if "claimed_percent" in typed:
+        percent = raw["claimed_percent"]
+        if isinstance(percent, list):
+            if not percent or not all(_check_type(p, (int, float)) for p in percent):
+                fail(line_of("claimed_percent"), "field claimed_percent: expected a number or array of numbers")
+            else:
+                percent = tuple(float(p) for p in percent)
+        else:
+            percent = (float(percent),)
+    if "formula" in typed:
+        try:
+            parse_formula(raw["formula"])
+        except GaugeAuditError as exc:
+            fail(line_of("formula"), f"field formula: {exc}")
+    if len(fail.items) > before:
+        return None
+    return dict(models=models, percent=percent)
+
+
+def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]]:
+    """Validate the TOML ``text`` of one claim file; ``shown`` names it in error messages.
+
+    Every field problem of the file is reported in one :class:`GaugeAuditError` (one
+    ``FILE:LINE: field ...`` line each, in file order); a TOML syntax error stops at the
+    first, since the parser cannot go on."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        line = m.group(1) if m else str(max(1, len(text.splitlines())) if "end of document" in str(exc) else 1)
+        raise GaugeAuditError(f"{shown}:{line}: TOML syntax error: {exc}") from None
+
+    fail = _Problems(shown)
+    for key in data:
+        if key not in ("document", "claim"):
+            fail(_section_line(text, key) if isinstance(data[key], dict) else _key_line(text, (1, len(text.splitlines())), key),
+                 f"unknown top-level key {key!r} (expected [document] and [[claim]])")
+    doc = data.get("document")
+    document = None
+    if _validate_document(text, doc, fail):
+        document = Document(
+            key=doc.get("key", Path(shown).stem), title=doc["title"], authors=tuple(doc["authors"]),
+            reference=doc["reference"], file=shown, note=doc.get("note"),
+        )
 
     raw_claims = data.get("claim", [])
     if not isinstance(raw_claims, list):
         fail(_section_line(text, "claim"), "field claim: use [[claim]] array-of-tables")
+        raw_claims = []
     blocks = _claim_blocks(text)
     claims: list[Claim] = []
+    seen: dict[str, int] = {}
     for n, raw in enumerate(raw_claims):
         block = blocks[n] if n < len(blocks) else (1, len(text.splitlines()))
-        line_of = lambda key: _key_line(text, block, key)  # noqa: E731
-        for key in raw:
-            if key not in CLAIM_FIELDS:
-                fail(line_of(key), f"field {key}: unknown key in claim {raw.get('id', '#' + str(n + 1))!r}")
-        for key, (typ, required) in CLAIM_FIELDS.items():
-            if key not in raw:
-                if required:
-                    fail(block[0], f"field {key}: missing in claim {raw.get('id', '#' + str(n + 1))!r}")
-                continue
-            if not _check_type(raw[key], typ):
-                fail(line_of(key), f"field {key}: expected {_type_name(typ)}")
-        cid = raw["id"]
-        if not ID_RE.match(cid):
-            fail(line_of("id"), f"field id: {cid!r} is not a valid id (lowercase letters, digits, '-')")
-        for key in ("statement", "location"):
-            if not raw[key].strip():
-                fail(line_of(key), f"field {key}: empty")
-        if raw["kind"] not in KINDS:
-            fail(line_of("kind"), f"field kind: {raw['kind']!r} is not one of {', '.join(KINDS)}")
-        checkers = raw["checkers"]
-        if not all(isinstance(c, str) for c in checkers):
-            fail(line_of("checkers"), "field checkers: expected an array of strings")
-        for c in checkers:
-            if c not in CHECKERS:
-                fail(line_of("checkers"), f"field checkers: unknown checker {c!r} (choose from {', '.join(CHECKERS)})")
-        if len(set(checkers)) != len(checkers):
-            fail(line_of("checkers"), "field checkers: duplicate entry")
-        params = raw.get("params", {})
-        for k, v in params.items():
-            if not _check_param_value(v):
-                fail(line_of("params"), f"field params.{k}: expected numbers, strings, booleans, arrays or tables")
-        relation = raw.get("relation", "=")
-        if relation not in RELATIONS:
-            fail(line_of("relation"), f"field relation: {relation!r} is not one of {', '.join(RELATIONS)}")
-        expected = raw.get("expected", "holds")
-        if expected not in EXPECTED:
-            fail(line_of("expected"), f"field expected: {expected!r} is not one of {', '.join(EXPECTED)}")
-        for key in ("action", "corrected_action"):
-            if key in raw and raw[key] not in ACTIONS:
-                fail(line_of(key), f"field {key}: unknown action {raw[key]!r} (see `gauge-audit check --list`)")
-        models = raw.get("models")
-        if models is not None:
-            known = model_names()
-            if not models or not all(isinstance(m, str) and m in known for m in models):
-                fail(line_of("models"), f"field models: expected a non-empty array of model names from {', '.join(known)}")
-            models = tuple(models)
-        percent = raw.get("claimed_percent")
-        if percent is not None:
-            if isinstance(percent, list):
-                if not percent or not all(_check_type(p, (int, float)) for p in percent):
-                    fail(line_of("claimed_percent"), "field claimed_percent: expected a number or array of numbers")
-                percent = tuple(float(p) for p in percent)
+        line_of = lambda key, block=block: _key_line(text, block, key)  # noqa: E731
+        if not isinstance(raw, dict):
+            fail(block[0], f"field claim: entry #{n + 1} is not a table (use [[claim]])")
+            continue
+        norm = _validate_claim(raw, n, line_of, block[0], fail)
+        cid = raw.get("id")
+        if isinstance(cid, str):
+            if cid in seen:
+                fail(line_of("id"), f"field id: duplicate id {cid!r} (also at line {seen[cid]})")
             else:
-                percent = (float(percent),)
-        formula = raw.get("formula")
-        if formula is not None:
-            try:
-                parse_formula(formula)
-            except GaugeAuditError as exc:
-                fail(line_of("formula"), f"field formula: {exc}")
+                seen[cid] = block[0]
+        if norm is None or document is None:
+            continue
         claims.append(Claim(
             id=cid, document=document, source=raw.get("source", document.title),
             location=raw["location"], statement=" ".join(raw["statement"].split()), kind=raw["kind"],
-            checkers=tuple(checkers), params=_freeze(params), formula=formula,
-            claimed_value=raw.get("claimed_value"), claimed_percent=percent, relation=relation,
-            action=raw.get("action"), expected=expected, corrected_action=raw.get("corrected_action"),
-            models=models, note=raw.get("note"),
+            checkers=tuple(raw["checkers"]), params=_freeze(raw.get("params", {})), formula=raw.get("formula"),
+            claimed_value=raw.get("claimed_value"), claimed_percent=norm["percent"],
+            relation=raw.get("relation", "="), action=raw.get("action"), expected=raw.get("expected", "holds"),
+            corrected_action=raw.get("corrected_action"), models=norm["models"], note=raw.get("note"),
             file=shown, line=block[0],
         ))
-    seen: dict[str, Claim] = {}
-    for c in claims:
-        if c.id in seen:
-            fail(_key_line(text, blocks[claims.index(c)], "id"), f"field id: duplicate id {c.id!r} (also at line {seen[c.id].line})")
-        seen[c.id] = c
+    fail.raise_if_any()
     return document, claims
 
 
@@ -361,18 +415,27 @@ def catalog_files(directory: Path = CATALOG_DIR) -> list[Path]:
 
 
 def load_catalog(paths: Iterable[Path | str] | None = None) -> dict[str, Claim]:
-    """Load and validate claim files (default: every ``claims/*.toml``); ids are unique across files."""
+    """Load and validate claim files (default: every ``claims/*.toml``); ids are unique across files.
+    Problems of every file are reported together."""
     files = catalog_files() if paths is None else [Path(p) for p in paths]
     out: dict[str, Claim] = {}
+    problems: list[str] = []
     for path in files:
-        _, claims = load_file(path)
+        try:
+            _, claims = load_file(path)
+        except GaugeAuditError as exc:
+            problems += exc.lines
+            continue
         for c in claims:
             if c.id in out:
                 prev = out[c.id]
                 text = Path(path).read_text(encoding="utf-8")
                 line = _key_line(text, _claim_blocks(text)[[x.id for x in claims].index(c.id)], "id")
-                raise GaugeAuditError(f"{c.file}:{line}: field id: duplicate id {c.id!r} (already defined at {prev.file}:{prev.line})")
+                problems.append(f"{c.file}:{line}: field id: duplicate id {c.id!r} (already defined at {prev.file}:{prev.line})")
+                continue
             out[c.id] = c
+    if problems:
+        raise GaugeAuditError(*problems)
     return out
 
 

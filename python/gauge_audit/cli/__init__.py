@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except GaugeAuditError as exc:
-        sys.stderr.write(f"gauge-audit: error: {exc}\n")
+        for line in exc.lines:
+            sys.stderr.write(f"gauge-audit: error: {line}\n")
         return 2
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
