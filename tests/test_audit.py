@@ -110,20 +110,24 @@ def test_audit_json_output(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- error paths
-@pytest.mark.parametrize("text,match", [
-    ("[document]\ntitle = 1\n", r"bad\.toml:2: field document\.title"),
-    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\n", r"bad\.toml:5: field location"),
-    ("this is not toml", r"bad\.toml:1: TOML syntax error"),
+@pytest.mark.parametrize("text,match,problems", [
+    # title mistyped, authors and reference missing: all three in one run
+    ("[document]\ntitle = 1\n", r"bad\.toml:2: field document\.title", 3),
+    # location, statement, kind and checkers missing
+    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\n", r"bad\.toml:5: field location", 4),
+    ("this is not toml", r"bad\.toml:1: TOML syntax error", 1),
     ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
-     "kind='symmetry'\ncheckers=['torch']\naction='no-such-action'\n", r"bad\.toml:11: field action"),
+     "kind='symmetry'\ncheckers=['torch']\naction='no-such-action'\n", r"bad\.toml:11: field action", 1),
     ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
-     "kind='count'\ncheckers=['symbolic']\nformula='__import__(\"os\")'\n", r"bad\.toml:11: field formula"),
+     "kind='count'\ncheckers=['symbolic']\nformula='__import__(\"os\")'\n", r"bad\.toml:11: field formula", 1),
 ])
-def test_audit_malformed_claim_file_one_line_exit_2(tmp_path, capsys, text, match):
+def test_audit_malformed_claim_file_one_line_per_problem_exit_2(tmp_path, capsys, text, match, problems):
     bad = tmp_path / "bad.toml"
     bad.write_text(text, encoding="utf-8")
     code, _, err = _run(["audit", str(bad), "--out", str(tmp_path / "r")], capsys)
-    assert code == 2 and err.count("\n") == 1 and re.search(match, err), err
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == problems and re.search(match, err), err
+    assert all(re.match(rf"gauge-audit: error: {re.escape(str(bad))}:\d+: ", ln) for ln in lines), err
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -14,9 +14,9 @@ from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import attn, bert, gpt2, llama, moe, qwen
 from gauge_audit.nullity import analyze, maximality_verdicts
 from gauge_audit.nullity import explain as ex
-from gauge_audit.nullity.generators import families, first_block_families, qk_family
+from gauge_audit.nullity.families import families, first_block_families, qk_family
 from gauge_audit.nullity import matrixfree as mf
-from gauge_audit.nullity.measure import MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
+from gauge_audit.nullity.measure import EPS64, MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
 from gauge_audit.symbolic import counts
 
 # Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d
@@ -361,9 +361,9 @@ def test_maximality_matrix_free_agrees_with_dense(name):
 def test_maximality_matrix_free_finds_the_unexplained_directions(monkeypatch):
     """A theory missing a family (input-offset dropped on the small-vocab LLaMA): the matrix-free
     path counts the same unexplained directions as the dense one, on the same parameter blocks."""
-    import gauge_audit.nullity.analysis as an
-    full = an.families
-    monkeypatch.setattr(an, "families", lambda p, g: [f for f in full(p, g) if f.name != "input-offset"])
+    import gauge_audit.nullity.families as fm
+    full = fm.families
+    monkeypatch.setattr(fm, "families", lambda p, g: [f for f in full(p, g) if f.name != "input-offset"])
     cfg = llama.config(**SMALL_VOCAB)
     d = analyze(cfg, method="dense")
     m = analyze(cfg, method="matrix-free")
@@ -404,14 +404,53 @@ def test_matrix_free_rounding_models_agree(name):
         analyze(CONFIGS["llama"]("A"), method="matrix-free", mf_options={"rounding": "optimistic"})
 
 
-def test_inertia_and_certificate_on_known_spectra():
+def _inertia_margin(G: torch.Tensor, tau: float) -> float:
+    """How far τ must sit from every eigenvalue of G for the inertia of G − τI to be decided by
+    the matrix and not by rounding.  Both computations are backward stable: eigvalsh returns the
+    eigenvalues of G + E₁, the Bunch–Kaufman LDLᵀ the inertia of G − τI + E₂, with
+    ‖E‖₂ ≤ γ_{3n}·n·ρ·‖G − τI‖₂, ρ the factorisation's element growth (Higham, ASNA §11.1.2;
+    the extra n turns the entrywise bound into a 2-norm one).  By Weyl each eigenvalue moves by
+    at most ‖E‖₂, so a shift 2·(‖E₁‖ + ‖E₂‖) away from the spectrum has one defined answer."""
+    n, u = G.shape[0], EPS64 / 2
+    gamma = 3 * n * u / (1 - 3 * n * u)
+    A = G - tau * torch.eye(n, dtype=G.dtype)
+    LD, _ = torch.linalg.ldl_factor(A)
+    rho = max(1.0, float(LD.abs().max() / A.abs().max()))
+    e_eig = gamma * n * float(torch.linalg.matrix_norm(G, ord=2))
+    e_ldl = gamma * n * rho * float(torch.linalg.matrix_norm(A, ord=2))
+    return 2 * (e_eig + e_ldl)
+
+
+def test_inertia_counts_at_shifts_separated_from_the_spectrum():
+    """The inertia count agrees with eigvalsh on both sides of several eigenvalues, at shifts
+    a derived margin away from them (at an eigenvalue itself the answer is decided by rounding,
+    so it is never asked), and between the two ends of the spectrum."""
     g = torch.Generator().manual_seed(3)
     n, m = 60, 90
     A = torch.randn(m, n, generator=g, dtype=torch.float64)
     G = A.T @ A
     lam = torch.linalg.eigvalsh(G)
-    for tau in (float(lam[0]) / 2, float(lam[5]), float(lam[30]) + 1e-9):
-        assert mf.inertia_below(G, tau) == int((lam < tau).sum())
+    checked = 0
+    for k in (0, 5, 30, n - 1):
+        lk = float(lam[k])
+        delta = _inertia_margin(G, lk)
+        for side, tau in ((-1, lk - 2 * delta), (+1, lk + 2 * delta)):
+            # the shift really is separated: no eigenvalue within the margin of it
+            assert float((lam - tau).abs().min()) >= delta
+            expected = k if side < 0 else k + 1
+            assert int((lam < tau).sum()) == expected
+            assert mf.inertia_below(G, tau) == expected
+            checked += 1
+    assert checked == 8
+    assert mf.inertia_below(G, float(lam[0]) / 2) == 0
+    assert mf.inertia_below(G, 2 * float(lam[-1])) == n
+
+
+def test_inertia_and_certificate_on_known_spectra():
+    g = torch.Generator().manual_seed(3)
+    n, m = 60, 90
+    A = torch.randn(m, n, generator=g, dtype=torch.float64)
+    G = A.T @ A
     # full rank: the certificate holds and is a true lower bound (in the scaled coordinates)
     out = mf.certify(torch.tril(G).clone(), m, 0, True)
     Gs = G * out["scaling"][:, None] * out["scaling"][None, :]

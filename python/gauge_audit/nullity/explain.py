@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..numeric import path_length  # the same rounding model as the torch check
-from .generators import Family
+from .families import Family
 from .measure import EPS64, Problem, numerical_rank
 
 

@@ -64,9 +64,10 @@ from torch.func import jvp, vmap
 from ..errors import GaugeAuditError
 from ..runtime import generator
 from . import explain as ex
-from .generators import Family
+from .families import Family, theory
 from .measure import (EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress,
                       project_outputs)
+from .report import make_report
 
 U64 = EPS64 / 2     # unit roundoff of float64
 
@@ -447,8 +448,6 @@ MAX_FACTOR = 4.5     # sketch rows doubled up to ~4·(P − k) (the dense path u
 
 def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 1.05,
                         rounding: str = "statistical"):
-    from .analysis import _report, theory
-
     factor = sketch * (max(1.0, cfg.experts / cfg.top_k) if cfg.experts else 1.0)
     timings: dict = {}
     # the certificate works on P − k coordinates (k: the architecture's exact generators, whose
@@ -549,8 +548,8 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     expl = ex.check_families(problem, fams, JV, j_fro, threshold, exact_span)
     nullity = expl.explained + unexplained
     timings["generators"] = time.time() - t
-    report = _report(problem, gen, fams, expl, nullity, gap, float("nan"), threshold / max(j_fro, 1e-300),
-                     "matrix-free", timings, j_fro, None)
+    report = make_report(problem, gen, fams, expl, nullity, gap, float("nan"), threshold / max(j_fro, 1e-300),
+                         "matrix-free", timings, j_fro, None)
     report.rows = sk.rows
     if unexplained:
         # the null directions live on the coordinates off the pivots; their parts outside the
