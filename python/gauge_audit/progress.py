@@ -48,10 +48,11 @@ def quiet() -> Iterator[None]:
 
 
 def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: str | None = None,
-        unit: str = "it", leave: bool = False, **kw) -> tqdm:
-    """A tqdm bar on stderr, disabled (a no-op wrapper) unless :func:`enabled`."""
+        unit: str = "it", leave: bool = False, disable: bool | None = None, **kw) -> tqdm:
+    """A tqdm bar on stderr, disabled (a no-op wrapper) unless :func:`enabled`; ``disable=True``
+    turns it off regardless."""
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=sys.stderr,
-                disable=not enabled(), dynamic_ncols=True, **kw)
+                disable=bool(disable) or not enabled(), dynamic_ncols=True, **kw)
 
 
 def ticker(desc: str, unit: str = "it") -> Callable[[int, int], None] | None:
@@ -72,6 +73,12 @@ def ticker(desc: str, unit: str = "it") -> Callable[[int, int], None] | None:
             b.close()
             state.pop("bar")
     return tick
+
+
+def note(text: str) -> None:
+    """A status line on stderr, above any active bar — only where bars are drawn."""
+    if enabled():
+        tqdm.write(text, file=sys.stderr)
 
 
 def echo(text: str) -> None:

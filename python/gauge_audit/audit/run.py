@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..claims import Claim
 from ..errors import GaugeAuditError
@@ -48,12 +48,15 @@ class AuditReport:
                 "claims": [r.to_json() for r in self.results], "extras": self.extras}
 
 
-def _progress(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
+class Progress(Protocol):
+    """What the audit reports while it runs (the CLI draws a bar from it)."""
+
+    def start(self, claim_id: str, checker: str) -> None: ...
+
+    def done(self, line: str) -> None: ...
 
 
-def audit(claims: list[Claim], ctx: Context | None = None, progress=_progress) -> AuditReport:
+def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None) -> AuditReport:
     ctx = ctx or Context()
     report = AuditReport(ctx.seed, ctx.full, [])
     t_all = time.perf_counter()
@@ -62,6 +65,8 @@ def audit(claims: list[Claim], ctx: Context | None = None, progress=_progress) -
         for name in claim.checkers:
             fn = CHECKER_FUNCTIONS.get(name)
             t = time.perf_counter()
+            if progress:
+                progress.start(claim.id, name)
             if fn is None:
                 ev = Evidence(name, NOT_RUN, f"the {name} checker is not available in this build")
             else:
@@ -73,7 +78,7 @@ def audit(claims: list[Claim], ctx: Context | None = None, progress=_progress) -
             report.timings[f"{claim.id}/{name}"] = round(dt, 3)
             evidence.append(ev)
             if progress:
-                progress(f"[{i}/{len(claims)}] {claim.id:26s} {name:9s} {ev.outcome:22s} {dt:6.1f}s")
+                progress.done(f"[{i}/{len(claims)}] {claim.id:26s} {name:9s} {ev.outcome:22s} {dt:6.1f}s")
         report.results.append(ClaimResult(claim, evidence, combine(evidence)))
     report.timings["total"] = round(time.perf_counter() - t_all, 3)
     return report

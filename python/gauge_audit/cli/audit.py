@@ -10,6 +10,7 @@ from ..audit.evidence import CORRECTED, FAILS, HOLDS, UNDECIDED
 from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
+from ..progress import bar
 from ..runtime import resolve_device
 
 VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
@@ -27,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
     p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only when stderr is a terminal)")
     p.set_defaults(func=run)
 
 
@@ -47,7 +48,8 @@ def run(args) -> int:
             raise GaugeAuditError(f"unknown claim id(s): {', '.join(unknown)}")
         claims = [catalog[x] for x in wanted]
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
-    report = audit(claims, ctx, progress=None if args.quiet else _progress)
+    with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
+        report = audit(claims, ctx, progress=progress)
     plots, extras = collect(ctx)
     report.extras.update(extras)
     paths = write(report, Path(args.out), plots)
@@ -61,6 +63,22 @@ def run(args) -> int:
     return 0
 
 
-def _progress(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
+class _AuditBar:
+    """A bar over every (claim, checker) step, naming the running step, with one line per
+    finished step above it — on a terminal only (quiet in pipes, logs and under --json)."""
+
+    def __init__(self, total: int, off: bool):
+        self.bar = bar(total=total, desc="audit", unit="check", disable=off or None)
+
+    def __enter__(self):
+        return self if not self.bar.disable else None
+
+    def __exit__(self, *exc):
+        self.bar.close()
+
+    def start(self, claim_id: str, checker: str) -> None:
+        self.bar.set_postfix_str(f"{claim_id} / {checker}")
+
+    def done(self, line: str) -> None:
+        self.bar.update(1)
+        self.bar.write(line, file=sys.stderr)

@@ -32,10 +32,14 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--method", choices=("dense", "matrix-free"), default="dense")
+    from ..nullity.cost import DEFAULT_MAX_MINUTES
     from ..nullity.matrixfree import ROUNDING
     p.add_argument("--rounding", choices=ROUNDING, default=ROUNDING[0],
                    help="matrix-free: the rounding-error model behind the Cholesky certificate "
                         "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)")
+    p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES, metavar="M",
+                   help=f"refuse up front, with the estimate, a measurement the cost model puts above M minutes "
+                        f"(default {DEFAULT_MAX_MINUTES:g}; 0: no limit) — or above the free memory (always)")
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -90,8 +94,11 @@ def run(args) -> int:
     cfg = build_cfg(args)
     if args.plot and args.method != "dense":
         raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
+    if not (args.max_minutes >= 0 and math.isfinite(args.max_minutes)):
+        raise GaugeAuditError("--max-minutes must be a finite number >= 0 (0: no limit)")
     report = analyze(cfg, seed=args.seed, method=args.method, quiet=args.quiet or args.json,
-                     mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None)
+                     mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None,
+                     max_minutes=args.max_minutes or None)
     if args.plot:
         if report.singular_values is None:
             raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")

@@ -12,6 +12,7 @@ import time
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
+from . import cost
 from . import explain as ex
 from .families import Family, theory
 from .matrixfree import analyze_matrix_free
@@ -24,17 +25,27 @@ DENSE_LIMIT = 6000   # above this P the dense path is refused (memory and SVD ti
 
 # ----------------------------------------------------------------------------- analyze
 def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3.0, quiet: bool = True,
-            mf_options: dict | None = None) -> NullityReport:
-    """Measure the nullity of J at a generic point of ``cfg`` and explain it."""
+            mf_options: dict | None = None, max_minutes: float | None = cost.DEFAULT_MAX_MINUTES) -> NullityReport:
+    """Measure the nullity of J at a generic point of ``cfg`` and explain it.
+
+    Before any work, the cost model (:mod:`.cost`) estimates memory and time; a measurement
+    that would exceed the free memory or ``max_minutes`` (None: no time limit) is refused
+    with the estimate."""
     if method not in ("dense", "matrix-free"):
         raise GaugeAuditError(f"unknown method {method!r} (choose dense or matrix-free)")
     t0 = time.time()
     if method == "matrix-free":
+        sketch = (mf_options or {}).get("sketch", cost.MATRIX_FREE_SKETCH)
+        cost.require_feasible(cost.estimate(cfg, method, sketch=sketch), max_minutes)
         return analyze_matrix_free(cfg, seed, quiet, t0, **(mf_options or {}))
+    P = cost.parameter_count(cfg)
+    if P > DENSE_LIMIT:
+        mf = cost.estimate(cfg, "matrix-free")
+        raise GaugeAuditError(f"P = {P:,} parameters is above the dense limit {DENSE_LIMIT:,}; "
+                              f"--method matrix-free would need ≈ {cost.size_text(mf.bytes)} and "
+                              f"≈ {cost.duration_text(mf.seconds)} ({mf.detail})")
+    cost.require_feasible(cost.estimate(cfg, method, factor=factor), max_minutes)
     problem = make_problem(cfg, seed, factor=factor)
-    if problem.P > DENSE_LIMIT:
-        raise GaugeAuditError(f"P = {problem.P} parameters is above the dense limit {DENSE_LIMIT}; "
-                              "use --method matrix-free")
     progress(f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
              f"({problem.batch} sequences), method {method}", quiet)
     gen, fams = theory(problem, quiet)

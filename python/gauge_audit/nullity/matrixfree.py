@@ -62,6 +62,7 @@ import torch
 from torch.func import jvp, vmap
 
 from ..errors import GaugeAuditError
+from ..progress import bar
 from ..runtime import generator
 from . import explain as ex
 from .families import Family, theory
@@ -237,8 +238,9 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
     images = _Images(fams, cols, piv)
     to_cols, to_piv = _routes(problem.layout, cols), _routes(problem.layout, piv)
     A = Bp = None
-    m, fill, fro2, t0 = 0, 0, 0.0, time.time()
+    m, fill, fro2 = 0, 0, 0.0
     b = problem.batch
+    pb = bar(total=b, desc="sketch rows", unit="seq", disable=quiet)
 
     def flush():
         nonlocal fill, fro2
@@ -248,7 +250,7 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
         syrk_lower(G, a)
         fill = 0
 
-    for i, (done, pieces) in enumerate(jacobian_pieces(problem, proj=proj)):
+    for done, pieces in jacobian_pieces(problem, proj=proj):
         r = next(iter(pieces.values())).shape[0]
         if A is None:       # buffers for ≥ FLUSH rows plus one block
             A = torch.empty(n, FLUSH + r, dtype=torch.float64)
@@ -261,8 +263,8 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
         m += r
         if fill >= FLUSH or done == b:
             flush()
-        if time.time() - t0 > 2 and i % 10 == 0:
-            progress(f"sketch: {done}/{b} sequences, {m} rows ({time.time() - t0:.0f} s)", quiet)
+        pb.update(done - pb.n)
+    pb.close()
     return Sketch(G, images.result(), m, math.sqrt(fro2))
 
 

@@ -18,7 +18,6 @@ active over the data).  Everything here is float64.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from ..errors import GaugeAuditError
 from ..models import Config, Model, build_config
+from ..progress import bar, note
 from ..runtime import generator
 
 EPS64 = float(torch.finfo(torch.float64).eps)
@@ -34,9 +34,10 @@ MIN_GAP = 1e4  # below this ratio the spectrum has no clear separation (typical 
 
 
 def progress(msg: str, quiet: bool = False) -> None:
+    """A status line on stderr, above any progress bar — on a terminal only (quiet in pipes,
+    logs and under --json, like the bars)."""
     if not quiet:
-        sys.stderr.write(f"[nullity] {msg}\n")
-        sys.stderr.flush()
+        note(f"[nullity] {msg}")
 
 
 # ----------------------------------------------------------------------------- layout
@@ -313,11 +314,11 @@ def jacobian_rows(problem: Problem, chunk: int | None = None, proj: torch.Tensor
 
 def dense_jacobian(problem: Problem, chunk: int | None = None, quiet: bool = False) -> torch.Tensor:
     """J (rows × P), all of it."""
-    parts, t0, b = [], time.time(), problem.batch
-    for i, (done, block) in enumerate(jacobian_rows(problem, chunk=chunk)):
-        parts.append(block)
-        if time.time() - t0 > 2 and (i % 10 == 0 or done == b):
-            progress(f"Jacobian: {done}/{b} sequences ({time.time() - t0:.0f} s)", quiet)
+    parts = []
+    with bar(total=problem.batch, desc="Jacobian rows", unit="seq", disable=quiet) as pb:
+        for done, block in jacobian_rows(problem, chunk=chunk):
+            parts.append(block)
+            pb.update(done - pb.n)
     return torch.cat(parts)
 
 

@@ -99,9 +99,15 @@ def markdown(report: AuditReport, plot_names: list[str] = ()) -> str:
             for row in rows:
                 if isinstance(row, dict) and "residual_eps" in row:
                     out.append(f"    - {row['model']}: {row['verdict']}, max rel error {row['max_rel_error']:.3e} "
-                               f"= {row['residual_eps']:.4g} ε (tol {row['tolerance_eps']:.4g} ε, κ {row['kappa']:.3g})")
+                               f"= {row['residual_eps']:.4g} ε (tol {_stat(row)}{row['tolerance_eps']:.4g} ε worst-case, "
+                               f"κ {row['kappa']:.3g})")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _stat(row: dict) -> str:
+    v = row.get("tolerance_statistical_eps")
+    return f"{v:.4g} ε statistical, " if isinstance(v, (int, float)) else ""
 
 
 def _extras(extras: dict) -> list[dict]:
