@@ -4,9 +4,15 @@
     python benchmarks/bench_nullity.py --quick    # a small configuration only
     python benchmarks/bench_nullity.py --skip-20k
 
-Targets (issue 5): the matrix-free path agrees with the dense one, is ≥ 5× faster at
-P ≈ 5 000, and handles P ≈ 20 000 within 120 s on 2 CPU cores.  Both methods run once on a
-tiny configuration first, so that neither pays torch's one-time start-up in the timing.
+Targets: the matrix-free path agrees with the dense one, is ≥ 5× faster at P ≈ 5 000, and
+handles P ≈ 20 000 within 120 s on 2 CPU cores (issue 5; issue 12 asked for 60 s — see the
+README for why the float64 certificate's flops put the floor above that on a ~100 GFLOP/s
+machine).  Both methods run once on a tiny configuration first, so that neither pays torch's
+one-time start-up in the timing.
+
+The machine's float64 matrix-product peak is measured in the same run (best of three
+4096 × 4096 products) and printed beside the rates the Gram (syrk, m·n² flops) and the
+Cholesky factorisation (n³/3) reached, so each time explains itself on any machine.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import argparse
 import sys
 import time
 
+import torch
+
 from gauge_audit.models import gpt2
 from gauge_audit.nullity import analyze
+from gauge_audit.nullity.cost import estimate, matmul_gflops
 
 
 def run(cfg, method, quiet=True):
@@ -25,11 +34,28 @@ def run(cfg, method, quiet=True):
     return r, time.perf_counter() - t
 
 
+def peak_gflops(n: int = 4096) -> float:
+    """The float64 matrix-product peak of this machine now (best of three n × n products)."""
+    return matmul_gflops.__wrapped__(n, 3)
+
+
+def rates(r, peak: float) -> str:
+    x = r.extra
+    g = x["gram_flops"] / max(x["gram_seconds"], 1e-9) / 1e9
+    c = x["cholesky_flops"] / max(x["cholesky_seconds"], 1e-9) / 1e9
+    return (f"Gram {x['gram_flops']:.3g} flops in {x['gram_seconds']:.1f} s = {g:.0f} GFLOP/s, Cholesky "
+            f"{x['cholesky_flops']:.3g} flops in {x['cholesky_seconds']:.1f} s = {c:.0f} GFLOP/s; matmul peak "
+            f"{peak:.0f} GFLOP/s (Gram at {g / peak:.0%}, Cholesky at {c / peak:.0%} of it); floor of these two "
+            f"at the peak: {(x['gram_flops'] + x['cholesky_flops']) / peak / 1e9:.0f} s")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-20k", action="store_true")
     a = ap.parse_args(argv)
+    peak = peak_gflops()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; float64 matmul peak {peak:.0f} GFLOP/s")
     tiny = gpt2.config(d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, d_head=4, d_ff=8, n_ctx=5, vocab=11)
     run(tiny, "dense")
     run(tiny, "matrix-free")
@@ -48,13 +74,17 @@ def main(argv=None) -> int:
     print(f"  matrix-free: {fmt(rm.timings)} s; sketch {rm.extra['sketch_rows']} rows × "
           f"{rm.params - rm.extra['eliminated_coordinates']} coordinates, {rm.extra['low_directions']} low "
           f"direction(s) measured exactly, σ certified ≥ {rm.extra['sigma_min_complement']:.2e}")
+    print(f"  matrix-free rates: {rates(rm, peak)}")
     ok = agree
     if not (a.quick or a.skip_20k):
         p20 = gpt2.config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_head=8, d_ff=64, n_ctx=12, vocab=40)
+        est = estimate(p20, "matrix-free", gflops=peak)
         r2, t2 = run(p20, "matrix-free", quiet=False)
         print(f"P = {r2.params}: matrix-free {t2:.1f} s ({r2.extra['rounding_model']} rounding model; "
               f"nullity {r2.measured_nullity} = explained "
-              f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}")
+              f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}, "
+              f"within 60 s: {t2 <= 60}; cost-model estimate (n ≤ P) {est.seconds:.0f} s")
+        print(f"  rates: {rates(r2, peak)}")
         print(f"  {fmt(r2.timings)} s; sketch {r2.extra['sketch_rows']} rows × "
               f"{r2.params - r2.extra['eliminated_coordinates']} coordinates, {r2.extra['low_directions']} low "
               f"direction(s) measured exactly")

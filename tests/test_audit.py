@@ -74,6 +74,20 @@ def test_catalog_audit_counterexamples_and_corrections_reported(catalog_report):
     assert "total" not in data
 
 
+def test_catalog_audit_reports_both_tolerances(catalog_report):
+    """The torch evidence gives the statistical tolerance beside the worst-case one, per model and in
+    the summary, and the markdown report prints both."""
+    data = json.loads((catalog_report[1] / "report.json").read_text(encoding="utf-8"))
+    torch_ev = {c["id"]: c["evidence"]["torch"] for c in data["claims"] if "torch" in c["evidence"]}
+    qk = torch_ev["qk-gl"]
+    assert "statistical" in qk["summary"] and "worst-case" in qk["summary"]
+    for row in qk["details"]["results"]:
+        assert 0 < row["residual_eps"] <= row["tolerance_statistical_eps"] <= row["tolerance_eps"]
+        assert row["verdict"] == HOLDS
+    md = (catalog_report[1] / "report.md").read_text(encoding="utf-8")
+    assert "ε statistical" in md and "ε worst-case" in md
+
+
 # ----------------------------------------------------------------------------- determinism
 def test_audit_same_seed_byte_identical_report(tmp_path, capsys):
     for d in ("a", "b"):

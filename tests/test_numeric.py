@@ -325,8 +325,18 @@ def test_check_cli_errors_one_line_exit_2(capsys, argv, match):
 def test_check_cli_json_keys(capsys):
     assert main(["check", "--model", "attn-tiny", "--action", "vo-gl", "--json"]) == 0
     row = json.loads(capsys.readouterr().out.strip())
-    assert {"model", "action", "verdict", "max_rel_error", "residual_eps", "tolerance_eps"} <= set(row)
+    assert {"model", "action", "verdict", "max_rel_error", "residual_eps", "tolerance_eps",
+            "tolerance_statistical_eps", "tolerance_statistical_formula"} <= set(row)
     assert row["verdict"] == "HOLDS" and math.isfinite(row["residual_eps"])
+    assert row["residual_eps"] <= row["tolerance_statistical_eps"] <= row["tolerance_eps"]
+
+
+def test_check_cli_table_shows_both_tolerances(capsys):
+    assert main(["check", "--model", "gpt2-tiny", "--action", "qk-gl"]) == 0
+    out = capsys.readouterr().out
+    assert "stat tol/ε" in out and "tol/ε" in out
+    assert "tolerance (statistical) = κ·λ·√(L·K)·ε" in out and "tolerance (worst case)  = κ·L·K·ε" in out
+    assert "0 HOLDS (worst-case bound only)" in out
 
 
 def test_check_cli_list(capsys):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, Iterable, Iterator
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
@@ -88,3 +90,35 @@ def echo(text: str) -> None:
         sys.stdout.flush()
     else:
         print(text, flush=True)
+
+
+def timed_call(fn: Callable[..., Any], *args, expected_seconds: float, desc: str, disable: bool = False,
+               **kwargs) -> Any:
+    """``fn(*args, **kwargs)`` — one long library call (a LAPACK factorisation) that reports no
+    progress of its own — with a bar that advances with the elapsed time against the cost
+    model's ``expected_seconds`` (shown as such: "s" units, never past 99 % before it returns).
+    Without a terminal it is a plain call.  Torch releases the GIL in such calls, so the bar
+    runs on this thread while ``fn`` runs on a worker; exceptions are re-raised here."""
+    if disable or not enabled():
+        return fn(*args, **kwargs)
+    out: dict = {}
+
+    def work():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as exc:   # re-raised on the caller's thread
+            out["error"] = exc
+
+    total = max(0.1, float(expected_seconds))
+    worker = threading.Thread(target=work, daemon=True)
+    t0 = time.perf_counter()
+    worker.start()
+    with bar(total=round(total, 1), desc=desc, unit="s", bar_format="{desc}: {percentage:3.0f}%|{bar}| "
+             "{n:.0f}/{total:.0f} s (estimated) [{elapsed}]") as b:
+        while worker.is_alive():
+            worker.join(0.25)
+            b.update(min(time.perf_counter() - t0, 0.99 * total) - b.n)
+        b.update(total - b.n)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

@@ -62,9 +62,10 @@ import torch
 from torch.func import jvp, vmap
 
 from ..errors import GaugeAuditError
-from ..progress import bar
+from ..progress import bar, timed_call
 from ..runtime import generator
 from . import explain as ex
+from .cost import matmul_gflops
 from .families import Family, theory
 from .measure import (EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress,
                       project_outputs)
@@ -210,6 +211,7 @@ class Sketch:
     images: list[torch.Tensor]  # per family: S·J·vᵢ (k × rows)
     rows: int
     fro: float                  # ‖S·J‖_F (exact, all columns)
+    gram_seconds: float = 0.0   # time in the Gram's syrk updates (m·n² flops)
 
 
 FLUSH = 4096         # rows per Gram update (BLAS-3 efficiency)
@@ -238,16 +240,18 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
     images = _Images(fams, cols, piv)
     to_cols, to_piv = _routes(problem.layout, cols), _routes(problem.layout, piv)
     A = Bp = None
-    m, fill, fro2 = 0, 0, 0.0
+    m, fill, fro2, t_gram = 0, 0, 0.0, 0.0
     b = problem.batch
     pb = bar(total=b, desc="sketch rows", unit="seq", disable=quiet)
 
     def flush():
-        nonlocal fill, fro2
+        nonlocal fill, fro2, t_gram
         a, bp = A[:, :fill], Bp[:, :fill]
         images.add(a, bp)
         fro2 += float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(bp)) ** 2
+        t = time.perf_counter()
         syrk_lower(G, a)
+        t_gram += time.perf_counter() - t
         fill = 0
 
     for done, pieces in jacobian_pieces(problem, proj=proj):
@@ -265,7 +269,7 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
             flush()
         pb.update(done - pb.n)
     pb.close()
-    return Sketch(G, images.result(), m, math.sqrt(fro2))
+    return Sketch(G, images.result(), m, math.sqrt(fro2), t_gram)
 
 
 # ----------------------------------------------------------------------------- inertia
@@ -382,7 +386,10 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
     if E.shape[1]:
         G.addmm_(E, E.T, alpha=tr)
     G.diagonal().sub_(tau)
-    L, info = torch.linalg.cholesky_ex(G)
+    t_chol = time.perf_counter()
+    L, info = timed_call(torch.linalg.cholesky_ex, G, desc="certificate: Cholesky",
+                         expected_seconds=n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
+    out["cholesky_seconds"] = time.perf_counter() - t_chol
 
     def restore():         # G as it was (only when the Gram is needed again)
         if E.shape[1]:
@@ -416,7 +423,8 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
     Gf = torch.tril(G) + torch.tril(G, -1).T
     if E1.shape[1]:
         Gf.addmm_(E1, E1.T, alpha=tr)
-    nu = inertia_below(Gf, tau)
+    nu = timed_call(inertia_below, Gf, tau, desc="certificate: LDLᵀ inertia",
+                    expected_seconds=2 * n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
     theta, X = low_eigenpairs(Gf, tau, nu, seed)
     progress(f"certificate: {nu} eigenvalue(s) of the {n}×{n} sketch Gram ({m} rows) below τ = {tau:.2e} "
              f"(Ritz values {float(theta[0]):.2e}…{float(theta[-1]):.2e}); measuring them exactly", quiet)
@@ -506,7 +514,7 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         cert = certify(sk.gram, sk.rows, seed + 13, quiet, rounding,
                        flat=torch.cat(flat_z, 1) if flat_z else None, nonflat=torch.cat(non_z, 1) if non_z else None,
                        nonflat_images=torch.cat(non_img) if non_img else None)
-        sk.gram = None
+        sk.gram, gram_seconds = None, sk.gram_seconds
         timings["certificate"] = time.time() - t
         low_sv, nulls = None, 0
         if cert["below"]:
@@ -563,6 +571,8 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     report.extra.update({
         "sigma_min_complement": sigma_low, "sigma_min_estimate": sigma_est, "kernel_residual": null_norm,
         "sketch_rows": sk.rows, "sketch_sequences": problem.batch, "cholesky_shift": cert["shift"],
+        "gram_seconds": gram_seconds, "gram_flops": float(sk.rows) * cols.numel() ** 2,
+        "cholesky_seconds": cert.get("cholesky_seconds", 0.0), "cholesky_flops": cols.numel() ** 3 / 3,
         "rounding_bound": cert["rounding"], "rounding_model": rounding, "eps_broken_singular_values": eps_sv,
         "low_directions": cert["below"], "low_singular_values": [] if low_sv is None else low_sv.tolist(),
         "eliminated_coordinates": problem.P - cols.numel()})
