@@ -55,11 +55,19 @@ class Action:
 def element_from_arrays(parts: dict) -> Element:
     """A user-supplied element (e.g. read from an .npz file): floats become float64
     tensors, integer arrays stay integer (permutations); κ is the largest condition
-    number among its square floating-point parts (1 if none)."""
+    number among its square floating-point parts (1 if none) — for a composite element
+    (parts named STEP.ACTION.PART, see :mod:`.composite`) the product over its steps."""
+    from . import composite   # imports this module
+
     out = {}
     for k, v in parts.items():
         t = torch.as_tensor(v)
         out[k] = t.to(torch.float64) if t.is_floating_point() else t.to(torch.long)
+    if composite.is_composite(out):
+        for k, t in out.items():
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise GaugeAuditError(f"{k} contains NaN or infinite entries")
+        return Element(out, composite.kappa(out), note="user-supplied composite")
     ks = [1.0]
     for k, t in out.items():
         if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] == t.shape[-2]:
