@@ -1,0 +1,204 @@
+"""What a gauge-fixing step records, and the small linear-algebra pieces the steps share.
+
+A step imposes a *gauge condition* (a set of equations on the parameters that every orbit of one
+symmetry family meets) by applying one group element with an existing action; the canonical form
+is therefore g·θ for an explicit g.  Discrete choices that the condition leaves open (a sign, an
+order, a phase) are :class:`Decision` s with a margin: how far the deciding quantity is from a tie,
+relative to its scale.  A decision whose margin is below the amount by which rounding the input to
+its storage precision could move it is *not unique* and is reported, never silently taken.
+
+With a ``reference`` (another model's canonical form), the compact residual freedoms (orthogonal
+rotations of a balanced factorisation, signs, phases, permutations) are fixed by aligning to the
+reference instead of by a rule: that is what :func:`gauge_audit.gauge_fix.compare` uses, so that
+near-ties cannot make two copies of one model look different.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..actions import ACTIONS, Element
+from ..models.config import Config
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class Decision:
+    """A set of ``n`` discrete choices of one kind (or a degeneracy) met by a step: their smallest
+    margin and how many of them are ties."""
+
+    kind: str          # sign | order | phase | spectrum | zero | match
+    where: str
+    margin: float      # smallest relative distance from a tie over the set (0: an exact tie)
+    threshold: float   # rounding the input to its storage precision can move a margin this much
+    n: int = 1
+    n_ties: int = 0    # choices with margin ≤ threshold: not unique
+
+    @classmethod
+    def of(cls, kind: str, where: str, margins, threshold: float) -> "Decision":
+        m = torch.as_tensor(margins, dtype=torch.float64).reshape(-1)
+        if m.numel() == 0:
+            return cls(kind, where, 1.0, threshold, 0, 0)
+        return cls(kind, where, float(m.min()), threshold, int(m.numel()), int((m <= threshold).sum()))
+
+    @property
+    def unique(self) -> bool:
+        return self.n_ties == 0
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "where": self.where, "min_margin": self.margin, "threshold": self.threshold,
+                "n": self.n, "not_unique": self.n_ties}
+
+
+@dataclass
+class StepRecord:
+    """One applied gauge-fixing element."""
+
+    family: str                  # the nullity theory's family it fixes (qk-gl, ln-writer-ones, …)
+    action: str                  # the action that applies the element
+    element: Element
+    condition: str               # the gauge condition, in words
+    decisions: list[Decision] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    reads: frozenset = frozenset()    # tensors (besides those it writes) the element's effect depends on
+    writes: frozenset = frozenset()   # tensors it changed
+
+    @property
+    def ties(self) -> list[Decision]:
+        return [d for d in self.decisions if not d.unique]
+
+
+class Context:
+    """The state of one canonicalisation: the current parameters (float64), the records so far,
+    the reference (or None), the storage unit roundoff u of the input and the product κ of the
+    elements applied so far (how much the input's rounding may have been amplified)."""
+
+    def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float):
+        self.cfg = cfg
+        self.params = params
+        self.reference = reference
+        self.u = u
+        self.kappa = 1.0
+        self.records: list[StepRecord] = []
+
+    def threshold(self, sensitivity: float) -> float:
+        """The margin below which rounding the input could flip a decision whose deciding quantity
+        moves by at most ``sensitivity``·(relative input change)."""
+        return sensitivity * self.u * self.kappa
+
+    def apply(self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(),
+              reads=()) -> None:
+        before = self.params
+        self.params = ACTIONS[action].apply(self.cfg, before, element)
+        writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
+        self.kappa *= element.kappa
+        self.records.append(StepRecord(family, action, element, condition, list(decisions), list(notes),
+                                       frozenset(reads), writes))
+
+
+# ----------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one thread inside the block (restored afterwards).  Gauge fixing is thousands of
+    tiny factorisations (one per head and plane): with several threads on a busy machine the
+    hand-offs between them dominate — MiniLM canonicalises in 1.5 s on one thread and took 43 s
+    with the default two under a load of 6 (``benchmarks/bench_gauge_fix.py`` prints both)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def ones_basis(d: int) -> torch.Tensor:
+    """A fixed orthonormal basis (d × (d−1) columns) of 1^⊥: the Helmert basis, column k ∝
+    (1, …, 1, −k, 0, …) with k ones."""
+    u = torch.zeros(d, d - 1, dtype=torch.float64)
+    for k in range(1, d):
+        u[:k, k - 1] = 1.0
+        u[k, k - 1] = -float(k)
+        u[:, k - 1] /= math.sqrt(k * (k + 1))
+    return u
+
+
+SIGN_SENSITIVITY = 3.0   # a relative change u of every entry moves Σ vᵢ³ by at most 3u·Σ|vᵢ|³
+
+
+def signs(v: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The canonical sign of each vector along ``dim``: that of Σ vᵢ³ (the third moment; a vector
+    and its negative differ there unless it vanishes), with margin |Σ vᵢ³| / Σ |vᵢ|³ ∈ [0, 1]."""
+    cube = (v ** 3).sum(dim)
+    scale = (v.abs() ** 3).sum(dim)
+    sign = torch.where(cube < 0, -1.0, 1.0).to(torch.float64)
+    margin = torch.where(scale > 0, cube.abs() / scale.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    return sign, margin
+
+
+def descending(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The order sorting ``keys`` (last axis) descending, stable; and the relative gaps between
+    consecutive sorted keys (relative to the largest; empty for a single key)."""
+    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    s = torch.gather(keys, -1, order)
+    top = s[..., :1].abs().clamp_min(torch.finfo(torch.float64).tiny)
+    return order, (s[..., :-1] - s[..., 1:]) / top
+
+
+def procrustes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The orthogonal Q minimising ‖a·Q − b‖_F (a, b: n × m)."""
+    u, _, vh = torch.linalg.svd(a.T @ b)
+    return u @ vh
+
+
+def match(cost: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """An assignment minimising ``cost`` (n × n; row i: item i of this model, column j: item j of
+    the reference): returns perm with perm[j] = the row matched to reference item j, and the
+    margin: the smallest relative gap, over reference items, between the chosen cost and the next
+    best row (0 when the greedy fallback was needed)."""
+    n = cost.shape[0]
+    best = cost.argmin(0)
+    if n == 1:
+        return best, 1.0
+    if torch.equal(torch.sort(best).values, torch.arange(n)):
+        two = torch.topk(cost, 2, dim=0, largest=False).values
+        scale = cost.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+        return best, float(((two[1] - two[0]) / scale).min())
+    # not one-to-one: greedy over pairs by increasing cost
+    perm = torch.full((n,), -1, dtype=torch.long)
+    used = torch.zeros(n, dtype=torch.bool)
+    for flat in torch.argsort(cost.reshape(-1)).tolist():
+        i, j = divmod(flat, n)
+        if perm[j] < 0 and not used[i]:
+            perm[j] = i
+            used[i] = True
+    return perm, 0.0
+
+
+@dataclass
+class Balanced:
+    """X·M and Y·M⁻ᵀ balanced: (XM)ᵀ(XM) = (YM⁻ᵀ)ᵀ(YM⁻ᵀ) = Σ = diag(σ) with σ the singular values
+    of X·Yᵀ, descending."""
+
+    m: torch.Tensor
+    sigma: torch.Tensor
+    rank_ok: bool
+
+
+def balance(x: torch.Tensor, y: torch.Tensor) -> Balanced:
+    """The balanced factorisation of the bilinear map X·Yᵀ (X: n × e, Y: p × e, both of rank e):
+    X = Q₁R₁, Y = Q₂R₂, R₁R₂ᵀ = UΣVᵀ, M = R₁⁻¹·U·Σ^{1/2}; then X·M = Q₁UΣ^{1/2} and
+    Y·M⁻ᵀ = Q₂VΣ^{1/2}.  Unique up to M ↦ M·D·P (D a sign, P a permutation within equal σ)."""
+    e = x.shape[1]
+    _, r1 = torch.linalg.qr(x)
+    _, r2 = torch.linalg.qr(y)
+    u, s, _ = torch.linalg.svd(r1 @ r2.T)
+    tiny = s.max() * max(x.shape[0], y.shape[0]) * torch.finfo(torch.float64).eps if s.numel() else 0.0
+    if s.numel() < e or not bool((s > tiny).all()):
+        return Balanced(torch.eye(e, dtype=torch.float64), s, False)
+    m = torch.linalg.solve_triangular(r1, u * s.sqrt(), upper=True)
+    return Balanced(m, s, True)

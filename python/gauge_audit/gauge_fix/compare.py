@@ -1,0 +1,220 @@
+"""Is B a gauge-transformed copy of A?  ``compare`` canonicalises both and measures what is left.
+
+* ``raw_distance`` — ‖θ_B − θ_A‖_F / ‖θ_A‖_F over all parameters;
+* ``invariant_distance`` — the same between the canonical forms; B is canonicalised with A's
+  canonical form as reference, so the compact residual freedoms (signs, phases, orthogonal
+  rotations inside degenerate spectra, permutations among near-equal keys) are aligned instead of
+  decided by rules that rounding could flip;
+* per tensor group (embeddings, attention score side, attention output side, norms, FFN, router,
+  unembedding): both distances and a tolerance.
+
+**Tolerance.**  A stored copy differs from the exact g·A by the rounding of its storage dtype:
+every entry by a relative ≤ u (u = ε/2 of float32, bfloat16, …).  What that does to the
+canonical form is its linear response J·δ, which depends on the element's κ (rounding in B's frame
+is amplified by κ when mapped back) and on how well conditioned each gauge condition is (spectral
+gaps).  It is measured, not guessed: ``probes`` independent simulated roundings δ = u·|θ|⊙z
+(z uniform in [−1, 1], seeded) of each model are canonicalised (with the same reference), and per
+group σ is the largest response seen.  Then
+
+    tol_group = λ·√(σ_A² + σ_B²),   λ = √(2·ln(2·G/δ)),  δ = 10⁻⁶, G groups compared,
+
+the Gaussian-tail factor of :mod:`gauge_audit.numeric` (statistical condition estimation in the
+sense of Kenney & Laub: rounding errors enter linearly, so their effect is estimated by sampling
+the same linear map).  EQUIVALENT when every group (and the whole) is within its tolerance.
+
+**Element.**  For EQUIVALENT the element mapping A to B is g_B⁻¹·g_A (A's canonicalising steps, then
+B's undone in reverse), shortened: an element of B's chain is merged into A's element of the same
+action when every step between them commutes with it (disjoint tensors); its κ is the product over
+what is left.  It is a composite element (:mod:`gauge_audit.actions.composite`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+from ..actions import ACTIONS, Element, composite
+from ..actions.algebra import compose, inverse
+from ..errors import GaugeAuditError
+from ..models.config import Config
+from ..runtime import generator
+from .base import Params, StepRecord, one_thread
+from .pipeline import Canonical, canonicalize, storage_dtype_of, validate
+
+FAILURE_PROBABILITY = 1e-6
+EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
+
+GROUPS = ("embeddings", "attention.qk", "attention.vo", "norms", "ffn", "router", "unembedding")
+
+
+def group_of(name: str) -> str:
+    leaf = name.rsplit(".", 1)[-1]
+    if name.startswith("embed."):
+        return "embeddings"
+    if name.startswith("unembed."):
+        return "unembedding"
+    if ".ln" in name or name.startswith("ln_"):
+        return "norms"
+    if ".attn." in name:
+        return "attention.qk" if leaf[-1] in "QK" else "attention.vo"
+    if leaf == "W_router":
+        return "router"
+    return "ffn"
+
+
+def _sq_by_group(a: Params, b: Params | None = None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in a.items():
+        d = v if b is None else v - b[k]
+        out[group_of(k)] = out.get(group_of(k), 0.0) + float((d * d).sum())
+    return out
+
+
+def relative_distances(a: Params, b: Params) -> tuple[float, dict[str, float]]:
+    """‖b − a‖_F / ‖a‖_F overall and per tensor group."""
+    num, den = _sq_by_group(b, a), _sq_by_group(a)
+    per = {g: math.sqrt(num[g] / den[g]) if den[g] > 0 else math.sqrt(num[g]) for g in den}
+    return math.sqrt(sum(num.values()) / sum(den.values())), per
+
+
+def same_architecture(a: Config, b: Config) -> None:
+    if a.family != b.family:
+        raise GaugeAuditError(f"different architectures: {a.family} vs {b.family}")
+    for f in fields(a):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            raise GaugeAuditError(f"different architectures: {f.name} = {va} vs {vb}")
+
+
+# ----------------------------------------------------------------------------- tolerance
+def _probe(cfg: Config, params: Params, u: float, g: torch.Generator) -> Params:
+    out = {}
+    for k, v in params.items():
+        v = v.detach().to("cpu", torch.float64)
+        z = 2.0 * torch.rand(v.shape, generator=g, dtype=torch.float64) - 1.0
+        out[k] = v + u * v.abs() * z
+    return out
+
+
+def rounding_response(cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int,
+                      seed: int) -> dict[str, float]:
+    """Per group, the largest ‖canon(θ + δ) − canon(θ)‖ / ‖canon(A)‖ over ``probes`` simulated
+    roundings δ of θ at its storage precision (squared norms, like :func:`_sq_by_group`)."""
+    u = torch.finfo(canonical.storage_dtype).eps / 2
+    g = generator(seed)
+    worst: dict[str, float] = {}
+    for _ in range(probes):
+        c = canonicalize(cfg, _probe(cfg, params, u, g), reference=reference, storage_dtype=canonical.storage_dtype)
+        for k, v in _sq_by_group(c.params, canonical.params).items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    return worst
+
+
+# ----------------------------------------------------------------------------- element
+def _touches(r: StepRecord) -> frozenset:
+    return r.reads | r.writes
+
+
+def _commute(a: StepRecord, b: StepRecord) -> bool:
+    return not (a.writes & _touches(b)) and not (b.writes & _touches(a))
+
+
+def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
+    """g_B⁻¹·g_A as a composite element, shortened; also the number of steps before shortening."""
+    chain = list(ca.records) + [StepRecord(r.family, r.action, inverse(r.action, r.element), r.condition,
+                                           reads=r.reads, writes=r.writes) for r in reversed(cb.records)]
+    n0 = len(chain)
+    merged = True
+    while merged:
+        merged = False
+        for j in range(len(chain)):
+            for i in range(j - 1, -1, -1):
+                if chain[i].action == chain[j].action:
+                    first, second = chain[i], chain[j]
+                    el = compose(first.action, first.element, second.element)
+                    chain[i] = StepRecord(first.family, first.action, el, first.condition,
+                                          reads=first.reads | second.reads, writes=first.writes | second.writes)
+                    del chain[j]
+                    merged = True
+                    break
+                if not _commute(chain[i], chain[j]):
+                    break
+            if merged:
+                break
+    return composite.make([(r.action, r.element) for r in chain]), n0
+
+
+# ----------------------------------------------------------------------------- compare
+@dataclass
+class Comparison:
+    verdict: str
+    raw_distance: float
+    invariant_distance: float
+    tolerance: float
+    groups: dict[str, dict]
+    storage_dtype_a: str
+    storage_dtype_b: str
+    probes: int
+    lam: float
+    kappa: float | None = None                 # κ of the element mapping A to B (EQUIVALENT)
+    element_steps: int | None = None
+    element_residual: float | None = None      # ‖g·A − B‖_F / ‖B‖_F
+    element: Element | None = None
+    canonical_a: Canonical | None = field(default=None, repr=False)
+    canonical_b: Canonical | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k not in ("element", "canonical_a", "canonical_b")}
+        out["not_unique_a"] = self.canonical_a.ties() if self.canonical_a else []
+        out["not_unique_b"] = self.canonical_b.ties() if self.canonical_b else []
+        out["unfixed"] = [{"family": f, "reason": r} for f, r in (self.canonical_a.unfixed if self.canonical_a else [])]
+        return out
+
+
+def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *, probes: int = 3, seed: int = 0,
+            with_element: bool = True) -> Comparison:
+    """Compare two models of the same architecture up to the whole symmetry group (see the module
+    docstring).  Parameters may be in any floating dtype: that dtype is their storage precision."""
+    with one_thread():
+        return _compare(cfg_a, params_a, cfg_b, params_b, probes, seed, with_element)
+
+
+def _compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, probes: int, seed: int,
+             with_element: bool) -> Comparison:
+    same_architecture(cfg_a, cfg_b)
+    validate(cfg_a, params_a)
+    validate(cfg_b, params_b)
+    cfg = cfg_a
+    if probes < 1:
+        raise GaugeAuditError("probes must be >= 1")
+    ca = canonicalize(cfg, params_a)
+    cb = canonicalize(cfg, params_b, reference=ca.params)
+    a64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_a.items()}
+    b64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_b.items()}
+    raw, raw_groups = relative_distances(a64, b64)
+    inv, inv_groups = relative_distances(ca.params, cb.params)
+    den = _sq_by_group(ca.params)
+    resp_a = rounding_response(cfg, params_a, ca, ca.params, probes, seed)
+    resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
+    lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
+    groups, ok = {}, True
+    for gname in den:
+        scale = den[gname] if den[gname] > 0 else 1.0
+        tol = lam * math.sqrt((resp_a.get(gname, 0.0) + resp_b.get(gname, 0.0)) / scale)
+        within = inv_groups[gname] <= tol
+        ok = ok and within
+        groups[gname] = {"raw_distance": raw_groups[gname], "invariant_distance": inv_groups[gname],
+                         "tolerance": tol, "ratio": inv_groups[gname] / tol if tol > 0 else math.inf}
+    tol_all = lam * math.sqrt((sum(resp_a.values()) + sum(resp_b.values())) / sum(den.values()))
+    ok = ok and inv <= tol_all
+    out = Comparison(EQUIVALENT if ok else DIFFERENT, raw, inv, tol_all, groups,
+                     str(ca.storage_dtype).replace("torch.", ""), str(cb.storage_dtype).replace("torch.", ""),
+                     probes, lam, canonical_a=ca, canonical_b=cb)
+    if ok and with_element:
+        el, n0 = element_a_to_b(ca, cb)
+        mapped = ACTIONS["composite"].apply(cfg, a64, el)
+        out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
+        out.element_residual = relative_distances(b64, mapped)[0]
+    return out

@@ -1,0 +1,160 @@
+"""Gauge fixing of the feed-forward networks: expert and neuron permutations and the ReLU / SwiGLU
+rescalings (steps 10, 11, 14 of the pipeline).
+
+Per hidden unit i (per expert in MoE blocks): a_i = ‖(W_in[:, i], b_in[i])‖ (the up projection
+under SwiGLU) and b_i = ‖W_out[i, :]‖.  A rescaling s_i maps (a_i, b_i) ↦ (|s_i|·a_i, b_i/|s_i|), so
+a_i·b_i is invariant — the neurons' sort key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..actions import ACTIONS, Element
+from ..models.config import Config
+from .base import SIGN_SENSITIVITY, Context, Decision, Params, descending, match, signs
+
+
+def _prefixes(cfg: Config) -> list[str]:
+    return [f"blocks.{i}.{'moe' if cfg.experts else 'mlp'}" for i in range(cfg.n_layers)]
+
+
+def _up(p: Params, pre: str) -> torch.Tensor:
+    """[W_in; b_in]: (…, d(+1), f) — the input weights of each unit with its bias as a row."""
+    w = p[f"{pre}.W_in"]
+    b = p.get(f"{pre}.b_in")
+    return w if b is None else torch.cat([w, b.unsqueeze(-2)], -2)
+
+
+def unit_norms(p: Params, pre: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b): (…, f) each."""
+    return _up(p, pre).norm(dim=-2), p[f"{pre}.W_out"].norm(dim=-1)
+
+
+def _has_ffn(cfg: Config) -> bool:
+    return cfg.family != "attn"
+
+
+# ----------------------------------------------------------------------------- 10 expert-perm
+def fix_expert_perm(ctx: Context) -> None:
+    """Condition: in every MoE block the experts are ordered by decreasing router-column norm
+    ‖W_router[:, e]‖ (after the router offset and the stream are fixed; invariant under every
+    later step).  Reachable: sort (expert-perm).  Unique unless two norms tie (reported).  With a
+    reference, experts are matched to the reference's by their router columns."""
+    cfg, p = ctx.cfg, ctx.params
+    if not cfg.experts:
+        return
+    perms, margins = [], []
+    for pre in _prefixes(cfg):
+        cols = p[f"{pre}.W_router"].T
+        if ctx.reference is None:
+            order, gaps = descending(cols.norm(dim=1))
+            perms.append(order)
+            margins.append(gaps)
+        else:
+            order, m = match(torch.cdist(cols, ctx.reference[f"{pre}.W_router"].T))
+            perms.append(order)
+            margins.append(torch.tensor([m]))
+    ctx.apply("expert-perm", "expert-perm", Element({"perm": torch.stack(perms)}, 1.0),
+              "experts in decreasing order of their router-column norm",
+              decisions=[Decision.of("order" if ctx.reference is None else "match", "experts", torch.cat(margins),
+                                     ctx.threshold(2.0))])
+
+
+# ----------------------------------------------------------------------------- 11 ffn-perm
+def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|cos| between the columns of a (n × f) and of b (n × f'): (f × f')."""
+    a = a / a.norm(dim=0).clamp_min(torch.finfo(torch.float64).tiny)
+    b = b / b.norm(dim=0).clamp_min(torch.finfo(torch.float64).tiny)
+    return (a.T @ b).abs()
+
+
+def fix_ffn_perm(ctx: Context) -> None:
+    """Condition: in every FFN (every expert) the hidden units are ordered by decreasing
+    a_i·b_i = ‖(W_in[:, i], b_in[i])‖·‖W_out[i]‖, which every rescaling of a unit leaves unchanged.
+    Reachable: sort (ffn-perm).  Unique unless two keys tie — dead units (a_i·b_i = 0) always do;
+    ties are reported.  With a reference, units are matched to the reference's by the directions
+    of their input and output weights (and gate)."""
+    cfg, p = ctx.cfg, ctx.params
+    if not _has_ffn(cfg):
+        return
+    perms, margins = [], []
+    for pre in _prefixes(cfg):
+        a, b = unit_norms(p, pre)
+        if ctx.reference is None:
+            order, gaps = descending(a * b)
+            perms.append(order)
+            margins.append(gaps.reshape(-1))
+            continue
+        per = []
+        for e in range(cfg.experts or 1):
+            def sel(q, name):
+                t = q[f"{pre}.{name}"]
+                return t[e] if cfg.experts else t
+            sim = _cosines(_up(p, pre)[e] if cfg.experts else _up(p, pre),
+                           _up(ctx.reference, pre)[e] if cfg.experts else _up(ctx.reference, pre))
+            sim = sim + _cosines(sel(p, "W_out").T, sel(ctx.reference, "W_out").T)
+            if f"{pre}.W_gate" in p:
+                sim = sim + _cosines(sel(p, "W_gate"), sel(ctx.reference, "W_gate"))
+            order, m = match(-sim)
+            per.append(order)
+            margins.append(torch.tensor([m]))
+        perms.append(torch.stack(per) if cfg.experts else per[0])
+    ctx.apply("ffn-perm", "ffn-perm", Element({"perm": torch.stack(perms)}, 1.0),
+              "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
+              decisions=[Decision.of("order" if ctx.reference is None else "match", "hidden units",
+                                     torch.cat(margins), ctx.threshold(2.0))])
+
+
+# ----------------------------------------------------------------------------- 14 scaling
+def scaling_action(cfg: Config) -> str | None:
+    for name in ("relu-scaling", "swiglu-scaling"):
+        if ACTIONS[name].applies(cfg) is None:
+            return name
+    return None
+
+
+def fix_scaling(ctx: Context) -> None:
+    """Condition: every ReLU / SwiGLU unit balanced, a_i = b_i (its input and output weights of
+    equal norm); SwiGLU also allows s_i < 0: its output row W_out[i] has a positive third moment.
+
+    Reachable: s_i = (b_i/a_i)^{1/2} (times the sign).  Unique for a_i, b_i > 0; a dead unit
+    (a_i·b_i = 0) is left unchanged and reported.  With a reference the SwiGLU sign is that of
+    ⟨W_out[i], W_out^ref[i]⟩."""
+    cfg, p = ctx.cfg, ctx.params
+    action = scaling_action(cfg)
+    if action is None:
+        return
+    ss, margins, notes = [], [], []
+    for pre in _prefixes(cfg):
+        a, b = unit_norms(p, pre)
+        dead = (a == 0) | (b == 0)
+        if dead.any():
+            notes.append(f"{pre}: {int(dead.sum())} dead units keep their scale (not unique)")
+        s = torch.where(dead, torch.ones_like(a), (b / torch.where(dead, torch.ones_like(a), a)).sqrt())
+        if action == "swiglu-scaling":
+            out = p[f"{pre}.W_out"] / s.unsqueeze(-1)
+            if ctx.reference is None:
+                sign, margin = signs(out, dim=-1)
+                margins.append(margin.reshape(-1))
+            else:
+                sign = torch.where((out * ctx.reference[f"{pre}.W_out"]).sum(-1) < 0, -1.0, 1.0).double()
+            s = s * sign
+        ss.append(s)
+    s = torch.stack(ss)
+    decisions = [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] \
+        if margins else []
+    ctx.apply(f"{action}", action, Element({"s": s}, float(s.abs().max() / s.abs().min())),
+              "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖" + (", W_out[i] signed by its third moment"
+                                                                 if action == "swiglu-scaling" else ""),
+              decisions=decisions, notes=notes)
+
+
+def cond_scaling(cfg: Config, p: Params) -> torch.Tensor | None:
+    if scaling_action(cfg) is None:
+        return None
+    out = []
+    for pre in _prefixes(cfg):
+        up, w_out = _up(p, pre), p[f"{pre}.W_out"]
+        out.append(((up * up).sum(-2) - (w_out * w_out).sum(-1)).reshape(-1))
+    return torch.cat(out)

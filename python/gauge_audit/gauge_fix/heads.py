@@ -1,0 +1,231 @@
+"""Gauge fixing inside attention: head permutations, the query–key GL (RoPE commutant, GQA-tied)
+and the value–output GL (steps 9, 12, 13 of the pipeline).
+
+Per layer and KV group j the query side is the stack X of its query heads' [W_Q[h]; b_Q[h]]
+(g·(d+1) × d_k rows: the group shares one M) and the key side Y = [W_K[j]; b_K[j]]; qk-gl maps
+(X, Y) ↦ (X·M, Y·M⁻ᵀ) and leaves every bilinear map X_h·Yᵀ unchanged.  Likewise the value side
+[W_V[j]; b_V[j]] and the output side, the stack of W_O[h]ᵀ, under vo-gl with N.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..actions import Element
+from ..actions.base import cond
+from ..models.config import Config
+from ..models.layers import rope_planes
+from .base import SIGN_SENSITIVITY, Context, Decision, Params, balance, descending, match, procrustes, signs
+
+
+def _rows(p: Params, pre: str, name: str, idx: int) -> torch.Tensor:
+    """[W[idx]; b[idx]]: the weight with its bias as one more input row (input 1)."""
+    w = p[f"{pre}.W_{name}"][idx]
+    b = p.get(f"{pre}.b_{name}")
+    return w if b is None else torch.cat([w, b[idx][None, :]], 0)
+
+
+def _heads(cfg: Config, j: int) -> range:
+    return range(j * cfg.group_size, (j + 1) * cfg.group_size)
+
+
+def qk_pair(cfg: Config, p: Params, layer: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pre = f"blocks.{layer}.attn"
+    return torch.cat([_rows(p, pre, "Q", h) for h in _heads(cfg, j)], 0), _rows(p, pre, "K", j)
+
+
+def vo_pair(cfg: Config, p: Params, layer: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pre = f"blocks.{layer}.attn"
+    return _rows(p, pre, "V", j), torch.cat([p[f"{pre}.W_O"][h].T for h in _heads(cfg, j)], 0)
+
+
+def _head_maps(cfg: Config, p: Params, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query head: its score map X_h·Yᵀ and its output map [W_V; b_V]·W_O[h] — both invariant
+    under qk-gl and vo-gl — flattened: (n_heads, ·)."""
+    pre = f"blocks.{layer}.attn"
+    qk, vo = [], []
+    for j in range(cfg.n_kv_heads):
+        y, v = _rows(p, pre, "K", j), _rows(p, pre, "V", j)
+        for h in _heads(cfg, j):
+            qk.append((_rows(p, pre, "Q", h) @ y.T).reshape(-1))
+            vo.append((v @ p[f"{pre}.W_O"][h]).reshape(-1))
+    return torch.stack(qk), torch.stack(vo)
+
+
+def _dist2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.cdist(a, b) ** 2
+
+
+# ----------------------------------------------------------------------------- 9 head-perm
+def fix_head_perm(ctx: Context) -> None:
+    """Condition: in every layer the KV groups are ordered by decreasing key Σ_h (‖X_h·Yᵀ‖² +
+    ‖V·W_O[h]‖²) over their query heads, and within a group the query heads by that per-head key.
+
+    Reachable: sort (head-perm, S_{n_kv} ≀ S_g).  Unique when no two keys tie; ties (incl. zero
+    heads) are reported.  The keys are invariant under qk-gl and vo-gl, which come later.  With a
+    reference, groups and heads are matched to the reference's by their score and output maps."""
+    cfg, p = ctx.cfg, ctx.params
+    g, nkv = cfg.group_size, cfg.n_kv_heads
+    if cfg.n_heads == 1:
+        return
+    kv = torch.zeros(cfg.n_layers, nkv, dtype=torch.long)
+    qp = torch.zeros(cfg.n_layers, nkv, g, dtype=torch.long)
+    margins = []
+    for layer in range(cfg.n_layers):
+        qk, vo = _head_maps(cfg, p, layer)
+        if ctx.reference is None:
+            keys = (qk * qk).sum(1) + (vo * vo).sum(1)
+            order, gaps = descending(keys.reshape(nkv, g).sum(1))
+            kv[layer] = order
+            margins.append(gaps)
+            for j in range(nkv):
+                o, gaps = descending(keys[_heads(cfg, int(order[j]))])
+                qp[layer, j] = o
+                margins.append(gaps)
+        else:
+            rqk, rvo = _head_maps(cfg, ctx.reference, layer)
+            feat = torch.cat([qk, vo], 1)
+            rfeat = torch.cat([rqk, rvo], 1)
+            gfeat, rgfeat = feat.reshape(nkv, g, -1).sum(1), rfeat.reshape(nkv, g, -1).sum(1)
+            kv[layer], m = match(_dist2(gfeat, rgfeat))
+            margins.append(torch.tensor([m]))
+            for j in range(nkv):
+                src = int(kv[layer, j])
+                qp[layer, j], m = match(_dist2(feat[src * g:(src + 1) * g], rfeat[j * g:(j + 1) * g]))
+                margins.append(torch.tensor([m]))
+    kind = "match" if ctx.reference is not None else "order"
+    ctx.apply("head-perm", "head-perm", Element({"kv_perm": kv, "q_perm": qp}, 1.0),
+              "KV groups, and query heads within each, in decreasing order of their score+output map norms",
+              decisions=[Decision.of(kind, "heads", torch.cat(margins), ctx.threshold(4.0))])
+
+
+# ----------------------------------------------------------------------------- 12 qk-gl
+def _plane_fix(ctx: Context, zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
+    """The commutant element w = a + ib (acting as z ↦ w·z on the query plane, z ↦ z/w̄ on the key
+    plane) balancing ‖w·zq‖ = ‖zk/w̄‖ and making Σ (w·zq)² real positive (then the sign by the
+    third moment), or aligning the phase to the reference planes.  Returns (w, phase margin,
+    sign margin)."""
+    nq, nk = float(zq.abs().norm()), float(zk.abs().norm())
+    if nq == 0 or nk == 0:
+        return complex(1.0), 0.0, 0.0
+    r = (nk / nq) ** 0.5
+    if ref is not None:
+        s = complex((ref[0] * (r * zq).conj()).sum() + (ref[1] * (zk / r).conj()).sum())
+        scale = float((ref[0].abs().norm() * r * nq + ref[1].abs().norm() * nk / r))
+        w = r * s / abs(s) if abs(s) > 0 else complex(r)
+        return w, abs(s) / scale if scale > 0 else 0.0, 1.0
+    s2 = complex((zq * zq).sum())
+    w = r * (complex(abs(s2) / s2) ** 0.5 if abs(s2) > 0 else 1.0)
+    sign, margin = signs((w * zq).real)
+    return w * float(sign), abs(s2) / (nq * nq), float(margin)
+
+
+def _planes(x: torch.Tensor, planes) -> list[torch.Tensor]:
+    return [torch.complex(x[:, i], x[:, j]) for i, j in planes]
+
+
+def fix_qk(ctx: Context) -> None:
+    """Condition (no RoPE), per layer and KV group: X·M and Y·M⁻ᵀ balanced — (XM)ᵀ(XM) =
+    (YM⁻ᵀ)ᵀ(YM⁻ᵀ) = diag(σ) with σ the singular values of the group's stacked score map X·Yᵀ,
+    descending — and each column of X·M with a positive third moment: d_k² conditions.
+
+    Under RoPE only the commutant acts (per frequency plane a complex scalar w: z ↦ w·z on the
+    query plane z = x_i + i·x_j, z ↦ z/w̄ on the key plane): per plane ‖w·z_q‖ = ‖z_k/w̄‖ and
+    Σ(w·z_q)² real positive, i.e. the plane's two query columns orthogonal with the first the
+    longer; then the third-moment sign: d_k conditions.
+
+    Reachable: the balanced factorisation M = R₁⁻¹·U·Σ^{1/2} (QR of X and Y, SVD of R₁R₂ᵀ);
+    per plane |w| = (‖z_k‖/‖z_q‖)^{1/2}, arg w = −arg(Σz_q²)/2.  Unique when the σ are distinct
+    and non-zero (a zero or rank-deficient group is left unchanged and reported), resp. when
+    Σz_q² ≠ 0; sign ties reported.  With a reference the balanced form is instead rotated by the
+    orthogonal Procrustes fit to the reference's (under RoPE: the phase fit per plane)."""
+    _fix_gl(ctx, "qk-gl", "qk-gl", qk_pair, rope=ctx.cfg.pos == "rope")
+
+
+def fix_vo(ctx: Context) -> None:
+    """Condition, per layer and KV group: [W_V; b_V]·N and the stacked W_O[h]ᵀ·N⁻ᵀ balanced
+    (equal diagonal Gram matrices, the singular values of the group's output map, descending) and
+    each value column with a positive third moment: d_v² conditions.  Reachable and unique as
+    for qk-gl without RoPE."""
+    _fix_gl(ctx, "vo-gl", "vo-gl", vo_pair, rope=False)
+
+
+def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
+    cfg, p = ctx.cfg, ctx.params
+    e = cfg.d_head
+    ms = torch.zeros(cfg.n_layers, cfg.n_kv_heads, e, e, dtype=torch.float64)
+    gaps, sgn, phase, notes = [], [], [], []
+    planes = rope_planes(cfg) if rope else None
+    for layer in range(cfg.n_layers):
+        for j in range(cfg.n_kv_heads):
+            x, y = pair(cfg, p, layer, j)
+            ref = pair(cfg, ctx.reference, layer, j) if ctx.reference is not None else None
+            where = f"block {layer} KV group {j}"
+            if rope:
+                m = torch.zeros(e, e, dtype=torch.float64)
+                rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
+                for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
+                    w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
+                    if pm == 0.0:
+                        notes.append(f"{where} plane {k}: zero or circular plane, phase not fixed")
+                    m[a, a] = m[b, b] = w.real
+                    m[a, b], m[b, a] = w.imag, -w.imag
+                    phase.append(pm)
+                    sgn.append(sm)
+                ms[layer, j] = m
+                continue
+            bal = balance(x, y)
+            if not bal.rank_ok:
+                notes.append(f"{where}: rank-deficient (a zero or degenerate head): left unchanged, not unique")
+                ms[layer, j] = bal.m
+                continue
+            m = bal.m
+            if ref is not None:
+                m = m @ procrustes(torch.cat([x @ m, y @ torch.linalg.inv(m).T]), torch.cat(ref))
+            else:
+                s, margin = signs(x @ m, dim=0)
+                m = m * s
+                sgn.append(margin)
+                scale = float(x.norm() * y.norm() / bal.sigma[0])
+                gaps.append(((bal.sigma[:-1] - bal.sigma[1:]) / bal.sigma[0], scale))
+            ms[layer, j] = m
+    decisions = []
+    if gaps:
+        worst = max(s for _, s in gaps)
+        decisions.append(Decision.of("spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]),
+                                     ctx.threshold(2.0 * worst)))
+    if phase:
+        decisions.append(Decision.of("phase" if ctx.reference is None else "match", f"{family} RoPE plane phases",
+                                     phase, ctx.threshold(2.0)))
+    if sgn and ctx.reference is None:
+        flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
+        decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
+    text = ("per RoPE plane: balanced norms, query columns orthogonal, signed" if rope else
+            "balanced factors with diagonal descending Grams, columns signed by their third moment")
+    ctx.apply(family, action, Element({"M" if family == "qk-gl" else "N": ms}, cond(ms)), text,
+              decisions=decisions, notes=notes)
+
+
+def cond_qk(cfg: Config, p: Params) -> torch.Tensor:
+    return _cond_gl(cfg, p, qk_pair, rope=cfg.pos == "rope")
+
+
+def cond_vo(cfg: Config, p: Params) -> torch.Tensor:
+    return _cond_gl(cfg, p, vo_pair, rope=False)
+
+
+def _cond_gl(cfg: Config, p: Params, pair, rope: bool) -> torch.Tensor:
+    out = []
+    e = cfg.d_head
+    upper, strict = torch.triu_indices(e, e, 0), torch.triu_indices(e, e, 1)
+    for layer in range(cfg.n_layers):
+        for j in range(cfg.n_kv_heads):
+            x, y = pair(cfg, p, layer, j)
+            if rope:
+                for a, b in rope_planes(cfg):
+                    out.append((x[:, a] @ x[:, a] + x[:, b] @ x[:, b] - y[:, a] @ y[:, a] - y[:, b] @ y[:, b])[None])
+                    out.append((x[:, a] @ x[:, b])[None])
+                continue
+            gx, gy = x.T @ x, y.T @ y
+            out += [(gx - gy)[upper[0], upper[1]], gx[strict[0], strict[1]]]
+    return torch.cat(out)

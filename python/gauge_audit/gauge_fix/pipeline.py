@@ -1,0 +1,190 @@
+"""The canonicalisation pipeline: the steps in order, the conditions they impose, what is left
+unfixed, and the :class:`Canonical` result.
+
+Order (each step's condition is invariant under the groups of the steps after it):
+
+ 1 norm-scale        γ = 1                              8 stream rotation   Gram of W_E diagonal
+ 2 norm-shift        β = 0 (β = γ: unbiased readers)    9 head-perm         heads sorted
+ 3 ln-reader-ones    γᵀ·W[:, j] = 0                    10 expert-perm       experts sorted
+ 4 router-offset     W_router·1 = 0                    11 ffn-perm          units sorted
+ 5 embed-offset      mean row of W_pos (W_tt) = 0      12 qk-gl             balanced score factors
+ 6 biases            openings, b_K, b_V = 0            13 vo-gl             balanced output factors
+ 7 ln-writer-ones    writer rows ⊥ 1                   14 relu/swiglu       balanced units
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..actions import Element
+from ..actions import composite
+from ..errors import GaugeAuditError
+from ..models import FAMILIES, Config, Model
+from ..numeric import statistical_tolerance, tolerance, verdict_for
+from ..runtime import eps
+from . import ffn, heads, stream
+from .base import Context, Params, StepRecord, one_thread
+
+# (step, the fix, {nullity family: its condition function}) in pipeline order
+STEPS = (
+    ("norm-scale", stream.fix_norm_scale, {"norm-scale": stream.cond_norm_scale}),
+    ("norm-shift", stream.fix_norm_shift, {"norm-shift": stream.cond_norm_shift}),
+    ("ln-reader-ones", stream.fix_reader_ones, {"ln-reader-ones": stream.cond_reader_ones}),
+    ("router-offset", stream.fix_router_offset, {"router-offset": stream.cond_router_offset}),
+    ("embed-offset", stream.fix_embed_offset, {"embed-offset": stream.cond_embed_offset}),
+    ("biases", stream.fix_bias_chain, {"stream-translation": stream.cond_segments,
+                                       "key-bias-shift": stream.cond_key_bias,
+                                       "value-bias-fold": stream.cond_value_bias}),
+    ("ln-writer-ones", stream.fix_writer_ones, {"ln-writer-ones": stream.cond_writer_ones}),
+    ("stream-rotation", stream.fix_stream_rotation, {"stream-rotation": stream.cond_stream_rotation}),
+    ("head-perm", heads.fix_head_perm, {}),
+    ("expert-perm", ffn.fix_expert_perm, {}),
+    ("ffn-perm", ffn.fix_ffn_perm, {}),
+    ("qk-gl", heads.fix_qk, {"qk-gl": heads.cond_qk}),
+    ("vo-gl", heads.fix_vo, {"vo-gl": heads.cond_vo}),
+    ("scaling", ffn.fix_scaling, {"relu-scaling": ffn.cond_scaling, "swiglu-scaling": ffn.cond_scaling}),
+)
+
+
+def conditions(cfg: Config, params: Params) -> dict[str, torch.Tensor]:
+    """Every gauge condition the continuous steps impose, by the nullity family it fixes: a
+    differentiable function of the parameters, zero at a canonical point."""
+    out = {}
+    for _, _, conds in STEPS:
+        for family, fn in conds.items():
+            if family.endswith("-scaling") and family != f"{ffn.scaling_action(cfg)}":
+                continue
+            c = fn(cfg, params)
+            if c is not None and c.numel():
+                out[family] = c
+    return out
+
+
+def unfixed(cfg: Config) -> list[tuple[str, str]]:
+    """Continuous families of the nullity theory this pipeline does not fix here, with the reason."""
+    out = []
+    pre = cfg.family != "attn" and cfg.norm_placement == "pre"
+    if pre and cfg.norm == "none" and not cfg.tied:
+        out.append(("stream-gl", "GL(d) of a norm-free stream: no canonical step yet"))
+    biased = cfg.attn_bias and cfg.out_bias and (cfg.family == "attn" or cfg.mlp_bias)
+    stretches = (cfg.family == "attn" and cfg.n_layers > 1) or (pre and cfg.norm == "none") or \
+        (cfg.family != "attn" and cfg.norm_placement == "post" and cfg.norm == "layernorm")
+    if stretches and (not biased or cfg.experts or (pre and cfg.tied)):
+        out.append(("stream-translation", "stretches of stream whose readers lack biases (the shift is absorbed "
+                                          "through reader weights or constrained): no canonical step yet"))
+    if cfg.family != "attn" and cfg.norm != "none" and cfg.norm_eps == 0:
+        out.append(("stream-scale" if cfg.norm_placement == "pre" else "segment-scale",
+                    "a symmetry only at norm ε = 0: not fixed"))
+    if pre and cfg.pos != "learned" and cfg.vocab < cfg.d_model:
+        out.append(("first-block", "vocab < d_model: block 0 reads the stream at finitely many points "
+                                   "(unreached-readers, bias-trade, input-offset, tied-unembed-null): not fixed"))
+    if cfg.experts and cfg.top_k == 1:
+        out.append(("router-top1", "top-1 routing: every router weight is locally flat; only the router "
+                                   "offset is fixed"))
+    return out
+
+
+@dataclass
+class Canonical:
+    """A canonical form g·θ: the parameters (float64), the applied steps (g is their product, in
+    order), the families not fixed, and the storage precision of the input."""
+
+    cfg: Config
+    params: Params
+    records: list[StepRecord]
+    unfixed: list[tuple[str, str]]
+    storage_dtype: torch.dtype
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kappa(self) -> float:
+        return math.prod(r.element.kappa for r in self.records)
+
+    def element(self) -> Element:
+        """g as one composite element (``gauge-audit check --action composite --element``)."""
+        return composite.make([(r.action, r.element) for r in self.records])
+
+    def condition_counts(self) -> dict[str, int]:
+        return {k: int(v.numel()) for k, v in conditions(self.cfg, self.params).items()}
+
+    def ties(self) -> list[dict]:
+        return [{"step": r.family, **d.to_json()} for r in self.records for d in r.decisions if not d.unique]
+
+    def report(self) -> dict:
+        counts = self.condition_counts()
+        residuals = {k: float(v.abs().max()) for k, v in conditions(self.cfg, self.params).items()}
+        steps = []
+        for r in self.records:
+            steps.append({"family": r.family, "action": r.action, "condition": r.condition,
+                          "kappa": r.element.kappa, "decisions": [d.to_json() for d in r.decisions],
+                          "notes": r.notes})
+        return {"storage_dtype": str(self.storage_dtype).replace("torch.", ""),
+                "conditions": counts, "conditions_total": sum(counts.values()),
+                "condition_residual_max": residuals, "kappa": self.kappa, "steps": steps,
+                "not_unique": self.ties(), "notes": [n for r in self.records for n in r.notes] + self.notes,
+                "unfixed": [{"family": f, "reason": why} for f, why in self.unfixed]}
+
+
+def validate(cfg: Config, params: Params) -> None:
+    """One-line errors for parameters that do not fit the architecture or are not finite."""
+    expected = FAMILIES[cfg.family].param_shapes(cfg)
+    missing = sorted(set(expected) - set(params))
+    extra = sorted(set(params) - set(expected))
+    if missing or extra:
+        raise GaugeAuditError(f"parameters do not match the {cfg.family} layout: "
+                              f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}, "
+                              f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}")
+    for name, (shape, _) in expected.items():
+        if tuple(params[name].shape) != tuple(shape):
+            raise GaugeAuditError(f"parameter {name} has shape {tuple(params[name].shape)}, expected {tuple(shape)}")
+        if not params[name].is_floating_point() or not torch.isfinite(params[name]).all():
+            raise GaugeAuditError(f"parameter {name} contains NaN or infinite entries")
+
+
+def storage_dtype_of(params: Params) -> torch.dtype:
+    """The coarsest floating dtype among the parameters (what the model was stored in)."""
+    return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
+
+
+def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None,
+                 storage_dtype: torch.dtype | None = None) -> Canonical:
+    """The canonical form of ``params`` (any floating dtype; computed in float64 on the CPU).
+
+    ``reference``: another canonical form of the same architecture; the compact residual freedoms
+    (rotations of balanced factors, signs, phases, permutations) are then aligned to it instead of
+    fixed by their rules (see :func:`gauge_audit.gauge_fix.compare`)."""
+    validate(cfg, params)
+    dtype = storage_dtype or storage_dtype_of(params)
+    with one_thread():
+        p64 = {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
+        ctx = Context(cfg, p64, reference, eps(dtype) / 2)
+        for _, fix, _ in STEPS:
+            fix(ctx)
+    return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), dtype)
+
+
+def function_check(cfg: Config, before: Params, after: Params, kappa: float, seed: int = 0,
+                   dtype: torch.dtype = torch.float64) -> dict:
+    """Run both parameter sets on the same seeded inputs: the max relative output change against
+    the derived tolerances (worst case κ·L·K·ε, statistical κ·λ·√(L·K)·ε) and the verdict."""
+    model = Model("canonical", cfg, {k: v.to(dtype) for k, v in before.items()}, FAMILIES[cfg.family])
+    inputs = model.sample_inputs(seed)
+    with torch.no_grad():
+        y0 = model.forward(model.params, inputs).double()
+        y1 = model.forward({k: v.to(dtype) for k, v in after.items()}, inputs).double()
+    err = float((y1 - y0).abs().max() / y0.abs().max())
+    n = next(iter(inputs.values())).shape[1]
+    tol, formula = tolerance(model, kappa, dtype, n)
+    tol_stat, _ = statistical_tolerance(model, kappa, dtype, n, y0.numel())
+    e = eps(dtype)
+    return {"max_rel_error": err, "residual_eps": err / e, "tolerance_eps": tol / e,
+            "tolerance_statistical_eps": tol_stat / e, "kappa": kappa, "formula": formula,
+            "verdict": verdict_for(err, tol_stat, tol)}
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True, default=float)
