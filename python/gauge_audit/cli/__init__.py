@@ -22,6 +22,8 @@ SUBCOMMANDS = (
     "audit",
     "precision",
     "nullity",
+    "canonicalize",
+    "compare",
 )
 
 

@@ -15,8 +15,8 @@ stream), :mod:`.heads` (attention), :mod:`.ffn` (FFN and experts), :mod:`.pipeli
 :mod:`.compare`.
 """
 
-from .compare import DIFFERENT, EQUIVALENT, Comparison, compare
+from .compare import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare
 from .pipeline import Canonical, canonicalize, conditions, function_check, unfixed
 
-__all__ = ["DIFFERENT", "EQUIVALENT", "Canonical", "Comparison", "canonicalize", "compare", "conditions", "function_check",
-           "unfixed"]
+__all__ = ["DIFFERENT", "EQUIVALENT", "Canonical", "Comparison", "Prepared", "canonicalize", "compare", "conditions",
+           "function_check", "prepare", "unfixed"]

@@ -32,7 +32,7 @@ class Decision:
     """A set of ``n`` discrete choices of one kind (or a degeneracy) met by a step: their smallest
     margin and how many of them are ties."""
 
-    kind: str          # sign | order | phase | spectrum | zero | match
+    kind: str          # sign | order | phase | spectrum | match
     where: str
     margin: float      # smallest relative distance from a tie over the set (0: an exact tie)
     threshold: float   # rounding the input to its storage precision can move a margin this much

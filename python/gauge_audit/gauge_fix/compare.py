@@ -41,7 +41,7 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import generator
 from .base import Params, StepRecord, one_thread
-from .pipeline import Canonical, canonicalize, storage_dtype_of, validate
+from .pipeline import Canonical, canonicalize, validate
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
@@ -173,30 +173,51 @@ class Comparison:
         return out
 
 
-def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *, probes: int = 3, seed: int = 0,
-            with_element: bool = True) -> Comparison:
-    """Compare two models of the same architecture up to the whole symmetry group (see the module
-    docstring).  Parameters may be in any floating dtype: that dtype is their storage precision."""
-    with one_thread():
-        return _compare(cfg_a, params_a, cfg_b, params_b, probes, seed, with_element)
+@dataclass
+class Prepared:
+    """A's side of a comparison, computed once for many B: its canonical form and its rounding
+    response (see :func:`prepare`)."""
+
+    cfg: Config
+    params: Params
+    canonical: Canonical
+    response: dict[str, float]
 
 
-def _compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, probes: int, seed: int,
-             with_element: bool) -> Comparison:
-    same_architecture(cfg_a, cfg_b)
-    validate(cfg_a, params_a)
-    validate(cfg_b, params_b)
-    cfg = cfg_a
+def prepare(cfg: Config, params: Params, *, probes: int = 3, seed: int = 0) -> Prepared:
+    """Canonicalise model A and measure its rounding response, for :func:`compare`."""
+    validate(cfg, params)
     if probes < 1:
         raise GaugeAuditError("probes must be >= 1")
-    ca = canonicalize(cfg, params_a)
+    with one_thread():
+        ca = canonicalize(cfg, params)
+        return Prepared(cfg, params, ca, rounding_response(cfg, params, ca, ca.params, probes, seed))
+
+
+def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *, probes: int = 3, seed: int = 0,
+            with_element: bool = True, prepared: Prepared | None = None) -> Comparison:
+    """Compare two models of the same architecture up to the whole symmetry group (see the module
+    docstring).  Parameters may be in any floating dtype: that dtype is their storage precision.
+    ``prepared``: A's side from :func:`prepare` (same A, reused)."""
+    same_architecture(cfg_a, cfg_b)
+    validate(cfg_b, params_b)
+    with one_thread():
+        if prepared is None:
+            prepared = prepare(cfg_a, params_a, probes=probes, seed=seed)
+        elif prepared.params is not params_a:
+            raise GaugeAuditError("prepared is for another model A")
+        return _compare(prepared, params_b, probes, seed, with_element)
+
+
+def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_element: bool) -> Comparison:
+    cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     cb = canonicalize(cfg, params_b, reference=ca.params)
     a64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_a.items()}
     b64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_b.items()}
     raw, raw_groups = relative_distances(a64, b64)
     inv, inv_groups = relative_distances(ca.params, cb.params)
     den = _sq_by_group(ca.params)
-    resp_a = rounding_response(cfg, params_a, ca, ca.params, probes, seed)
+    resp_a = prep.response
     resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
     lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
     groups, ok = {}, True
@@ -213,7 +234,7 @@ def _compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, p
                      str(ca.storage_dtype).replace("torch.", ""), str(cb.storage_dtype).replace("torch.", ""),
                      probes, lam, canonical_a=ca, canonical_b=cb)
     if ok and with_element:
-        el, n0 = element_a_to_b(ca, cb)
+        el, _ = element_a_to_b(ca, cb)
         mapped = ACTIONS["composite"].apply(cfg, a64, el)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
         out.element_residual = relative_distances(b64, mapped)[0]

@@ -167,7 +167,7 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
                 for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
                     w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
                     if pm == 0.0:
-                        notes.append(f"{where} plane {k}: zero or circular plane, phase not fixed")
+                        notes.append(f"{family} {where} plane {k}: zero or circular plane, phase not fixed")
                     m[a, a] = m[b, b] = w.real
                     m[a, b], m[b, a] = w.imag, -w.imag
                     phase.append(pm)
@@ -176,7 +176,7 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
                 continue
             bal = balance(x, y)
             if not bal.rank_ok:
-                notes.append(f"{where}: rank-deficient (a zero or degenerate head): left unchanged, not unique")
+                notes.append(f"{family} {where}: rank-deficient (a zero or degenerate head): left unchanged, not unique")
                 ms[layer, j] = bal.m
                 continue
             m = bal.m

@@ -340,8 +340,6 @@ def fix_stream_rotation(ctx: Context) -> None:
         spread = float((x * x).sum()) / top
         decisions += [Decision.of("spectrum", "embedding Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top,
                                   ctx.threshold(2.0 * spread)),
-                      Decision.of("zero", "embedding Gram smallest eigenvalue", lam[-1:] / top,
-                                  ctx.threshold(2.0 * spread)),
                       Decision.of("sign", "stream axes", margin, ctx.threshold(SIGN_SENSITIVITY))]
     r = u @ q @ u.T
     if cfg.norm in LN:

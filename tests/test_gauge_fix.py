@@ -1,0 +1,310 @@
+"""Gauge fixing: the canonical form computes the same function, is idempotent, is the same for
+every point of an orbit, imposes exactly as many conditions as the orbit has dimensions (family by
+family, transversally), reports every non-uniqueness; ``compare`` calls transformed copies (stored
+in float64, float32, bfloat16) EQUIVALENT with the element that maps A to B, and perturbed copies
+DIFFERENT with a distance that tracks the perturbation; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.func import jvp
+
+from gauge_audit.actions import ACTIONS
+from gauge_audit.actions.algebra import compose, inverse
+from gauge_audit.actions.base import element_from_arrays
+from gauge_audit.cli import main
+from gauge_audit.errors import GaugeAuditError
+from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, prepare, unfixed
+from gauge_audit.gauge_fix.compare import relative_distances
+from gauge_audit.models import attn, build, build_config, model_names
+from gauge_audit.nullity.families import families
+from gauge_audit.nullity.measure import EPS64, genericity, make_problem
+from gauge_audit.numeric import HOLDS, check, tolerance
+from gauge_audit.runtime import generator
+
+from test_nullity import CONFIGS
+
+TINY = [m for m in model_names() if m != "minilm"]
+SURVIVORS = ["gpt2-tiny", "llama-tiny-gqa", "qwen-tiny", "moe-tiny", "bert-tiny"]
+UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}
+
+
+def _transformed(model, seed: int, kappa: float = 4.0):
+    act = ACTIONS["composite"]
+    el = act.sample(model.cfg, model.params, generator(seed), kappa)
+    return act.apply(model.cfg, model.params, el), el
+
+
+# ----------------------------------------------------------------------------- conditions = orbit dimension
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_condition_count_equals_explained_nullity(name):
+    """Family by family, the continuous steps impose as many conditions as the nullity theory's
+    (exact) family has dimensions, the families left unfixed are exactly those `unfixed` names, and
+    the conditions cut the orbit transversally: their derivative along the families' generators at
+    the canonical point has full rank (a rank-deficient one would show σ_min at m·ε)."""
+    cfg = CONFIGS[name]("A")
+    problem = make_problem(cfg, seed=0)
+    exact = {f.name: f.k for f in families(problem, genericity(problem)) if f.kind == "exact"}
+    canon = canonicalize(cfg, problem.params())
+    conds = conditions(cfg, canon.params)
+    counts = {k: int(v.numel()) for k, v in conds.items()}
+    left = {f for f, _ in unfixed(cfg)} & set(exact)
+    print(f"{name}: conditions {counts}, nullity families {exact}, unfixed {sorted(left)}")
+    assert counts == {k: v for k, v in exact.items() if k not in left}
+    assert {f for f, _ in unfixed(cfg)} <= left | {"first-block", "router-top1"}
+
+    problem.theta = problem.layout.flatten(canon.params)     # the orbit's tangent space at the canonical point
+    gens = torch.cat([f.vectors for f in families(problem, genericity(problem)) if f.name in counts])
+    assert gens.shape[0] == sum(counts.values())
+
+    def flat_conditions(theta):
+        c = conditions(cfg, problem.layout.unflatten(theta))
+        return torch.cat([c[k].reshape(-1) for k in sorted(c)])
+    d = torch.stack([jvp(flat_conditions, (problem.theta,), (v,))[1] for v in gens])
+    sv = torch.linalg.svdvals(d)
+    m = d.shape[0]
+    print(f"  transversality: σ_min/σ_max = {float(sv[-1] / sv[0]):.2e} (rounding level {m * EPS64:.1e})")
+    assert float(sv[-1] / sv[0]) >= 1e6 * m * EPS64
+
+
+# ----------------------------------------------------------------------------- canonical form
+@pytest.mark.parametrize("name", TINY)
+def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name):
+    m = model(name)
+    c = canonicalize(m.cfg, m.params)
+    fn = function_check(m.cfg, m.params, c.params, c.kappa)
+    print(f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
+          f"{fn['tolerance_statistical_eps']:.4g} ε (κ = {c.kappa:.3g})")
+    assert fn["verdict"] == HOLDS
+    again = canonicalize(m.cfg, c.params)
+    dist, _ = relative_distances(c.params, again.params)
+    tol, formula = tolerance(m, c.kappa, torch.float64, 16)
+    print(f"  idempotent: {dist:.2e} ≤ {tol:.2e} ({formula})")
+    assert dist <= tol
+    # every imposed condition holds at rounding level: a condition is a sum of at most n products of
+    # entries ≤ s (n the longest axis summed over), computed with error ≤ n·ε·n·s², amplified by κ
+    n = max(m.cfg.vocab, m.cfg.d_ff, m.cfg.n_ctx, m.cfg.group_size * (m.cfg.d_model + 1))
+    s2 = max(float(t.abs().max()) for t in c.params.values()) ** 2
+    for fam, res in conditions(m.cfg, c.params).items():
+        assert float(res.abs().max()) <= c.kappa * n * n * EPS64 * s2, fam
+    assert not c.ties() and not c.unfixed
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_canonical_form_is_the_same_on_the_whole_orbit(model, name):
+    """canon(g·θ) = canon(θ) for a random g of every action that applies — by the rules alone (no
+    reference), within κ(g)·κ(canon)·L·K·ε."""
+    m = model(name)
+    b, el = _transformed(m, seed=3)
+    ca, cb = canonicalize(m.cfg, m.params), canonicalize(m.cfg, b)
+    raw, _ = relative_distances(m.params, b)
+    dist, _ = relative_distances(ca.params, cb.params)
+    tol, _ = tolerance(m, el.kappa * ca.kappa, torch.float64, 16)
+    print(f"{name}: raw {raw:.2f}, canonical {dist:.2e} ≤ {tol:.2e} (κ(g) = {el.kappa:.3g})")
+    assert raw >= 0.3 and dist <= tol
+
+
+def test_every_true_action_is_in_the_composite_and_has_a_group_law(model):
+    for name in ("gpt2-tiny", "llama-tiny-gqa", "moe-tiny", "bert-tiny"):
+        m = model(name)
+        for a in ACTIONS.values():
+            if a.name == "composite" or a.applies(m.cfg) or not a.expected_holds(m.cfg):
+                continue
+            g = generator(5)
+            x, y = a.sample(m.cfg, m.params, g, 4.0), a.sample(m.cfg, m.params, g, 4.0)
+            there = a.apply(m.cfg, m.params, x)
+            back = a.apply(m.cfg, there, inverse(a.name, x))
+            both = a.apply(m.cfg, a.apply(m.cfg, m.params, x), y)
+            once = a.apply(m.cfg, m.params, compose(a.name, x, y))
+            d_inv, d_comp = relative_distances(m.params, back)[0], relative_distances(both, once)[0]
+            k = 4 * max(m.cfg.d_model, m.cfg.d_ff) * EPS64     # two products of length ≤ max(d, d_ff) per entry
+            assert d_inv <= k * x.kappa and d_comp <= k * x.kappa * y.kappa, (name, a.name, d_inv, d_comp)
+
+
+# ----------------------------------------------------------------------------- non-uniqueness
+def _ties(c):
+    return {(t["step"], t["kind"]) for t in c.ties()}
+
+
+def test_non_uniqueness_is_reported(model):
+    # two zero heads: their order is a tie and their GL is not fixed
+    m = model("attn-tiny")
+    p = dict(m.params)
+    for k in ("W_Q", "W_V", "W_O", "b_Q", "b_V"):
+        t = p[f"blocks.0.attn.{k}"].clone()
+        t[1] = t[2] = 0
+        p[f"blocks.0.attn.{k}"] = t
+    c = canonicalize(m.cfg, p)
+    assert ("head-perm", "order") in _ties(c)
+    assert sum("rank-deficient" in n for n in c.report()["notes"]) == 4
+    assert function_check(m.cfg, p, c.params, c.kappa)["verdict"] == HOLDS
+    # repeated singular values: W_Q[0] = W_K[0] with orthonormal columns (σ = 1, 1, 1, 1)
+    m = build_config(attn.config(attn_bias=False, out_bias=False), device="cpu")
+    p = dict(m.params)
+    q, _ = torch.linalg.qr(torch.randn(16, 4, generator=generator(1), dtype=torch.float64))
+    for k in ("W_Q", "W_K"):
+        t = p[f"blocks.0.attn.{k}"].clone()
+        t[0] = q
+        p[f"blocks.0.attn.{k}"] = t
+    c = canonicalize(m.cfg, p)
+    assert ("qk-gl", "spectrum") in _ties(c)
+    assert [t for t in c.ties() if t["step"] == "qk-gl"][0]["not_unique"] == 3
+    # dead ReLU units: their scale is left and their order ties
+    m = model("gpt2-tiny-relu")
+    p = dict(m.params)
+    t = p["blocks.0.mlp.W_out"].clone()
+    t[3] = t[7] = 0
+    p["blocks.0.mlp.W_out"] = t
+    c = canonicalize(m.cfg, p)
+    assert ("ffn-perm", "order") in _ties(c) and any("2 dead units" in n for n in c.report()["notes"])
+    # two identical heads: a tie in the sort key
+    m = model("attn-tiny")
+    p = dict(m.params)
+    for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+        t = p[f"blocks.0.attn.{k}"].clone()
+        t[1] = t[0]
+        p[f"blocks.0.attn.{k}"] = t
+    assert ("head-perm", "order") in _ties(canonicalize(m.cfg, p))
+    # a bfloat16 input: decisions within its rounding of a tie are flagged, not silently taken
+    m = model("llama-tiny")
+    c = canonicalize(m.cfg, {k: v.to(torch.bfloat16) for k, v in m.params.items()})
+    assert c.ties() and c.storage_dtype == torch.bfloat16
+
+
+def test_unfixed_families_are_reported():
+    cfg = CONFIGS["gpt2-nonorm"]("A")
+    c = canonicalize(cfg, make_problem(cfg).params())
+    assert [f for f, _ in c.unfixed] == ["stream-gl"] and c.report()["unfixed"][0]["reason"]
+
+
+# ----------------------------------------------------------------------------- compare
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", SURVIVORS)
+def test_compare_transformed_copy_is_equivalent(model, name, dtype):
+    """B = g·A for a random g of every action that applies, stored in ``dtype``: EQUIVALENT, raw
+    distance O(1), invariant distance within the derived tolerance (and at the storage rounding
+    level), and the returned element maps A to B (its function check HOLDS)."""
+    m = model(name)
+    b, el = _transformed(m, seed=11)
+    stored = {k: v.to(dtype) for k, v in b.items()}
+    r = compare(m.cfg, m.params, m.cfg, stored)
+    u = UNIT[dtype]
+    print(f"{name} {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e} = "
+          f"{r.invariant_distance / u:.3g} u, tolerance {r.tolerance:.3e} = {r.tolerance / u:.3g} u; "
+          f"element κ {r.kappa:.3g} (g: {el.kappa:.3g}), ‖g·A − B‖/‖B‖ = {r.element_residual:.2e}")
+    assert r.verdict == EQUIVALENT
+    assert r.raw_distance >= 0.3
+    assert r.invariant_distance <= r.tolerance
+    assert r.invariant_distance <= el.kappa * 64 * u          # rounding level of the storage dtype
+    assert r.element_residual <= r.kappa * u + 64 * EPS64
+    assert check(m, "composite", element=r.element).verdict == HOLDS
+
+
+@pytest.mark.parametrize("name", SURVIVORS)
+def test_compare_perturbed_copy_is_different_and_tracks_the_size(model, name):
+    m = model(name)
+    prep = prepare(m.cfg, m.params)
+    key = "blocks.0.attn.W_Q"
+    g = generator(7)
+    ratios = []
+    for rel in (1e-6, 1e-4, 1e-2):
+        p = dict(m.params)
+        d = torch.randn(p[key].shape, generator=g, dtype=torch.float64)
+        p[key] = p[key] + rel * d * p[key].norm() / d.norm()
+        r = compare(m.cfg, m.params, m.cfg, p, prepared=prep, with_element=False)
+        grp = r.groups["attention.qk"]
+        print(f"{name} {rel:g}: invariant {r.invariant_distance:.3e}, attention.qk {grp['invariant_distance']:.3e} "
+              f"(raw {grp['raw_distance']:.3e}) = {grp['ratio']:.3g}× its tolerance")
+        assert r.verdict == DIFFERENT and grp["ratio"] >= 1e3
+        ratios.append(grp["invariant_distance"] / grp["raw_distance"])
+    assert all(0.3 <= x <= 1.5 for x in ratios)                  # tracks the perturbation
+    assert max(ratios) / min(ratios) <= 1.5                       # linearly, over four decades
+
+
+def test_compare_minilm_real_weights(model):
+    minilm = model("minilm")
+    prep = prepare(minilm.cfg, minilm.params, probes=2)
+    b, el = _transformed(minilm, seed=2)
+    for dtype in (torch.float32, torch.bfloat16):
+        r = compare(minilm.cfg, minilm.params, minilm.cfg, {k: v.to(dtype) for k, v in b.items()}, probes=2,
+                    prepared=prep, with_element=dtype == torch.float32)
+        print(f"minilm {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
+              f"tolerance {r.tolerance:.3e}, element residual {r.element_residual}")
+        assert r.verdict == EQUIVALENT and r.raw_distance >= 0.3
+        if r.element_residual is not None:
+            assert r.element_residual <= r.kappa * UNIT[dtype]
+    p = dict(minilm.params)
+    key = "blocks.3.attn.W_V"
+    d = torch.randn(p[key].shape, generator=generator(1), dtype=torch.float64)
+    p[key] = p[key] + 1e-6 * d * p[key].norm() / d.norm()
+    r = compare(minilm.cfg, minilm.params, minilm.cfg, p, probes=2, prepared=prep, with_element=False)
+    assert r.verdict == DIFFERENT and r.groups["attention.vo"]["ratio"] >= 1e3
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_compare_bad_input_is_one_line(model):
+    a, b = model("gpt2-tiny"), model("llama-tiny")
+    with pytest.raises(GaugeAuditError, match="different architectures"):
+        compare(a.cfg, a.params, b.cfg, b.params)
+    wide = model("gpt2-tiny").cfg.with_(d_model=20)
+    with pytest.raises(GaugeAuditError, match="different architectures: d_model"):
+        compare(a.cfg, a.params, wide, a.params)
+    bad = dict(a.params)
+    bad["blocks.0.attn.W_Q"] = bad["blocks.0.attn.W_Q"][:, :, :2]
+    with pytest.raises(GaugeAuditError, match="shape"):
+        compare(a.cfg, a.params, a.cfg, bad)
+    nan = dict(a.params)
+    nan["blocks.1.mlp.W_in"] = nan["blocks.1.mlp.W_in"].clone()
+    nan["blocks.1.mlp.W_in"][0, 0] = float("nan")
+    for call in (lambda: canonicalize(a.cfg, nan), lambda: compare(a.cfg, a.params, a.cfg, nan)):
+        with pytest.raises(GaugeAuditError, match="NaN") as exc:
+            call()
+        assert len(exc.value.lines) == 1
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["compare", "gpt2-tiny", "llama-tiny"], "different architectures"),
+    (["compare", "gpt2-tiny", "no-such-model"], "unknown model"),
+    (["compare", "gpt2-tiny", "ckpt/model.safetensors"], "checkpoint loader"),
+    (["canonicalize", "--checkpoint", "ckpt"], "checkpoint loader"),
+    (["canonicalize", "--model", "smollm2.gguf"], "checkpoint loader"),
+    (["compare", "gpt2-tiny", "gpt2-tiny", "--perturb", "nan"], "perturb"),
+])
+def test_cli_bad_input_one_line_exit_2(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
+
+
+def test_cli_canonicalize_and_compare(tmp_path, capsys):
+    out = tmp_path / "canon"
+    assert main(["canonicalize", "--model", "llama-tiny-gqa", "--json", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["function"]["verdict"] == HOLDS and report["conditions_total"] == 344
+    from safetensors.torch import load_file
+    saved = load_file(str(out / "model.safetensors"))
+    m = build("llama-tiny-gqa", device="cpu")
+    expected = canonicalize(m.cfg, m.params).params
+    assert set(saved) == set(expected) and all(torch.equal(saved[k], expected[k]) for k in saved)
+    assert json.loads((out / "report.json").read_text())["conditions"] == report["conditions"]
+    assert main(["canonicalize", "--model", "llama-tiny-gqa", "--out", str(out)]) == 2   # exists: refused
+    capsys.readouterr()
+
+    cmp_dir = tmp_path / "cmp"
+    code = main(["compare", "gpt2-tiny", "gpt2-tiny", "--transform", "4", "--store-dtype", "float32", "--json",
+                 "--out", str(cmp_dir)])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["verdict"] == EQUIVALENT and r["raw_distance"] > 0.3
+    assert set(r["groups"]) >= {"embeddings", "attention.qk", "attention.vo", "norms", "ffn", "unembedding"}
+    el = element_from_arrays(dict(np.load(cmp_dir / "element.npz")))
+    assert math.isclose(el.kappa, r["kappa"], rel_tol=1e-6)
+    assert main(["check", "--model", "gpt2-tiny", "--action", "composite", "--element",
+                 str(cmp_dir / "element.npz")]) == 0
+    capsys.readouterr()
+    assert main(["compare", "gpt2-tiny", "gpt2-tiny", "--seed-b", "1"]) == 1
+    assert "DIFFERENT" in capsys.readouterr().out
