@@ -20,7 +20,7 @@ from gauge_audit.actions.base import element_from_arrays
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, prepare, unfixed
-from gauge_audit.gauge_fix.compare import relative_distances
+from gauge_audit.gauge_fix.comparison import relative_distances
 from gauge_audit.models import attn, build, build_config, model_names
 from gauge_audit.nullity.families import families
 from gauge_audit.nullity.measure import EPS64, genericity, make_problem

@@ -8,6 +8,7 @@ Layers (imports point one way, top to bottom):
     claims                     the claim catalog (TOML data) and its loader
     numeric / precision /      the checkers: torch, mpmath, SymPy, Jacobian nullity,
     symbolic / nullity / formal  Lean
+    gauge_fix                  canonical forms and compare (uses actions and numeric)
     audit, report              combine checker evidence into verdicts and reports
     cli                        the `gauge-audit` command
 """

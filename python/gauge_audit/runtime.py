@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .errors import GaugeAuditError
@@ -40,3 +42,18 @@ def generator(seed: int) -> torch.Generator:
 def eps(dtype: torch.dtype) -> float:
     """Unit roundoff convention used throughout: machine epsilon ``torch.finfo(dtype).eps``."""
     return float(torch.finfo(dtype).eps)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one intra-op thread inside the block (the previous setting is restored).
+    For work made of many small operations (small models, one factorisation per head): on an
+    oversubscribed CPU the hand-offs and spin-waits between threads dominate, e.g. MiniLM's
+    canonicalisation took 43 s with two threads at a load of 6 and 1.5 s on one
+    (``benchmarks/bench_gauge_fix.py`` prints the ratio at the current load)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -12,10 +12,10 @@ up to the whole symmetry group.
 
 Modules: :mod:`.base` (records, decisions, shared linear algebra), :mod:`.stream` (norms, biases,
 stream), :mod:`.heads` (attention), :mod:`.ffn` (FFN and experts), :mod:`.pipeline` (the order),
-:mod:`.compare`.
+:mod:`.comparison`.
 """
 
-from .compare import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare
+from .comparison import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare
 from .pipeline import Canonical, canonicalize, conditions, function_check, unfixed
 
 __all__ = ["DIFFERENT", "EQUIVALENT", "Canonical", "Comparison", "Prepared", "canonicalize", "compare", "conditions",

@@ -15,7 +15,6 @@ near-ties cannot make two copies of one model look different.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -102,20 +101,6 @@ class Context:
 
 
 # ----------------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def one_thread():
-    """Run torch on one thread inside the block (restored afterwards).  Gauge fixing is thousands of
-    tiny factorisations (one per head and plane): with several threads on a busy machine the
-    hand-offs between them dominate — MiniLM canonicalises in 1.5 s on one thread and took 43 s
-    with the default two under a load of 6 (``benchmarks/bench_gauge_fix.py`` prints both)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def ones_basis(d: int) -> torch.Tensor:
     """A fixed orthonormal basis (d × (d−1) columns) of 1^⊥: the Helmert basis, column k ∝
     (1, …, 1, −k, 0, …) with k ones."""

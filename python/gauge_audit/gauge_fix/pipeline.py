@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..actions import Element
-from ..actions import composite
+from ..actions import Element, composite
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
 from ..numeric import statistical_tolerance, tolerance, verdict_for
-from ..runtime import eps
+from ..runtime import eps, one_thread
 from . import ffn, heads, stream
-from .base import Context, Params, StepRecord, one_thread
+from .base import Context, Params, StepRecord
 
 # (step, the fix, {nullity family: its condition function}) in pipeline order
 STEPS = (

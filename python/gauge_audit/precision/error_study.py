@@ -18,7 +18,6 @@ The real MiniLM-L6 weights are measured at a few κ as well.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -26,7 +25,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models import build, config_of
 from ..numeric import check
-from ..runtime import eps, resolve_device, resolve_dtype
+from ..runtime import eps, one_thread, resolve_device, resolve_dtype
 
 KAPPAS = (1.0, 1e2, 1e4, 1e6, 1e8, 1e10, 1e12)
 FULL_KAPPAS = tuple(10.0 ** k for k in range(13))
@@ -163,18 +162,6 @@ def default_dtypes(device: torch.device) -> list[str]:
     return ["float64", "float32"] + (["bfloat16"] if device.type == "cuda" else [])
 
 
-@contextmanager
-def _one_thread():
-    """The study's models are small: one intra-op thread avoids the spin-wait slowdown of
-    an oversubscribed CPU (the previous setting is restored)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def run_study(models: tuple[str, ...] = ("gpt2-tiny",), actions: tuple[str, ...] = ACTIONS,
               kappas: tuple[float, ...] = KAPPAS, seeds: tuple[int, ...] = (0, 1, 2),
               dtypes: list[str] | None = None, minilm: bool = True,
@@ -189,7 +176,7 @@ def run_study(models: tuple[str, ...] = ("gpt2-tiny",), actions: tuple[str, ...]
         config_of(m)
     if any(k < 1 for k in kappas):
         raise GaugeAuditError("condition numbers must be >= 1")
-    with _one_thread():
+    with one_thread():   # the study's models are small
         return _run(models, actions, kappas, seeds, dtypes, minilm, minilm_kappas, dev, progress)
 
 

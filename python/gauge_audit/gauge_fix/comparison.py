@@ -39,8 +39,8 @@ from ..actions import ACTIONS, Element, composite
 from ..actions.algebra import compose, inverse
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..runtime import generator
-from .base import Params, StepRecord, one_thread
+from ..runtime import generator, one_thread
+from .base import Params, StepRecord
 from .pipeline import Canonical, canonicalize, validate
 
 FAILURE_PROBABILITY = 1e-6
