@@ -234,7 +234,7 @@ def test_compare_minilm_real_weights(model):
         r = compare(minilm.cfg, minilm.params, minilm.cfg, {k: v.to(dtype) for k, v in b.items()}, probes=2,
                     prepared=prep, with_element=dtype == torch.float32)
         print(f"minilm {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
-              f"tolerance {r.tolerance:.3e}, element residual {r.element_residual}")
+              f"tolerance {r.tolerance:.3e}, element κ {r.kappa}, residual {r.element_residual}")
         assert r.verdict == EQUIVALENT and r.raw_distance >= 0.3
         if r.element_residual is not None:
             assert r.element_residual <= r.kappa * UNIT[dtype]

@@ -31,7 +31,7 @@ what is left.  It is a composite element (:mod:`gauge_audit.actions.composite`).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -166,7 +166,8 @@ class Comparison:
     canonical_b: Canonical | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("element", "canonical_a", "canonical_b")}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("element", "canonical_a", "canonical_b")}
         out["not_unique_a"] = self.canonical_a.ties() if self.canonical_a else []
         out["not_unique_b"] = self.canonical_b.ties() if self.canonical_b else []
         out["unfixed"] = [{"family": f, "reason": r} for f, r in (self.canonical_a.unfixed if self.canonical_a else [])]
