@@ -34,3 +34,11 @@ def catalog_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     write(report, out)
     return report, out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say which shuffled order ran (pytest-randomly's header line is hidden by -q), so any
+    order-dependent failure can be repeated with --randomly-seed=N."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and not isinstance(seed, str):
+        terminalreporter.write_line(f"test order shuffled by pytest-randomly: repeat it with --randomly-seed={seed}")
