@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .actions import ACTIONS, Action, Element, get_action
+from .actions.blockwise import transformed
 from .errors import GaugeAuditError
 from .models import Config, Model, config_of
 from .models.params import cast
@@ -100,7 +101,7 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
         model._finite = True
     inputs = model.sample_inputs(seed) if inputs is None else inputs
     el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
-    new = action.apply(model.cfg, model.params, el)
+    new = transformed(action, model.cfg, model.params, el)  # block by block for a checkpoint read lazily
 
     p0, p1 = cast(model.params, dtype=dtype), cast(new, dtype=dtype)
     trace0, trace1 = ({}, {}) if model.cfg.experts else (None, None)
@@ -119,9 +120,13 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
         routing = sum(int((a.sort(-1).values != relabel(el, l, b).sort(-1).values).any(-1).sum())
                       for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])))
     verdict = "HOLDS" if err <= tol and not routing else "FAILS"
+    extra = {}
+    if model.cfg.unembed and model.cfg.family not in ("attn", "bert"):  # logits: is the greedy next token kept?
+        before, after = y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)
+        extra = {"next_token": before.tolist(), "next_token_unchanged": bool(torch.equal(before, after))}
     return CheckResult(model.name, action.name, str(dtype).replace("torch.", ""), str(model.device), seed,
                        "HOLDS" if action.expected_holds(model.cfg) else "FAILS", verdict, err, err / e, tol,
-                       tol / e, el.kappa, formula, routing)
+                       tol / e, el.kappa, formula, routing, extra=extra)
 
 
 def pairs(models: list[str]) -> list[tuple[str, str]]:
