@@ -121,7 +121,7 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
                       for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])))
     verdict = "HOLDS" if err <= tol and not routing else "FAILS"
     extra = {}
-    if model.cfg.unembed and model.cfg.family not in ("attn", "bert"):  # logits: is the greedy next token kept?
+    if model.cfg.unembed:  # logits: is the greedy next token kept?
         before, after = y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)
         extra = {"next_token": before.tolist(), "next_token_unchanged": bool(torch.equal(before, after))}
     return CheckResult(model.name, action.name, str(dtype).replace("torch.", ""), str(model.device), seed,

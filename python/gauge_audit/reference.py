@@ -20,6 +20,9 @@ is transformers' own.  A test shows this equals ``from_pretrained`` on every sup
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -39,6 +42,26 @@ def require_transformers():
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return transformers
+
+
+def uninitialised(cls, config, **kw):
+    """``cls._from_config(config, **kw)`` without the random initialisation (the weights are about
+    to be loaded; initialising SmolLM2 in float64 takes seconds).  Buffers are still computed by the
+    constructors; the head is re-tied, which the skipped ``init_weights`` would have done."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - other transformers versions
+        no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        model = cls._from_config(config, **kw)
+    model.tie_weights()
+    return model
+
+
+def hf_kwargs(cfg: Config) -> dict:
+    """Model-construction options float64 needs: MoE experts evaluated by the eager loop
+    (transformers' default grouped matmul kernel takes only 16/32-bit floats)."""
+    return {"experts_implementation": "eager"} if cfg.experts else {}
 
 
 def hf_config(hf: dict):
@@ -144,12 +167,13 @@ class Reference:
         small = hf_config(small_dict)
         impl = "sdpa" if exact else None
         cls = getattr(T, arch.name)
-        kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {})}
+        kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
         with torch.device("meta"):
             layered = cls._from_config(full, **kw)
-        self.model = cls._from_config(small, **kw).eval()    # embeddings, final norm, head: real storage
+        self.model = uninitialised(cls, small, **kw)    # embeddings, final norm, head: real storage
         self.layers = _get(layered, arch.layers)
         _set(self.model, arch.layers, self.layers)
+        self.model.eval()  # after the transplant: dropout off in the layers too
         self.model.config.num_hidden_layers = cfg.n_layers
         if hasattr(full, "layer_types"):
             self.model.config.layer_types = full.layer_types
@@ -163,7 +187,9 @@ class Reference:
     def _weights(self, tensor: Callable[[str], torch.Tensor]) -> Iterator[None]:
         missing, unexpected = self.model.load_state_dict({f: tensor(f) for f in self.global_names}, strict=False)
         layer_keys = self.arch.layers + "."
-        missing = [k for k in missing if not k.startswith(layer_keys) and not self._tied(k)]
+        # the layers load in the hooks; a tied head shares W_E; BERT's pooler is not part of the output
+        missing = [k for k in missing if not k.startswith(layer_keys) and not self._tied(k)
+                   and not re.fullmatch(self.arch.passthrough, k)]
         if missing or unexpected:
             raise GaugeAuditError(f"transformers' {self.arch.name} does not match the tensors "
                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -232,10 +258,15 @@ def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None)
 
 def tokenizer(ckpt: Checkpoint):
     """The checkpoint's tokenizer: the HF tokenizer files, or the GGUF's own vocabulary."""
+    return _tokenizer(str(ckpt.path), ckpt.format)
+
+
+@functools.lru_cache(maxsize=4)  # converting a GGUF vocabulary takes seconds
+def _tokenizer(path: str, fmt: str):
     T = require_transformers()
     try:
-        if ckpt.format == "gguf":
-            return T.AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name)
-        return T.AutoTokenizer.from_pretrained(str(ckpt.path))
+        if fmt == "gguf":
+            return T.AutoTokenizer.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
+        return T.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GaugeAuditError(f"{ckpt.path}: no usable tokenizer ({str(exc).splitlines()[0]})") from None
+        raise GaugeAuditError(f"{path}: no usable tokenizer ({str(exc).splitlines()[0]})") from None

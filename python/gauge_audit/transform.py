@@ -23,6 +23,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -36,7 +37,7 @@ from .models.checkpoint.writer import atomic_dir, write_hf
 from .models.params import untie as untie_params
 from .models.registry import FAMILIES, Model
 from .numeric import tolerance
-from .progress import echo, ticker
+from .progress import ticker
 from .runtime import eps, generator
 
 CERT_SEED, CERT_BATCH, CERT_LEN = 0, 2, 16
@@ -78,7 +79,10 @@ def certificate_inputs(cfg) -> dict:
 
 
 def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int = 0, element: str | None = None,
-              kappa: float = 10.0, untie: bool = False, dtype: torch.dtype | None = None) -> Certificate:
+              kappa: float = 10.0, untie: bool = False, dtype: torch.dtype | None = None,
+              say: Callable[[str], None] | None = None) -> Certificate:
+    """Write the transformed checkpoint to ``out`` and return its certificate (module docstring);
+    ``say`` receives progress lines."""
     from .reference import Reference, checkpoint_tensors, require_transformers, tokenizer
 
     T = require_transformers()
@@ -111,13 +115,14 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
     inputs = certificate_inputs(cfg)
     n = inputs["tokens"].shape[1]
     with atomic_dir(out) as tmp:
-        echo(f"transform: {ckpt.describe()}")
+        say = say or (lambda line: None)
+        say(f"transform: {ckpt.describe()}")
         written = write_hf(tmp, ckpt, cfg, new, dtype, progress=ticker("write", unit="tensor group"))
         notes = list(ckpt.notes)
         if ckpt.format == "gguf":
             tokenizer(ckpt).save_pretrained(str(tmp))
             notes.append("tokenizer converted from the GGUF vocabulary by transformers")
-        echo("transform: certificate (transformers, float64) ...")
+        say("transform: certificate (transformers' logits, float64) ...")
         before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
         out_hf = json.loads((tmp / "config.json").read_text())
         stored = SafetensorsFile(tmp / "model.safetensors")

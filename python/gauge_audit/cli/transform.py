@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..errors import GaugeAuditError
+from ..progress import echo
 from ..runtime import resolve_dtype
 
 
@@ -36,7 +37,7 @@ def run(args) -> int:
         raise GaugeAuditError("--kappa must be a number >= 1")
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     cert = transform(args.checkpoint, args.action, args.out, seed=args.seed, element=args.element,
-                     kappa=args.kappa, untie=args.untie, dtype=dtype)
+                     kappa=args.kappa, untie=args.untie, dtype=dtype, say=None if args.json else echo)
     if args.json:
         print(json.dumps(cert.to_json(), sort_keys=True))
     else:

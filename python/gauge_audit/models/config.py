@@ -33,7 +33,7 @@ class Config:
     rope_base: float = 10000.0
     causal: bool = True
     tied: bool = False          # W_U = W_Eᵀ
-    unembed: bool = True        # False: the output is the final norm's output (a bare decoder such as GPT2Model)
+    unembed: bool = True        # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
     unembed_bias: bool = False
     n_types: int = 0            # BERT token-type embeddings
     embed_norm: bool = False    # BERT LayerNorm after the embedding sum

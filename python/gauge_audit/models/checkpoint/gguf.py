@@ -18,6 +18,7 @@ with half-split RoPE do not.)
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import Counter
 from pathlib import Path
@@ -55,44 +56,144 @@ def _short(x) -> float:
     return float(str(np.float32(x)))
 
 
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Header:
+    """A cursor over the GGUF header (little-endian, version 2 or 3)."""
+
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+
+    def take(self, fmt: str):
+        v = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self, decode: bool = True):
+        n = self.take("<Q")
+        if self.pos + n > len(self.data):
+            raise ValueError("string runs past the end of the file")
+        raw = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return bytes(raw).decode("utf-8") if decode else None
+
+    def value(self, kind: int, decode: bool = True):
+        if kind in _SCALARS:
+            return self.take(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string(decode)
+        if kind == _ARRAY:
+            sub, n = self.take("<I"), self.take("<Q")
+            if sub in _SCALARS and sub != _STRING:  # fixed size: skip or read in one go
+                size = struct.calcsize(_SCALARS[sub])
+                if decode:
+                    out = list(struct.unpack_from(f"<{n}{_SCALARS[sub][1]}", self.data, self.pos))
+                self.pos += n * size
+                return out if decode else None
+            items = [self.value(sub, decode) for _ in range(n)]
+            return items if decode else None
+        raise ValueError(f"unknown GGUF value type {kind}")
+
+
 class GGUFFile:
-    """A GGUF file: metadata, tensor names/shapes (torch order), dequantized float32 reads."""
+    """A GGUF file: metadata, tensor names/shapes (torch order), dequantized float32 reads.
+
+    The header is parsed here (arrays such as the 49 152-token vocabulary are skipped, not
+    decoded — GGUFReader decodes every string and takes seconds); the quantization formats and
+    the dequantization come from the ``gguf`` package."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
+        import mmap
+
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         self.path = Path(path)
         try:
-            self.reader = GGUFReader(str(self.path))
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                self.fields, infos, start = self._parse(data)
         except FileNotFoundError:
             raise GaugeAuditError(f"no such file: {self.path}") from None
-        except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError, struct.error) as exc:
-            raise GaugeAuditError(f"{self.path}: not a readable GGUF file ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        size = self.path.stat().st_size
-        for t in self.reader.tensors:
-            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-                raise GaugeAuditError(f"{self.path}: truncated GGUF file (tensor {t.name} extends past the end)")
-        self.entries = {n: (torch.float32, tuple(int(s) for s in reversed(t.shape.tolist())))
-                        for n, t in self.tensors.items()}
+        except (ValueError, OSError, struct.error, UnicodeDecodeError, OverflowError) as exc:
+            raise GaugeAuditError(f"{self.path}: not a readable GGUF file ({exc})") from None
+        self.tensors: dict[str, tuple] = {}   # name -> (quant type, torch shape, absolute offset, bytes)
+        for name, dims, kind, offset in infos:
+            try:
+                qtype = GGMLQuantizationType(kind)
+                block, type_size = GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise GaugeAuditError(f"{self.path}: tensor {name} has an unknown GGML type {kind}") from None
+            n = math.prod(dims)
+            if dims and dims[0] % block:
+                raise GaugeAuditError(f"{self.path}: tensor {name}: row length {dims[0]} is not a multiple of "
+                                      f"the {qtype.name} block size {block}")
+            nbytes = n // block * type_size
+            if start + offset + nbytes > size:
+                raise GaugeAuditError(f"{self.path}: truncated GGUF file (tensor {name} extends past the end)")
+            self.tensors[name] = (qtype, tuple(reversed(dims)), start + offset, nbytes)
+        self.entries = {n: (torch.float32, t[1]) for n, t in self.tensors.items()}
+
+    @staticmethod
+    def _parse(data) -> tuple[dict, list, int]:
+        h = _Header(data)
+        if bytes(data[:4]) != b"GGUF":
+            raise ValueError("bad magic")
+        h.pos = 4
+        version = h.take("<I")
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (or big-endian) is not supported")
+        n_tensors, n_kv = h.take("<Q"), h.take("<Q")
+        fields = {}
+        for _ in range(n_kv):
+            key = h.string()
+            kind = h.take("<I")
+            # decode scalars and short arrays; skip the long ones (vocabulary, merges)
+            if kind == _ARRAY:
+                mark = h.pos
+                sub, count = h.take("<I"), h.take("<Q")
+                h.pos = mark
+                fields[key] = h.value(kind, decode=count <= 64 and sub != _STRING)
+            else:
+                fields[key] = h.value(kind)
+        infos = []
+        for _ in range(n_tensors):
+            name = h.string()
+            dims = [h.take("<Q") for _ in range(h.take("<I"))]
+            infos.append((name, dims, h.take("<I"), h.take("<Q")))
+        align = fields.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise ValueError(f"invalid general.alignment {align!r}")
+        return fields, infos, -(-h.pos // align) * align
 
     def field(self, key: str, default=None):
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        v = self.fields.get(key)
+        return default if v is None else v
 
     def quant_types(self) -> dict[str, int]:
-        return dict(Counter(t.tensor_type.name for t in self.tensors.values()))
+        return dict(Counter(t[0].name for t in self.tensors.values()))
 
     def get(self, name: str) -> torch.Tensor:
+        """Dequantized to float32.  The bytes are read with a positioned read, not through a memory
+        map (touched map pages would stay resident: memory growing with the file)."""
+        from gguf import GGML_QUANT_SIZES
         from gguf.quants import dequantize
 
-        t = self.tensors[name]
+        qtype, shape, offset, nbytes = self.tensors[name]
+        buf = bytearray(nbytes)
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(buf) != nbytes:
+                raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        row = shape[-1] // block * type_size if shape else nbytes
+        raw = np.frombuffer(buf, dtype=np.uint8).reshape(-1, row)
         try:
-            a = dequantize(t.data, t.tensor_type)
+            a = dequantize(raw, qtype)
         except NotImplementedError as exc:
             raise GaugeAuditError(f"{self.path}: tensor {name}: {exc}") from None
-        return torch.from_numpy(np.array(a, dtype=np.float32, copy=True)).reshape(self.entries[name][1])
+        return torch.from_numpy(np.asarray(a, dtype=np.float32)).reshape(shape)
 
 
 def hf_config(g: GGUFFile) -> dict:

@@ -3,10 +3,11 @@
 A file is ``u64 header length N`` · ``N bytes of JSON`` · ``data``; the header gives each
 tensor's dtype, shape and ``[begin, end)`` byte range in the data section.  Reading
 validates the header against the file *before* any tensor is touched (a truncated file or a
-header that lies about sizes is one line, not a crash inside the mmap), then reads tensors one
-at a time through ``safetensors.safe_open``.  Writing knows every name, dtype and shape up
-front, so the header is written first and each tensor is written into its range whenever it
-is ready — a transformed checkpoint streams to disk block by block.
+header that lies about sizes is one line, not a crash), then reads one tensor at a time with
+a plain positioned read — not through a memory map, whose touched pages would stay in the
+process's resident set and make its memory grow with the checkpoint.  Writing knows every
+name, dtype and shape up front, so the header is written first and each tensor is written into
+its range whenever it is ready — a transformed checkpoint streams to disk block by block.
 """
 
 from __future__ import annotations
@@ -36,22 +37,29 @@ class SafetensorsFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.entries = read_header(self.path)   # name -> (dtype, shape)
-        self._handle = None
+        self.spans: dict[str, tuple[int, int]] = {}
+        self.entries = read_header(self.path, self.spans)   # name -> (dtype, shape)
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import SafetensorError, safe_open
+        dtype, shape = self.entries[name]
+        begin, end = self.spans[name]
+        buf = bytearray(end - begin)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(begin)
+                got = f.readinto(buf)
+        except OSError as exc:
+            raise GaugeAuditError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if got != len(buf):
+            raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
+        if not buf:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
 
-        if self._handle is None:
-            try:
-                self._handle = safe_open(str(self.path), framework="pt")
-            except (SafetensorError, OSError) as exc:
-                raise GaugeAuditError(f"{self.path}: cannot read safetensors file: {exc}") from None
-        return self._handle.get_tensor(name)
 
-
-def read_header(path: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Every tensor's (dtype, shape), after checking that the header describes the file exactly."""
+def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Every tensor's (dtype, shape), after checking that the header describes the file exactly;
+    ``spans`` (if given) receives each tensor's absolute [begin, end) byte range."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -73,7 +81,7 @@ def read_header(path: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         raise GaugeAuditError(f"{path}: safetensors header is not a JSON object")
     header.pop("__metadata__", None)
     data = size - 8 - n
-    out, spans = {}, []
+    out, ranges = {}, []
     for name, info in header.items():
         try:
             code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
@@ -92,9 +100,11 @@ def read_header(path: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
             raise GaugeAuditError(f"{path}: truncated safetensors file (tensor {name} ends at byte {end} of a "
                                   f"{data}-byte data section)")
         out[name] = (CODES[code], tuple(shape))
-        spans.append((begin, end, name))
-    spans.sort()
-    for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
+        ranges.append((begin, end, name))
+        if spans is not None:
+            spans[name] = (8 + n + begin, 8 + n + end)
+    ranges.sort()
+    for (b0, e0, n0), (b1, _, n1) in zip(ranges, ranges[1:]):
         if b1 < e0:
             raise GaugeAuditError(f"{path}: header gives tensors {n0} and {n1} overlapping byte ranges")
     return out
