@@ -214,14 +214,14 @@ def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
     """
     r = _validate_rotation(cfg, el.parts["R"])
     changes = _rotate_writers(cfg, params, r)
+    r_inv = torch.linalg.inv(r)
     for norm, readers in norm_readers(cfg, params).items():
-        c = _conjugated(params, norm, r)
         if f"{norm}.b" in params:
-            changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) @ c, params[f"{norm}.b"])
-        if readers:  # (none when only another block's tensors are given)
-            c_inv = torch.linalg.inv(c)
-            for w, _ in readers:
-                changes[w] = put(c_inv @ as64(params[w]), params[w])
+            changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) @ _conjugated(params, norm, r), params[f"{norm}.b"])
+        # C⁻¹ = D_γ⁻¹·R⁻¹·D_γ: exact algebra, and as accurate as R⁻¹ however ill-conditioned C is
+        c_inv = _conjugated(params, norm, r_inv)
+        for w, _ in readers:
+            changes[w] = put(c_inv @ as64(params[w]), params[w])
     # Tied and weight-free final norm: W_U = W_Eᵀ becomes (W_E·R)ᵀ = Rᵀ·W_U = C⁻¹·W_U, as required.
     return updated(params, changes)
 

@@ -53,14 +53,14 @@ def _list() -> int:
     return 0
 
 
-def _row(r: CheckResult, decode=None) -> str:
+def _row(r: CheckResult, decode=None, width: int = 24) -> str:
     mark = "" if r.agrees else "   <-- differs from theory"
     routing = "" if r.routing_changed is None else f"  routing changed: {r.routing_changed}"
     nxt = ""
     if "next_token_unchanged" in r.extra:
         word = f" {decode(r.extra['next_token'][-1])!r}" if decode else ""
         nxt = f"  next token{word} {'unchanged' if r.extra['next_token_unchanged'] else 'CHANGED'}"
-    return (f"{r.model:24s} {r.action:22s} {r.verdict:6s} {r.max_rel_error:10.3e} {r.residual_eps:12.4g} "
+    return (f"{r.model:{width}s} {r.action:22s} {r.verdict:6s} {r.max_rel_error:10.3e} {r.residual_eps:12.4g} "
             f"{r.tolerance_eps:10.4g} {r.kappa:8.3g}{routing}{nxt}{mark}")
 
 
@@ -96,7 +96,10 @@ def run(args) -> int:
     cache, ckpt = {}, None
     if args.checkpoint:
         ckpt = open_checkpoint(args.checkpoint)
-        model = ckpt.model(device=args.device)
+        # Several checks re-read every block each time; keep the tensors when the float64 copy is small
+        # next to the free memory, stream them otherwise.
+        several = not args.action or args.all
+        model = ckpt.model(device=args.device, resident=several and ckpt.fits_in_memory())
         cache[model.name] = model
         models, cfg_of = [model.name], {model.name: ckpt.cfg}
     else:
@@ -122,9 +125,9 @@ def run(args) -> int:
         cache[args.model] = build(args.model, seed=args.seed, device=args.device)
     inputs, decode = _text_inputs(args, cache.get(models[0]), ckpt) if args.text is not None else (None, None)
 
-    results = []
+    results, width = [], max(24, *(len(m) for m in models))
     if not args.json:
-        print(f"{'model':24s} {'action':22s} {'verdict':6s} {'max rel err':>10s} {'residual/ε':>12s} "
+        print(f"{'model':{width}s} {'action':22s} {'verdict':6s} {'max rel err':>10s} {'residual/ε':>12s} "
               f"{'tol/ε':>10s} {'κ':>8s}")
     for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
@@ -134,7 +137,7 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
         else:
-            echo(_row(r, decode))
+            echo(_row(r, decode, width))
     if not args.json:
         holds = sum(r.verdict == "HOLDS" for r in results)
         differ = [r for r in results if not r.agrees]

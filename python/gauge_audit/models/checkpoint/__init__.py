@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import functools
 import json
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ class Checkpoint:
 
     def __post_init__(self):
         self.by_param = {p: link for link in self.links for p in link.params}
-        self._resident: dict[str, torch.Tensor] = {}  # shared by every params(resident=True)
+        self._resident: dict[str, torch.Tensor] = {}  # project-layout float64, for params(resident=True)
         self._validate()
 
     # ------------------------------------------------------------------ validation
@@ -176,38 +177,52 @@ class Checkpoint:
         return self.source.get(name)
 
     def params(self, resident: bool = False, device: str | torch.device = "cpu") -> LazyParams:
-        """The project-layout parameters, float64, read on access.  ``resident`` keeps every stored
-        tensor in memory after its first read (in its storage dtype) — for repeated checks of a
-        model that fits; otherwise at most a few stored tensors are cached and memory does not
-        grow with the depth."""
+        """The project-layout parameters, float64, read on access.  ``resident`` keeps each one in
+        memory after its first read (shared by every resident view of this checkpoint) — for
+        repeated checks of a model that fits; otherwise at most a few stored tensors are cached
+        and memory does not grow with the depth."""
         from ..registry import FAMILIES
 
         shapes = {n: s for n, (s, _) in FAMILIES[self.cfg.family].param_shapes(self.cfg).items()}
         cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
         def stored(f: str) -> torch.Tensor:
-            if f in self._resident:
-                return self._resident[f]
             if f in cache:
                 cache.move_to_end(f)
                 return cache[f]
             t = self.source.get(f)
             if not all_finite(t):
                 raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
-            if resident:
-                self._resident[f] = t
-            else:
-                cache[f] = t
-                if len(cache) > 4:  # fused tensors (GPT-2 c_attn) are read once for Q, K and V
-                    cache.popitem(last=False)
+            cache[f] = t
+            if len(cache) > 4:  # fused tensors (GPT-2 c_attn) are read once for Q, K and V
+                cache.popitem(last=False)
             return t
 
         def load(name: str) -> torch.Tensor:
+            if name in self._resident:
+                return self._resident[name]
             link = self.by_param[name]
             out = link.read(*[stored(f).to(torch.float64) for f in link.files])
-            return out[link.params.index(name)].contiguous()
+            t = out[link.params.index(name)].contiguous()
+            if resident:
+                self._resident[name] = t
+            return t
 
         return LazyParams(shapes, load, torch.float64, device)
+
+    def float64_bytes(self) -> int:
+        from ..registry import FAMILIES
+
+        return 8 * sum(math.prod(s) for s, _ in FAMILIES[self.cfg.family].param_shapes(self.cfg).values())
+
+    def fits_in_memory(self, fraction: float = 0.25) -> bool:
+        """Is the float64 copy smaller than ``fraction`` of the memory available now (Linux; else False)?"""
+        try:
+            with open("/proc/meminfo") as f:
+                avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError):
+            return False
+        return self.float64_bytes() < fraction * avail
 
     def model(self, name: str | None = None, device: str = "cpu", resident: bool = False):
         """A :class:`~gauge_audit.models.Model` whose parameters are read on access."""
