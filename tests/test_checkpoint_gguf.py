@@ -177,6 +177,25 @@ def test_gguf_permutation_not_undone_fails_unless_rope_is_interleaved(tiny_gguf)
     _permutation_variants(open_checkpoint(path), _logits(_reference(config, hf), tokens), tokens)
 
 
+def test_gguf_transform_writes_safetensors_that_transformers_loads(tiny_gguf, tmp_path):
+    from gauge_audit.transform import transform
+
+    path, config, hf = tiny_gguf
+    cert = transform(path, "stream-rotation", tmp_path / "out", seed=2)
+    assert cert.verdict == "HOLDS" and cert.dtype == "float32" and "no tokenizer" in cert.notes[-1]
+    model, info = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float64,
+                                                                attn_implementation="sdpa",
+                                                                output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    float64_internals(model)
+    tokens = torch.tensor(cert.inputs["tokens"])
+    err = _rel(_logits(model.eval(), tokens), _logits(_reference(config, hf), tokens))
+    tol = tolerance(Model("x", open_checkpoint(path).cfg, {}, FAMILIES["llama"]), cert.kappa, torch.float32,
+                    tokens.shape[1])[0]
+    print(f"tiny GGUF stream-rotation: transformers' logits change {err / EPS32:.3g} ε32, tol {tol / EPS32:.3g} ε32")
+    assert err <= tol
+
+
 def test_gguf_of_another_architecture_is_refused(tmp_path, capsys):
     path = tmp_path / "gpt2.gguf"
     write_gguf(path, "gpt2", {"token_embd.weight": np.zeros((TINY["vocab"], TINY["d"]), dtype=np.float32)})

@@ -119,9 +119,11 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
         say(f"transform: {ckpt.describe()}")
         written = write_hf(tmp, ckpt, cfg, new, dtype, progress=ticker("write", unit="tensor group"))
         notes = list(ckpt.notes)
-        if ckpt.format == "gguf":
+        if ckpt.format == "gguf" and ckpt.source.field("tokenizer.ggml.model") is not None:
             tokenizer(ckpt).save_pretrained(str(tmp))
             notes.append("tokenizer converted from the GGUF vocabulary by transformers")
+        elif ckpt.format == "gguf":
+            notes.append("the GGUF file holds no tokenizer; none written")
         say("transform: certificate (transformers' logits, float64) ...")
         before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
         out_hf = json.loads((tmp / "config.json").read_text())

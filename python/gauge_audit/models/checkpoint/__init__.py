@@ -232,7 +232,6 @@ class Checkpoint:
         m = Model(name or self.name, self.cfg, self.params(resident, resolve_device(device)),
                   FAMILIES[self.cfg.family])
         m._finite = True  # every stored tensor is checked for NaN / ∞ as it is read
-        m.checkpoint = self
         return m
 
     def describe(self) -> str:
