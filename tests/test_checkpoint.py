@@ -145,6 +145,39 @@ def test_mixtral_fused_expert_layout_is_read(tiny_hf, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_unprefixed_gpt2_lm_head_checkpoint_reads_the_same(tiny_hf, tmp_path):
+    """The original gpt2 upload stores the decoder without the "transformer." prefix (and old causal-mask
+    buffers): same parameters, and the written copy uses the prefix transformers writes."""
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_hf("gpt2")
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    sd = {k.removeprefix("transformer."): v for k, v in load_file(str(src / "model.safetensors")).items()}
+    sd["h.0.attn.bias"] = torch.ones(1, 1, 24, 24).tril()
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    a, b = open_checkpoint(src).params(), open_checkpoint(tmp_path).params()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    from gauge_audit.models.checkpoint.writer import plan
+
+    assert all(n.startswith("transformer.") for n in plan(open_checkpoint(tmp_path), open_checkpoint(tmp_path).cfg, None))
+
+
+def test_transform_with_an_element_file_records_its_hash(tiny_hf, tmp_path):
+    import hashlib
+
+    import numpy as np
+
+    from gauge_audit.transform import transform
+
+    src = tiny_hf("qwen")
+    cfg = open_checkpoint(src).cfg
+    s = 0.5 + torch.rand(cfg.n_layers, cfg.d_ff, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    np.savez(tmp_path / "s.npz", s=s.numpy())
+    cert = transform(src, "swiglu-scaling", tmp_path / "out", element=str(tmp_path / "s.npz"))
+    assert cert.verdict == "HOLDS" and cert.max_rel_change < 1e3 * torch.finfo(torch.float32).eps
+    assert cert.element["sha256"] == hashlib.sha256((tmp_path / "s.npz").read_bytes()).hexdigest()
+
+
 def test_minilm_package_reads_as_a_bert_checkpoint():
     from gauge_audit.models import minilm
 

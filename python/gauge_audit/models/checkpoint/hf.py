@@ -263,7 +263,9 @@ def _norm(cfg: Config, src: str, dst: str, w="weight", b="bias") -> list[Link]:
 
 
 def gpt2_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
-    pre = "transformer." if cfg.unembed else ""
+    # GPT2LMHeadModel files put the decoder under "transformer." — except older ones (the original
+    # gpt2 upload), which store it unprefixed; written files use the prefix.
+    pre = "transformer." if cfg.unembed and not has("wte.weight") else ""
     h = cfg.n_heads
     out = [same(f"{pre}wte.weight", "embed.W_E"), same(f"{pre}wpe.weight", "embed.W_pos")]
     for i in range(cfg.n_layers):

@@ -126,4 +126,4 @@ def write_hf(out: Path, ckpt: Checkpoint, cfg: Config, params: Mapping, dtype: t
                 shutil.copyfile(ckpt.path / name, out / name)
                 copied.append(name)
     return {"tensors": len(layout), "dtype": str(coarsest).replace("torch.", ""),
-            "bytes": (out / "model.safetensors").stat().st_size, "tokenizer_files": copied}
+            "bytes": (out / "model.safetensors").stat().st_size, "copied_files": copied}
