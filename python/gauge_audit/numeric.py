@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .actions import ACTIONS, Action, Element, get_action
+from .actions.blockwise import transformed
 from .errors import GaugeAuditError
 from .models import Config, Model, config_of
 from .models.params import cast
@@ -156,7 +157,7 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
         model._finite = True
     inputs = model.sample_inputs(seed) if inputs is None else inputs
     el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
-    new = action.apply(model.cfg, model.params, el)
+    new = transformed(action, model.cfg, model.params, el)  # block by block for a checkpoint read lazily
 
     p0, p1 = cast(model.params, dtype=dtype), cast(new, dtype=dtype)
     trace0, trace1 = ({}, {}) if model.cfg.experts else (None, None)
@@ -176,9 +177,13 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
                       for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])))
     tol_stat, stat_formula = statistical_tolerance(model, el.kappa, dtype, n, y0.numel())
     verdict = verdict_for(err, tol_stat, tol, routing)
+    extra = {}
+    if model.cfg.unembed:  # logits: is the greedy next token kept?
+        before, after = y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)
+        extra = {"next_token": before.tolist(), "next_token_unchanged": bool(torch.equal(before, after))}
     return CheckResult(model.name, action.name, str(dtype).replace("torch.", ""), str(model.device), seed,
                        HOLDS if action.expected_holds(model.cfg) else FAILS, verdict, err, err / e, tol,
-                       tol / e, el.kappa, formula, tol_stat, tol_stat / e, stat_formula, routing)
+                       tol / e, el.kappa, formula, tol_stat, tol_stat / e, stat_formula, routing, extra=extra)
 
 
 def pairs(models: list[str]) -> list[tuple[str, str]]:

@@ -96,6 +96,8 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x)
     if name == "gelu":
         return F.gelu(x)  # exact erf form, as in BERT and the MiniLM checkpoint
+    if name == "gelu-tanh":
+        return F.gelu(x, approximate="tanh")  # GPT-2's 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))
     if name == "silu":
         return F.silu(x)
     raise ValueError(name)
