@@ -106,6 +106,10 @@ def tiny_hf(tmp_path_factory):
         key = (kind, str(dtype), shard)
         if key not in made:
             model = build_hf(kind)
+            # save_pretrained draws a "Writing model shards" bar on stderr: tests that read
+            # stderr (one-line errors) must see only what gauge-audit printed.
+            import transformers
+            transformers.utils.logging.disable_progress_bar()
             if dtype is not None:
                 model = model.to(dtype)
             out = tmp_path_factory.mktemp(f"hf-{kind}")

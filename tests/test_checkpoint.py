@@ -366,6 +366,7 @@ def test_unrepresentable_options_are_refused_in_one_line(tiny_hf, tmp_path, caps
     path = _edited(tiny_hf(kind), tmp_path, **changes)
     with pytest.raises(GaugeAuditError, match=match):
         open_checkpoint(path)
+    capsys.readouterr()  # only what the CLI prints below is under test
     assert main(["check", "--checkpoint", str(path), "--action", "qk-gl"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err

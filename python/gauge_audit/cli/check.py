@@ -146,12 +146,14 @@ def run(args) -> int:
     if not args.json:
         holds = sum(r.verdict == HOLDS for r in results)
         weak = sum(r.verdict == HOLDS_WORST_CASE_ONLY for r in results)
+        unresolved = sum(not r.decided for r in results)
         differ = [r for r in results if not r.agrees]
         if len(results) == 1:
             print(f"tolerance (worst case)  = {results[0].tolerance_formula}")
             print(f"tolerance (statistical) = {results[0].tolerance_statistical_formula}")
         print(f"\n{len(results)} checks: {holds} HOLDS, {weak} HOLDS (worst-case bound only), "
-              f"{len(results) - holds - weak} FAILS; {len(differ)} differ from theory.\n"
+              f"{len(results) - holds - weak - unresolved} FAILS, {unresolved} UNDECIDED (a worst-case tolerance "
+              f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory.\n"
               f"tol = κ(g)·L·K·ε (rigorous: every rounding the same way), stat tol = κ(g)·λ·√(L·K)·ε (independent "
               f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}")
     return 1 if any(not r.agrees for r in results) else 0
