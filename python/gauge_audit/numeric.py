@@ -149,15 +149,30 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
         raise GaugeAuditError(f"action {action.name} does not apply to {model.name}: {reason}")
     if model.dtype != torch.float64:
         raise GaugeAuditError("check() transforms parameters in float64; build the model in float64")
-    if not getattr(model, "_finite", False):  # scanned once per Model (MiniLM has 22.6 M parameters)
+    require_finite(model)
+    inputs = model.sample_inputs(seed) if inputs is None else inputs
+    el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
+    new = action.apply(model.cfg, model.params, el)
+    relabel = action.expert_relabel or (lambda el, layer, idx: idx)
+    return compare(model, new, inputs, el.kappa, dtype, action.name, action.expected_holds(model.cfg), seed,
+                   lambda layer, idx: relabel(el, layer, idx))
+
+
+def require_finite(model: Model) -> None:
+    """Refuse a model with NaN or infinite parameters (scanned once per Model: MiniLM has 22.6 M)."""
+    if not getattr(model, "_finite", False):
         for name, t in model.params.items():
             if not torch.isfinite(t).all():
                 raise GaugeAuditError(f"parameter {name} contains NaN or infinite entries")
         model._finite = True
-    inputs = model.sample_inputs(seed) if inputs is None else inputs
-    el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
-    new = action.apply(model.cfg, model.params, el)
 
+
+def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dtype, label: str,
+            expected_holds: bool, seed: int, relabel=None) -> CheckResult:
+    """Run the original and the transformed parameters (both rounded to ``dtype``) on the same
+    inputs and judge the change against the derived tolerances for an element of condition
+    number ``kappa``.  ``relabel(layer, expert_indices)`` maps the transformed model's MoE expert
+    labels back (None: unchanged)."""
     p0, p1 = cast(model.params, dtype=dtype), cast(new, dtype=dtype)
     trace0, trace1 = ({}, {}) if model.cfg.experts else (None, None)
     with torch.no_grad():
@@ -167,18 +182,18 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
         raise GaugeAuditError("the forward pass produced NaN or infinite values")
     err = float((y1 - y0).abs().max() / y0.abs().max())
     n = next(v for v in inputs.values()).shape[1]
-    tol, formula = tolerance(model, el.kappa, dtype, n)
+    tol, formula = tolerance(model, kappa, dtype, n)
     e = eps(dtype)
     routing = None
     if trace0 is not None:
-        relabel = action.expert_relabel or (lambda el, layer, idx: idx)
-        routing = sum(int((a.sort(-1).values != relabel(el, l, b).sort(-1).values).any(-1).sum())
+        relabel = relabel or (lambda layer, idx: idx)
+        routing = sum(int((a.sort(-1).values != relabel(l, b).sort(-1).values).any(-1).sum())
                       for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])))
-    tol_stat, stat_formula = statistical_tolerance(model, el.kappa, dtype, n, y0.numel())
+    tol_stat, stat_formula = statistical_tolerance(model, kappa, dtype, n, y0.numel())
     verdict = verdict_for(err, tol_stat, tol, routing)
-    return CheckResult(model.name, action.name, str(dtype).replace("torch.", ""), str(model.device), seed,
-                       HOLDS if action.expected_holds(model.cfg) else FAILS, verdict, err, err / e, tol,
-                       tol / e, el.kappa, formula, tol_stat, tol_stat / e, stat_formula, routing)
+    return CheckResult(model.name, label, str(dtype).replace("torch.", ""), str(model.device), seed,
+                       HOLDS if expected_holds else FAILS, verdict, err, err / e, tol,
+                       tol / e, kappa, formula, tol_stat, tol_stat / e, stat_formula, routing)
 
 
 def pairs(models: list[str]) -> list[tuple[str, str]]:
