@@ -103,11 +103,22 @@ def path_length(c: Config, n: int) -> tuple[int, str]:
     return sum(v for _, v in terms), " + ".join(f"{k}={v}" for k, v in terms)
 
 
+def worst_case_tolerance(kappa: float, layers: int, k: int, dtype: torch.dtype) -> float:
+    """κ·L·K·ε (L at least 1)."""
+    return kappa * max(1, layers) * k * eps(dtype)
+
+
+def statistical_factor(layers: int, k: int, outputs: int) -> tuple[float, float]:
+    """(λ, min(λ·√(L·K), L·K)) with λ = √(2·ln(2·N·L·K/δ)): the statistical tolerance is κ·factor·ε."""
+    terms = max(1, layers) * k
+    lam = math.sqrt(2.0 * math.log(2.0 * max(1, outputs) * terms / FAILURE_PROBABILITY))
+    return lam, min(lam * math.sqrt(terms), terms)
+
+
 def tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int) -> tuple[float, str]:
     k, k_text = path_length(model.cfg, n)
     layers = max(1, model.cfg.n_layers)
-    e = eps(dtype)
-    tol = kappa * layers * k * e
+    tol = worst_case_tolerance(kappa, layers, k, dtype)
     return tol, f"κ·L·K·ε = {kappa:.3g}·{layers}·{k}·ε  (K = {k_text})"
 
 
@@ -117,10 +128,8 @@ def statistical_tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int
     worst-case κ·L·K·ε."""
     k, _ = path_length(model.cfg, n)
     layers = max(1, model.cfg.n_layers)
-    terms = layers * k
-    lam = math.sqrt(2.0 * math.log(2.0 * max(1, outputs) * terms / FAILURE_PROBABILITY))
-    e = eps(dtype)
-    tol = kappa * min(lam * math.sqrt(terms), terms) * e
+    lam, factor = statistical_factor(layers, k, outputs)
+    tol = kappa * factor * eps(dtype)
     return tol, (f"κ·λ·√(L·K)·ε = {kappa:.3g}·{lam:.3g}·√({layers}·{k})·ε  "
                  f"(λ = √(2 ln(2·N·L·K/δ)), N = {outputs} outputs, δ = {FAILURE_PROBABILITY:g})")
 

@@ -181,7 +181,7 @@ def _increment(node: Node, param: str) -> Node | None:
     return None
 
 
-def _symbols(elements: Iterable[Element]) -> dict[str, Symbol]:
+def symbols_for(elements: Iterable[Element]) -> dict[str, Symbol]:
     syms = {name: Symbol(p.shape, GENERIC, "param") for name, p in PARAMS.items()}
     for e in elements:
         syms[e.symbol] = Symbol(e.shape, GROUPS[e.group][1], "element",
@@ -259,7 +259,7 @@ def validate_rule(raw, line: Callable[..., int], fail: Callable[[int, str], None
     elif not isinstance(raw_maps, dict) or not raw_maps:
         bad(line("maps"), "field rule.maps: expected a non-empty table parameter = \"expression\"")
     else:
-        symbols = _symbols(elements)
+        symbols = symbols_for(elements)
         scope_level = SCOPES.get(scope, MODEL) if isinstance(scope, str) else MODEL
         map_errors = before[0]
         for param, text in _flatten_maps(raw_maps):
@@ -316,5 +316,5 @@ def level_name(level: int) -> str:
     return LEVEL_NAMES[level]
 
 
-__all__ = ["CONTINUOUS", "Element", "GROUPS", "Map", "Rule", "SCOPES", "level_name", "parse_rule", "validate_rule",
+__all__ = ["CONTINUOUS", "Element", "GROUPS", "Map", "Rule", "SCOPES", "level_name", "parse_rule", "symbols_for", "validate_rule",
            "vanishes_at_zero"]

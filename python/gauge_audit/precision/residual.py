@@ -94,7 +94,7 @@ def one_layer(name: str, seed: int) -> Model:
     return build_config(cfg, seed, "cpu", torch.float64, name=f"{name} (1 layer)")
 
 
-def _relative(y0: list, y1: list):
+def relative(y0: list, y1: list):
     a, b = flatten(y0), flatten(y1)
     num = max(abs(u - v) for u, v in zip(a, b))
     den = max(abs(u) for u in a)
@@ -113,7 +113,7 @@ def residual_at(model: Model, action: str, element, inputs: dict, dps: int) -> t
         P = exact_params(model.params, MP)
         el = exact_element(action, model.cfg, element.parts, MP.num)
         Q = apply_rule(action, model.cfg, P, el)
-        r = _relative(forward(model.cfg, P, inputs, MP), forward(model.cfg, Q, inputs, MP))
+        r = relative(forward(model.cfg, P, inputs, MP), forward(model.cfg, Q, inputs, MP))
         return _as_float(r)
 
 
@@ -192,7 +192,7 @@ def torch_agreement(name: str = "gpt2-tiny", seed: int = 0, dps: int = 30, n_lay
     with workdps(dps):
         P = exact_params(m.params, MP)
         y_m = forward(m.cfg, P, inputs, MP)
-        diff = float(_relative(y_m, [[[mp.mpf(v) for v in row] for row in seq] for seq in y_t]))
+        diff = float(relative(y_m, [[[mp.mpf(v) for v in row] for row in seq] for seq in y_t]))
     k, _ = path_length(m.cfg, SEQ)
     e = eps(torch.float64)
     bound = max(1, cfg.n_layers) * k * e

@@ -186,6 +186,9 @@ class ShapeOps(Ops):
 
 
 def _resolve(shape: tuple, dims: dict) -> tuple:
+    missing = [d for d in shape if isinstance(d, str) and d not in dims]
+    if missing:
+        raise NotApplicable(f"the dimension {missing[0]} is not known for this model")
     return tuple(dims[d] if isinstance(d, str) else d for d in shape)
 
 
@@ -214,9 +217,12 @@ def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str |
             return (f"{m.param} is shared by {per} elements of a {rule.scope}-scoped rule (e.g. a KV head "
                     f"read by {shape.group} query heads); write its map as an increment ({m.param} + …) "
                     "or use a coarser scope (kv-group)")
-    env = {name: _resolve(p.shape, shape.dims) for name, p in PARAMS.items()}
-    for e in rule.elements:
-        env[e.symbol] = _resolve(e.shape, shape.dims)
+    try:
+        env = {name: _resolve(PARAMS[name].shape, shape.dims) for name in rule.referenced}
+        for e in rule.elements:
+            env[e.symbol] = _resolve(e.shape, shape.dims)
+    except NotApplicable as exc:
+        return str(exc)
     for m in rule.maps:
         try:
             got = evaluate(m.node, env, ShapeOps(), shape.dims)
@@ -238,9 +244,11 @@ def units(rule: Rule, shape: Shape) -> list[Ctx]:
     return shape.contexts(rule.scope_level)
 
 
-def apply(rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map] | None = None) -> dict:
+def apply(rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map] | None = None,
+          check_tied: bool = True) -> dict:
     """New values ``{(name, ctx): value}`` of every instance the rule maps (simultaneously, from the
-    original parameters); ``elements[unit][symbol]`` are the group elements."""
+    original parameters); ``elements[unit][symbol]`` are the group elements.  ``check_tied``: verify
+    a tied model's W_U against its W_E (off inside forward-mode differentiation)."""
     shape, ops = view.shape, view.ops
     changes: dict = {}
     for m in (rule.maps if maps is None else maps):
@@ -264,7 +272,7 @@ def apply(rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map]
                 for v in vals:
                     new = ops.add(new, v)
             changes[(m.param, inst)] = new
-    if shape.tied and any(k[0] == "W_U" for k in changes):
+    if check_tied and shape.tied and any(k[0] == "W_U" for k in changes):
         _check_tied(view, changes)
     return changes
 

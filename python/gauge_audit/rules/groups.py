@@ -112,11 +112,9 @@ def tangent_basis(el: Element, dims: dict) -> list[torch.Tensor]:
                 a = torch.zeros(n, n, dtype=torch.float64)
                 a[i, j], a[j, i] = 1.0, -1.0
                 cands.append(p @ a @ p)
-        stack = torch.stack([c.reshape(-1) for c in cands]) if cands else torch.zeros(0, n * n)
-        if stack.shape[0]:
-            q, r = torch.linalg.qr(stack.T)
-            keep = (r.diagonal().abs() > 1e-10 * r.diagonal().abs().max()).nonzero().flatten()
-            out = [q[:, k].reshape(n, n) for k in keep.tolist()]
+        if cands:   # an orthonormal basis of their span (dimension (n−1)(n−2)/2), from the SVD
+            _, sv, vh = torch.linalg.svd(torch.stack([c.reshape(-1) for c in cands]), full_matrices=False)
+            out = [vh[k].reshape(n, n) for k in range((n - 1) * (n - 2) // 2)]
     elif grp in ("diagonal", "positive-diagonal", "translation"):
         for i in range(n):
             a = torch.zeros(1, n, dtype=torch.float64)
