@@ -102,6 +102,8 @@ def _render(n: Node, outer: int) -> str:
         return f"{n.op}({n.dim})"
     if n.op in ("inv", "transpose", "diag", "outer"):
         return f"{n.op}({', '.join(_render(a, 0) for a in n.args)})"
+    if n.op == "add" and n.args[1].op == "neg":      # a + -(b) reads a - b
+        n = Node("sub", n.shape, n.inv, (n.args[0], n.args[1].args[0]))
     p = _PREC[n.op]
     if n.op == "neg":
         s = "-" + _render(n.args[0], p)

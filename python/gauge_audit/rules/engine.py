@@ -192,6 +192,11 @@ def _resolve(shape: tuple, dims: dict) -> tuple:
     return tuple(dims[d] if isinstance(d, str) else d for d in shape)
 
 
+_ENDS = {"W_E": "the model has no token embedding: its input is not produced by parameters, so a rule that "
+                "transforms the embedding's output cannot be applied to it",
+         "W_U": "the model has no unembedding: its output is the residual stream itself"}
+
+
 def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str | None:
     """None when the rule can act on a model of this shape whose tensors ``has`` tells; else why not."""
     if not any(has(m.param) for m in rule.maps):
@@ -202,6 +207,8 @@ def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str |
     for m in rule.maps:
         p = PARAMS[m.param]
         if not has(m.param):
+            if m.param in _ENDS:
+                return _ENDS[m.param]
             if p.kind != "norm_w" and vanishes_at_zero(m):
                 continue          # nothing to transform: an absent bias stays zero, an absent weight absent
             what = "a weight-free norm computes with γ = 1" if p.kind == "norm_w" else "the rule gives it a value"
