@@ -115,8 +115,13 @@ def _render(n: Node, outer: int) -> str:
 
 
 def dims_compatible(a: Dim, b: Dim) -> bool:
-    """Equal, or one a number and the other a name (decided when applied to a model)."""
-    return a == b or isinstance(a, int) != isinstance(b, int)
+    """Equal, or one a number > 1 and the other a name (decided when applied to a model).  A 1 is
+    the row of a vector or a scalar and never stands for a named dimension."""
+    if a == b:
+        return True
+    if isinstance(a, int) == isinstance(b, int):
+        return False
+    return (a if isinstance(a, int) else b) > 1
 
 
 def _join(a: Dim, b: Dim) -> Dim:
