@@ -355,13 +355,60 @@ def _rope(m: SymModel) -> sp.Matrix:
     return r
 
 
-def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note: str) -> list[Interface]:
+_ATTN_PARAMS = frozenset({"W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b"})
+_FFN_PARAMS = frozenset({"W_in", "b_in", "W_gate", "W_out", "b_out", "W_router", "norm2.w", "norm2.b"})
+_END_PARAMS = frozenset({"W_E", "W_pos", "W_U", "b_U", "norm_f.w", "norm_f.b"})
+
+
+def _untouched(name: str, quantity: str, params) -> Interface:
+    return Interface(name, quantity, [], [], tuple(params), ok=True, note="no parameter of it is changed")
+
+
+def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note: str,
+               changed: set | None = None) -> list[Interface]:
+    """Every identity invariance needs (see the module doc).  ``changed``: the parameter names the
+    rule changed — a part of the block none of whose parameters changed, with the stream map the
+    identity, is unchanged by construction and not recomputed."""
     cfg = m.cfg
     d = cfg.d_model
     eye = sp.eye(d)
     out: list[Interface] = []
     S_ = S if S is not None else eye
-    # ---- attention (one block)
+    still = S is not None and S_ == eye and changed is not None
+
+    def skip(params) -> bool:
+        return still and not (changed & params)
+    if skip(_ATTN_PARAMS):
+        out += [_untouched(f"attention scores (head {h})", "scores", _ATTN_PARAMS) for h in range(cfg.n_heads)]
+        out.append(_untouched("attention output (attention weights unchanged)", "attention", _ATTN_PARAMS))
+    else:
+        out += _attention_interfaces(m, P, Q, S_)
+    # ---- post-LN norms
+    if cfg.norm_placement == "post" and cfg.norm != "none":
+        for norm in ("norm1", "norm2"):
+            params = {f"{norm}.w", f"{norm}.b"}
+            if skip(params):
+                out.append(_untouched(f"post-LN {norm} (its output is the stream)", "block", params))
+                continue
+            y = m.normed(f"y_{norm}")
+            res = ((y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0))) + Q.value(f"{norm}.b", Ctx(0))
+                   - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_)
+            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), [],
+                                 tuple(params)))
+    # ---- FFN and router
+    if cfg.family != "attn":
+        out += [_untouched("FFN output", "block", _FFN_PARAMS)] if skip(_FFN_PARAMS) else \
+            _ffn_interfaces(m, P, Q, S_)
+    # ---- ends of the model
+    out += [_untouched("logits", "block", _END_PARAMS)] if skip(_END_PARAMS) and cfg.family not in ("attn", "bert") \
+        else _end_interfaces(m, P, Q, S, S_, s_note)
+    return out
+
+
+def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) -> list[Interface]:
+    cfg = m.cfg
+    eye = sp.eye(cfg.d_model)
+    out: list[Interface] = []
     R = _rope(m)
     g = cfg.group_size
     u = {k: (_norm_in(m, P, "norm1", k, eye), _norm_in(m, Q, "norm1", k, S_)) for k in ("xq", "xk1", "xk2")}
@@ -392,19 +439,6 @@ def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note:
                 o1 = o1 + z * view.value("W_O", c)
     out.append(Interface("attention output (attention weights unchanged)", "attention", list(o1 - o0 * S_), [],
                          ("W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b")))
-    # ---- post-LN norms
-    if cfg.norm_placement == "post" and cfg.norm != "none":
-        for norm in ("norm1", "norm2"):
-            y = m.normed(f"y_{norm}")
-            res = ((y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0))) + Q.value(f"{norm}.b", Ctx(0))
-                   - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_)
-            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), [],
-                                 (f"{norm}.w", f"{norm}.b")))
-    # ---- FFN and router
-    if cfg.family != "attn":
-        out += _ffn_interfaces(m, P, Q, S_)
-    # ---- ends of the model
-    out += _end_interfaces(m, P, Q, S, S_, s_note)
     return out
 
 
@@ -591,7 +625,7 @@ def run_arch(rule: Rule, m: SymModel, els: dict) -> ArchResult:
     changes = apply(rule, P, els)
     Q = SymView(m.cfg, P.updated(changes))
     S, note = _stream_map(m, P, Q)
-    ifs = interfaces(m, P, Q, S, note)
+    ifs = interfaces(m, P, Q, S, note, {name for name, _ in changes})
     ok = _decide(ifs)
     if S is None:
         shown = note
@@ -813,7 +847,8 @@ def _solve_slot(rule: Rule, m: SymModel, param: str, slot: str, base_els: dict, 
     els = {u: {**v, "B_": unknown} for u, v in base_els.items()}
     P = SymView(m.cfg, m.params)
     try:
-        Q = SymView(m.cfg, P.updated(apply(probe, P, els)))
+        changes = apply(probe, P, els)
+        Q = SymView(m.cfg, P.updated(changes))
     except GaugeAuditError:
         return None
     S, note = _stream_map(m, P, Q)
@@ -821,7 +856,7 @@ def _solve_slot(rule: Rule, m: SymModel, param: str, slot: str, base_els: dict, 
         return None
     generic = set(m.data_symbols()) | (set(m.param_symbols()) - allowed)
     eqs = []
-    for it in interfaces(m, P, Q, S, note):
+    for it in interfaces(m, P, Q, S, note, {name for name, _ in changes}):
         if it.ok is False:
             return None
         for e in _numerators(it.residual):
