@@ -135,21 +135,26 @@ FORMULA_ATOMS = ["h", "d_k", "d_v", "n_t", "2", "0", "1.3", "1e3", "log(", "sqrt
                  "min(", "+", "-", "*", "/", "^", "**", "!", "(", ")", ",", " ", "pi", "exp(", "__", ".", "'", ";"]
 
 
+def _mutate_chars(rng: random.Random, text: str, atoms: list[str]) -> str:
+    """1–5 edits: delete a character or insert an atom."""
+    s = list(text)
+    for _ in range(rng.randint(1, 5)):
+        pos = rng.randrange(len(s) + 1)
+        if rng.random() < 0.5 and s:
+            del s[min(pos, len(s) - 1)]
+        else:
+            s[pos:pos] = rng.choice(atoms)
+    return "".join(s)
+
+
 def test_fuzz_formula_mutations(canary):
     rng = random.Random(7)
     seeds = ["2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", "h*(d_k^2+d_v^2) + log(h!)", "L*h*(d_k^2 + d_v^2)",
              "P/log(P)", "n_q*d_k^2 + n_kv*d_v^2"] + PAYLOADS
     ok = bad = 0
     for _ in range(N_FORMULAS_MUTATED):
-        s = list(rng.choice(seeds))
-        for _ in range(rng.randint(1, 5)):
-            pos = rng.randrange(len(s) + 1)
-            if rng.random() < 0.5 and s:
-                del s[min(pos, len(s) - 1)]
-            else:
-                s[pos:pos] = rng.choice(FORMULA_ATOMS + PAYLOADS[:6])
         try:
-            parse_formula("".join(s))
+            parse_formula(_mutate_chars(rng, rng.choice(seeds), FORMULA_ATOMS + PAYLOADS[:6]))
             ok += 1
         except GaugeAuditError as exc:
             assert "\n" not in str(exc)
@@ -229,14 +234,7 @@ def test_fuzz_rule_expression_mutations(canary):
             if rng.random() < 0.5:
                 ok, bad = (ok + 1, bad) if _try_rule(text) else (ok, bad + 1)
                 continue
-        s = list(text)
-        for _ in range(rng.randint(1, 5)):
-            pos = rng.randrange(len(s) + 1)
-            if rng.random() < 0.5 and s:
-                del s[min(pos, len(s) - 1)]
-            else:
-                s[pos:pos] = rng.choice(RULE_ATOMS + PAYLOADS[:6])
-        if _try_rule("".join(s)):
+        if _try_rule(_mutate_chars(rng, text, RULE_ATOMS + PAYLOADS[:6])):
             ok += 1
         else:
             bad += 1

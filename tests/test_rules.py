@@ -19,6 +19,7 @@ from gauge_audit.numeric import FAILS, HOLDS, check
 from gauge_audit.rules import ProjectView, Shape, apply, check_rule, draw, models_for, transform
 from gauge_audit.rules.engine import NotApplicable, applicability
 from gauge_audit.runtime import eps
+from rule_tables import PAPER, QK, SAME, VO
 
 EXAMPLE_RULE = """
 [document]
@@ -43,18 +44,6 @@ W_V = "W_V @ diag(s)"
 b_V = "b_V @ diag(s)"
 W_O = "inv(diag(s)) @ W_O"
 """
-
-QK = {"scope": "kv-group", "elements": {"M": "GL(d_k)"},
-      "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ inv(transpose(M))", "b_K": "b_K @ inv(transpose(M))"}}
-SAME = {"scope": "kv-group", "elements": {"M": "GL(d_k)"},
-        "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ M", "b_K": "b_K @ M"}}
-VO = {"scope": "kv-group", "elements": {"N": "GL(d_v)"},
-      "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"}}
-PAPER = {"scope": "model", "elements": {"R": "SO1(d_model)"}, "maps": {
-    "W_E": "W_E @ R", "W_pos": "W_pos @ R", "W_O": "W_O @ R", "b_O": "b_O @ R", "W_out": "W_out @ R",
-    "b_out": "b_out @ R", "W_Q": "transpose(R) @ W_Q", "W_K": "transpose(R) @ W_K", "W_V": "transpose(R) @ W_V",
-    "W_in": "transpose(R) @ W_in", "W_gate": "transpose(R) @ W_gate", "W_router": "transpose(R) @ W_router",
-    "W_U": "transpose(R) @ W_U"}}
 
 
 # ----------------------------------------------------------------------------- schema

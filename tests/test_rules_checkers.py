@@ -16,17 +16,10 @@ from gauge_audit.rules import nullity as rn
 from gauge_audit.rules import precision as rp
 from gauge_audit.rules import symbolic as rs
 from gauge_audit.rules.engine import NotApplicable
+from rule_tables import PAPER, QK, READERS, SAME, WRITERS
 
-QK = {"scope": "kv-group", "elements": {"M": "GL(d_k)"},
-      "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ inv(transpose(M))", "b_K": "b_K @ inv(transpose(M))"}}
-SAME = {"scope": "kv-group", "elements": {"M": "GL(d_k)"},
-        "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ M", "b_K": "b_K @ M"}}
 VO_DIAG = {"scope": "head", "elements": {"s": "diagonal(d_v)"},
            "maps": {"W_V": "W_V @ diag(s)", "b_V": "b_V @ diag(s)", "W_O": "inv(diag(s)) @ W_O"}}
-WRITERS = {"W_E": "W_E @ R", "W_pos": "W_pos @ R", "W_O": "W_O @ R", "b_O": "b_O @ R", "W_out": "W_out @ R",
-           "b_out": "b_out @ R"}
-READERS = {w: f"transpose(R) @ {w}" for w in ("W_Q", "W_K", "W_V", "W_in", "W_gate", "W_router", "W_U")}
-PAPER = {"scope": "model", "elements": {"R": "SO1(d_model)"}, "maps": {**WRITERS, **READERS}}
 G3 = {"scope": "model", "elements": {"R": "SO(d_model)"}, "maps": {**WRITERS, **READERS, "W_V": "R @ W_V"}}
 RELU = {"scope": "layer", "elements": {"s": "positive-diagonal(d_ff)"},
         "maps": {"W_in": "W_in @ diag(s)", "b_in": "b_in @ diag(s)", "W_out": "inv(diag(s)) @ W_out"}}

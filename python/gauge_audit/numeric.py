@@ -152,19 +152,25 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
     """Apply ``action`` (a random element from ``seed`` unless given) and measure the
     output change.  ``model.params`` must be float64 (they are transformed there)."""
     action = get_action(action) if isinstance(action, str) else action
-    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
     reason = action.applies(model.cfg)
     if reason:
         raise GaugeAuditError(f"action {action.name} does not apply to {model.name}: {reason}")
-    if model.dtype != torch.float64:
-        raise GaugeAuditError("check() transforms parameters in float64; build the model in float64")
-    require_finite(model)
-    inputs = model.sample_inputs(seed) if inputs is None else inputs
+    dtype, inputs = prepare(model, dtype, inputs, seed)
     el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
     new = action.apply(model.cfg, model.params, el)
     relabel = action.expert_relabel or (lambda el, layer, idx: idx)
     return compare(model, new, inputs, el.kappa, dtype, action.name, action.expected_holds(model.cfg), seed,
                    lambda layer, idx: relabel(el, layer, idx))
+
+
+def prepare(model: Model, dtype: torch.dtype | str, inputs: dict | None, seed: int) -> tuple[torch.dtype, dict]:
+    """The checks every transformation check shares: float64 parameters (transformed there), all
+    finite; the dtype resolved and the inputs drawn from ``seed`` unless given."""
+    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
+    if model.dtype != torch.float64:
+        raise GaugeAuditError("parameters are transformed in float64; build the model in float64")
+    require_finite(model)
+    return dtype, (model.sample_inputs(seed) if inputs is None else inputs)
 
 
 def require_finite(model: Model) -> None:

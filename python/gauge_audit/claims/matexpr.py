@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Mapping, Union
 
-from ..errors import GaugeAuditError
+from .tokens import Token, TokenParser
+from .tokens import tokenize as tokenize_text
 
 Dim = Union[int, str]
 Shape = tuple  # (rows: Dim, cols: Dim)
@@ -47,8 +48,6 @@ GROUP, GENERIC, NONE = "group", "generic", "none"   # invertibility classes, str
 _RANK = {GROUP: 2, GENERIC: 1, NONE: 0}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
-_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-MAX_LEN = 2000
 MAX_DEPTH = 60
 MAX_EXPONENT = 300
 
@@ -132,69 +131,16 @@ def shape_text(s: Shape) -> str:
     return f"{s[0]}×{s[1]}"
 
 
-@dataclass(frozen=True)
-class Token:
-    kind: str   # NUM NAME OP END
-    text: str
-    pos: int
-
-
 def tokenize(text: str) -> list[Token]:
-    if not isinstance(text, str):
-        raise GaugeAuditError("expression must be a string")
-    if len(text) > MAX_LEN:
-        raise GaugeAuditError(f"expression longer than {MAX_LEN} characters")
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c in " \t":
-            i += 1
-            continue
-        if c.isdigit() or c == ".":
-            m = _NUMBER.match(text, i)
-            if not m:
-                raise GaugeAuditError(f"expression {text!r}: malformed number at position {i}")
-            out.append(Token("NUM", m.group(0), i))
-            i = m.end()
-            continue
-        m = _NAME.match(text, i)
-        if m:
-            out.append(Token("NAME", m.group(0), i))
-            i = m.end()
-            continue
-        if c in "+-*@(),":
-            out.append(Token("OP", c, i))
-            i += 1
-            continue
-        raise GaugeAuditError(f"expression {text!r}: unexpected character {c!r} at position {i}")
-    out.append(Token("END", "", len(text)))
-    return out
+    return tokenize_text(text, "expression", _NAME, "+-*@(),")
 
 
-class _Parser:
+class _Parser(TokenParser):
+    noun = "expression"
+
     def __init__(self, text: str, symbols: Mapping[str, Symbol]):
-        self.text, self.symbols = text, symbols
-        self.toks = tokenize(text)
-        self.i = 0
-        self.depth = 0
-
-    def peek(self) -> Token:
-        return self.toks[self.i]
-
-    def take(self) -> Token:
-        t = self.toks[self.i]
-        self.i += 1
-        return t
-
-    def error(self, msg: str, tok: Token | None = None):
-        tok = tok or self.peek()
-        where = "end of expression" if tok.kind == "END" else f"position {tok.pos}"
-        raise GaugeAuditError(f"expression {self.text!r}: {msg} at {where}")
-
-    def expect(self, op: str):
-        if self.peek().kind != "OP" or self.peek().text != op:
-            self.error(f"expected {op!r}")
-        self.take()
+        super().__init__(text, tokenize(text))
+        self.symbols = symbols
 
     def nest(self):
         self.depth += 1

@@ -124,6 +124,17 @@ def shrinking(rows: list[DpsResidual]) -> bool:
     return all(b < a for a, b in zip(env, env[1:]))
 
 
+def dps_verdict(rows: list[DpsResidual]) -> tuple[str, bool]:
+    """HOLDS (every residual within its bound, shrinking with dps), FAILS (≥ 10⁻³ at every dps) or
+    INCONCLUSIVE (neither: reported, never hidden); and whether they shrink."""
+    shrinks = shrinking(rows)
+    if all(x.within for x in rows) and shrinks:
+        return "HOLDS", shrinks
+    if all(x.residual >= 1e-3 for x in rows):
+        return "FAILS", shrinks
+    return "INCONCLUSIVE", shrinks  # pragma: no cover - neither exact nor O(1)
+
+
 def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | list[int] = DEFAULT_DPS,
                  seed: int = 0, kappa: float = 10.0, certify: bool = False, progress=None) -> ActionPrecision:
     """Residuals of ``action`` at each dps on a one-layer ``model`` (default: the first
@@ -148,13 +159,7 @@ def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | l
         rows.append(DpsResidual(d, r, lg, bound, r <= bound))
         if progress:
             progress(i + 1, len(set(dps)))
-    shrinks = shrinking(rows)
-    if all(x.within for x in rows) and shrinks:
-        verdict = "HOLDS"
-    elif all(x.residual >= 1e-3 for x in rows):
-        verdict = "FAILS"
-    else:  # pragma: no cover - neither exact nor O(1): report it, never hide it
-        verdict = "INCONCLUSIVE"
+    verdict, shrinks = dps_verdict(rows)
     expected = "HOLDS" if act.expected_holds(m.cfg) else "FAILS"
     result = ActionPrecision(action, name, seed, el.kappa, expected, verdict, rows, shrinks,
                              f"κ·L·K·u = {el.kappa:.3g}·{layers}·{k}·2^(1−prec)  (K = {k_text})")

@@ -33,7 +33,7 @@ from ..numeric import path_length
 from ..precision.block import MP, exact_params, forward, workdps
 from ..precision.certify import (CERT_DPS, ELEMENT_GRID, Certificate, attach_control, certificate_inputs,
                                  certify_transform, rational_params)
-from ..precision.residual import BATCH, DEFAULT_DPS, SEQ, DpsResidual, relative, shrinking, unit_roundoff
+from ..precision.residual import BATCH, DEFAULT_DPS, SEQ, DpsResidual, dps_verdict, relative, unit_roundoff
 from .algebra import ListOps
 from .engine import NotApplicable, ProjectView, Shape, apply
 from .groups import dyadic, exact
@@ -101,13 +101,7 @@ def check(rule: Rule, model: str | None = None, dps=DEFAULT_DPS, seed: int = 0, 
         rows.append(DpsResidual(dd, res, None if res == 0 else math.log10(res), bound, res <= bound))
         if progress:
             progress(i + 1, len(set(dps)))
-    shrinks = shrinking(rows)
-    if all(x.within for x in rows) and shrinks:
-        verdict = "HOLDS"
-    elif all(x.residual >= 1e-3 for x in rows):
-        verdict = "FAILS"
-    else:
-        verdict = "INCONCLUSIVE"
+    verdict, shrinks = dps_verdict(rows)
     out = RulePrecision(name, seed, k, verdict, rows, shrinks, f"κ·L·K·u = {k:.3g}·1·{K}·2^(1−prec)  (K = {k_text})")
     if certify and verdict == "FAILS":
         cert = certificate(rule, cfg, seed, corrected)

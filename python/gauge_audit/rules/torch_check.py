@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from ..claims.rule import Rule
-from ..errors import GaugeAuditError
 from ..models import Model, config_of
 from ..models.config import Config
-from ..numeric import CheckResult, compare, require_finite
-from ..runtime import generator, resolve_dtype
+from ..numeric import CheckResult, compare, prepare
+from ..runtime import generator
 from .engine import Ctx, NotApplicable, ProjectView, Shape, applicability, apply, rounding_terms, sandwich_kappa, units
 from .groups import sample
 
@@ -76,14 +75,10 @@ def check_rule(model: Model, rule: Rule, inputs: dict | None = None, *, seed: in
                expected_holds: bool = True) -> CheckResult:
     """Apply ``rule`` to ``model`` (elements drawn from ``seed + 1``, inputs from ``seed``) and
     measure the output change against the derived tolerances."""
-    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
     why = reason(rule, model.cfg, model.params)
     if why:
         raise NotApplicable(f"the rule does not apply to {model.name}: {why}")
-    if model.dtype != torch.float64:
-        raise GaugeAuditError("rules are applied in float64; build the model in float64")
-    require_finite(model)
-    inputs = model.sample_inputs(seed) if inputs is None else inputs
+    dtype, inputs = prepare(model, dtype, inputs, seed)
     d = draw(rule, Shape.of(model.cfg), seed + 1, kappa)
     new, k = transform(model.cfg, model.params, rule, d)
     return compare(model, new, inputs, k, dtype, label, expected_holds, seed)
