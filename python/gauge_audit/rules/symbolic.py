@@ -286,8 +286,7 @@ def _size(el: Element, dims: dict) -> int:
 class Interface:
     name: str
     quantity: str                 # scores | attention | block
-    residual: list                # expressions that must vanish identically
-    data: list                    # data symbols (everything generic besides the parameters)
+    residual: list                # expressions that must vanish identically in the data and parameters
     params: tuple                 # paper names whose maps enter it (for the correction search)
     ok: bool | None = None
     note: str = ""
@@ -361,7 +360,7 @@ _END_PARAMS = frozenset({"W_E", "W_pos", "W_U", "b_U", "norm_f.w", "norm_f.b"})
 
 
 def _untouched(name: str, quantity: str, params) -> Interface:
-    return Interface(name, quantity, [], [], tuple(params), ok=True, note="no parameter of it is changed")
+    return Interface(name, quantity, [], tuple(params), ok=True, note="no parameter of it is changed")
 
 
 def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note: str,
@@ -393,7 +392,7 @@ def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note:
             y = m.normed(f"y_{norm}")
             res = ((y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0))) + Q.value(f"{norm}.b", Ctx(0))
                    - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_)
-            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), [],
+            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res),
                                  tuple(params)))
     # ---- FFN and router
     if cfg.family != "attn":
@@ -425,11 +424,11 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
             return (q * R * k.T)[0, 0]
         r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
         r_mod = r - r.subs({v: 0 for v in key_vars})   # a constant per query is no change for softmax
-        out.append(Interface(f"attention scores (head {h})", "scores", [r_mod], [],
+        out.append(Interface(f"attention scores (head {h})", "scores", [r_mod],
                              ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")))
         a = sp.Symbol(f"a{h}", real=True)
         m.data[f"a{h}"] = sp.Matrix([[a]])
-        for view, acc, idx in ((P, "o0", 0), (Q, "o1", 1)):
+        for view, idx in ((P, 0), (Q, 1)):
             v1 = u["xk1"][idx] * view.value("W_V", ck) + view.value("b_V", ck)
             v2 = u["xk2"][idx] * view.value("W_V", ck) + view.value("b_V", ck)
             z = a * v1 + (1 - a) * v2
@@ -437,7 +436,7 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
                 o0 = o0 + z * view.value("W_O", c)
             else:
                 o1 = o1 + z * view.value("W_O", c)
-    out.append(Interface("attention output (attention weights unchanged)", "attention", list(o1 - o0 * S_), [],
+    out.append(Interface("attention output (attention weights unchanged)", "attention", list(o1 - o0 * S_),
                          ("W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b")))
     return out
 
@@ -453,25 +452,25 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
         l1 = u1 * Q.value("W_router", Ctx(0))
         diff = l1 - l0
         out.append(Interface("MoE router logits (up to a constant per token)", "block",
-                             [diff[0, e] - diff[0, 0] for e in range(1, diff.shape[1])], [],
+                             [diff[0, e] - diff[0, 0] for e in range(1, diff.shape[1])],
                              ("W_router", "norm2.w", "norm2.b")))
     z0 = u0 * P.value("W_in", c) + P.value("b_in", c)
     z1 = u1 * Q.value("W_in", c) + Q.value("b_in", c)
     f = cfg.d_ff
     t_up, why = _solve_linear_image(m, z0, z1, f)
     if t_up is None:
-        return out + [Interface("FFN pre-activations", "block", list(z1 - z0), [], names, ok=False,
+        return out + [Interface("FFN pre-activations", "block", list(z1 - z0), names, ok=False,
                                 note=f"x·W_in + b_in does not map to (x·W_in + b_in)·T for any matrix T ({why})")]
     if cfg.act == "swiglu":
         zg0 = u0 * P.value("W_gate", c)
         zg1 = u1 * Q.value("W_gate", c)
         t_gate, why = _solve_linear_image(m, zg0, zg1, f)
         if t_gate is None:
-            return out + [Interface("FFN gate pre-activations", "block", list(zg1 - zg0), [], names, ok=False,
+            return out + [Interface("FFN gate pre-activations", "block", list(zg1 - zg0), names, ok=False,
                                     note=f"the gate input does not map linearly ({why})")]
         bad = _commutes_with_activation("silu", t_gate)
         if bad:
-            return out + [Interface("FFN gate: silu(z·T) = silu(z)·T", "block", [bad[1]], [], names, ok=False,
+            return out + [Interface("FFN gate: silu(z·T) = silu(z)·T", "block", [bad[1]], names, ok=False,
                                     note=bad[0])]
         gv = m.row("silu", f)
         h1 = (gv * t_gate).multiply_elementwise(z0 * t_up)
@@ -479,13 +478,13 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
     else:
         bad = _commutes_with_activation(cfg.act, t_up)
         if bad:
-            return out + [Interface(f"FFN activation: {cfg.act}(z·T) = {cfg.act}(z)·T", "block", [bad[1]], [], names,
+            return out + [Interface(f"FFN activation: {cfg.act}(z·T) = {cfg.act}(z)·T", "block", [bad[1]], names,
                                     ok=False, note=bad[0])]
         hv = m.row("act", f)
         h1, h0 = hv * t_up, hv
     y0 = h0 * P.value("W_out", c) + P.value("b_out", c)
     y1 = h1 * Q.value("W_out", c) + Q.value("b_out", c)
-    out.append(Interface("FFN output", "block", list(y1 - y0 * S), [], names))
+    out.append(Interface("FFN output", "block", list(y1 - y0 * S), names))
     return out
 
 
@@ -540,32 +539,32 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
     d = cfg.d_model
     if cfg.family != "attn":
         if S is None:
-            out.append(Interface("token embedding W_E ↦ W_E·S", "block", [sp.Integer(1)], [], ("W_E",), ok=False,
+            out.append(Interface("token embedding W_E ↦ W_E·S", "block", [sp.Integer(1)], ("W_E",), ok=False,
                                  note=s_note))
         if P.has("W_pos"):
             out.append(Interface("position embedding W_pos ↦ W_pos·S", "block",
-                                 list(Q.value("W_pos", Ctx()) - P.value("W_pos", Ctx()) * S_), [], ("W_pos",)))
+                                 list(Q.value("W_pos", Ctx()) - P.value("W_pos", Ctx()) * S_), ("W_pos",)))
         if cfg.n_types:
             tt = sp.Matrix(m.params["embed.W_tt"])
-            out.append(Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - tt * S_), [],
+            out.append(Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - tt * S_),
                                  ()))
         if cfg.embed_norm:
             y = m.normed("y_embed")
             w, b = sp.Matrix([m.params["embed.ln.w"]]), sp.Matrix([m.params["embed.ln.b"]])
             res = (y * S_).multiply_elementwise(w) + b - (y.multiply_elementwise(w) + b) * S_
             out.append(Interface("embedding LayerNorm (not a rule parameter; its output is the stream)", "block",
-                                 list(res), [], ()))
+                                 list(res), ()))
     if S_ != sp.eye(d) and cfg.norm != "none":
         out.append(_norm_core(m, S_))
     if cfg.family in ("attn", "bert"):
         x = m.row("x_out")
-        out.append(Interface("model output (the residual stream itself)", "block", list(x * S_ - x), [], ()))
+        out.append(Interface("model output (the residual stream itself)", "block", list(x * S_ - x), ()))
     else:
         uf0 = _norm_in(m, P, "norm_f", "xf", sp.eye(d))
         uf1 = _norm_in(m, Q, "norm_f", "xf", S_)
         y0 = uf0 * P.value("W_U", Ctx()) + P.value("b_U", Ctx())
         y1 = uf1 * Q.value("W_U", Ctx()) + Q.value("b_U", Ctx())
-        out.append(Interface("logits", "block", list(y1 - y0), [], ("W_U", "b_U", "norm_f.w", "norm_f.b")))
+        out.append(Interface("logits", "block", list(y1 - y0), ("W_U", "b_U", "norm_f.w", "norm_f.b")))
     return out
 
 
@@ -578,7 +577,7 @@ def _norm_core(m: SymModel, S: sp.Matrix) -> Interface:
     res = [(b * b.T)[0, 0] - (x * P * (x * P).T)[0, 0]]
     res += [a[i] * b[j] - a[j] * b[i] for i in range(d) for j in range(i + 1, d)]
     kind = "LayerNorm (mean removed)" if m.ln else "RMSNorm"
-    return Interface(f"{kind} core commutes with the stream map S", "block", res, [], ())
+    return Interface(f"{kind} core commutes with the stream map S", "block", res, ())
 
 
 # ----------------------------------------------------------------------------- deciding
