@@ -70,7 +70,7 @@ def test_qk_orthogonal_only_orthogonal_case_matches_builtin_evidence(rules_repor
 def test_value_g3_eq_g0_rule_path_same_verdict(rules_report, catalog_report):
     assert _same_as_catalog(rules_report, catalog_report, "value-g3-eq-g0") == FAILS
     sym = next(e for e in rules_report["rule-value-g3-eq-g0"].evidence if e.checker == "symbolic")
-    assert sym.corrected_rule == "W_V ↦ transpose(R) @ W_V"
+    assert sym.corrected_rule == "W_V ↦ transpose(R) @ W_V" and "R² = I" in sym.summary   # g(3) = g(0) iff g(0)² = I
 
 
 def test_ln_affine_rotation_rule_path_same_verdict(rules_report, catalog_report):

@@ -1022,6 +1022,9 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
         vs = [sp.Matrix([[_rint(rng) for _ in range(n)]]) for _ in range(DRAWS)]
         out.append((f"{tag}² = I ({tag} = 2vvᵀ/vᵀv − I, a rotation by π)",
                     [[2 * v.T * v / (v * v.T)[0, 0] - sp.eye(n)] for v in vs]))
+    if el.group == "SO1" and n > 1 and n % 2:
+        half_turn = 2 * sp.ones(n, n) / n - sp.eye(n)       # the rotation by π about the all-ones axis
+        out.append((f"{tag}² = I ({tag} the rotation by π about the all-ones axis)", [[half_turn]] * DRAWS))
     if el.group == "diagonal":
         out += [(f"{tag} > 0", pts("positive-diagonal")),
                 (f"{tag} = ±1", [[sp.Matrix([list(p)]) for p in itertools.product((1, -1), repeat=n)]] * DRAWS)]
