@@ -8,7 +8,8 @@ Layers (imports point one way, top to bottom):
     claims                     the claim catalog (TOML data) and its loader
     numeric / precision /      the checkers: torch, mpmath, SymPy, Jacobian nullity,
     symbolic / nullity / formal  Lean
-    audit, report              combine checker evidence into verdicts and reports
+    rules                      transformation rules as data: one engine, the four checkers on a rule
+    audit, report, testing     combine checker evidence into verdicts and reports; assertions for users' tests
     cli                        the `gauge-audit` command
 """
 

@@ -88,8 +88,16 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- torch
-def _matches(cfg: Config, params) -> bool:
-    """Does a reference architecture have the features the claim's params name?"""
+def _one_of(value, allowed) -> bool:
+    return value in (allowed if isinstance(allowed, (list, tuple)) else (allowed,))
+
+
+def matches_params(cfg: Config, params) -> bool:
+    """Does a reference architecture have the features the claim's params name?  (``family``,
+    ``pos`` and ``norm_placement`` take a name or a list of names.)"""
+    for key in ("family", "pos", "norm_placement"):
+        if key in params and not _one_of(getattr(cfg, key), params[key]):
+            return False
     norm, affine = params.get("norm"), params.get("norm_affine")
     if norm is not None and not cfg.norm.startswith(norm):
         return False
@@ -115,7 +123,7 @@ def _candidates(claim: Claim) -> list[str]:
 def torch_models(claim: Claim) -> list[str]:
     action = get_action(claim.action)
     return [m for m in _candidates(claim)
-            if action.applies(config_of(m)) is None and _matches(config_of(m), claim.params)]
+            if action.applies(config_of(m)) is None and matches_params(config_of(m), claim.params)]
 
 
 def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
@@ -235,4 +243,17 @@ def nullity(claim: Claim, ctx: Context) -> Evidence:
     return run(claim, ctx)
 
 
-CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision, "nullity": nullity}
+def _dispatch(name: str, fn):
+    """A claim with a [claim.rule] goes to the rule checkers (audit.rule_checks)."""
+    def run(claim: Claim, ctx: Context) -> Evidence:
+        if claim.rule is not None:
+            from . import rule_checks
+            return rule_checks.run(name, claim, ctx)
+        return fn(claim, ctx)
+    run.__name__ = fn.__name__
+    return run
+
+
+CHECKER_FUNCTIONS = {name: _dispatch(name, fn) for name, fn in
+                     {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision,
+                      "nullity": nullity}.items()}
