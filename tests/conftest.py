@@ -34,3 +34,94 @@ def catalog_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     write(report, out)
     return report, out
+
+
+# ----------------------------------------------------------------------------- tiny HF checkpoints
+# Small random models of every supported architecture, built offline from transformers configs and
+# written with save_pretrained, so the checkpoint tests go through the real file format.  Every
+# parameter is drawn from a seed (norm weights away from 1, non-zero biases: a mapping that drops or
+# misplaces one of them must show).
+HF_TINY = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24, vocab_size=40)),
+    "gpt2-untied": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24,
+                                                          vocab_size=40, tie_word_embeddings=False,
+                                                          activation_function="gelu", layer_norm_epsilon=1e-6)),
+    "gpt2-bare": ("GPT2Config", "GPT2Model", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24, vocab_size=40)),
+    "bert": ("BertConfig", "BertModel", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                             intermediate_size=32, vocab_size=40, max_position_embeddings=24)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                      num_key_value_heads=2, intermediate_size=32, vocab_size=40,
+                                                      rms_norm_eps=1e-5,
+                                                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "llama-bias-tied": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=16, num_hidden_layers=2,
+                                                                num_attention_heads=4, num_key_value_heads=1,
+                                                                head_dim=6, intermediate_size=24, vocab_size=40,
+                                                                attention_bias=True, mlp_bias=True,
+                                                                tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                            num_key_value_heads=2, intermediate_size=32, vocab_size=40,
+                                                            sliding_window=None)),
+    "qwen": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                     num_key_value_heads=2, intermediate_size=32, vocab_size=40)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(hidden_size=16, num_hidden_layers=2,
+                                                            num_attention_heads=4, num_key_value_heads=2,
+                                                            intermediate_size=24, vocab_size=40, num_local_experts=4,
+                                                            num_experts_per_tok=2)),
+}
+
+
+def randomize(model, seed: int = 0) -> None:
+    """Generic weights: matrices N(0, 1/fan), norm weights in [0.6, 1.4], biases N(0, 0.1²)."""
+    import math
+
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in name.lower() or ".ln_" in name or "ln_f" in name):
+                p.copy_(0.6 + 0.8 * torch.rand(p.shape, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(min(p.shape[-1], p.shape[-2])))
+
+
+def build_hf(kind: str, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    conf, arch, kw = HF_TINY[kind]
+    model = getattr(transformers, arch)(getattr(transformers, conf)(**kw)).eval()
+    randomize(model, seed)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """``tiny_hf(kind, dtype=None, shard=False)`` -> a saved HF checkpoint directory (cached)."""
+    made = {}
+
+    def get(kind: str, dtype=None, shard: bool = False):
+        key = (kind, str(dtype), shard)
+        if key not in made:
+            model = build_hf(kind)
+            # save_pretrained draws a "Writing model shards" bar on stderr: tests that read
+            # stderr (one-line errors) must see only what gauge-audit printed.
+            import transformers
+            transformers.utils.logging.disable_progress_bar()
+            if dtype is not None:
+                model = model.to(dtype)
+            out = tmp_path_factory.mktemp(f"hf-{kind}")
+            model.save_pretrained(str(out), **({"max_shard_size": "8KB"} if shard else {}))
+            made[key] = out
+        return made[key]
+    return get
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say which shuffled order ran (pytest-randomly's header line is hidden by -q), so any
+    order-dependent failure can be repeated with --randomly-seed=N."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and not isinstance(seed, str):
+        terminalreporter.write_line(f"test order shuffled by pytest-randomly: repeat it with --randomly-seed={seed}")

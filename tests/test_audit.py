@@ -99,8 +99,12 @@ def test_audit_same_seed_byte_identical_report(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- user claim files
+ACTION_CLAIMS = "example-relu-rescaling,example-gelu-rescaling,example-stream-rotation,example-attention-dimension"
+
+
 def test_audit_example_user_claim_file(tmp_path, capsys):
-    code, out, _ = _run(["audit", str(EXAMPLE), "--out", str(tmp_path), "--quiet"], capsys)
+    """The example's claims that name actions and a formula (its rule claims: tests/test_rules_audit.py)."""
+    code, out, _ = _run(["audit", str(EXAMPLE), "--only", ACTION_CLAIMS, "--out", str(tmp_path), "--quiet"], capsys)
     assert code == 0
     data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
@@ -112,7 +116,8 @@ def test_audit_example_user_claim_file(tmp_path, capsys):
 
 
 def test_audit_fail_on(tmp_path, capsys):
-    assert _run(["audit", str(EXAMPLE), "--out", str(tmp_path), "--quiet", "--fail-on", "FAILS"], capsys)[0] == 1
+    assert _run(["audit", str(EXAMPLE), "--only", "example-gelu-rescaling", "--out", str(tmp_path), "--quiet",
+                 "--fail-on", "FAILS"], capsys)[0] == 1
     assert _run(["audit", str(EXAMPLE), "--only", "example-relu-rescaling", "--out", str(tmp_path), "--quiet",
                  "--fail-on", "FAILS"], capsys)[0] == 0
 

@@ -1,10 +1,11 @@
-"""Fuzz the claim-file loader and the restricted formula parser.
+"""Fuzz the claim-file loader, the restricted formula parser and the rule-expression parser.
 
-10 000 malformed claim files (seeded mutations of the real catalog) and 10 000
-formula strings (hypothesis + seeded mutations): every input either loads or
-raises GaugeAuditError — zero other exceptions — and nothing is ever evaluated as
-code: payloads that would import a canary module under eval/exec/sympify never
-fire, and eval/exec/compile are never called while parsing.
+10 000 malformed claim files (seeded mutations of the real catalog), 10 000 formula strings
+(hypothesis + seeded mutations) and 12 000 transformation-rule inputs (expressions by seeded
+mutation and hypothesis, and mutated claim files with [claim.rule] tables): every input either
+loads or raises GaugeAuditError — zero other exceptions — and nothing is ever evaluated as code:
+payloads that would import a canary module under eval/exec/sympify never fire, and
+eval/exec/compile are never called while parsing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hypothesis import strategies as st
 
 from gauge_audit.claims import CATALOG_DIR, load_text
 from gauge_audit.claims.expr import parse_formula
+from gauge_audit.claims.matexpr import parse_expression
+from gauge_audit.claims.rule import Element, symbols_for
 from gauge_audit.errors import GaugeAuditError
 
 N_FILES = 10_000
@@ -132,21 +135,26 @@ FORMULA_ATOMS = ["h", "d_k", "d_v", "n_t", "2", "0", "1.3", "1e3", "log(", "sqrt
                  "min(", "+", "-", "*", "/", "^", "**", "!", "(", ")", ",", " ", "pi", "exp(", "__", ".", "'", ";"]
 
 
+def _mutate_chars(rng: random.Random, text: str, atoms: list[str]) -> str:
+    """1–5 edits: delete a character or insert an atom."""
+    s = list(text)
+    for _ in range(rng.randint(1, 5)):
+        pos = rng.randrange(len(s) + 1)
+        if rng.random() < 0.5 and s:
+            del s[min(pos, len(s) - 1)]
+        else:
+            s[pos:pos] = rng.choice(atoms)
+    return "".join(s)
+
+
 def test_fuzz_formula_mutations(canary):
     rng = random.Random(7)
     seeds = ["2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", "h*(d_k^2+d_v^2) + log(h!)", "L*h*(d_k^2 + d_v^2)",
              "P/log(P)", "n_q*d_k^2 + n_kv*d_v^2"] + PAYLOADS
     ok = bad = 0
     for _ in range(N_FORMULAS_MUTATED):
-        s = list(rng.choice(seeds))
-        for _ in range(rng.randint(1, 5)):
-            pos = rng.randrange(len(s) + 1)
-            if rng.random() < 0.5 and s:
-                del s[min(pos, len(s) - 1)]
-            else:
-                s[pos:pos] = rng.choice(FORMULA_ATOMS + PAYLOADS[:6])
         try:
-            parse_formula("".join(s))
+            parse_formula(_mutate_chars(rng, rng.choice(seeds), FORMULA_ATOMS + PAYLOADS[:6]))
             ok += 1
         except GaugeAuditError as exc:
             assert "\n" not in str(exc)
@@ -183,3 +191,112 @@ def test_canary_would_fire_under_default_sympify(tmp_path, monkeypatch):
         pass
     assert marker.exists()
     sys.modules.pop("ga_canary_probe", None)
+
+
+# ----------------------------------------------------------------------------- rule expressions
+N_RULE_MUTATED = 6_000
+N_RULE_HYPOTHESIS = 3_000
+N_RULE_FILES = 3_000
+RULE_SYMBOLS = symbols_for([Element("M", "GL", "d_k"), Element("s", "diagonal", "d_v"),
+                            Element("c", "translation", "d_v"), Element("R", "SO1", "d_model"),
+                            Element("k", "scalar", None)])
+RULE_SEEDS = ["W_K @ inv(transpose(M))", "inv(diag(s)) @ W_O", "b_O - c @ W_O", "transpose(R) @ W_Q",
+              "inv(diag(norm1.w)) @ transpose(R) @ diag(norm1.w) @ W_Q", "norm1.w * ones(d_model)",
+              "W_Q @ M + outer(ones(d_model), b_Q)", "k * W_V @ eye(d_v)", "-(b_V @ diag(s))"] + PAYLOADS
+RULE_ATOMS = ["W_Q", "W_K", "W_O", "b_O", "norm1.w", "M", "s", "c", "R", "k", "@", "*", "+", "-", "(", ")", ",",
+              "inv(", "transpose(", "diag(", "outer(", "ones(", "eye(", "d_k", "d_model", "2", "0", "1e400", ".",
+              "..", "'", ";", "__", "norm1.", " ", "eval(", "M.T", "M**2", "λ"]
+
+
+def _check_rule_error(exc: GaugeAuditError) -> None:
+    assert exc.lines and all("\n" not in ln for ln in exc.lines)
+
+
+def _try_rule(text: str) -> bool:
+    try:
+        parse_expression(text, RULE_SYMBOLS)
+        return True
+    except GaugeAuditError as exc:
+        _check_rule_error(exc)
+        return False
+
+
+def test_fuzz_rule_expression_mutations(canary):
+    rng = random.Random(15)
+    ok = bad = 0
+    names = ["W_Q", "W_K", "W_V", "W_O", "b_O", "b_V", "M", "s", "c", "R", "k", "norm1.w", "d_k", "d_v", "d_model"]
+    for _ in range(N_RULE_MUTATED):
+        text = rng.choice(RULE_SEEDS)
+        if rng.random() < 0.4:   # swap names: well-formed text whose shapes or invertibility may not fit
+            for _ in range(rng.randint(1, 2)):
+                old = rng.choice(names)
+                text = text.replace(old, rng.choice(names), 1)
+            if rng.random() < 0.5:
+                ok, bad = (ok + 1, bad) if _try_rule(text) else (ok, bad + 1)
+                continue
+        if _try_rule(_mutate_chars(rng, text, RULE_ATOMS + PAYLOADS[:6])):
+            ok += 1
+        else:
+            bad += 1
+    print({"parsed": ok, "rejected": bad})
+    assert ok > 0 and bad > 0
+    assert canary == [], f"eval/exec/compile called while parsing rule expressions: {set(canary)}"
+
+
+@settings(max_examples=N_RULE_HYPOTHESIS, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(RULE_ATOMS + PAYLOADS[:8]) | st.text(max_size=4), max_size=14))
+def test_fuzz_rule_expression_hypothesis(canary, parts):
+    text = "".join(parts)
+    before = len(canary)
+    try:
+        parse_expression(text, RULE_SYMBOLS)
+    except GaugeAuditError as exc:
+        _check_rule_error(exc)
+    assert canary[before:] == [], f"eval/exec/compile called while parsing {text!r}"
+
+
+RULE_VALUES = ['"GL(d_k)"', '"SO1(d_model)"', '"diagonal(0)"', '"translation(d_q)"', '"scalar"', '"Foo(3)"', "3",
+               '{ w = "x" }', '"W_K @ inv(M)"', '"inv(diag(c)) @ W_O"', '"W_Q @ M @"', '"head"', '"heads"',
+               '"b_U"', '"W_Q @ W_Q"'] + [repr(p).replace("'", '"') for p in PAYLOADS]
+RULE_KEYS = ["scope", "elements", "maps", "M", "N", "s", "W_Q", "W_K", "b_K", "norm1.w", '"norm1.w"', "W_Z",
+             "[claim.rule]", "[claim.rule.maps]", "[claim.rule.elements]", "evil", "__class__"]
+
+
+def _rule_texts() -> list[str]:
+    text = (CATALOG_DIR / "examples" / "catalog_as_rules.toml").read_text(encoding="utf-8")
+    head, *blocks = text.split("[[claim]]")
+    return [head + "[[claim]]" + b for b in blocks]
+
+
+def test_fuzz_rule_tables(canary):
+    rng = random.Random(20261215)
+    bases = _rule_texts()
+    outcomes = {"loaded": 0, "rejected": 0}
+    for n in range(N_RULE_FILES):
+        lines = rng.choice(bases).split("\n")
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(lines))
+            op = rng.randrange(5)
+            if op == 0 and "=" in lines[i]:
+                key = lines[i].split("=", 1)[0]
+                lines[i] = f"{key}= {rng.choice(RULE_VALUES)}"
+            elif op == 1:
+                lines.insert(i, f"{rng.choice(RULE_KEYS)} = {rng.choice(RULE_VALUES)}")
+            elif op == 2 and lines:
+                del lines[i]
+            elif op == 3 and "=" in lines[i]:
+                key, value = lines[i].split("=", 1)
+                lines[i] = f"{rng.choice(RULE_KEYS)} ={value}"
+            else:
+                pos = rng.randrange(len(lines[i]) + 1)
+                lines[i] = lines[i][:pos] + rng.choice(RULE_ATOMS + ['"', "]", "[", "{", "}"]) + lines[i][pos:]
+        try:
+            load_text("\n".join(lines), f"rule{n}.toml")
+            outcomes["loaded"] += 1
+        except GaugeAuditError as exc:
+            assert exc.lines and all(ln.startswith(f"rule{n}.toml:") and "\n" not in ln for ln in exc.lines), exc.lines
+            outcomes["rejected"] += 1
+    print(outcomes)
+    assert outcomes["rejected"] > N_RULE_FILES // 2 and outcomes["loaded"] > 0
+    assert canary == [], f"eval/exec/compile called while loading rule tables: {set(canary)}"

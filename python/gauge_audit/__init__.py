@@ -9,7 +9,8 @@ Layers (imports point one way, top to bottom):
     numeric / precision /      the checkers: torch, mpmath, SymPy, Jacobian nullity,
     symbolic / nullity / formal  Lean
     gauge_fix                  canonical forms and compare (uses actions and numeric)
-    audit, report              combine checker evidence into verdicts and reports
+    rules                      transformation rules as data: one engine, the four checkers on a rule
+    audit, report, testing     combine checker evidence into verdicts and reports; assertions for users' tests
     cli                        the `gauge-audit` command
 """
 

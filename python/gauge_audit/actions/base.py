@@ -42,6 +42,10 @@ class Action:
     # MoE: maps the transformed model's expert labels (layer l, indices) back to the original's.
     expert_relabel: Callable[[Element, int, torch.Tensor], torch.Tensor] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # How the element's parts split over blocks (see blockwise.restrict): "layers" — every part
+    # has a leading layer axis; "norms" — parts are keyed by norm prefix ("blocks.3.ln1",
+    # "ln_final"); "shared" — one element acts on every block and on the embeddings/head.
+    element_layout: str = "layers"
 
     def expected_holds(self, cfg: Config) -> bool:
         """What the theory predicts for this architecture (True: the function is unchanged)."""
@@ -75,6 +79,23 @@ def element_from_arrays(parts: dict) -> Element:
         elif t.is_floating_point() and not torch.isfinite(t).all():
             raise GaugeAuditError(f"{k} contains NaN or infinite entries")
     return Element(out, max(ks), note="user-supplied")
+
+
+def load_element(path: str) -> Element:
+    """A group element from an ``.npz`` file (one array per part, e.g. ``M``), via
+    :func:`element_from_arrays`; unreadable files are one-line errors."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            parts = {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise GaugeAuditError(f"cannot read element file {path}: {exc}") from None
+    if not parts:
+        raise GaugeAuditError(f"element file {path} holds no arrays")
+    return element_from_arrays(parts)
 
 
 def updated(params: Params, changes: Params) -> Params:

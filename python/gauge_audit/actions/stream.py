@@ -12,14 +12,16 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from .base import Action, Element, Params, as64, put, random_orthogonal, require_shape, updated
+from .base import Action, Element, Params, as64, cond, put, random_orthogonal, require_shape, updated
 
 AFFINE = ("layernorm", "rmsnorm")
 
 
 def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str | None]]]:
     """norm prefix → [(reader weight, its bias or None)], for pre-norm models.
-    The tied unembedding is not listed: its reader is W_Eᵀ, which is also a writer."""
+    The tied unembedding is not listed: its reader is W_Eᵀ, which is also a writer; nor is a
+    missing one (a bare decoder's final norm has no reader).  Only readers present in ``params``
+    are listed, so an action can be applied to one block's tensors at a time (blockwise.py)."""
     out: dict[str, list[tuple[str, str | None]]] = {}
     for i in range(cfg.n_layers):
         b = f"blocks.{i}"
@@ -30,9 +32,10 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
             out[f"{b}.ln2"].append((f"{ffn}.W_gate", f"{ffn}.b_gate"))
         if cfg.experts:
             out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
-    if not cfg.tied:
+    if cfg.unembed and not cfg.tied:
         out["ln_final"] = [("unembed.W_U", "unembed.b_U")]
-    return {norm: [(w, b if b in params else None) for w, b in readers] for norm, readers in out.items()}
+    return {norm: [(w, b if b in params else None) for w, b in readers if w in params]
+            for norm, readers in out.items()}
 
 
 def stream_writers(cfg: Config, params: Params) -> list[str]:
@@ -134,8 +137,15 @@ def norm_shift(cfg: Config, params: Params, el: Element) -> Params:
 
 
 # ----------------------------------------------------------------------------- stream rotation
+def _no_unembed_reason(cfg: Config) -> str | None:
+    if not cfg.unembed:
+        return ("the output is the final norm's output itself (no unembedding reads it), and a stream "
+                "rotation rotates it")
+    return None
+
+
 def _rotation_applies(cfg: Config) -> str | None:
-    reason = _pre_norm_reason(cfg)
+    reason = _pre_norm_reason(cfg) or _no_unembed_reason(cfg)
     if reason:
         return reason
     if cfg.tied and cfg.norm in AFFINE:
@@ -168,8 +178,7 @@ def _conjugated(params: Params, norm: str, r: torch.Tensor) -> torch.Tensor:
 
 
 def _rotation_kappa(cfg: Config, params: Params, r: torch.Tensor) -> float:
-    ks = [float(torch.linalg.cond(_conjugated(params, n, r))) for n in norm_readers(cfg, params)]
-    return max(ks, default=1.0)
+    return max((cond(_conjugated(params, n, r)) for n in norm_readers(cfg, params)), default=1.0)
 
 
 def _validate_rotation(cfg: Config, r: torch.Tensor) -> torch.Tensor:
@@ -205,11 +214,12 @@ def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
     """
     r = _validate_rotation(cfg, el.parts["R"])
     changes = _rotate_writers(cfg, params, r)
+    r_inv = torch.linalg.inv(r)
     for norm, readers in norm_readers(cfg, params).items():
-        c = _conjugated(params, norm, r)
         if f"{norm}.b" in params:
-            changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) @ c, params[f"{norm}.b"])
-        c_inv = torch.linalg.inv(c)
+            changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) @ _conjugated(params, norm, r), params[f"{norm}.b"])
+        # C⁻¹ = D_γ⁻¹·R⁻¹·D_γ: exact algebra, and as accurate as R⁻¹ however ill-conditioned C is
+        c_inv = _conjugated(params, norm, r_inv)
         for w, _ in readers:
             changes[w] = put(c_inv @ as64(params[w]), params[w])
     # Tied and weight-free final norm: W_U = W_Eᵀ becomes (W_E·R)ᵀ = Rᵀ·W_U = C⁻¹·W_U, as required.
@@ -217,7 +227,7 @@ def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
 
 
 def _paper_applies(cfg: Config) -> str | None:
-    return _pre_norm_reason(cfg)
+    return _pre_norm_reason(cfg) or _no_unembed_reason(cfg)
 
 
 def stream_rotation_paper(cfg: Config, params: Params, el: Element) -> Params:
@@ -239,12 +249,14 @@ def stream_rotation_paper(cfg: Config, params: Params, el: Element) -> Params:
 
 ACTIONS = [
     Action("norm-scale", "(ℝ≠0)^d per weighted pre-norm", True, _norm_scale_applies, _norm_scale_sample,
-           norm_scale),
+           norm_scale, element_layout="norms"),
     Action("norm-shift", "(ℝ^d,+) per LayerNorm with biased readers", True, _norm_shift_applies,
-           _norm_shift_sample, norm_shift, generic_kappa=False),
+           _norm_shift_sample, norm_shift, generic_kappa=False, element_layout="norms"),
     Action("stream-rotation", "O(d) (RMSNorm) / Stab(1) ≅ O(d−1) (LayerNorm) on the stream", True,
-           _rotation_applies, _rotation_sample, stream_rotation, claim="ln-affine-rotation", generic_kappa=False),
+           _rotation_applies, _rotation_sample, stream_rotation, claim="ln-affine-rotation", generic_kappa=False,
+           element_layout="shared"),
     Action("stream-rotation-paper", "van Nierop's SO(d−1) rule with γ, β unchanged",
            lambda cfg: cfg.norm not in AFFINE, _paper_applies,
-           _rotation_sample, stream_rotation_paper, claim="ln-affine-rotation", generic_kappa=False),
+           _rotation_sample, stream_rotation_paper, claim="ln-affine-rotation", generic_kappa=False,
+           element_layout="shared"),
 ]

@@ -13,6 +13,7 @@ from ..actions import get_action
 from ..claims import Claim
 from ..models import Model, build, config_of, model_names
 from ..models.config import Config
+from ..models.registry import REAL, UNTIED
 from ..numeric import HOLDS_WORST_CASE_ONLY, check
 from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
 
@@ -87,8 +88,16 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- torch
-def _matches(cfg: Config, params) -> bool:
-    """Does a reference architecture have the features the claim's params name?"""
+def _one_of(value, allowed) -> bool:
+    return value in (allowed if isinstance(allowed, (list, tuple)) else (allowed,))
+
+
+def matches_params(cfg: Config, params) -> bool:
+    """Does a reference architecture have the features the claim's params name?  (``family``,
+    ``pos`` and ``norm_placement`` take a name or a list of names.)"""
+    for key in ("family", "pos", "norm_placement"):
+        if key in params and not _one_of(getattr(cfg, key), params[key]):
+            return False
     norm, affine = params.get("norm"), params.get("norm_affine")
     if norm is not None and not cfg.norm.startswith(norm):
         return False
@@ -103,10 +112,28 @@ def _matches(cfg: Config, params) -> bool:
     return True
 
 
+def _candidates(claim: Claim) -> list[str]:
+    """The claim's models, or every model; untied copies of real checkpoints (smollm2-untied) only
+    for claims about untied models — elsewhere they would repeat the tied original."""
+    if claim.models:
+        return list(claim.models)
+    return [m for m in model_names() if m not in UNTIED or claim.params.get("tied") is False]
+
+
 def torch_models(claim: Claim) -> list[str]:
     action = get_action(claim.action)
-    names = list(claim.models) if claim.models else model_names()
-    return [m for m in names if action.applies(config_of(m)) is None and _matches(config_of(m), claim.params)]
+    return [m for m in _candidates(claim)
+            if action.applies(config_of(m)) is None and matches_params(config_of(m), claim.params)]
+
+
+def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
+    """Why a real checkpoint is not among the models (e.g. the tied-embedding caveat of the rotation)."""
+    action, out = get_action(claim.action), {}
+    for m in REAL:
+        if m in used or (claim.models and m not in claim.models):
+            continue
+        out[m] = action.applies(config_of(m)) or "the claim's parameters select other architectures"
+    return out
 
 
 def torch(claim: Claim, ctx: Context) -> Evidence:
@@ -121,13 +148,18 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
     worst = max(results, key=lambda r: r.max_rel_error)
-    details = {"action": claim.action, "expected_by_source": want, "results": rows}
+    details = {"action": claim.action, "expected_by_source": want, "results": rows,
+               "real_weights": [m for m in models if m in REAL or m in UNTIED]}
+    excluded = _real_excluded(claim, models)
+    if excluded:
+        details["real_not_applicable"] = excluded
     if any(r.routing_changed for r in results if r.holds):
         return Evidence("torch", ERROR, "top-k routing changed under a true action", details)
+    real = f" (real weights: {', '.join(details['real_weights'])})" if details["real_weights"] else ""
     if measured == {want}:
-        summary = (f"{claim.action} {want} on {len(models)} model(s) as claimed; max error {worst.max_rel_error:.2e} "
-                   f"({worst.residual_eps:.3g} ε) vs tol {worst.tolerance_statistical_eps:.3g} ε statistical, "
-                   f"{worst.tolerance_eps:.3g} ε worst-case")
+        summary = (f"{claim.action} {want} on {len(models)} model(s){real} as claimed; max error "
+                   f"{worst.max_rel_error:.2e} ({worst.residual_eps:.3g} ε) vs tol {worst.tolerance_statistical_eps:.3g} "
+                   f"ε statistical, {worst.tolerance_eps:.3g} ε worst-case")
         weak = [r.model for r in results if r.verdict == HOLDS_WORST_CASE_ONLY]
         if weak:
             summary += (f"; within the worst-case bound only on {', '.join(weak)} (an error larger than independent "
@@ -211,4 +243,17 @@ def nullity(claim: Claim, ctx: Context) -> Evidence:
     return run(claim, ctx)
 
 
-CHECKER_FUNCTIONS = {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision, "nullity": nullity}
+def _dispatch(name: str, fn):
+    """A claim with a [claim.rule] goes to the rule checkers (audit.rule_checks)."""
+    def run(claim: Claim, ctx: Context) -> Evidence:
+        if claim.rule is not None:
+            from . import rule_checks
+            return rule_checks.run(name, claim, ctx)
+        return fn(claim, ctx)
+    run.__name__ = fn.__name__
+    return run
+
+
+CHECKER_FUNCTIONS = {name: _dispatch(name, fn) for name, fn in
+                     {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision,
+                      "nullity": nullity}.items()}

@@ -20,7 +20,9 @@ class ClaimResult:
 
     def to_json(self) -> dict:
         c = self.claim
+        rule = {"rule": c.rule.text()} if c.rule is not None else {}
         return {
+            **rule,
             "id": c.id, "document": c.document.title, "source": c.source, "location": c.location,
             "statement": c.statement, "kind": c.kind, "file": c.file, "line": c.line,
             "verdict": self.verdict.verdict, "why": self.verdict.why, "conflicts": self.verdict.conflicts,

@@ -26,6 +26,10 @@ Schema (one file per source document; see README "Claim catalog")::
     corrected_action = "stream-rotation"     # optional: the action implementing the corrected rule
     models = ["gpt2-tiny", "minilm"]         # optional: reference models for the torch check
     note = "..."                             # optional free text
+    [claim.rule]                             # optional: the transformation itself, as data (claims.rule)
+    scope = "head"
+    elements = { s = "diagonal(d_v)" }
+    maps = { W_V = "W_V @ diag(s)", W_O = "inv(diag(s)) @ W_O" }
 
 Every problem (TOML syntax, unknown key, missing field, wrong type, duplicate id) is
 reported as a line ``FILE:LINE: field NAME: ...``; all problems of a file (of every
@@ -38,6 +42,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -45,7 +50,10 @@ from typing import Any, Iterable, Mapping
 from ..actions import ACTIONS
 from ..errors import GaugeAuditError
 from ..models import model_names
+from ..models.naming import PARAMS as RULE_PARAMS
+from ..models.naming import present
 from .expr import parse_formula
+from .rule import Rule, validate_rule
 
 ROOT = Path(__file__).resolve().parents[3]
 CATALOG_DIR = ROOT / "claims"
@@ -80,6 +88,7 @@ CLAIM_FIELDS = {
     "corrected_action": (str, False),
     "models": (list, False),
     "note": (str, False),
+    "rule": (dict, False),
 }
 
 
@@ -112,6 +121,7 @@ class Claim:
     corrected_action: str | None = None
     models: tuple[str, ...] | None = None
     note: str | None = None
+    rule: Rule | None = None
     file: str = ""
     line: int = 0
 
@@ -163,6 +173,45 @@ def _key_line(text: str, block: tuple[int, int], key: str) -> int:
         if pat.match(lines[i]):
             return i + 1
     return block[0]
+
+
+def _rule_line(text: str, block: tuple[int, int], *path: str) -> int:
+    """The line of ``rule`` (its ``[claim.rule]`` header), ``rule.KEY`` or ``rule.TABLE.KEY`` in a
+    claim block, whichever TOML spelling is used (sub-table header, inline table, dotted or quoted
+    key); the nearest enclosing line when the exact one is not found."""
+    lines = text.splitlines()
+    lo, hi = block[0] - 1, block[1]
+
+    def find(pattern: str, start: int) -> int | None:
+        pat = re.compile(pattern)
+        return next((i for i in range(start, hi) if pat.search(lines[i])), None)
+
+    head = find(r"^\s*\[\s*claim\.rule\s*\]|^\s*rule\s*[=.]", lo)
+    start = head if head is not None else lo
+    if not path:
+        return start + 1
+    sub = find(rf"^\s*\[\s*claim\.rule\.{re.escape(path[0])}\s*\]|(^|[\s{{,.])\"?{re.escape(path[0])}\"?\s*[=.]",
+               start)
+    if sub is None:
+        return start + 1
+    if len(path) == 1:
+        return sub + 1
+    # a dotted parameter (norm1.w) may be quoted, dotted or nested (norm1 = { w = ... })
+    key = re.escape(path[1]).replace(r"\.", r"\"?\s*\.\s*\"?")
+    hit = find(rf"(^|[\s{{,]){chr(34)}?{key}{chr(34)}?\s*=", sub)
+    return (hit if hit is not None else sub) + 1
+
+
+@lru_cache(maxsize=1)
+def available_rule_params() -> frozenset[str]:
+    """Rule parameter names that at least one reference model has (a rule touching any other
+    is refused when its file is loaded)."""
+    from ..models import FAMILIES, NAMED
+    out = set()
+    for cfg in NAMED.values():
+        keys = FAMILIES[cfg.family].param_shapes(cfg)
+        out |= {name for name in RULE_PARAMS if present(cfg, name, keys)}
+    return frozenset(out)
 
 
 def _section_line(text: str, name: str, key: str | None = None) -> int:
@@ -275,7 +324,7 @@ def _validate_document(text: str, doc, fail: _Problems) -> bool:
     return ok
 
 
-def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problems) -> dict | None:
+def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problems, rule_line=None) -> dict | None:
     """Check one ``[[claim]]`` table, reporting every problem; the normalised fields, or None."""
     before = len(fail.items)
     label = raw.get("id", "#" + str(n + 1))
@@ -343,9 +392,16 @@ def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problem
             parse_formula(raw["formula"])
         except GaugeAuditError as exc:
             fail(line_of("formula"), f"field formula: {exc}")
+    rule = None
+    if "rule" in typed:
+        for key in ("action", "corrected_action"):
+            if key in raw:
+                fail(line_of(key), f"field {key}: a claim with a [claim.rule] names no action (the rule is the action)")
+        rule = validate_rule(raw["rule"], rule_line or (lambda *path: line_of("rule")), fail,
+                             available_rule_params())
     if len(fail.items) > before:
         return None
-    return dict(models=models, percent=percent)
+    return dict(models=models, percent=percent, rule=rule)
 
 
 def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]]:
@@ -387,7 +443,8 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
         if not isinstance(raw, dict):
             fail(block[0], f"field claim: entry #{n + 1} is not a table (use [[claim]])")
             continue
-        norm = _validate_claim(raw, n, line_of, block[0], fail)
+        rule_line = lambda *path, block=block: _rule_line(text, block, *path)  # noqa: E731
+        norm = _validate_claim(raw, n, line_of, block[0], fail, rule_line)
         cid = raw.get("id")
         if isinstance(cid, str):
             if cid in seen:
@@ -403,7 +460,7 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
             claimed_value=raw.get("claimed_value"), claimed_percent=norm["percent"],
             relation=raw.get("relation", "="), action=raw.get("action"), expected=raw.get("expected", "holds"),
             corrected_action=raw.get("corrected_action"), models=norm["models"], note=raw.get("note"),
-            file=shown, line=block[0],
+            rule=norm["rule"], file=shown, line=block[0],
         ))
     fail.raise_if_any()
     return document, claims

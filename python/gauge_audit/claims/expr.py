@@ -21,12 +21,13 @@ Grammar (``^`` and ``**`` are the same operator, right-associative)::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Iterable
 
 import sympy as sp
 
 from ..errors import GaugeAuditError
+from .tokens import Token, TokenParser
+from .tokens import tokenize as tokenize_text
 
 #: function name -> (SymPy callable, number of arguments)
 FUNCTIONS = {
@@ -44,82 +45,21 @@ FUNCTIONS = {
 CONSTANTS = {"pi": sp.pi}
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_MAX_LEN = 2000
 _MAX_DIGITS = 4000      # numeric literals and numeric powers stay below 10^_MAX_DIGITS
 _MAX_FACTORIAL = 1000   # numeric factorial / binomial arguments
 
 
-@dataclass(frozen=True)
-class Token:
-    kind: str   # NUM, NAME, OP, END
-    text: str
-    pos: int
-
-
 def tokenize(text: str) -> list[Token]:
-    if not isinstance(text, str):
-        raise GaugeAuditError("formula must be a string")
-    if len(text) > _MAX_LEN:
-        raise GaugeAuditError(f"formula longer than {_MAX_LEN} characters")
-    out: list[Token] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c in " \t":
-            i += 1
-            continue
-        m = _NUMBER.match(text, i)
-        if m and (c.isdigit() or c == "."):
-            out.append(Token("NUM", m.group(0), i))
-            i = m.end()
-            continue
-        m = _NAME.match(text, i)
-        if m:
-            out.append(Token("NAME", m.group(0), i))
-            i = m.end()
-            continue
-        if text.startswith("**", i):
-            out.append(Token("OP", "^", i))
-            i += 2
-            continue
-        if c in "+-*/^()!,":
-            out.append(Token("OP", c, i))
-            i += 1
-            continue
-        raise GaugeAuditError(f"formula {text!r}: unexpected character {c!r} at position {i}")
-    out.append(Token("END", "", len(text)))
-    return out
+    return tokenize_text(text, "formula", _NAME, "+-*/^()!,", {"**": "^"})
 
 
-class _Parser:
+class _Parser(TokenParser):
+    noun = "formula"
+
     def __init__(self, text: str, names: frozenset[str] | None, symbols: dict[str, sp.Symbol]):
-        self.text = text
-        self.toks = tokenize(text)
-        self.i = 0
+        super().__init__(text, tokenize(text))
         self.names = names
         self.symbols = symbols
-        self.depth = 0
-
-    # -- helpers ---------------------------------------------------------------------------
-    def peek(self) -> Token:
-        return self.toks[self.i]
-
-    def take(self) -> Token:
-        tok = self.toks[self.i]
-        self.i += 1
-        return tok
-
-    def error(self, msg: str, tok: Token | None = None):
-        tok = tok or self.peek()
-        where = "end of formula" if tok.kind == "END" else f"position {tok.pos}"
-        raise GaugeAuditError(f"formula {self.text!r}: {msg} at {where}")
-
-    def expect(self, op: str):
-        tok = self.peek()
-        if tok.kind != "OP" or tok.text != op:
-            self.error(f"expected {op!r}")
-        self.take()
 
     # -- grammar ---------------------------------------------------------------------------
     def parse(self) -> sp.Expr:

@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     "audit",
     "precision",
     "nullity",
+    "transform",
     "canonicalize",
     "compare",
 )

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import zipfile
-
-import numpy as np
 
 from ..actions import ACTIONS, get_action
-from ..actions.base import Element, element_from_arrays
+from ..actions.base import load_element
 from ..errors import GaugeAuditError
 from ..models import build, config_of, model_names
-from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check, pairs
+from ..models.checkpoint import open_checkpoint
+from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
 from ..runtime import eps, resolve_dtype
 
@@ -21,6 +19,11 @@ def register(sub) -> None:
                        description="Apply a gauge action (a random group element from --seed) and compare the "
                                    "model's outputs before and after against a derived tolerance.")
     p.add_argument("--model", help="model name (see --list)")
+    p.add_argument("--checkpoint", metavar="DIR_OR_GGUF", help="a local Hugging Face checkpoint directory "
+                   "(config.json + model.safetensors or a sharded index) or a llama GGUF file, instead of --model; "
+                   "read block by block")
+    p.add_argument("--text", help="inputs: this text, tokenized with the model's tokenizer (default: seeded "
+                   "random token ids); the row reports whether the greedy next token is unchanged")
     p.add_argument("--action", help="action name (see --list)")
     p.add_argument("--all", action="store_true", help="every applicable (model, action) pair")
     p.add_argument("--list", action="store_true", help="list models and actions")
@@ -35,11 +38,14 @@ def register(sub) -> None:
 
 
 def _list() -> int:
+    from ..models.registry import REAL, UNTIED
+
     print("models:")
     for name in model_names():
         cfg = config_of(name)
+        real = "  (real weights)" if name in REAL or name in UNTIED else ""
         print(f"  {name:24s} {cfg.family:5s} d={cfg.d_model} L={cfg.n_layers} h={cfg.n_heads} "
-              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={cfg.act} pos={cfg.pos}{' tied' if cfg.tied else ''}")
+              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={cfg.act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
     print("actions:")
     for a in ACTIONS.values():
         kind = "symmetry" if a.symmetry is True else ("contrast" if a.symmetry is False else "depends")
@@ -47,26 +53,42 @@ def _list() -> int:
     return 0
 
 
-HEADER = (f"{'model':24s} {'action':22s} {'max rel err':>11s} {'residual/ε':>11s} {'stat tol/ε':>11s} "
-          f"{'tol/ε':>11s} {'κ':>8s}  verdict")
+def _header(width: int) -> str:
+    return (f"{'model':{width}s} {'action':22s} {'max rel err':>11s} {'residual/ε':>11s} {'stat tol/ε':>11s} "
+            f"{'tol/ε':>11s} {'κ':>8s}  verdict")
 
 
-def _row(r: CheckResult) -> str:
+def _row(r: CheckResult, decode=None, width: int = 24) -> str:
     mark = "" if r.agrees else "   <-- differs from theory"
     routing = "" if r.routing_changed is None else f"  routing changed: {r.routing_changed}"
-    return (f"{r.model:24s} {r.action:22s} {r.max_rel_error:11.3e} {r.residual_eps:11.4g} "
-            f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {r.verdict}{routing}{mark}")
+    nxt = ""
+    if "next_token_unchanged" in r.extra:
+        word = f" {decode(r.extra['next_token'][-1])!r}" if decode else ""
+        nxt = f"  next token{word} {'unchanged' if r.extra['next_token_unchanged'] else 'CHANGED'}"
+    return (f"{r.model:{width}s} {r.action:22s} {r.max_rel_error:11.3e} {r.residual_eps:11.4g} "
+            f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {r.verdict}"
+            f"{routing}{nxt}{mark}")
 
 
-def _load_element(path: str) -> Element:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            parts = {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise GaugeAuditError(f"cannot read element file {path}: {exc}") from None
-    if not parts:
-        raise GaugeAuditError(f"element file {path} holds no arrays")
-    return element_from_arrays(parts)
+def _text_inputs(args, model, ckpt) -> tuple[dict | None, object]:
+    """Token ids of ``--text`` from the checkpoint's tokenizer (and a decoder for the report)."""
+    if args.text is None:
+        return None, None
+    if ckpt is None:
+        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2")
+    from ..reference import tokenizer
+
+    tok = tokenizer(ckpt)
+    ids = tok(args.text, return_tensors="pt")["input_ids"]
+    cfg = model.cfg
+    if ids.shape[1] == 0:
+        raise GaugeAuditError("--text gives no tokens")
+    if cfg.pos == "learned" and ids.shape[1] > cfg.n_ctx:
+        raise GaugeAuditError(f"--text gives {ids.shape[1]} tokens; the model takes at most {cfg.n_ctx}")
+    inputs = {"tokens": ids}
+    if cfg.n_types:
+        inputs["token_types"] = ids.new_zeros(ids.shape)
+    return inputs, tok.decode
 
 
 def run(args) -> int:
@@ -75,42 +97,72 @@ def run(args) -> int:
     if args.kappa < 1 or args.kappa != args.kappa:
         raise GaugeAuditError("--kappa must be a number >= 1")
     dtype = resolve_dtype(args.dtype)
-    models = [args.model] if args.model else model_names()
-    for m in models:
-        config_of(m)  # unknown names fail before any work
+    if args.model and args.checkpoint:
+        raise GaugeAuditError("give --model or --checkpoint, not both")
+    cache, ckpt = {}, None
+    if args.checkpoint:
+        ckpt = open_checkpoint(args.checkpoint)
+        # Several checks re-read every block each time; keep the tensors when the float64 copy is small
+        # next to the free memory, stream them otherwise.
+        several = not args.action or args.all
+        model = ckpt.model(device=args.device, resident=several and ckpt.fits_in_memory())
+        cache[model.name] = model
+        models, cfg_of = [model.name], {model.name: ckpt.cfg}
+    else:
+        models = [args.model] if args.model else model_names()
+        cfg_of = {m: config_of(m) for m in models}  # unknown names fail before any work
+        ckpt = _real_checkpoint(args.model) if args.model else None
     if args.action:
         get_action(args.action)
-    if not (args.all or args.model or args.action):
-        raise GaugeAuditError("give --model and/or --action, or --all, or --list")
-    element = _load_element(args.element) if args.element else None
-    if element is not None and not (args.model and args.action):
-        raise GaugeAuditError("--element needs both --model and --action")
-    todo = [(m, a) for m, a in pairs(models) if args.action in (None, a)]
-    if args.model and args.action and not todo:
-        reason = get_action(args.action).applies(config_of(args.model))
-        raise GaugeAuditError(f"action {args.action} does not apply to {args.model}: {reason}")
+    if not (args.all or args.model or args.checkpoint or args.action):
+        raise GaugeAuditError("give --model, --checkpoint and/or --action, or --all, or --list")
+    one = args.model or args.checkpoint
+    element = load_element(args.element) if args.element else None
+    if element is not None and not (one and args.action):
+        raise GaugeAuditError("--element needs both --model (or --checkpoint) and --action")
+    todo = [(m, a.name) for m in models for a in ACTIONS.values()
+            if args.action in (None, a.name) and a.applies(cfg_of[m]) is None]
+    if one and args.action and not todo:
+        reason = get_action(args.action).applies(cfg_of[models[0]])
+        raise GaugeAuditError(f"action {args.action} does not apply to {models[0]}: {reason}")
+    if args.text is not None and not one:
+        raise GaugeAuditError("--text needs --model or --checkpoint")
+    if args.model and args.model not in cache and args.text is not None:
+        cache[args.model] = build(args.model, seed=args.seed, device=args.device)
+    inputs, decode = _text_inputs(args, cache.get(models[0]), ckpt) if args.text is not None else (None, None)
 
-    cache, results = {}, []
+    results, width = [], max(24, *(len(m) for m in models))
     if not args.json:
-        print(HEADER)
+        print(_header(width))
     for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
             cache[m] = build(m, seed=args.seed, device=args.device)
-        r = check(cache[m], a, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
+        r = check(cache[m], a, inputs, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
         results.append(r)
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
         else:
-            echo(_row(r))
+            echo(_row(r, decode, width))
     if not args.json:
         holds = sum(r.verdict == HOLDS for r in results)
         weak = sum(r.verdict == HOLDS_WORST_CASE_ONLY for r in results)
+        unresolved = sum(not r.decided for r in results)
         differ = [r for r in results if not r.agrees]
         if len(results) == 1:
             print(f"tolerance (worst case)  = {results[0].tolerance_formula}")
             print(f"tolerance (statistical) = {results[0].tolerance_statistical_formula}")
         print(f"\n{len(results)} checks: {holds} HOLDS, {weak} HOLDS (worst-case bound only), "
-              f"{len(results) - holds - weak} FAILS; {len(differ)} differ from theory.\n"
+              f"{len(results) - holds - weak - unresolved} FAILS, {unresolved} UNDECIDED (a worst-case tolerance "
+              f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory.\n"
               f"tol = κ(g)·L·K·ε (rigorous: every rounding the same way), stat tol = κ(g)·λ·√(L·K)·ε (independent "
               f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}")
     return 1 if any(not r.agrees for r in results) else 0
+
+
+def _real_checkpoint(name: str):
+    """The checkpoint behind a named real model (for its tokenizer), else None."""
+    from ..models import minilm, smollm2
+    from ..models.registry import UNTIED
+
+    base = UNTIED.get(name, name)
+    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint}.get(base, lambda: None)()

@@ -22,7 +22,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps([{"id": c.id, "source": c.source, "document": c.document.title, "location": c.location,
                            "statement": c.statement, "kind": c.kind, "checkers": list(c.checkers),
-                           "action": c.action, "expected": c.expected, "file": c.file, "line": c.line}
+                           "action": c.action, "expected": c.expected, "file": c.file, "line": c.line,
+                           **({"rule": c.rule.to_table()} if c.rule is not None else {})}
                           for c in claims], indent=2, ensure_ascii=False))
         return 0
     for c in claims:

@@ -13,7 +13,7 @@ from .layers import Params, block, block_shapes, norm_shapes, normalize
 def config(**overrides) -> Config:
     base = Config(family="bert", norm="layernorm", norm_placement="post", norm_eps=1e-12, act="gelu",
                   attn_bias=True, out_bias=True, mlp_bias=True, pos="learned", causal=False,
-                  n_types=2, embed_norm=True)
+                  n_types=2, embed_norm=True, unembed=False)
     return validate(base).with_(**overrides) if overrides else validate(base)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from ..errors import GaugeAuditError
 
 NORMS = ("layernorm", "layernorm-noaffine", "rmsnorm", "rmsnorm-noweight", "none")
-ACTS = ("relu", "gelu", "silu", "swiglu")
+ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; gelu-tanh: GPT-2's tanh approximation
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Config:
     rope_base: float = 10000.0
     causal: bool = True
     tied: bool = False          # W_U = W_Eᵀ
+    unembed: bool = True        # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
     unembed_bias: bool = False
     n_types: int = 0            # BERT token-type embeddings
     embed_norm: bool = False    # BERT LayerNorm after the embedding sum
@@ -70,6 +71,7 @@ def validate(cfg: Config) -> Config:
     need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
     need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")
     need(not cfg.tied or cfg.family not in ("attn", "bert"), "--tied needs token embeddings and an unembedding")
+    need(cfg.unembed or not (cfg.tied or cfg.unembed_bias), "tied embeddings / an unembedding bias need an unembedding")
     need(cfg.experts == 0 or 1 <= cfg.top_k <= cfg.experts, "top_k must be in 1..experts")
     need(cfg.experts > 0 or cfg.top_k == 0, "top_k given without experts")
     need(cfg.norm_eps >= 0, "norm_eps must be >= 0")

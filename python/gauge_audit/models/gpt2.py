@@ -1,5 +1,6 @@
 """GPT-2: pre-LN, affine LayerNorm, learned absolute positions, causal MHA with
-biases, GELU MLP, final LayerNorm, unembedding tied (W_U = W_Eᵀ) or untied."""
+biases, GELU MLP, final LayerNorm, unembedding tied (W_U = W_Eᵀ) or untied
+(``unembed=False``: the bare decoder, whose output is the final norm's output)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def param_shapes(cfg: Config) -> dict:
     for i in range(cfg.n_layers):
         shapes.update(block_shapes(cfg, i))
     shapes.update(norm_shapes(cfg, "ln_final"))
-    if not cfg.tied:
+    if cfg.unembed and not cfg.tied:
         shapes["unembed.W_U"] = ((cfg.d_model, cfg.vocab), "weight")
     if cfg.unembed_bias:
         shapes["unembed.b_U"] = ((cfg.vocab,), "bias")
@@ -36,7 +37,8 @@ def forward(params: Params, cfg: Config, inputs: dict, trace: dict | None = None
         x = x + params["embed.W_pos"][: tokens.shape[1]]
     for i in range(cfg.n_layers):
         x = block(params, cfg, i, x, trace)
-    return unembed(params, cfg, normalize(params, "ln_final", cfg, x))
+    x = normalize(params, "ln_final", cfg, x)
+    return unembed(params, cfg, x) if cfg.unembed else x
 
 
 def sample_inputs(cfg: Config, g: torch.Generator, batch: int, n: int) -> dict:

@@ -96,6 +96,8 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x)
     if name == "gelu":
         return F.gelu(x)  # exact erf form, as in BERT and the MiniLM checkpoint
+    if name == "gelu-tanh":
+        return F.gelu(x, approximate="tanh")  # GPT-2's 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))
     if name == "silu":
         return F.silu(x)
     raise ValueError(name)
@@ -184,11 +186,21 @@ def moe(params: Params, prefix: str, cfg: Config, x: torch.Tensor, trace: dict |
     """Top-k softmax gating: p = softmax(x W_router); keep the k largest, renormalise,
     and mix those experts' outputs.  (Experts are evaluated densely: the reference
     models are tiny and this keeps the code equal to the equation.)"""
-    probs = torch.softmax(x @ params[f"{prefix}.W_router"], dim=-1)
+    W = params[f"{prefix}.W_router"]
+    logits = x @ W
+    probs = torch.softmax(logits, dim=-1)
     top_p, top_i = probs.topk(cfg.top_k, dim=-1)
     gates = top_p / top_p.sum(-1, keepdim=True)
     if trace is not None:
         trace.setdefault("routing", []).append(top_i.detach().cpu())
+        # How far each token's top-k choice is from a tie: the gap between the k-th and (k+1)-th
+        # router logits, relative to the scale |x|·|W_router| that bounds their rounding errors.
+        if cfg.top_k < cfg.experts:
+            s = logits.topk(cfg.top_k + 1, dim=-1).values
+            gap = (s[..., cfg.top_k - 1] - s[..., cfg.top_k]) / (x.abs() @ W.abs()).amax(-1).clamp_min(1e-300)
+        else:
+            gap = torch.full(top_i.shape[:-1], float("inf"))
+        trace.setdefault("router_margin", []).append(gap.detach().to("cpu", torch.float64))
     out = torch.zeros_like(x)
     for e in range(cfg.experts):
         weight = (gates * (top_i == e)).sum(-1, keepdim=True)

@@ -12,7 +12,10 @@ import math
 
 import torch
 
+from ..errors import GaugeAuditError
 from ..runtime import generator
+from .config import Config
+from .lazy import LazyParams
 
 
 def init_params(shapes: dict, seed: int, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -39,4 +42,22 @@ def init_params(shapes: dict, seed: int, device: torch.device, dtype: torch.dtyp
 
 
 def cast(params: dict[str, torch.Tensor], device=None, dtype=None) -> dict[str, torch.Tensor]:
+    if isinstance(params, LazyParams):  # a checkpoint read on access: convert on access too
+        return params.cast(dtype=dtype, device=device)
     return {k: v.to(device=device or v.device, dtype=dtype or v.dtype) for k, v in params.items()}
+
+
+def untie(cfg: Config, params):
+    """Make a tied unembedding explicit: W_U = W_Eᵀ becomes its own tensor (QuaRot's first step).
+
+    The function is unchanged; afterwards W_E (a stream writer) and W_U (a reader of the final
+    norm) can be transformed independently, which the stream rotation needs.  Adds
+    vocab·d_model parameters.  Works on a dict or on :class:`LazyParams` (computed on access).
+    """
+    if not cfg.tied:
+        raise GaugeAuditError("the unembedding is already untied")
+    new = cfg.with_(tied=False)
+    if isinstance(params, LazyParams):
+        return new, params.extended({"unembed.W_U": ((cfg.d_model, cfg.vocab),
+                                                     lambda p: p["embed.W_E"].T.contiguous())})
+    return new, {**params, "unembed.W_U": params["embed.W_E"].T.contiguous()}

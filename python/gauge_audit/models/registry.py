@@ -9,9 +9,10 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..runtime import generator, resolve_device
-from . import attn, bert, gpt2, llama, minilm, moe, qwen
+from . import attn, bert, gpt2, llama, minilm, moe, qwen, smollm2
 from .config import Config
-from .params import init_params
+from .lazy import params_device, params_dtype
+from .params import init_params, untie
 
 FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
                                    "attn": attn}
@@ -35,11 +36,14 @@ NAMED: dict[str, Config] = {
     "attn-tiny-gqa": attn.config(n_kv_heads=2),
     "attn-tiny-rope": attn.config(pos="rope", attn_bias=False),
 }
-REAL = ("minilm",)
+REAL = ("minilm", "smollm2")
+# Untied copies of tied real checkpoints (QuaRot's first step): the same function, with W_U its own
+# tensor, so that the stream rotation applies.  Used for claims about untied models.
+UNTIED = {"smollm2-untied": "smollm2"}
 
 
 def model_names() -> list[str]:
-    return [*NAMED, *REAL]
+    return [*NAMED, *REAL, *UNTIED]
 
 
 @dataclass
@@ -53,14 +57,14 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        return next(iter(self.params.values())).device
+        return params_device(self.params)
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(iter(self.params.values())).dtype
+        return params_dtype(self.params)
 
     def forward(self, params: dict[str, torch.Tensor], inputs: dict, trace: dict | None = None) -> torch.Tensor:
-        dtype = next(iter(params.values())).dtype
+        dtype = params_dtype(params)
         moved = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
                  for k, v in inputs.items()}
         return self.family.forward(params, self.cfg, moved, trace)
@@ -81,17 +85,31 @@ def build_config(cfg: Config, seed: int = 0, device: str = "auto", dtype: torch.
 
 
 def config_of(name: str) -> Config:
-    """The configuration of a named model (for MiniLM, read from its config.json)."""
+    """The configuration of a named model (for the real ones, read from their files)."""
     if name == "minilm":
         return minilm.config()
+    if name == "smollm2":
+        return smollm2.checkpoint().cfg
+    if name in UNTIED:
+        return config_of(UNTIED[name]).with_(tied=False)
     if name not in NAMED:
         raise GaugeAuditError(f"unknown model {name!r}; known: {', '.join(model_names())}")
     return NAMED[name]
 
 
 def build(name: str, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64) -> Model:
-    """A named model: random generic parameters from ``seed``, or the real MiniLM weights."""
+    """A named model: random generic parameters from ``seed``, or real weights (MiniLM held in
+    memory; SmolLM2 read from its GGUF on access, kept resident after the first read)."""
     if name == "minilm":
         cfg = minilm.config()
         return Model(name, cfg, minilm.load_params(cfg, resolve_device(device), dtype), bert)
+    if name == "smollm2":
+        m = smollm2.checkpoint().model(name, device=device, resident=True)
+        m.params = m.params.cast(dtype=dtype)
+        return m
+    if name in UNTIED:
+        m = build(UNTIED[name], seed, device, dtype)
+        m.cfg, m.params = untie(m.cfg, m.params)
+        m.name = name
+        return m
     return build_config(config_of(name), seed, device, dtype, name)

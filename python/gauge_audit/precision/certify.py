@@ -218,36 +218,56 @@ def certify_rule(rule: str, seed: int = 0, dps: int = CERT_DPS) -> Certificate:
     cfg = _cert_config(rule)
     model = build_config(cfg, seed, "cpu", torch.float64, name=rule)
     with workdps(dps):
-        P = {k: _rational(v, GRID) for k, v in model.params.items()}
-        inputs = _inputs(cfg, seed)
+        P = rational_params(model.params)
+        inputs = certificate_inputs(cfg, seed)
         el, el_text, facts = _element(rule, cfg, model.params, seed)
         Q = apply_rule(rule, cfg, P, el)
-        Pi = {k: _to_iv(v) for k, v in P.items()}
-        Qi = {k: _to_iv(v) for k, v in Q.items()}
-        diff, scale = _diff_intervals(cfg, Pi, Qi, inputs)
-        best, where, count, total = None, None, 0, 0
-        for b, seq in enumerate(diff):
-            for t, row in enumerate(seq):
-                for f, x in enumerate(row):
-                    total += 1
-                    m = _mig(x)
-                    count += m > 0
-                    if best is None or m > _mig(best):
-                        best, where = x, [b, t, f]
-        cert = Certificate(rule, ACTIONS[rule].claim or rule, _describe(cfg), dps, where,
-                           _interval_text(best), float(_mig(best)), _width(best), scale, _mig(best) > 0,
-                           int(count), total, el_text, facts)
+        cert = certify_transform(rule, ACTIONS[rule].claim or rule, cfg, P, Q, inputs, el_text, facts, dps)
         ctrl = _control(rule, cfg, el)
         if ctrl:
             text, c_cfg, c_el = ctrl
-            Pc = P
-            Qc = apply_rule(_CONTROL_RULE[rule], c_cfg, Pc, c_el)
-            c_diff, _ = _diff_intervals(c_cfg, Pi, {k: _to_iv(v) for k, v in Qc.items()}, inputs)
-            flat = flatten(c_diff)
-            cert.control_rule = text
-            cert.control_contains_zero = all(_contains_zero(x) for x in flat)
-            cert.control_max_abs = float(max(_mag(x) for x in flat))
+            attach_control(cert, c_cfg, P, apply_rule(_CONTROL_RULE[rule], c_cfg, P, c_el), inputs, text)
     return cert
+
+
+def rational_params(params: dict) -> dict:
+    """Parameters rounded to multiples of 1/GRID (exact Fractions)."""
+    return {k: _rational(v, GRID) for k, v in params.items()}
+
+
+def certificate_inputs(cfg: Config, seed: int) -> dict:
+    return _inputs(cfg, seed)
+
+
+def certify_transform(rule: str, claim: str, cfg: Config, P: dict, Q: dict, inputs: dict, el_text: str,
+                      facts: list[str], dps: int) -> Certificate:
+    """Interval enclosures of y(Q) − y(P) (P, Q exact rational parameters, at the working precision
+    of the caller's ``workdps``): the entry whose interval lies farthest from 0, and how many
+    entries exclude 0."""
+    Pi = {k: _to_iv(v) for k, v in P.items()}
+    Qi = {k: _to_iv(v) for k, v in Q.items()}
+    diff, scale = _diff_intervals(cfg, Pi, Qi, inputs)
+    best, where, count, total = None, None, 0, 0
+    for b, seq in enumerate(diff):
+        for t, row in enumerate(seq):
+            for f, x in enumerate(row):
+                total += 1
+                m = _mig(x)
+                count += m > 0
+                if best is None or m > _mig(best):
+                    best, where = x, [b, t, f]
+    return Certificate(rule, claim, _describe(cfg), dps, where, _interval_text(best), float(_mig(best)), _width(best),
+                       scale, _mig(best) > 0, int(count), total, el_text, facts)
+
+
+def attach_control(cert: Certificate, cfg: Config, P: dict, Qc: dict, inputs: dict, text: str) -> None:
+    """The corrected rule on the same rational data: every interval should contain 0."""
+    Pi = {k: _to_iv(v) for k, v in P.items()}
+    c_diff, _ = _diff_intervals(cfg, Pi, {k: _to_iv(v) for k, v in Qc.items()}, inputs)
+    flat = flatten(c_diff)
+    cert.control_rule = text
+    cert.control_contains_zero = all(_contains_zero(x) for x in flat)
+    cert.control_max_abs = float(max(_mag(x) for x in flat))
 
 
 def _to_iv(a):
@@ -337,3 +357,7 @@ def value_g3_residuals(dps_list=(30, 50, 100), seed: int = 0) -> list[dict]:
                 return max(abs(a - b) for a, b in zip(flatten(y), flatten(base))) / scale
             out.append({"dps": dps, "paper": float(rel(g0)), "corrected": float(rel(inverse(g0)))})
     return out
+
+
+__all__ = ["CERTIFIABLE", "Certificate", "attach_control", "certificate_inputs", "certify_all", "certify_rule",
+           "certify_transform", "rational_params", "value_g3_residuals"]

@@ -94,7 +94,7 @@ def one_layer(name: str, seed: int) -> Model:
     return build_config(cfg, seed, "cpu", torch.float64, name=f"{name} (1 layer)")
 
 
-def _relative(y0: list, y1: list):
+def relative(y0: list, y1: list):
     a, b = flatten(y0), flatten(y1)
     num = max(abs(u - v) for u, v in zip(a, b))
     den = max(abs(u) for u in a)
@@ -113,7 +113,7 @@ def residual_at(model: Model, action: str, element, inputs: dict, dps: int) -> t
         P = exact_params(model.params, MP)
         el = exact_element(action, model.cfg, element.parts, MP.num)
         Q = apply_rule(action, model.cfg, P, el)
-        r = _relative(forward(model.cfg, P, inputs, MP), forward(model.cfg, Q, inputs, MP))
+        r = relative(forward(model.cfg, P, inputs, MP), forward(model.cfg, Q, inputs, MP))
         return _as_float(r)
 
 
@@ -122,6 +122,17 @@ def shrinking(rows: list[DpsResidual]) -> bool:
     below one unit roundoff — e.g. exactly 0 after a permutation — counts as one unit.)"""
     env = [max(x.residual, unit_roundoff(x.dps)) for x in rows]
     return all(b < a for a, b in zip(env, env[1:]))
+
+
+def dps_verdict(rows: list[DpsResidual]) -> tuple[str, bool]:
+    """HOLDS (every residual within its bound, shrinking with dps), FAILS (≥ 10⁻³ at every dps) or
+    INCONCLUSIVE (neither: reported, never hidden); and whether they shrink."""
+    shrinks = shrinking(rows)
+    if all(x.within for x in rows) and shrinks:
+        return "HOLDS", shrinks
+    if all(x.residual >= 1e-3 for x in rows):
+        return "FAILS", shrinks
+    return "INCONCLUSIVE", shrinks  # pragma: no cover - neither exact nor O(1)
 
 
 def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | list[int] = DEFAULT_DPS,
@@ -148,13 +159,7 @@ def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | l
         rows.append(DpsResidual(d, r, lg, bound, r <= bound))
         if progress:
             progress(i + 1, len(set(dps)))
-    shrinks = shrinking(rows)
-    if all(x.within for x in rows) and shrinks:
-        verdict = "HOLDS"
-    elif all(x.residual >= 1e-3 for x in rows):
-        verdict = "FAILS"
-    else:  # pragma: no cover - neither exact nor O(1): report it, never hide it
-        verdict = "INCONCLUSIVE"
+    verdict, shrinks = dps_verdict(rows)
     expected = "HOLDS" if act.expected_holds(m.cfg) else "FAILS"
     result = ActionPrecision(action, name, seed, el.kappa, expected, verdict, rows, shrinks,
                              f"κ·L·K·u = {el.kappa:.3g}·{layers}·{k}·2^(1−prec)  (K = {k_text})")
@@ -192,7 +197,7 @@ def torch_agreement(name: str = "gpt2-tiny", seed: int = 0, dps: int = 30, n_lay
     with workdps(dps):
         P = exact_params(m.params, MP)
         y_m = forward(m.cfg, P, inputs, MP)
-        diff = float(_relative(y_m, [[[mp.mpf(v) for v in row] for row in seq] for seq in y_t]))
+        diff = float(relative(y_m, [[[mp.mpf(v) for v in row] for row in seq] for seq in y_t]))
     k, _ = path_length(m.cfg, SEQ)
     e = eps(torch.float64)
     bound = max(1, cfg.n_layers) * k * e

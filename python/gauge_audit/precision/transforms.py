@@ -77,15 +77,15 @@ def stream_writers(cfg: Config, P: dict) -> list[str]:
     return [n for n in names if n in P]
 
 
-def exact_rotation(r0: list, cfg: Config) -> list:
+def exact_rotation(r0: list, cfg: Config | None = None, fix_ones: bool | None = None) -> list:
     """An exactly orthogonal rotation next to the (float) rotation ``r0``; for LayerNorm
-    models it also fixes the all-ones vector exactly.  Numbers keep r0's type."""
+    models (or ``fix_ones``) it also fixes the all-ones vector exactly.  Numbers keep r0's type."""
     d = len(r0)
     one = r0[0][0] * 0 + 1
     eye = identity(d, one, one * 0)
     a0 = matmul(sub(eye, r0), inverse(add(eye, r0)))        # inverse Cayley: skew up to rounding
     a = scale(sub(a0, transpose(a0)), one / 2)
-    if cfg.norm.startswith("layernorm"):
+    if fix_ones if fix_ones is not None else cfg.norm.startswith("layernorm"):
         p = [[(one if i == j else one * 0) - one / d for j in range(d)] for i in range(d)]
         a = matmul(matmul(p, a), p)                          # A·1 = 0 ⇒ R·1 = 1
     return cayley(a)

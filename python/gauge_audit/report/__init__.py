@@ -81,7 +81,10 @@ def markdown(report: AuditReport, plot_names: list[str] = ()) -> str:
     out += ["## Claims", ""]
     for c in data["claims"]:
         out += [f"### `{c['id']}` — {c['verdict']}", "", f"*{c['document']}*, {c['location']} "
-                f"({c['file']}:{c['line']})", "", f"> {c['statement']}", "", f"Verdict: **{c['verdict']}** — {c['why']}."]
+                f"({c['file']}:{c['line']})", "", f"> {c['statement']}", ""]
+        if c.get("rule"):
+            out += [f"Rule: `{c['rule']}`", ""]
+        out += [f"Verdict: **{c['verdict']}** — {c['why']}."]
         if c["conflicts"]:
             out += ["", "Conflicts: " + "; ".join(c["conflicts"])]
         if c["corrected_rule"]:
@@ -161,7 +164,9 @@ def to_html(report: AuditReport, plots: dict[str, bytes]) -> str:
     for c in data["claims"]:
         parts.append(f"<h3 id='{e(c['id'])}'><code>{e(c['id'])}</code> — <span class='{e(c['verdict'])}'>"
                      f"{e(c['verdict'])}</span></h3><p><i>{e(c['document'])}</i>, {e(c['location'])}</p>"
-                     f"<blockquote>{e(c['statement'])}</blockquote><p>{e(c['why'])}</p>")
+                     f"<blockquote>{e(c['statement'])}</blockquote>"
+                     + (f"<p><b>Rule:</b> <code>{e(c['rule'])}</code></p>" if c.get("rule") else "")
+                     + f"<p>{e(c['why'])}</p>")
         for label, key in (("Conflicts", "conflicts"), ("Corrected rule", "corrected_rule"),
                            ("Counterexample", "counterexample")):
             if c[key]:

@@ -1,0 +1,159 @@
+"""The safetensors format, read lazily and written as a stream.
+
+A file is ``u64 header length N`` · ``N bytes of JSON`` · ``data``; the header gives each
+tensor's dtype, shape and ``[begin, end)`` byte range in the data section.  Reading
+validates the header against the file *before* any tensor is touched (a truncated file or a
+header that lies about sizes is one line, not a crash), then reads one tensor at a time with
+a plain positioned read — not through a memory map, whose touched pages would stay in the
+process's resident set and make its memory grow with the checkpoint.  Writing knows every
+name, dtype and shape up front, so the header is written first and each tensor is written into
+its range whenever it is ready — a transformed checkpoint streams to disk block by block.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import torch
+
+from ...errors import GaugeAuditError
+
+CODES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+         "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+         "BOOL": torch.bool}
+NAMES = {v: k for k, v in CODES.items()}
+MAX_HEADER = 100_000_000  # the format's own limit
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file: validated header, tensors read on demand (a copy each time)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.spans: dict[str, tuple[int, int]] = {}
+        self.entries = read_header(self.path, self.spans)   # name -> (dtype, shape)
+
+    def get(self, name: str) -> torch.Tensor:
+        dtype, shape = self.entries[name]
+        begin, end = self.spans[name]
+        buf = bytearray(end - begin)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(begin)
+                got = f.readinto(buf)
+        except OSError as exc:
+            raise GaugeAuditError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if got != len(buf):
+            raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
+        if not buf:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Every tensor's (dtype, shape), after checking that the header describes the file exactly;
+    ``spans`` (if given) receives each tensor's absolute [begin, end) byte range."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise GaugeAuditError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            n = struct.unpack("<Q", head)[0]
+            if n > min(MAX_HEADER, size - 8):
+                raise GaugeAuditError(f"{path}: truncated or corrupt safetensors file (header length {n} exceeds "
+                                      f"the file's {size} bytes)")
+            raw = f.read(n)
+    except OSError as exc:
+        raise GaugeAuditError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise GaugeAuditError(f"{path}: safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise GaugeAuditError(f"{path}: safetensors header is not a JSON object")
+    header.pop("__metadata__", None)
+    data = size - 8 - n
+    out, ranges = {}, []
+    for name, info in header.items():
+        try:
+            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise GaugeAuditError(f"{path}: malformed header entry for tensor {name}") from None
+        if code not in CODES:
+            raise GaugeAuditError(f"{path}: tensor {name} has unsupported dtype {code!r}")
+        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)
+                and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+            raise GaugeAuditError(f"{path}: malformed shape or offsets for tensor {name}")
+        need = math.prod(shape) * _itemsize(CODES[code])
+        if end - begin != need:
+            raise GaugeAuditError(f"{path}: header gives tensor {name} ({code}, shape {shape}) {end - begin} bytes; "
+                                  f"it needs {need}")
+        if end > data:
+            raise GaugeAuditError(f"{path}: truncated safetensors file (tensor {name} ends at byte {end} of a "
+                                  f"{data}-byte data section)")
+        out[name] = (CODES[code], tuple(shape))
+        ranges.append((begin, end, name))
+        if spans is not None:
+            spans[name] = (8 + n + begin, 8 + n + end)
+    ranges.sort()
+    for (b0, e0, n0), (b1, _, n1) in zip(ranges, ranges[1:]):
+        if b1 < e0:
+            raise GaugeAuditError(f"{path}: header gives tensors {n0} and {n1} overlapping byte ranges")
+    return out
+
+
+class SafetensorsWriter:
+    """Write a safetensors file whose tensors arrive one at a time, in any order.
+
+    ``plan`` maps each name to (dtype, shape); offsets follow the plan's order.  ``close``
+    fails if a planned tensor was never written.
+    """
+
+    def __init__(self, path: Path, plan: dict[str, tuple[torch.dtype, tuple]], metadata: dict | None = None):
+        self.path, self.plan = Path(path), plan
+        header, offset, self.offsets = {}, 0, {}
+        for name, (dtype, shape) in plan.items():
+            nbytes = math.prod(shape) * _itemsize(dtype)
+            header[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            self.offsets[name] = offset
+            offset += nbytes
+        header["__metadata__"] = metadata or {"format": "pt"}
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
+        self.base = 8 + len(text)
+        self.written: set[str] = set()
+        self._f = open(self.path, "wb")
+        self._f.write(struct.pack("<Q", len(text)) + text)
+        self._f.truncate(self.base + offset)
+
+    def write(self, name: str, t: torch.Tensor) -> None:
+        dtype, shape = self.plan[name]
+        if tuple(t.shape) != tuple(shape):
+            raise GaugeAuditError(f"tensor {name} has shape {tuple(t.shape)}, the plan says {tuple(shape)}")
+        data = t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+        self._f.seek(self.base + self.offsets[name])
+        self._f.write(data.tobytes())
+        self.written.add(name)
+
+    def close(self) -> None:
+        self._f.close()
+        missing = [n for n in self.plan if n not in self.written]
+        if missing:
+            raise GaugeAuditError(f"{self.path}: {len(missing)} planned tensor(s) never written, e.g. {missing[0]}")
+
+    def __enter__(self) -> "SafetensorsWriter":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._f.close()

@@ -1,0 +1,272 @@
+"""transformers as the independent reference forward: its own model classes and forward code,
+evaluated in float64 throughout, with one decoder layer in memory at a time.
+
+Float64 throughout.  Even in a float64 model, transformers (5.x) computes four things of the
+LLaMA family in float32: ``*RMSNorm`` casts its input to float32, ``*RotaryEmbedding`` builds
+``inv_freq`` and the angles in float32, eager attention takes the softmax in float32, and
+Mixtral's router takes its softmax in float32.  That limits the reference to ~1e-7 relative —
+six orders above the float64 rounding the project's checks resolve.  :func:`float64_internals`
+evaluates exactly those four steps with the same formulas in float64 (attention: transformers'
+``sdpa`` path, which stays in the input dtype); everything else is transformers' code as shipped.
+``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
+
+One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
+pre-hook gives layer ``i`` real float64 storage and loads its tensors just before it runs, a forward
+hook returns it to ``meta`` afterwards, so memory holds the embeddings, one layer and the
+activations whatever the depth.  The top-level forward (embeddings, masks, RoPE, final norm, head)
+is transformers' own.  A test shows this equals ``from_pretrained`` on every supported architecture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .errors import GaugeAuditError
+from .models.checkpoint import Arch, Checkpoint
+from .models.checkpoint.writer import output_links
+from .models.config import Config
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise GaugeAuditError("this needs the transformers package (pip install 'gauge-audit[hf]')") from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def uninitialised(cls, config, **kw):
+    """``cls._from_config(config, **kw)`` without the random initialisation (the weights are about
+    to be loaded; initialising SmolLM2 in float64 takes seconds).  Buffers are still computed by the
+    constructors; the head is re-tied, which the skipped ``init_weights`` would have done."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - other transformers versions
+        no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        model = cls._from_config(config, **kw)
+    model.tie_weights()
+    return model
+
+
+def hf_kwargs(cfg: Config) -> dict:
+    """Model-construction options float64 needs: MoE experts evaluated by the eager loop
+    (transformers' default grouped matmul kernel takes only 16/32-bit floats)."""
+    return {"experts_implementation": "eager"} if cfg.experts else {}
+
+
+def hf_config(hf: dict):
+    """A transformers config object from a config.json dict."""
+    T = require_transformers()
+    kw = {k: v for k, v in hf.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return T.AutoConfig.for_model(hf.get("model_type", ""), **kw)
+    except (ValueError, TypeError) as exc:
+        raise GaugeAuditError(f"transformers cannot build this config: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- float64 internals
+def _rmsnorm64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rope64(self, x, position_ids):
+    cfg = self.config
+    base = cfg.rope_parameters["rope_theta"]
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def _router64(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(hidden_states, self.weight)
+    top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+    return logits, top / top.sum(dim=-1, keepdim=True), index
+
+
+def float64_internals(model: torch.nn.Module) -> int:
+    """Evaluate transformers' float32 internals (RMSNorm, RoPE angles, MoE router) in the model's
+    dtype; returns how many modules were re-routed.  Each such module gets a subclass whose
+    ``forward`` is the float64 version (transformers' output-capturing wrappers expect a class
+    method, not an instance attribute)."""
+    n = 0
+    for module in model.modules():
+        cls = type(module)
+        name = cls.__name__
+        if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            forward = _rmsnorm64
+        elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
+            forward = _rope64
+        elif name.endswith("TopKRouter"):
+            forward = _router64
+        else:
+            continue
+        module.__class__ = _SUBCLASSES.setdefault(cls, type(f"{name}Float64", (cls,), {"forward": forward}))
+        n += 1
+    return n
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+# ----------------------------------------------------------------------------- streamed model
+def _get(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set(obj, path: str, value) -> None:
+    head, _, last = path.rpartition(".")
+    setattr(_get(obj, head) if head else obj, last, value)
+
+
+def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's file tensors → transformers' module names.  Identical except Mixtral, whose
+    per-expert w1/w3/w2 files become the fused ``experts.gate_up_proj = [gate | up]`` and
+    ``experts.down_proj`` parameters (what transformers' own loader does)."""
+    if arch.name != "MixtralForCausalLM":
+        return sd
+    out, w = {}, {}
+    for k, t in sd.items():
+        if k.startswith("block_sparse_moe.experts."):
+            _, _, e, which, _ = k.split(".")
+            w.setdefault(which, {})[int(e)] = t
+        elif k.startswith("block_sparse_moe.gate."):
+            out["mlp.gate." + k.rsplit(".", 1)[1]] = t
+        else:
+            out[k] = t
+    n = len(w["w1"])
+    out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w["w1"][e], w["w3"][e]]) for e in range(n)])
+    out["mlp.experts.down_proj"] = torch.stack([w["w2"][e] for e in range(n)])
+    return out
+
+
+class Reference:
+    """transformers' model for a checkpoint's architecture and config, float64, layers streamed."""
+
+    def __init__(self, arch: Arch, hf: dict, cfg: Config, *, exact: bool = True):
+        T = require_transformers()
+        self.arch, self.cfg = arch, cfg
+        full = hf_config(hf)
+        small_dict = dict(hf)
+        small_dict.pop("layer_types", None)
+        small_dict["num_hidden_layers" if "num_hidden_layers" in hf else "n_layer"] = 0
+        small = hf_config(small_dict)
+        impl = "sdpa" if exact else None
+        cls = getattr(T, arch.name)
+        kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
+        with torch.device("meta"):
+            layered = cls._from_config(full, **kw)
+        self.model = uninitialised(cls, small, **kw)    # embeddings, final norm, head: real storage
+        self.layers = _get(layered, arch.layers)
+        _set(self.model, arch.layers, self.layers)
+        self.model.eval()  # after the transplant: dropout off in the layers too
+        self.model.config.num_hidden_layers = cfg.n_layers
+        if hasattr(full, "layer_types"):
+            self.model.config.layer_types = full.layer_types
+        self.patched = float64_internals(self.model) if exact else 0
+        self.layer_names = [[f for link in output_links(arch, cfg) for f in link.files
+                             if f.startswith(arch.layer_prefix.format(i=i))] for i in range(cfg.n_layers)]
+        self.global_names = [f for link in output_links(arch, cfg) for f in link.files
+                             if not any(f.startswith(arch.layer_prefix.format(i=i)) for i in range(cfg.n_layers))]
+
+    @contextlib.contextmanager
+    def _weights(self, tensor: Callable[[str], torch.Tensor]) -> Iterator[None]:
+        missing, unexpected = self.model.load_state_dict({f: tensor(f) for f in self.global_names}, strict=False)
+        layer_keys = self.arch.layers + "."
+        # the layers load in the hooks; a tied head shares W_E; BERT's pooler is not part of the output
+        missing = [k for k in missing if not k.startswith(layer_keys) and not self._tied(k)
+                   and not re.fullmatch(self.arch.passthrough, k)]
+        if missing or unexpected:
+            raise GaugeAuditError(f"transformers' {self.arch.name} does not match the tensors "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+        def load(i):
+            def pre(module, args):
+                prefix = self.arch.layer_prefix.format(i=i)
+                sd = _module_state(self.arch, {f[len(prefix):]: tensor(f) for f in self.layer_names[i]})
+                module.to_empty(device="cpu")
+                module.load_state_dict(sd, strict=True)
+            return pre
+
+        def unload(module, args, out):
+            module.to("meta")  # returns None: a forward hook's return value would replace the output
+
+        hooks = []
+        for i, layer in enumerate(self.layers):
+            hooks.append(layer.register_forward_pre_hook(load(i)))
+            hooks.append(layer.register_forward_hook(unload))
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+            for layer in self.layers:
+                layer.to("meta")
+
+    def _tied(self, key: str) -> bool:
+        return key == "lm_head.weight" and self.cfg.tied
+
+    def forward(self, tensor: Callable[[str], torch.Tensor], inputs: dict) -> torch.Tensor:
+        """Logits (causal LMs) or the last hidden state (GPT2Model, BertModel), float64.
+        ``tensor(name)`` gives a file tensor by its HF name."""
+        tokens = inputs["tokens"]
+        kw = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)}
+        if "token_types" in inputs:
+            kw["token_type_ids"] = inputs["token_types"]
+        if self.cfg.unembed:
+            kw["use_cache"] = False
+        with torch.no_grad(), self._weights(tensor):
+            out = self.model(**kw)
+        y = out.logits if self.cfg.unembed else out.last_hidden_state
+        return y.to(torch.float64)
+
+
+def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None) -> Callable[[str], torch.Tensor]:
+    """HF-named tensors of a checkpoint: the stored ones as they are (an HF input), or the project
+    layout written back to HF names (a GGUF input, or ``params`` given)."""
+    cfg = cfg or ckpt.cfg
+    if params is None and ckpt.format == "safetensors":
+        entries = ckpt.source.entries
+        direct = all(f in entries for link in output_links(ckpt.arch, cfg) for f in link.files)
+        if direct:
+            return lambda name: ckpt.raw(name).to(torch.float64)
+    params = ckpt.params() if params is None else params
+    by_file = {f: link for link in output_links(ckpt.arch, cfg) for f in link.files}
+    last: dict = {}
+
+    def tensor(name: str) -> torch.Tensor:
+        link = by_file[name]
+        if last.get("link") is not link:
+            last["link"], last["out"] = link, link.write(*[params[p] for p in link.params])
+        return last["out"][link.files.index(name)]
+    return tensor
+
+
+def tokenizer(ckpt: Checkpoint):
+    """The checkpoint's tokenizer: the HF tokenizer files, or the GGUF's own vocabulary."""
+    return _tokenizer(str(ckpt.path), ckpt.format)
+
+
+@functools.lru_cache(maxsize=4)  # converting a GGUF vocabulary takes seconds
+def _tokenizer(path: str, fmt: str):
+    T = require_transformers()
+    try:
+        if fmt == "gguf":
+            return T.AutoTokenizer.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
+        return T.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GaugeAuditError(f"{path}: no usable tokenizer ({str(exc).splitlines()[0]})") from None

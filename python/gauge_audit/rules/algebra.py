@@ -1,0 +1,303 @@
+"""Evaluate a parsed rule expression (:class:`gauge_audit.claims.matexpr.Node`) on one of three
+number systems, with one evaluator:
+
+* :class:`TorchOps` — float64 torch tensors (the torch checker, the testing API, and — through
+  forward-mode differentiation — the rule's generators for the nullity checker);
+* :class:`SympyOps` — SymPy matrices with symbolic entries (the symbolic checker);
+* :class:`ListOps` — nested Python lists of ``Fraction`` (exact), ``mpf`` (working precision)
+  or intervals, with :mod:`gauge_audit.precision.linalg` (the precision checker).
+
+Every value is a 2-D matrix (a vector is a 1×n row, a scalar 1×1); shapes are checked at every
+operation, so a rule whose numeric dimension does not fit a model fails with one line.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Mapping
+
+import sympy as sp
+import torch
+
+from ..claims.matexpr import Node
+from ..errors import GaugeAuditError
+from ..precision import linalg as la
+
+SINGULAR_LIMIT = 1e14   # κ beyond which a float64 inverse is refused (as for user-supplied elements)
+
+
+def _shape_error(op: str, a, b) -> GaugeAuditError:
+    return GaugeAuditError(f"shape mismatch in '{op}': {a[0]}×{a[1]} and {b[0]}×{b[1]}")
+
+
+class Ops:
+    """The operations a rule expression needs; subclasses fix the number system."""
+
+    def shape(self, a) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def dense(self, a):
+        """A value in its plain form (torch keeps diagonal matrices as vectors until here)."""
+        return a
+
+    def check_product(self, a, b) -> None:
+        if self.shape(a)[1] != self.shape(b)[0]:
+            raise _shape_error("@", self.shape(a), self.shape(b))
+
+    def check_same(self, op: str, a, b) -> None:
+        if self.shape(a) != self.shape(b):
+            raise _shape_error(op, self.shape(a), self.shape(b))
+
+    def vector(self, v) -> list:
+        """The entries of a 1×n or n×1 value."""
+        raise NotImplementedError
+
+
+class Diag:
+    """A diagonal matrix kept as its diagonal (torch): diag(s) of a 1536-wide FFN costs a vector,
+    not a dense 1536×1536 product or inverse."""
+
+    def __init__(self, v: torch.Tensor):
+        self.v = v.reshape(-1)
+
+    @property
+    def shape(self):
+        return (self.v.shape[0], self.v.shape[0])
+
+    def dense(self) -> torch.Tensor:
+        return torch.diag(self.v)
+
+
+class TorchOps(Ops):
+    """float64 tensors.  ``check_singular``: refuse an inverse of a numerically singular matrix
+    (off inside forward-mode differentiation, where the primal was checked already)."""
+
+    def __init__(self, check_singular: bool = True, device=None):
+        self.check_singular = check_singular
+        self.device = device
+
+    def shape(self, a):
+        return tuple(a.shape)
+
+    def dense(self, a):
+        return a.dense() if isinstance(a, Diag) else a
+
+    def num(self, q: Fraction):
+        return torch.tensor([[float(q)]], dtype=torch.float64, device=self.device)
+
+    def matmul(self, a, b):
+        self.check_product(a, b)
+        if isinstance(a, Diag) and isinstance(b, Diag):
+            return Diag(a.v * b.v)
+        if isinstance(b, Diag):
+            return a * b.v[None, :]
+        if isinstance(a, Diag):
+            return a.v[:, None] * b
+        return a @ b
+
+    def mul(self, a, b):
+        if self.shape(a) == (1, 1) and isinstance(b, Diag):
+            return Diag(a.reshape(()) * b.v)
+        if self.shape(b) == (1, 1) and isinstance(a, Diag):
+            return Diag(b.reshape(()) * a.v)
+        a, b = self.dense(a), self.dense(b)
+        if self.shape(a) == (1, 1) or self.shape(b) == (1, 1):
+            return a * b
+        self.check_same("*", a, b)
+        return a * b
+
+    def add(self, a, b):
+        self.check_same("+", a, b)
+        return self.dense(a) + self.dense(b)
+
+    def sub(self, a, b):
+        self.check_same("-", a, b)
+        return self.dense(a) - self.dense(b)
+
+    def neg(self, a):
+        return Diag(-a.v) if isinstance(a, Diag) else -a
+
+    def cond(self, a) -> float:
+        """2-norm condition number (1 for a 1×1 or non-square value)."""
+        if isinstance(a, Diag):
+            m = a.v.detach().abs()
+            return float(m.max() / m.min()) if float(m.min()) > 0 else float("inf")
+        if a.shape[0] != a.shape[1] or a.shape[0] == 1:
+            return 1.0
+        sv = torch.linalg.svdvals(a.detach())
+        return float(sv[0] / sv[-1]) if float(sv[-1]) > 0 else float("inf")
+
+    def inv(self, a):
+        r, c = self.shape(a)
+        if r != c:
+            raise GaugeAuditError(f"inv() of a non-square {r}×{c} matrix")
+        if self.check_singular:
+            with torch.no_grad():
+                k = self.cond(a) if r > 1 else (float("inf") if float(self.dense(a).abs().max()) == 0 else 1.0)
+            if not (k < SINGULAR_LIMIT):
+                raise GaugeAuditError(f"a matrix inverted by the rule is singular (condition number {k:.3g})")
+        if isinstance(a, Diag):
+            return Diag(1.0 / a.v)
+        return torch.linalg.inv(a)
+
+    def transpose(self, a):
+        return a if isinstance(a, Diag) else a.transpose(0, 1)
+
+    def diag(self, v):
+        return Diag(v)
+
+    def ones(self, n: int):
+        return torch.ones(1, n, dtype=torch.float64, device=self.device)
+
+    def eye(self, n: int):
+        return Diag(torch.ones(n, dtype=torch.float64, device=self.device))
+
+    def outer(self, u, v):
+        return u.reshape(-1, 1) @ v.reshape(1, -1)
+
+    def vector(self, v):
+        return v.reshape(-1)
+
+
+class SympyOps(Ops):
+    """SymPy matrices; inverses by the adjugate (entries stay rational functions)."""
+
+    def shape(self, a):
+        return a.shape
+
+    def num(self, q: Fraction):
+        return sp.Matrix([[sp.Rational(q.numerator, q.denominator)]])
+
+    def matmul(self, a, b):
+        self.check_product(a, b)
+        return a * b
+
+    def mul(self, a, b):
+        if self.shape(a) == (1, 1):
+            return a[0, 0] * b
+        if self.shape(b) == (1, 1):
+            return b[0, 0] * a
+        self.check_same("*", a, b)
+        return a.multiply_elementwise(b)
+
+    def add(self, a, b):
+        self.check_same("+", a, b)
+        return a + b
+
+    def sub(self, a, b):
+        self.check_same("-", a, b)
+        return a - b
+
+    def neg(self, a):
+        return -a
+
+    def inv(self, a):
+        r, c = self.shape(a)
+        if r != c:
+            raise GaugeAuditError(f"inv() of a non-square {r}×{c} matrix")
+        if a.is_diagonal():
+            return sp.diag(*[1 / a[i, i] for i in range(r)])
+        det = sp.factor(a.det())
+        if det == 0:
+            raise GaugeAuditError("a matrix inverted by the rule is singular (determinant 0)")
+        return a.adjugate() / det
+
+    def transpose(self, a):
+        return a.T
+
+    def diag(self, v):
+        return sp.diag(*list(v))
+
+    def ones(self, n: int):
+        return sp.ones(1, n)
+
+    def eye(self, n: int):
+        return sp.eye(n)
+
+    def outer(self, u, v):
+        return sp.Matrix(list(u)) * sp.Matrix(list(v)).T
+
+    def vector(self, v):
+        return list(v)
+
+
+class ListOps(Ops):
+    """Nested lists of numbers of one kind: ``num`` converts a Fraction (and 0, 1) into it."""
+
+    def __init__(self, num: Callable[[Fraction], object]):
+        self._num = num
+
+    def shape(self, a):
+        return (len(a), len(a[0]))
+
+    def num(self, q: Fraction):
+        return [[self._num(q)]]
+
+    def matmul(self, a, b):
+        self.check_product(a, b)
+        return la.matmul(a, b)
+
+    def mul(self, a, b):
+        if self.shape(a) == (1, 1):
+            return la.scale(b, a[0][0])
+        if self.shape(b) == (1, 1):
+            return la.scale(a, b[0][0])
+        self.check_same("*", a, b)
+        return [[x * y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+
+    def add(self, a, b):
+        self.check_same("+", a, b)
+        return la.add(a, b)
+
+    def sub(self, a, b):
+        self.check_same("-", a, b)
+        return la.sub(a, b)
+
+    def neg(self, a):
+        return [[-x for x in row] for row in a]
+
+    def inv(self, a):
+        return la.inverse(a)
+
+    def transpose(self, a):
+        return la.transpose(a)
+
+    def diag(self, v):
+        vals = self.vector(v)
+        zero = self._num(Fraction(0))
+        return [[vals[i] if i == j else zero for j in range(len(vals))] for i in range(len(vals))]
+
+    def ones(self, n: int):
+        return [[self._num(Fraction(1))] * n]
+
+    def eye(self, n: int):
+        one, zero = self._num(Fraction(1)), self._num(Fraction(0))
+        return la.identity(n, one, zero)
+
+    def outer(self, u, v):
+        return [[x * y for y in self.vector(v)] for x in self.vector(u)]
+
+    def vector(self, v):
+        return v[0] if len(v) == 1 else [row[0] for row in v]
+
+
+def evaluate(node: Node, env: Mapping[str, object], ops: Ops, dims: Mapping[str, int]):
+    """The value of ``node`` with names bound by ``env`` and dimension names by ``dims``."""
+    op = node.op
+    if op == "name":
+        return env[node.name]
+    if op == "num":
+        return ops.num(node.value)
+    if op in ("ones", "eye"):
+        n = dims[node.dim] if isinstance(node.dim, str) else node.dim
+        return ops.ones(n) if op == "ones" else ops.eye(n)
+    args = [evaluate(a, env, ops, dims) for a in node.args]
+    if op == "diag":
+        v = args[0]
+        if 1 not in ops.shape(v):
+            raise GaugeAuditError(f"diag() of a {ops.shape(v)[0]}×{ops.shape(v)[1]} matrix")
+        return ops.diag(v)
+    return getattr(ops, op)(*args)
+
+
+__all__ = ["Diag", "ListOps", "Ops", "SympyOps", "TorchOps", "evaluate"]

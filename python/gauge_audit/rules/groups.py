@@ -1,0 +1,160 @@
+"""The groups a rule's elements are drawn from, in every form a checker needs.
+
+* :func:`sample` — a seeded float64 draw with a controlled condition number κ (torch checker,
+  testing API, precision checker): GL with singular values log-spaced in [κ^-½, κ^½] (as the
+  built-in actions), Haar-random O / SO, rotations fixing the all-ones vector, diagonals with
+  entries of both signs (or positive) spread over [κ^-½, κ^½], random permutations, small
+  translations, a non-zero scalar;
+* :func:`exact` — a float draw made exact for the precision checker (entries as exact numbers;
+  rotations replaced by the exactly orthogonal Cayley rotation next to them);
+* :func:`tangent_basis` — a basis of the Lie algebra (the derivatives at the identity of the
+  one-parameter subgroups), as displacements from the identity element (nullity checker);
+* :func:`identity` — the identity element (translations: zero).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+from ..actions.base import random_gl, random_orthogonal
+from ..claims.rule import Element
+from ..errors import GaugeAuditError
+from ..precision.linalg import inverse
+from ..precision.transforms import exact_rotation
+
+TRANSLATION_SCALE = 0.1   # as the built-in bias shifts
+
+
+def size(el: Element, dims: dict) -> int:
+    if el.dim is None:
+        return 1
+    return dims[el.dim] if isinstance(el.dim, str) else el.dim
+
+
+def rotation_fixing_ones(n: int, g: torch.Generator) -> torch.Tensor:
+    """R = 11ᵀ/n + U·Q·Uᵀ (U an orthonormal basis of 1^⊥, Q ∈ SO(n−1)): R·1 = 1, det R = 1."""
+    if n == 1:
+        return torch.ones(1, 1, dtype=torch.float64)
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=torch.float64),
+                                          torch.randn(n, n - 1, generator=g, dtype=torch.float64)], dim=1))
+    u = basis[:, 1:]
+    return torch.ones(n, n, dtype=torch.float64) / n + u @ random_orthogonal(n - 1, g, special=True) @ u.T
+
+
+def _spread(n: int, g: torch.Generator, kappa: float) -> torch.Tensor:
+    """n values in [κ^-½, κ^½], log-uniform."""
+    return kappa ** (torch.rand(n, generator=g, dtype=torch.float64) - 0.5)
+
+
+def sample(el: Element, dims: dict, g: torch.Generator, kappa: float) -> tuple[torch.Tensor, float]:
+    """A random element (2-D: n×n, a 1×n row, or 1×1) and its condition number."""
+    if kappa < 1:
+        raise GaugeAuditError(f"condition number must be >= 1, got {kappa}")
+    n = size(el, dims)
+    grp = el.group
+    if grp == "GL":
+        m = random_gl(n, g, kappa)
+        return m, float(torch.linalg.cond(m))
+    if grp in ("O", "SO"):
+        return random_orthogonal(n, g, special=grp == "SO"), 1.0
+    if grp == "SO1":
+        return rotation_fixing_ones(n, g), 1.0
+    if grp in ("diagonal", "positive-diagonal"):
+        s = _spread(n, g, kappa)
+        if grp == "diagonal":
+            s = s * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+        return s.reshape(1, n), float(s.abs().max() / s.abs().min())
+    if grp == "permutation":
+        return torch.eye(n, dtype=torch.float64)[torch.randperm(n, generator=g)], 1.0
+    if grp == "translation":
+        return TRANSLATION_SCALE * torch.randn(1, n, generator=g, dtype=torch.float64), 1.0
+    if grp == "scalar":
+        c = _spread(1, g, kappa) * (-1.0 if float(torch.rand(1, generator=g)) < 0.5 else 1.0)
+        return c.reshape(1, 1), 1.0
+    raise GaugeAuditError(f"unknown group {grp!r}")  # pragma: no cover - validated at load time
+
+
+def identity(el: Element, dims: dict) -> torch.Tensor:
+    n = size(el, dims)
+    if el.kind == "matrix":
+        return torch.eye(n, dtype=torch.float64)
+    if el.group == "translation":
+        return torch.zeros(1, n, dtype=torch.float64)
+    return torch.ones(1, n, dtype=torch.float64)
+
+
+def tangent_basis(el: Element, dims: dict) -> list[torch.Tensor]:
+    """A basis of the Lie algebra as tangent vectors at the identity (same shape as the element).
+    Finite groups (permutations) have none."""
+    n = size(el, dims)
+    grp = el.group
+    out = []
+    if grp == "GL":
+        for i in range(n):
+            for j in range(n):
+                a = torch.zeros(n, n, dtype=torch.float64)
+                a[i, j] = 1.0
+                out.append(a)
+    elif grp in ("O", "SO"):
+        for i in range(n):
+            for j in range(i + 1, n):
+                a = torch.zeros(n, n, dtype=torch.float64)
+                a[i, j], a[j, i] = 1.0, -1.0
+                out.append(a)
+    elif grp == "SO1":
+        # skew A with A·1 = 0: P·E_ij·P for the projector P onto 1^⊥, then an independent subset
+        p = torch.eye(n, dtype=torch.float64) - torch.full((n, n), 1.0 / n, dtype=torch.float64)
+        cands = []
+        for i in range(n):
+            for j in range(i + 1, n):
+                a = torch.zeros(n, n, dtype=torch.float64)
+                a[i, j], a[j, i] = 1.0, -1.0
+                cands.append(p @ a @ p)
+        if cands:   # an orthonormal basis of their span (dimension (n−1)(n−2)/2), from the SVD
+            _, sv, vh = torch.linalg.svd(torch.stack([c.reshape(-1) for c in cands]), full_matrices=False)
+            out = [vh[k].reshape(n, n) for k in range((n - 1) * (n - 2) // 2)]
+    elif grp in ("diagonal", "positive-diagonal", "translation"):
+        for i in range(n):
+            a = torch.zeros(1, n, dtype=torch.float64)
+            a[0, i] = 1.0
+            out.append(a)
+    elif grp == "scalar":
+        out.append(torch.ones(1, 1, dtype=torch.float64))
+    return out
+
+
+# ----------------------------------------------------------------------------- exact forms
+def exact(el: Element, value: torch.Tensor, num) -> list:
+    """The float64 draw as an exact element: entries converted by ``num`` (a float → the number
+    type, exactly); O / SO / SO1 made exactly orthogonal (a det −1 element of O(n) through
+    diag(−1, 1, …)·R so the Cayley transform exists)."""
+    data = [[num(x) for x in row] for row in value.tolist()]
+    if el.group in ("O", "SO", "SO1") and len(data) > 1:
+        flip = el.group == "O" and float(torch.linalg.det(value)) < 0
+        if flip:
+            data[0] = [-x for x in data[0]]
+        data = exact_rotation(data, fix_ones=el.group == "SO1")
+        if flip:
+            data[0] = [-x for x in data[0]]
+    return data
+
+
+def dyadic(el: Element, value: torch.Tensor, grid: int) -> list:
+    """The draw rounded to multiples of 1/grid (Fractions) for a certificate: still in its group
+    (rotations re-made exactly orthogonal, diagonals kept non-zero / positive, permutations and
+    translations exact), and checked invertible."""
+    def frac(x: float) -> Fraction:
+        return Fraction(round(x * grid), grid)
+    rounded = torch.tensor([[float(frac(x)) for x in row] for row in value.tolist()], dtype=torch.float64)
+    if el.group in ("diagonal", "positive-diagonal", "scalar"):
+        rounded = torch.where(rounded == 0, torch.sign(value) / grid, rounded)
+    data = exact(el, rounded, Fraction)
+    if el.kind == "matrix":
+        inverse(data)  # raises GaugeAuditError when the rounded element is singular
+    return data
+
+
+__all__ = ["dyadic", "exact", "identity", "rotation_fixing_ones", "sample", "size",
+           "tangent_basis"]
