@@ -77,9 +77,9 @@ def test_condition_count_equals_explained_nullity(name):
 def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name):
     m = model(name)
     c = canonicalize(m.cfg, m.params)
-    fn = function_check(m.cfg, m.params, c.params, c.kappa)
+    fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa)
     print(f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
-          f"{fn['tolerance_statistical_eps']:.4g} ε (κ = {c.kappa:.3g})")
+          f"{fn['tolerance_statistical_eps']:.4g} ε (κ of the dense steps = {c.rounding_kappa:.3g}, of g = {c.kappa:.3g})")
     assert fn["verdict"] == HOLDS
     again = canonicalize(m.cfg, c.params)
     dist, _ = relative_distances(c.params, again.params)
@@ -270,9 +270,9 @@ def test_compare_bad_input_is_one_line(model):
 @pytest.mark.parametrize("argv,match", [
     (["compare", "gpt2-tiny", "llama-tiny"], "different architectures"),
     (["compare", "gpt2-tiny", "no-such-model"], "unknown model"),
-    (["compare", "gpt2-tiny", "ckpt/model.safetensors"], "checkpoint loader"),
-    (["canonicalize", "--checkpoint", "ckpt"], "checkpoint loader"),
-    (["canonicalize", "--model", "smollm2.gguf"], "checkpoint loader"),
+    (["compare", "gpt2-tiny", "ckpt/model.safetensors"], "no such checkpoint"),
+    (["canonicalize", "--checkpoint", "ckpt"], "no such checkpoint"),
+    (["canonicalize", "--model", "smollm2.gguf"], "no such checkpoint"),
     (["compare", "gpt2-tiny", "gpt2-tiny", "--perturb", "nan"], "perturb"),
 ])
 def test_cli_bad_input_one_line_exit_2(capsys, argv, match):

@@ -83,9 +83,9 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
               say: Callable[[str], None] | None = None) -> Certificate:
     """Write the transformed checkpoint to ``out`` and return its certificate (module docstring);
     ``say`` receives progress lines."""
-    from .reference import Reference, checkpoint_tensors, require_transformers, tokenizer
+    from .reference import require_transformers
 
-    T = require_transformers()
+    require_transformers()
     out = Path(out)
     if out.exists():
         raise GaugeAuditError(f"{out} already exists (refusing to overwrite)")
@@ -112,35 +112,65 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
         el_info = {"seed": seed}
     new = transformed(act, cfg, params, el)
 
-    inputs = certificate_inputs(cfg)
-    n = inputs["tokens"].shape[1]
     with atomic_dir(out) as tmp:
         say = say or (lambda line: None)
         say(f"transform: {ckpt.describe()}")
         written = write_hf(tmp, ckpt, cfg, new, dtype, progress=ticker("write", unit="tensor group"))
-        notes = list(ckpt.notes)
-        if ckpt.format == "gguf" and ckpt.source.field("tokenizer.ggml.model") is not None:
-            tokenizer(ckpt).save_pretrained(str(tmp))
-            notes.append("tokenizer converted from the GGUF vocabulary by transformers")
-        elif ckpt.format == "gguf":
-            notes.append("the GGUF file holds no tokenizer; none written")
+        notes = write_tokenizer(ckpt, tmp)
         say("transform: certificate (transformers' logits, float64) ...")
-        before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
-        out_hf = json.loads((tmp / "config.json").read_text())
-        stored = SafetensorsFile(tmp / "model.safetensors")
-        after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name).to(torch.float64), inputs)
-        err = float((after - before).abs().max() / before.abs().max())
-        wdtype = getattr(torch, written["dtype"])
-        model = Model(ckpt.name, cfg, {}, FAMILIES[cfg.family])
-        tol, formula = tolerance(model, el.kappa, wdtype, n)
-        same = bool(torch.equal(before[:, -1].argmax(-1), after[:, -1].argmax(-1))) if cfg.unembed else True
+        c = certify_written(ckpt, cfg, tmp, el.kappa, written)
         cert = Certificate(
             checkpoint=str(ckpt.path), format=ckpt.format, architecture=ckpt.arch.name, action=action,
-            element=el_info, kappa=el.kappa, untied=added, dtype=written["dtype"],
-            inputs={k: v.tolist() for k, v in inputs.items()},
-            reference=f"transformers {T.__version__} {ckpt.arch.name}, float64 (RMSNorm / RoPE / router in float64)",
-            max_rel_change=err, residual_eps=err / eps(wdtype), tolerance=tol, tolerance_eps=tol / eps(wdtype),
-            tolerance_formula=formula, verdict="HOLDS" if err <= tol else "FAILS", next_token_unchanged=same,
-            written=written, notes=notes)
+            element=el_info, kappa=el.kappa, untied=added, dtype=written["dtype"], inputs=c["inputs"],
+            reference=c["reference"], max_rel_change=c["max_rel_change"], residual_eps=c["residual_eps"],
+            tolerance=c["tolerance"], tolerance_eps=c["tolerance_eps"], tolerance_formula=c["tolerance_formula"],
+            verdict="HOLDS" if c["max_rel_change"] <= c["tolerance"] else "FAILS",
+            next_token_unchanged=c["next_token_unchanged"], written=written, notes=notes)
         (tmp / "certificate.json").write_text(json.dumps(cert.to_json(), indent=2) + "\n")
     return cert
+
+
+def write_tokenizer(ckpt, directory: Path) -> list[str]:
+    """A GGUF input's tokenizer, converted by transformers, next to the written weights (write_hf
+    copies an HF directory's tokenizer files itself); returns the checkpoint's notes plus what
+    was done."""
+    from .reference import tokenizer
+
+    notes = list(ckpt.notes)
+    if ckpt.format == "gguf" and ckpt.source.field("tokenizer.ggml.model") is not None:
+        tokenizer(ckpt).save_pretrained(str(directory))
+        notes.append("tokenizer converted from the GGUF vocabulary by transformers")
+    elif ckpt.format == "gguf":
+        notes.append("the GGUF file holds no tokenizer; none written")
+    return notes
+
+
+def certify_written(ckpt, cfg, directory: Path, kappa: float, written: dict) -> dict:
+    """transformers' own model class evaluates the original checkpoint and the one written to
+    ``directory`` (config.json + model.safetensors) in float64 on the recorded input set; the
+    maximum relative change of the logits against κ·L·K·ε (worst case) and κ·λ·√(L·K)·ε
+    (statistical), ε that of the written dtype."""
+    from .numeric import statistical_tolerance, verdict_for
+    from .reference import Reference, checkpoint_tensors, require_transformers
+
+    T = require_transformers()
+    inputs = certificate_inputs(cfg)
+    n = inputs["tokens"].shape[1]
+    before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
+    out_hf = json.loads((Path(directory) / "config.json").read_text())
+    stored = SafetensorsFile(Path(directory) / "model.safetensors")
+    after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name).to(torch.float64), inputs)
+    err = float((after - before).abs().max() / before.abs().max())
+    wdtype = getattr(torch, written["dtype"])
+    model = Model(ckpt.name, cfg, {}, FAMILIES[cfg.family])
+    tol, formula = tolerance(model, kappa, wdtype, n)
+    tol_stat, _ = statistical_tolerance(model, kappa, wdtype, n, before.numel())
+    e = eps(wdtype)
+    same = bool(torch.equal(before[:, -1].argmax(-1), after[:, -1].argmax(-1))) if cfg.unembed else True
+    return {"inputs": {k: v.tolist() for k, v in inputs.items()},
+            "reference": f"transformers {T.__version__} {ckpt.arch.name}, float64 (RMSNorm / RoPE / router in "
+                         f"float64)",
+            "dtype": written["dtype"], "max_rel_change": err, "residual_eps": err / e, "tolerance": tol,
+            "tolerance_eps": tol / e, "tolerance_formula": formula, "tolerance_statistical": tol_stat,
+            "tolerance_statistical_eps": tol_stat / e, "verdict": verdict_for(err, tol_stat, tol),
+            "next_token_unchanged": same}

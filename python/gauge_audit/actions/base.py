@@ -44,7 +44,10 @@ class Action:
     tags: tuple[str, ...] = field(default_factory=tuple)
     # How the element's parts split over blocks (see blockwise.restrict): "layers" — every part
     # has a leading layer axis; "norms" — parts are keyed by norm prefix ("blocks.3.ln1",
-    # "ln_final"); "shared" — one element acts on every block and on the embeddings/head.
+    # "ln_final"); "shared" — one element acts on every block and on the embeddings/head;
+    # "whole" — the element couples blocks and the embeddings (a composite of many actions, a
+    # translation carried along the stream): applied to the whole model at once, lazily read
+    # parameters read in first.
     element_layout: str = "layers"
 
     def expected_holds(self, cfg: Config) -> bool:

@@ -79,7 +79,10 @@ def apply_block(action: Action, cfg: Config, params: Params, el: Element, block:
 
 
 def apply_blockwise(action: Action, cfg: Config, params: Params, el: Element) -> Params:
-    """The whole model, transformed block by block (equal to ``action.apply``)."""
+    """The whole model, transformed block by block (equal to ``action.apply``); an action whose
+    element couples blocks (layout "whole") at once."""
+    if action.element_layout == "whole":
+        return action.apply(cfg, dict(params), el)
     out: Params = {}
     groups: dict[int | None, dict] = {}
     for k, v in params.items():
@@ -122,5 +125,7 @@ class TransformedParams(LazyParams):
 def transformed(action: Action, cfg: Config, params: Mapping, el: Element) -> Mapping:
     """``action.apply`` for in-memory parameters; block by block, on access, for lazy ones."""
     if isinstance(params, LazyParams):
+        if action.element_layout == "whole":   # read in (float64, the whole model) and apply at once
+            return action.apply(cfg, {k: params[k] for k in params}, el)
         return TransformedParams(action, cfg, params, el)
     return action.apply(cfg, params, el)

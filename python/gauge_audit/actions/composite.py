@@ -117,5 +117,5 @@ def _relabel(el: Element, layer: int, idx: torch.Tensor) -> torch.Tensor:
 
 ACTIONS = [
     Action(NAME, "every true action that applies, composed", True, lambda cfg: None, _sample, apply,
-           generic_kappa=False, expert_relabel=_relabel),
+           generic_kappa=False, expert_relabel=_relabel, element_layout="whole"),
 ]

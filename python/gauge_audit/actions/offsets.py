@@ -448,18 +448,20 @@ def segment_shift(cfg: Config, params: Params, el: Element) -> Params:
     return updated(params, changes)
 
 
+# Their elements are keyed by the tensors they touch (embeddings and every block at once):
+# applied to the whole model (element_layout "whole"), not block by block.
 ACTIONS = [
     Action("writer-ones", "(ℝ,+) per row of every writer into a LayerNorm", True, _writer_ones_applies,
-           _writer_ones_sample, writer_ones, generic_kappa=False),
+           _writer_ones_sample, writer_ones, generic_kappa=False, element_layout="whole"),
     Action("reader-ones", "(ℝ,+) per absorbing column of every LayerNorm reader", True,
            lambda cfg: _writer_ones_applies(cfg) and "only LayerNorm outputs have a constant response",
-           _reader_ones_sample, reader_ones, generic_kappa=False),
+           _reader_ones_sample, reader_ones, generic_kappa=False, element_layout="whole"),
     Action("norm-shift-absorbed", "(ℝ^d,+) per affine pre-LayerNorm, readers with or without biases", True,
-           _absorbed_applies, _absorbed_sample, norm_shift_absorbed, generic_kappa=False),
+           _absorbed_applies, _absorbed_sample, norm_shift_absorbed, generic_kappa=False, element_layout="whole"),
     Action("embed-offset", "(ℝ^d,+) per embedding table paired with W_pos", True, _offset_applies,
-           _offset_sample, embed_offset, generic_kappa=False),
+           _offset_sample, embed_offset, generic_kappa=False, element_layout="whole"),
     Action("router-offset", "(ℝ^d,+) per MoE router", True, _router_applies, _router_sample, router_offset,
            generic_kappa=False),
     Action("segment-shift", "(ℝ^d,+) per stretch of stream with biased readers", True, _segment_applies,
-           _segment_sample, segment_shift, generic_kappa=False),
+           _segment_sample, segment_shift, generic_kappa=False, element_layout="whole"),
 ]

@@ -7,30 +7,60 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
-from ..models import Model, build, config_of
-from ..progress import echo
+from ..models import Config, build, config_of, minilm, smollm2
+from ..models.checkpoint import Checkpoint, open_checkpoint
+from ..progress import echo, ticker
+from ..runtime import resolve_dtype
 
-CHECKPOINT_NEEDS_LOADER = "checkpoint input needs the checkpoint loader (issue 13)"
 _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
+# Built-in names that are real checkpoints: canonicalised and compared as such (their storage
+# dtype, written back in their own file format).
+_PACKAGED = {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint}
 
 
 def looks_like_path(name: str) -> bool:
     return os.sep in name or name.endswith(_CHECKPOINT_SUFFIXES) or os.path.exists(name)
 
 
-def load_model(name: str, seed: int) -> Model:
-    """A model by name (the built-in tiny families and ``minilm``, float64 on the CPU).  Checkpoint
-    paths are recognised and refused until the checkpoint loader exists."""
-    if looks_like_path(name):
-        raise GaugeAuditError(f"{name}: {CHECKPOINT_NEEDS_LOADER}")
-    config_of(name)  # unknown names: one line
-    return build(name, seed=seed, device="cpu")
+@dataclass
+class Source:
+    """A model to canonicalise or compare: its parameters in memory (float64 unless a built-in
+    was rounded on purpose), the dtype it was stored in, and its checkpoint when it has one."""
+
+    label: str
+    cfg: Config
+    params: dict
+    storage_dtype: torch.dtype
+    checkpoint: Checkpoint | None = None
+
+
+def load_source(name: str, seed: int = 0, checkpoint: bool = False) -> Source:
+    """A built-in model (the tiny families by name and seed) or a checkpoint (a path, or the
+    packaged ``minilm`` / ``smollm2``) read into memory in float64."""
+    if checkpoint or looks_like_path(name):
+        ckpt = open_checkpoint(name)
+    elif name in _PACKAGED:
+        ckpt = _PACKAGED[name]()
+    else:
+        config_of(name)  # unknown names: one line
+        m = build(name, seed=seed, device="cpu")
+        return Source(f"{name} (seed {seed})", m.cfg, m.params, torch.float64)
+    lazy = ckpt.params()
+    tick = ticker(f"read {ckpt.name}", unit="tensor")
+    params = {}
+    for i, k in enumerate(lazy, 1):
+        params[k] = lazy[k]
+        if tick:
+            tick(i, len(lazy))
+    return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
 
 
 def register(sub) -> None:
@@ -39,11 +69,16 @@ def register(sub) -> None:
                                    "report every condition, every non-uniqueness and what is not fixed, and check "
                                    "that the canonical form computes the same function.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model name (see gauge-audit check --list)")
-    src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint directory or file (needs issue 13)")
+    src.add_argument("--model", help="model name (see gauge-audit check --list); minilm and smollm2 are read as "
+                                     "the checkpoints they are")
+    src.add_argument("--checkpoint", metavar="PATH", help="a Hugging Face checkpoint directory or a llama GGUF file")
     p.add_argument("--seed", type=int, default=0, help="seed of a built-in random model (and of the check inputs)")
-    p.add_argument("--out", metavar="DIR", help="write model.safetensors (canonical parameters, project layout), "
+    p.add_argument("--out", metavar="DIR", help="write the canonical checkpoint (a checkpoint input: config.json + "
+                   "model.safetensors in its own architecture, as transform writes, with certificate.json from "
+                   "transformers' float64 logits; a built-in tiny model: model.safetensors in the project layout), "
                    "element.npz (the canonicalising element g) and report.json; DIR must not exist")
+    p.add_argument("--dtype", default="same", choices=("same", "float64", "float32", "bfloat16"),
+                   help="dtype of the written checkpoint (same: each tensor's stored dtype; GGUF: float32)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -71,22 +106,48 @@ def save_element(path: Path, element) -> None:
     np.savez(path, **{k: v.detach().cpu().numpy() for k, v in element.parts.items()})
 
 
+def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype: torch.dtype | None) -> dict:
+    """The canonical form as a checkpoint of the input's own architecture (``transform``'s format
+    rules and certificate), with element.npz and report.json; atomically."""
+    from ..models.checkpoint.writer import atomic_dir, write_hf
+    from ..transform import certify_written, write_tokenizer
+
+    ckpt = src.checkpoint
+    with atomic_dir(Path(out)) as tmp:
+        written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
+        notes = write_tokenizer(ckpt, tmp)
+        cert = {"checkpoint": str(ckpt.path), "kappa": canon.kappa, "rounding_kappa": canon.rounding_kappa,
+                "written": written, "notes": notes,
+                **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written)}
+        report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
+        save_element(tmp / "element.npz", canon.element())
+        (tmp / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
+        (tmp / "certificate.json").write_text(json.dumps(cert, indent=2, sort_keys=True, default=float) + "\n")
+    return cert
+
+
 def run(args) -> int:
-    if args.checkpoint:
-        raise GaugeAuditError(f"--checkpoint {args.checkpoint}: {CHECKPOINT_NEEDS_LOADER}")
-    model = load_model(args.model, args.seed)
+    src = load_source(args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint))
+    dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
+    if args.out and Path(args.out).exists():
+        raise GaugeAuditError(f"--out {args.out} already exists")
     t0 = time.perf_counter()
-    canon = canonicalize(model.cfg, model.params)
+    canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0
-    fn = function_check(model.cfg, model.params, canon.params, canon.kappa, seed=args.seed)
-    report = {"model": model.name, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
-    if args.out:
+    # the tolerance's κ: that of the dense steps (diagonal scalings such as the folding of norm
+    # weights do not amplify rounding, gauge_fix.base.DIAGONAL)
+    fn = function_check(src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed)
+    report = {"model": src.label, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
+    cert = None
+    if args.out and src.checkpoint is not None:
+        cert = write_canonical_checkpoint(args.out, src, canon, report, dtype)
+    elif args.out:
         from safetensors.torch import save_file
 
-        params = {k: v.contiguous() for k, v in canon.params.items()}
+        params = {k: v.to(dtype or torch.float64).contiguous() for k, v in canon.params.items()}
         write_atomically(args.out, {
             "model.safetensors": lambda p: save_file(params, str(p), metadata={"layout": "gauge-audit",
-                                                                                  "model": model.name}),
+                                                                                  "model": src.label}),
             "element.npz": lambda p: save_element(p, canon.element()),
             "report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float)),
         })
@@ -94,11 +155,12 @@ def run(args) -> int:
         print(json.dumps(report, sort_keys=True, default=float))
         return 0
     counts = report["conditions"]
-    echo(f"{model.name}: {sum(v.numel() for v in model.params.values())} parameters, canonicalised in {seconds:.2f} s")
+    echo(f"{src.label}: {sum(v.numel() for v in src.params.values()):,} parameters, canonicalised in {seconds:.2f} s")
     echo(f"gauge conditions imposed: {report['conditions_total']} "
          f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
     echo(f"largest condition residual: {max(report['condition_residual_max'].values(), default=0.0):.2e}")
-    echo(f"element g: {len(canon.records)} steps, κ = {canon.kappa:.4g}")
+    echo(f"element g: {len(canon.records)} steps, κ = {canon.kappa:.4g} (dense steps, which amplify rounding: "
+         f"{canon.rounding_kappa:.4g})")
     echo(f"same function: {fn['verdict']} (max rel. change {fn['residual_eps']:.3g} ε; statistical tolerance "
          f"{fn['tolerance_statistical_eps']:.4g} ε, worst case {fn['tolerance_eps']:.4g} ε)")
     ties = report["not_unique"]
@@ -110,6 +172,12 @@ def run(args) -> int:
         echo(f"  note: {n}")
     for u in report["unfixed"]:
         echo(f"not fixed: {u['family']} — {u['reason']}")
-    if args.out:
-        echo(f"wrote {args.out}/model.safetensors, element.npz, report.json")
+    if cert is not None:
+        echo(f"wrote {args.out}: config.json, model.safetensors ({cert['dtype']}, {cert['written']['tensors']} tensors), "
+             f"element.npz, report.json, certificate.json")
+        echo(f"certificate: transformers' float64 logits of the written checkpoint change by {cert['residual_eps']:.3g} "
+             f"ε({cert['dtype']}); statistical tolerance {cert['tolerance_statistical_eps']:.4g} ε, worst case "
+             f"{cert['tolerance_eps']:.4g} ε: {cert['verdict']}")
+    elif args.out:
+        echo(f"wrote {args.out}/model.safetensors (project layout), element.npz, report.json")
     return 0

@@ -12,7 +12,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
 from ..runtime import eps, generator, resolve_dtype
-from .canonicalize import CHECKPOINT_NEEDS_LOADER, load_model, looks_like_path, save_element, write_atomically
+from .canonicalize import Source, load_source, save_element, write_atomically
 
 
 def register(sub) -> None:
@@ -21,8 +21,8 @@ def register(sub) -> None:
                                    "per tensor group), the verdict EQUIVALENT / DIFFERENT against a tolerance from "
                                    "both models' storage precision, and for EQUIVALENT the group element mapping A "
                                    "to B.  Exit status 0 for EQUIVALENT, 1 for DIFFERENT, 2 for bad input.")
-    p.add_argument("a", metavar="A", help="model name (checkpoint paths need issue 13)")
-    p.add_argument("b", metavar="B", help="model name of the same architecture")
+    p.add_argument("a", metavar="A", help="model name or checkpoint path (HF directory, llama GGUF)")
+    p.add_argument("b", metavar="B", help="model name or checkpoint path of the same architecture")
     p.add_argument("--seed", type=int, default=0, help="seed of a built-in random model A (and B)")
     p.add_argument("--seed-b", type=int, help="seed of model B when it differs from A's")
     p.add_argument("--transform", type=int, metavar="SEED",
@@ -31,8 +31,8 @@ def register(sub) -> None:
     p.add_argument("--perturb", type=float, metavar="REL",
                    help="add a random perturbation of relative size REL to one tensor of B (--perturb-tensor)")
     p.add_argument("--perturb-tensor", default="blocks.0.attn.W_Q", metavar="NAME")
-    p.add_argument("--store-dtype", choices=("float64", "float32", "bfloat16"), default="float64",
-                   help="B is written in this dtype and read back before comparing")
+    p.add_argument("--store-dtype", choices=("same", "float64", "float32", "bfloat16"), default="same",
+                   help="B is rounded to this dtype before comparing (same: as stored; built-in models: float64)")
     p.add_argument("--probes", type=int, default=3, help="simulated roundings per model for the tolerance")
     p.add_argument("--out", metavar="DIR", help="write report.json and, for EQUIVALENT, element.npz (A → B: "
                    "gauge-audit check --action composite --element DIR/element.npz); DIR must not exist")
@@ -40,14 +40,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _b_params(args, model):
-    params, what = model.params, f"{args.b} (seed {args.seed if args.seed_b is None else args.seed_b})"
+def _b_params(args, b: Source):
+    """B's parameters after the optional self-check edits, its description and storage dtype."""
+    params, what, storage = b.params, b.label, b.storage_dtype
     if args.transform is not None:
         if not args.kappa >= 1:
             raise GaugeAuditError("--kappa must be a number >= 1")
         act = ACTIONS["composite"]
-        el = act.sample(model.cfg, params, generator(args.transform), args.kappa)
-        params = act.apply(model.cfg, params, el)
+        el = act.sample(b.cfg, params, generator(args.transform), args.kappa)
+        params = act.apply(b.cfg, params, el)
         what += f", transformed by a random composite g (seed {args.transform}, κ ≤ {el.kappa:.3g})"
     if args.perturb is not None:
         if not (args.perturb >= 0 and math.isfinite(args.perturb)):
@@ -59,25 +60,24 @@ def _b_params(args, model):
         params = dict(params)
         params[k] = params[k] + args.perturb * d * params[k].norm() / d.norm()
         what += f", {k} perturbed by {args.perturb:g} (relative)"
-    dtype = resolve_dtype(args.store_dtype)
-    if dtype != torch.float64:
+    if args.store_dtype != "same":
+        dtype = resolve_dtype(args.store_dtype)
         params = {k: v.to(dtype) for k, v in params.items()}
+        storage = max(storage, dtype, key=lambda d: torch.finfo(d).eps)
         what += f", stored in {args.store_dtype}"
-    return params, what
+    return params, what, storage
 
 
 def run(args) -> int:
-    for name in (args.a, args.b):
-        if looks_like_path(name):
-            raise GaugeAuditError(f"{name}: {CHECKPOINT_NEEDS_LOADER}")
     if args.probes < 1:
         raise GaugeAuditError("--probes must be >= 1")
-    a = load_model(args.a, args.seed)
-    b = load_model(args.b, args.seed if args.seed_b is None else args.seed_b)
-    pb, what_b = _b_params(args, b)
-    r = compare(a.cfg, a.params, b.cfg, pb, probes=args.probes, seed=args.seed)
+    a = load_source(args.a, args.seed)
+    b = load_source(args.b, args.seed if args.seed_b is None else args.seed_b)
+    pb, what_b, storage_b = _b_params(args, b)
+    r = compare(a.cfg, a.params, b.cfg, pb, probes=args.probes, seed=args.seed,
+                storage_dtype_a=a.storage_dtype, storage_dtype_b=storage_b)
     e = max(eps(torch.float64), *(torch.finfo(getattr(torch, d)).eps for d in (r.storage_dtype_a, r.storage_dtype_b)))
-    report = {"a": f"{args.a} (seed {args.seed})", "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e,
+    report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e,
               "eps": e}
     files = {"report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float))}
     if r.element is not None:

@@ -72,18 +72,43 @@ class StepRecord:
         return [d for d in self.decisions if not d.unique]
 
 
+# Actions whose elements are diagonal scalings (and permutations, κ = 1): they preserve every
+# entry's relative rounding error and every |x|·|W| product a rounding bound is made of, so they
+# do not amplify the input's rounding — unlike the dense GL / rotation elements.
+DIAGONAL = frozenset({"norm-scale", "relu-scaling", "swiglu-scaling", "head-perm", "ffn-perm", "expert-perm"})
+
+
+def rounding_kappa(records) -> float:
+    """The product of the κ of the dense elements among ``records``: how much a relative rounding
+    of the input can be amplified in the result (the diagonal ones do not, see DIAGONAL)."""
+    return math.prod(r.element.kappa for r in records if r.action not in DIAGONAL)
+
+
 class Context:
     """The state of one canonicalisation: the current parameters (float64), the records so far,
     the reference (or None), the storage unit roundoff u of the input and the product κ of the
-    elements applied so far (how much the input's rounding may have been amplified)."""
+    dense elements applied so far (how much the input's rounding may have been amplified)."""
 
-    def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float):
+    def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float,
+                 frozen: dict[str, Element] | None = None):
         self.cfg = cfg
         self.params = params
         self.reference = reference
         self.u = u
         self.kappa = 1.0
         self.records: list[StepRecord] = []
+        self.frozen = frozen or {}
+
+    def reuse(self, family: str) -> bool:
+        """Apply the permutation ``family`` chose on the unperturbed model, if given (``frozen``):
+        the rounding-response probes of :mod:`.comparison` perturb the input by u and measure the
+        continuous response, so the discrete choices stay those of the base point (a choice that
+        u could flip is reported there as not unique) and the costly matching is not redone."""
+        el = self.frozen.get(family)
+        if el is None:
+            return False
+        self.apply(family, family, el, "reused from the unperturbed canonical form")
+        return True
 
     def threshold(self, sensitivity: float) -> float:
         """The margin below which rounding the input could flip a decision whose deciding quantity
@@ -95,7 +120,8 @@ class Context:
         before = self.params
         self.params = ACTIONS[action].apply(self.cfg, before, element)
         writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
-        self.kappa *= element.kappa
+        if action not in DIAGONAL:
+            self.kappa *= element.kappa
         self.records.append(StepRecord(family, action, element, condition, list(decisions), list(notes),
                                        frozenset(reads), writes))
 

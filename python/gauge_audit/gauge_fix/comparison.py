@@ -13,8 +13,10 @@ every entry by a relative ≤ u (u = ε/2 of float32, bfloat16, …).  What that
 canonical form is its linear response J·δ, which depends on the element's κ (rounding in B's frame
 is amplified by κ when mapped back) and on how well conditioned each gauge condition is (spectral
 gaps).  It is measured, not guessed: ``probes`` independent simulated roundings δ = u·|θ|⊙z
-(z uniform in [−1, 1], seeded) of each model are canonicalised (with the same reference), and per
-group σ is the largest response seen.  Then
+(z uniform in [−1, 1], seeded) of each model are canonicalised (with the same reference, and the
+permutations of the unperturbed model: the probes measure the continuous response, and a discrete
+choice that u could flip is reported as not unique instead), and per group σ is the largest response
+seen.  Then
 
     tol_group = λ·√(σ_A² + σ_B²),   λ = √(2·ln(2·G/δ)),  δ = 10⁻⁶, G groups compared,
 
@@ -106,7 +108,8 @@ def rounding_response(cfg: Config, params: Params, canonical: Canonical, referen
     g = generator(seed)
     worst: dict[str, float] = {}
     for _ in range(probes):
-        c = canonicalize(cfg, _probe(cfg, params, u, g), reference=reference, storage_dtype=canonical.storage_dtype)
+        c = canonicalize(cfg, _probe(cfg, params, u, g), reference=reference, storage_dtype=canonical.storage_dtype,
+                         frozen=canonical)
         for k, v in _sq_by_group(c.params, canonical.params).items():
             worst[k] = max(worst.get(k, 0.0), v)
     return worst
@@ -185,34 +188,40 @@ class Prepared:
     response: dict[str, float]
 
 
-def prepare(cfg: Config, params: Params, *, probes: int = 3, seed: int = 0) -> Prepared:
-    """Canonicalise model A and measure its rounding response, for :func:`compare`."""
+def prepare(cfg: Config, params: Params, *, probes: int = 3, seed: int = 0,
+            storage_dtype: torch.dtype | None = None) -> Prepared:
+    """Canonicalise model A and measure its rounding response, for :func:`compare`.
+    ``storage_dtype``: the precision A was stored in (default: the coarsest dtype of ``params``;
+    a checkpoint read into float64 passes its file's dtype)."""
     validate(cfg, params)
     if probes < 1:
         raise GaugeAuditError("probes must be >= 1")
     with one_thread():
-        ca = canonicalize(cfg, params)
+        ca = canonicalize(cfg, params, storage_dtype=storage_dtype)
         return Prepared(cfg, params, ca, rounding_response(cfg, params, ca, ca.params, probes, seed))
 
 
 def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *, probes: int = 3, seed: int = 0,
-            with_element: bool = True, prepared: Prepared | None = None) -> Comparison:
+            with_element: bool = True, prepared: Prepared | None = None,
+            storage_dtype_a: torch.dtype | None = None, storage_dtype_b: torch.dtype | None = None) -> Comparison:
     """Compare two models of the same architecture up to the whole symmetry group (see the module
-    docstring).  Parameters may be in any floating dtype: that dtype is their storage precision.
+    docstring).  Parameters may be in any floating dtype: that dtype is their storage precision,
+    unless ``storage_dtype_a`` / ``storage_dtype_b`` say otherwise (checkpoints read into float64).
     ``prepared``: A's side from :func:`prepare` (same A, reused)."""
     same_architecture(cfg_a, cfg_b)
     validate(cfg_b, params_b)
     with one_thread():
         if prepared is None:
-            prepared = prepare(cfg_a, params_a, probes=probes, seed=seed)
+            prepared = prepare(cfg_a, params_a, probes=probes, seed=seed, storage_dtype=storage_dtype_a)
         elif prepared.params is not params_a:
             raise GaugeAuditError("prepared is for another model A")
-        return _compare(prepared, params_b, probes, seed, with_element)
+        return _compare(prepared, params_b, probes, seed, with_element, storage_dtype_b)
 
 
-def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_element: bool) -> Comparison:
+def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_element: bool,
+             storage_dtype_b: torch.dtype | None = None) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
-    cb = canonicalize(cfg, params_b, reference=ca.params)
+    cb = canonicalize(cfg, params_b, reference=ca.params, storage_dtype=storage_dtype_b)
     a64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_a.items()}
     b64 = {k: v.detach().to("cpu", torch.float64) for k, v in params_b.items()}
     raw, raw_groups = relative_distances(a64, b64)

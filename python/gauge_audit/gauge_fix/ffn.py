@@ -41,6 +41,8 @@ def fix_expert_perm(ctx: Context) -> None:
     ‖W_router[:, e]‖ (after the router offset and the stream are fixed; invariant under every
     later step).  Reachable: sort (expert-perm).  Unique unless two norms tie (reported).  With a
     reference, experts are matched to the reference's by their router columns."""
+    if ctx.reuse("expert-perm"):
+        return
     cfg, p = ctx.cfg, ctx.params
     if not cfg.experts:
         return
@@ -75,6 +77,8 @@ def fix_ffn_perm(ctx: Context) -> None:
     Reachable: sort (ffn-perm).  Unique unless two keys tie — dead units (a_i·b_i = 0) always do;
     ties are reported.  With a reference, units are matched to the reference's by the directions
     of their input and output weights (and gate)."""
+    if ctx.reuse("ffn-perm"):
+        return
     cfg, p = ctx.cfg, ctx.params
     if not _has_ffn(cfg):
         return

@@ -64,6 +64,8 @@ def fix_head_perm(ctx: Context) -> None:
     Reachable: sort (head-perm, S_{n_kv} ≀ S_g).  Unique when no two keys tie; ties (incl. zero
     heads) are reported.  The keys are invariant under qk-gl and vo-gl, which come later.  With a
     reference, groups and heads are matched to the reference's by their score and output maps."""
+    if ctx.reuse("head-perm"):
+        return
     cfg, p = ctx.cfg, ctx.params
     g, nkv = cfg.group_size, cfg.n_kv_heads
     if cfg.n_heads == 1:

@@ -26,7 +26,7 @@ from ..models import FAMILIES, Config, Model
 from ..numeric import statistical_tolerance, tolerance, verdict_for
 from ..runtime import eps, one_thread
 from . import ffn, heads, stream
-from .base import Context, Params, StepRecord
+from .base import Context, Params, StepRecord, rounding_kappa
 
 # (step, the fix, {nullity family: its condition function}) in pipeline order
 STEPS = (
@@ -101,7 +101,14 @@ class Canonical:
 
     @property
     def kappa(self) -> float:
+        """κ(g): the product of every step's κ."""
         return math.prod(r.element.kappa for r in self.records)
+
+    @property
+    def rounding_kappa(self) -> float:
+        """The κ that amplifies rounding: the product over the dense steps only (diagonal scalings
+        such as norm-scale's γ folding keep every |x|·|W| product, :data:`.base.DIAGONAL`)."""
+        return rounding_kappa(self.records)
 
     def element(self) -> Element:
         """g as one composite element (``gauge-audit check --action composite --element``)."""
@@ -123,7 +130,8 @@ class Canonical:
                           "notes": r.notes})
         return {"storage_dtype": str(self.storage_dtype).replace("torch.", ""),
                 "conditions": counts, "conditions_total": sum(counts.values()),
-                "condition_residual_max": residuals, "kappa": self.kappa, "steps": steps,
+                "condition_residual_max": residuals, "kappa": self.kappa, "rounding_kappa": self.rounding_kappa,
+                "steps": steps,
                 "not_unique": self.ties(), "notes": [n for r in self.records for n in r.notes] + self.notes,
                 "unfixed": [{"family": f, "reason": why} for f, why in self.unfixed]}
 
@@ -149,18 +157,23 @@ def storage_dtype_of(params: Params) -> torch.dtype:
     return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
 
 
+PERMUTATIONS = ("head-perm", "expert-perm", "ffn-perm")
+
+
 def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None,
-                 storage_dtype: torch.dtype | None = None) -> Canonical:
+                 storage_dtype: torch.dtype | None = None, frozen: Canonical | None = None) -> Canonical:
     """The canonical form of ``params`` (any floating dtype; computed in float64 on the CPU).
 
     ``reference``: another canonical form of the same architecture; the compact residual freedoms
     (rotations of balanced factors, signs, phases, permutations) are then aligned to it instead of
-    fixed by their rules (see :func:`gauge_audit.gauge_fix.compare`)."""
+    fixed by their rules (see :func:`gauge_audit.gauge_fix.compare`).  ``frozen``: the canonical
+    form of the unperturbed model, whose permutations are reused (rounding-response probes)."""
     validate(cfg, params)
     dtype = storage_dtype or storage_dtype_of(params)
     with one_thread():
         p64 = {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
-        ctx = Context(cfg, p64, reference, eps(dtype) / 2)
+        keep = {r.family: r.element for r in frozen.records if r.family in PERMUTATIONS} if frozen else None
+        ctx = Context(cfg, p64, reference, eps(dtype) / 2, keep)
         for _, fix, _ in STEPS:
             fix(ctx)
     return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), dtype)

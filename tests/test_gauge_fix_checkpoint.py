@@ -1,0 +1,149 @@
+"""Gauge fixing on real checkpoint files: ``canonicalize --checkpoint`` writes a checkpoint of the
+input's own architecture that transformers evaluates to the same logits; ``compare`` of a
+checkpoint with a transformed copy written by ``transform`` (float32 and bfloat16, the way real
+checkpoints are stored) is EQUIVALENT within a tolerance derived from the storage dtype, the saved
+element reproduces the copy through ``transform --element``; perturbed copies are DIFFERENT; bad
+input is one line, exit 2.  SmolLM2 (the real GGUF) in memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gauge_audit.cli import main
+from gauge_audit.cli.canonicalize import load_source
+from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, function_check
+from gauge_audit.gauge_fix.comparison import relative_distances
+from gauge_audit.models.checkpoint import open_checkpoint
+
+UNIT = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
+KINDS = ["llama", "gpt2", "qwen", "mixtral", "bert"]   # tiny HF checkpoints: LLaMA-GQA (4 heads / 2 KV), …
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def copies(tiny_hf, tmp_path_factory):
+    """``copies(kind, dtype)`` → (A, B): B = g·A written by ``transform`` (a random composite of
+    every action that applies, κ ≤ 4 per GL part) in ``dtype``."""
+    made = {}
+
+    def get(kind, dtype):
+        if (kind, dtype) not in made:
+            a = tiny_hf(kind)
+            b = tmp_path_factory.mktemp(f"{kind}-{dtype}") / "B"
+            assert main(["transform", "--checkpoint", str(a), "--action", "composite", "--seed", "3",
+                         "--kappa", "4", "--dtype", dtype, "--out", str(b), "--json"]) == 0
+            made[kind, dtype] = (a, b)
+        return made[kind, dtype]
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_transformed_checkpoint_is_equivalent(copies, capsys, tmp_path, kind, dtype):
+    a, b = copies(kind, dtype)
+    capsys.readouterr()
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--json", "--out", str(out)]) == 0
+    r = _json(capsys)
+    u = UNIT[dtype]
+    print(f"{kind} {dtype}: raw {r['raw_distance']:.3f}, invariant {r['invariant_distance']:.3e} "
+          f"({r['invariant_distance'] / u:.2f} u), tolerance {r['tolerance']:.3e} ({r['tolerance'] / u:.2f} u), "
+          f"element κ {r['kappa']:.3g}, ‖g·A − B‖/‖B‖ = {r['element_residual']:.3e}")
+    assert r["verdict"] == EQUIVALENT and r["storage_dtype_b"] == dtype
+    assert r["raw_distance"] > 0.3                               # B is far from A in raw parameters ...
+    assert r["invariant_distance"] <= r["tolerance"]             # ... and not after canonicalisation,
+    assert r["tolerance"] <= 20 * u                              # a tolerance at the storage rounding level
+    assert r["element_residual"] <= 4 * u * max(1.0, r["kappa"] ** 0.5)
+    assert (out / "element.npz").is_file()
+
+
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "bert"])
+def test_compare_element_reproduces_b_through_transform(copies, capsys, tmp_path, kind):
+    """compare --out element.npz, then transform --element: A is mapped onto B up to B's rounding."""
+    a, b = copies(kind, "float32")
+    cmp_dir, c = tmp_path / "cmp", tmp_path / "C"
+    assert main(["compare", str(a), str(b), "--json", "--out", str(cmp_dir)]) == 0
+    capsys.readouterr()
+    assert main(["transform", "--checkpoint", str(a), "--action", "composite", "--element",
+                 str(cmp_dir / "element.npz"), "--dtype", "float32", "--out", str(c), "--json"]) == 0
+    cert = _json(capsys)
+    assert cert["verdict"] == "HOLDS"
+    pb = {k: v for k, v in open_checkpoint(b).params().items()}
+    pc = {k: v for k, v in open_checkpoint(c).params().items()}
+    raw, _ = relative_distances(pb, pc)
+    print(f"{kind}: ‖C − B‖/‖B‖ = {raw:.3e} = {raw / UNIT['float32']:.2f} u")
+    # B and C are two float32 roundings of (nearly) the same float64 tensors: ≤ 1 ulp = 2u apart
+    assert raw <= 2 * UNIT["float32"]
+
+
+@pytest.mark.parametrize("rel", [1e-4, 1e-2])
+def test_perturbed_checkpoint_is_different(tiny_hf, capsys, rel):
+    a = tiny_hf("llama")
+    assert main(["compare", str(a), str(a), "--perturb", str(rel), "--perturb-tensor", "blocks.1.mlp.W_in",
+                 "--json"]) == 1
+    r = _json(capsys)
+    assert r["verdict"] == DIFFERENT
+    ffn = r["groups"]["ffn"]
+    # the invariant distance of the perturbed group tracks the perturbation (one of its tensors)
+    assert 0.1 * rel <= ffn["invariant_distance"] <= 3 * rel and ffn["ratio"] > 10
+
+
+def test_canonicalize_checkpoint_writes_a_certified_checkpoint(tiny_hf, capsys, tmp_path):
+    out = tmp_path / "canon"
+    assert main(["canonicalize", "--checkpoint", str(tiny_hf("qwen")), "--json", "--out", str(out)]) == 0
+    report = _json(capsys)
+    cert = json.loads((out / "certificate.json").read_text())
+    print(f"qwen canonical: transformers' logits change {cert['residual_eps']:.3g} ε(float32), statistical "
+          f"tolerance {cert['tolerance_statistical_eps']:.4g} ε (κ of the dense steps {cert['rounding_kappa']:.3g})")
+    assert report["function"]["verdict"] == "HOLDS" and cert["verdict"] == "HOLDS" and cert["dtype"] == "float32"
+    assert {"config.json", "model.safetensors", "element.npz", "report.json"} <= {p.name for p in out.iterdir()}
+    # the written canonical checkpoint is canonical: canonicalising it again moves it by rounding only
+    src = load_source(str(out))
+    again = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
+    dist, _ = relative_distances(src.params, again.params)
+    assert dist <= 20 * UNIT["float32"]
+    assert main(["canonicalize", "--checkpoint", str(tiny_hf("qwen")), "--out", str(out)]) == 2  # exists
+
+
+def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
+    assert main(["compare", str(tiny_hf("llama")), str(tiny_hf("gpt2"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different architectures" in err[0]
+    from safetensors.torch import load_file, save_file
+    import shutil
+    bad = tmp_path / "nan"
+    shutil.copytree(tiny_hf("llama"), bad)
+    t = load_file(str(bad / "model.safetensors"))
+    k = next(k for k in t if k.endswith("q_proj.weight"))
+    t[k][0, 0] = float("nan")
+    save_file(t, str(bad / "model.safetensors"))
+    for argv in (["canonicalize", "--checkpoint", str(bad)], ["compare", str(tiny_hf("llama")), str(bad)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "NaN" in err[0] and "Traceback" not in err[0]
+
+
+def test_smollm2_transformed_copy_is_equivalent_in_float32():
+    """The real SmolLM2 (GGUF Q4_1, 134.5 M parameters, RoPE, GQA 9/3, SwiGLU, tied): a composite
+    copy stored in float32 is EQUIVALENT, and canonicalisation keeps the function."""
+    from gauge_audit.actions import ACTIONS
+    from gauge_audit.runtime import generator
+
+    a = load_source("smollm2")
+    c = canonicalize(a.cfg, a.params, storage_dtype=a.storage_dtype)
+    fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa)
+    print(f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
+          f"{sum(c.condition_counts().values())} conditions")
+    assert fn["verdict"] == "HOLDS"
+    el = ACTIONS["composite"].sample(a.cfg, a.params, generator(5), 4.0)
+    b = {k: v.to(torch.float32) for k, v in ACTIONS["composite"].apply(a.cfg, a.params, el).items()}
+    r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, storage_dtype_a=a.storage_dtype)
+    print(f"smollm2 float32 copy: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
+          f"tolerance {r.tolerance:.3e}")
+    assert r.verdict == EQUIVALENT and r.raw_distance > 0.3 and r.tolerance <= 20 * UNIT["float32"]
