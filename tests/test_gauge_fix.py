@@ -77,7 +77,7 @@ def test_condition_count_equals_explained_nullity(name):
 def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name):
     m = model(name)
     c = canonicalize(m.cfg, m.params)
-    fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa)
+    fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa, element=c.element())
     print(f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
           f"{fn['tolerance_statistical_eps']:.4g} ε (κ of the dense steps = {c.rounding_kappa:.3g}, of g = {c.kappa:.3g})")
     assert fn["verdict"] == HOLDS
@@ -142,7 +142,7 @@ def test_non_uniqueness_is_reported(model):
     c = canonicalize(m.cfg, p)
     assert ("head-perm", "order") in _ties(c)
     assert sum("rank-deficient" in n for n in c.report()["notes"]) == 4
-    assert function_check(m.cfg, p, c.params, c.kappa)["verdict"] == HOLDS
+    assert function_check(m.cfg, p, c.params, c.kappa, element=c.element())["verdict"] == HOLDS
     # repeated singular values: W_Q[0] = W_K[0] with orthonormal columns (σ = 1, 1, 1, 1)
     m = build_config(attn.config(attn_bias=False, out_bias=False), device="cpu")
     p = dict(m.params)

@@ -59,7 +59,7 @@ def test_transformed_checkpoint_is_equivalent(copies, capsys, tmp_path, kind, dt
     assert r["raw_distance"] > 0.3                               # B is far from A in raw parameters ...
     assert r["invariant_distance"] <= r["tolerance"]             # ... and not after canonicalisation,
     assert r["tolerance"] <= 20 * u                              # a tolerance at the storage rounding level
-    assert r["element_residual"] <= 4 * u * max(1.0, r["kappa"] ** 0.5)
+    assert r["element_residual"] <= r["kappa"] * u    # B's rounding, amplified at most by κ of the element
     assert (out / "element.npz").is_file()
 
 
@@ -90,8 +90,11 @@ def test_perturbed_checkpoint_is_different(tiny_hf, capsys, rel):
     r = _json(capsys)
     assert r["verdict"] == DIFFERENT
     ffn = r["groups"]["ffn"]
-    # the invariant distance of the perturbed group tracks the perturbation (one of its tensors)
-    assert 0.1 * rel <= ffn["invariant_distance"] <= 3 * rel and ffn["ratio"] > 10
+    print(f"perturbed {rel:g}: ffn raw {ffn['raw_distance']:.3e}, invariant {ffn['invariant_distance']:.3e}, "
+          f"{ffn['ratio']:.3g} × its tolerance")
+    # the invariant distance of the perturbed group tracks the raw change (the canonical form is a
+    # well-conditioned map on this model), and is far above the tolerance
+    assert 0.5 <= ffn["invariant_distance"] / ffn["raw_distance"] <= 2 and ffn["ratio"] > 10
 
 
 def test_canonicalize_checkpoint_writes_a_certified_checkpoint(tiny_hf, capsys, tmp_path):
@@ -137,7 +140,7 @@ def test_smollm2_transformed_copy_is_equivalent_in_float32():
 
     a = load_source("smollm2")
     c = canonicalize(a.cfg, a.params, storage_dtype=a.storage_dtype)
-    fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa)
+    fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa, element=c.element())
     print(f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
           f"{sum(c.condition_counts().values())} conditions")
     assert fn["verdict"] == "HOLDS"

@@ -153,7 +153,7 @@ def test_moe_routing_unchanged_under_attention_actions(model, action):
     assert r.routing_changed == 0
 
 
-def test_moe_router_margin_is_zero_at_a_tie_and_ties_are_not_routing_changes(model):
+def test_moe_router_margin_vanishes_at_a_tie_and_ties_are_not_routing_changes(model):
     """Two experts with the same router column tie exactly for every token: which of them is
     picked is decided by rounding, so a changed choice there is a tie, not a routing change."""
     from gauge_audit.models.layers import moe
@@ -171,10 +171,13 @@ def test_moe_router_margin_is_zero_at_a_tie_and_ties_are_not_routing_changes(mod
     trace_u = {}
     moe({**params, key: W}, key.rsplit(".", 1)[0], cfg, x, trace_u)
     one = (trace_u["routing"][0] == 0).any(-1) ^ (trace_u["routing"][0] == 1).any(-1)
-    # a token that picks exactly one of the tied pair sits on the tie (margin 0) ...
-    assert one.any() and (trace_u["router_margin"][0][one] == 0).all()
-    # ... and the untied router has no token within 1e-12 of a tie
-    assert (margin > 1e-12).all(), float(margin.min())
+    # Equal columns give equal logits up to the rounding of two length-d dot products (BLAS may sum
+    # them in different orders): relative to |x|·|W| at most d·ε.  A token that picks exactly one
+    # of the tied pair sits on the tie, within that bound ...
+    tie_bound = cfg.d_model * EPS64
+    assert one.any() and (trace_u["router_margin"][0][one] <= tie_bound).all()
+    # ... and the untied router keeps every token far from a tie (≥ 10⁶ × the bound here)
+    assert (margin > 1e6 * tie_bound).all(), float(margin.min())
     r = check(m, "expert-perm", seed=0)
     assert r.extra["routing_ties"] == 0 and r.routing_changed == 0
 

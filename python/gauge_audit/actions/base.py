@@ -84,6 +84,13 @@ def element_from_arrays(parts: dict) -> Element:
     return Element(out, max(ks), note="user-supplied")
 
 
+def save_element(path, element: Element) -> None:
+    """Write ``element`` as an ``.npz`` file (one array per part), the format :func:`load_element` reads."""
+    import numpy as np
+
+    np.savez(path, **{k: v.detach().cpu().numpy() for k, v in element.parts.items()})
+
+
 def load_element(path: str) -> Element:
     """A group element from an ``.npz`` file (one array per part, e.g. ``M``), via
     :func:`element_from_arrays`; unreadable files are one-line errors."""

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from ..actions.base import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, minilm, smollm2
 from ..models.checkpoint import Checkpoint, open_checkpoint
+from ..models.checkpoint.writer import atomic_dir
 from ..progress import echo, ticker
 from ..runtime import resolve_dtype
 
@@ -84,32 +83,17 @@ def register(sub) -> None:
 
 
 def write_atomically(out: str, files: dict) -> None:
-    """Write ``files`` (name → callable(path)) into a new directory ``out``: built in a temporary
-    sibling and renamed at the end, so an error leaves nothing at ``out``."""
-    target = Path(out)
-    if target.exists():
-        raise GaugeAuditError(f"--out {out} already exists")
-    parent = target.resolve().parent
-    if not parent.is_dir():
-        raise GaugeAuditError(f"--out {out}: parent directory does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
-    try:
+    """Write ``files`` (name → callable(path)) into a new directory ``out`` (atomically, see
+    :func:`~gauge_audit.models.checkpoint.writer.atomic_dir`: an error leaves nothing at ``out``)."""
+    with atomic_dir(Path(out)) as tmp:
         for fname, write in files.items():
             write(tmp / fname)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def save_element(path: Path, element) -> None:
-    np.savez(path, **{k: v.detach().cpu().numpy() for k, v in element.parts.items()})
 
 
 def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype: torch.dtype | None) -> dict:
     """The canonical form as a checkpoint of the input's own architecture (``transform``'s format
     rules and certificate), with element.npz and report.json; atomically."""
-    from ..models.checkpoint.writer import atomic_dir, write_hf
+    from ..models.checkpoint.writer import write_hf
     from ..transform import certify_written, write_tokenizer
 
     ckpt = src.checkpoint
@@ -136,7 +120,8 @@ def run(args) -> int:
     seconds = time.perf_counter() - t0
     # the tolerance's κ: that of the dense steps (diagonal scalings such as the folding of norm
     # weights do not amplify rounding, gauge_fix.base.DIAGONAL)
-    fn = function_check(src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed)
+    fn = function_check(src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed,
+                        element=canon.element())
     report = {"model": src.label, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
     cert = None
     if args.out and src.checkpoint is not None:

@@ -8,11 +8,12 @@ import math
 import torch
 
 from ..actions import ACTIONS
+from ..actions.base import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
 from ..runtime import eps, generator, resolve_dtype
-from .canonicalize import Source, load_source, save_element, write_atomically
+from .canonicalize import Source, load_source, write_atomically
 
 
 def register(sub) -> None:

@@ -14,7 +14,6 @@ Order (each step's condition is invariant under the groups of the steps after it
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ import torch
 from ..actions import Element, composite
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
-from ..numeric import statistical_tolerance, tolerance, verdict_for
+from ..numeric import compare
 from ..runtime import eps, one_thread
 from . import ffn, heads, stream
 from .base import Context, Params, StepRecord, rounding_kappa
@@ -180,23 +179,16 @@ def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None
 
 
 def function_check(cfg: Config, before: Params, after: Params, kappa: float, seed: int = 0,
-                   dtype: torch.dtype = torch.float64) -> dict:
-    """Run both parameter sets on the same seeded inputs: the max relative output change against
-    the derived tolerances (worst case κ·L·K·ε, statistical κ·λ·√(L·K)·ε) and the verdict."""
-    model = Model("canonical", cfg, {k: v.to(dtype) for k, v in before.items()}, FAMILIES[cfg.family])
-    inputs = model.sample_inputs(seed)
-    with torch.no_grad():
-        y0 = model.forward(model.params, inputs).double()
-        y1 = model.forward({k: v.to(dtype) for k, v in after.items()}, inputs).double()
-    err = float((y1 - y0).abs().max() / y0.abs().max())
-    n = next(iter(inputs.values())).shape[1]
-    tol, formula = tolerance(model, kappa, dtype, n)
-    tol_stat, _ = statistical_tolerance(model, kappa, dtype, n, y0.numel())
-    e = eps(dtype)
-    return {"max_rel_error": err, "residual_eps": err / e, "tolerance_eps": tol / e,
-            "tolerance_statistical_eps": tol_stat / e, "kappa": kappa, "formula": formula,
-            "verdict": verdict_for(err, tol_stat, tol)}
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True, default=float)
+                   dtype: torch.dtype = torch.float64, element: Element | None = None) -> dict:
+    """Run both parameter sets on the same seeded inputs (:func:`gauge_audit.numeric.compare`):
+    the max relative output change against the derived tolerances (worst case κ·L·K·ε,
+    statistical κ·λ·√(L·K)·ε) and the verdict.  ``element``: the composite mapping ``before``
+    to ``after`` (:meth:`Canonical.element`), through which MoE expert labels are compared."""
+    model = Model("canonical", cfg, before, FAMILIES[cfg.family])
+    relabel = None
+    if element is not None:
+        relabel = lambda layer, idx: composite.ACTIONS[0].expert_relabel(element, layer, idx)  # noqa: E731
+    r = compare(model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel)
+    return {"max_rel_error": r.max_rel_error, "residual_eps": r.residual_eps, "tolerance_eps": r.tolerance_eps,
+            "tolerance_statistical_eps": r.tolerance_statistical_eps, "kappa": kappa,
+            "formula": r.tolerance_formula, "verdict": r.verdict, "routing_changed": r.routing_changed}
