@@ -132,6 +132,17 @@ def random_orthogonal(n: int, g: torch.Generator, special: bool = False) -> torc
     return q
 
 
+def rotation_fixing_ones(n: int, g: torch.Generator) -> torch.Tensor:
+    """R = 11ᵀ/n + U·Q·Uᵀ (U an orthonormal basis of 1^⊥, Q ∈ SO(n−1)): R·1 = 1, det R = 1 —
+    a random rotation of a LayerNorm stream (it must fix the all-ones direction)."""
+    if n == 1:
+        return torch.ones(1, 1, dtype=torch.float64)
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=torch.float64),
+                                          torch.randn(n, n - 1, generator=g, dtype=torch.float64)], dim=1))
+    u = basis[:, 1:]
+    return torch.ones(n, n, dtype=torch.float64) / n + u @ random_orthogonal(n - 1, g, special=True) @ u.T
+
+
 def random_gl(n: int, g: torch.Generator, kappa: float) -> torch.Tensor:
     """U·diag(s)·Vᵀ with singular values log-spaced in [κ^-1/2, κ^1/2]: κ(M) = κ exactly."""
     if kappa < 1:

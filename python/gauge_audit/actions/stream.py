@@ -12,7 +12,8 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from .base import Action, Element, Params, as64, cond, put, random_orthogonal, require_shape, updated
+from .base import (Action, Element, Params, as64, cond, put, random_orthogonal, require_shape,
+                   rotation_fixing_ones, updated)
 
 AFFINE = ("layernorm", "rmsnorm")
 
@@ -157,11 +158,7 @@ def _rotation_applies(cfg: Config) -> str | None:
 def _rotation_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
     d = cfg.d_model
     if cfg.norm.startswith("layernorm"):
-        # R = 11ᵀ/d + U·Q·Uᵀ with U an orthonormal basis of 1^⊥ and Q ∈ SO(d−1): R fixes 1.
-        basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1, dtype=torch.float64),
-                                              torch.randn(d, d - 1, generator=g, dtype=torch.float64)], dim=1))
-        u = basis[:, 1:]
-        r = torch.ones(d, d, dtype=torch.float64) / d + u @ random_orthogonal(d - 1, g, special=True) @ u.T
+        r = rotation_fixing_ones(d, g)   # LayerNorm: R must fix 1
     else:
         r = random_orthogonal(d, g, special=True)
     return Element({"R": r}, _rotation_kappa(cfg, params, r))

@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import torch
 
-from ..actions.base import random_gl, random_orthogonal
+from ..actions.base import random_gl, random_orthogonal, rotation_fixing_ones
 from ..claims.rule import Element
 from ..errors import GaugeAuditError
 from ..precision.linalg import inverse
@@ -31,16 +31,6 @@ def size(el: Element, dims: dict) -> int:
     if el.dim is None:
         return 1
     return dims[el.dim] if isinstance(el.dim, str) else el.dim
-
-
-def rotation_fixing_ones(n: int, g: torch.Generator) -> torch.Tensor:
-    """R = 11ᵀ/n + U·Q·Uᵀ (U an orthonormal basis of 1^⊥, Q ∈ SO(n−1)): R·1 = 1, det R = 1."""
-    if n == 1:
-        return torch.ones(1, 1, dtype=torch.float64)
-    basis, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=torch.float64),
-                                          torch.randn(n, n - 1, generator=g, dtype=torch.float64)], dim=1))
-    u = basis[:, 1:]
-    return torch.ones(n, n, dtype=torch.float64) / n + u @ random_orthogonal(n - 1, g, special=True) @ u.T
 
 
 def _spread(n: int, g: torch.Generator, kappa: float) -> torch.Tensor:
