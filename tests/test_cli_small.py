@@ -60,3 +60,25 @@ def test_help_renders_for_every_subcommand(capsys):
             main([name, "--help"])
         assert exc.value.code == 0
         assert "(default: " in capsys.readouterr().out or name in ("claims", "derive")
+
+
+# ----------------------------------------------------------------------------- NaN weight: error first, alone
+def _with_nan(src, dst):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    sd["model.layers.1.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("how", [["--action", "qk-gl"], ["--all"]])
+def test_nan_weight_error_comes_first_alone(tiny_hf, tmp_path, capsys, how):
+    bad = _with_nan(tiny_hf("llama"), tmp_path / "bad")
+    assert main(["check", "--checkpoint", str(bad), *how]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""                                   # no table header before the error
+    assert err.count("\n") == 1 and err.startswith("gauge-audit: error: ") and "NaN" in err

@@ -135,8 +135,6 @@ def run(args) -> int:
     inputs, decode = _text_inputs(args, cache.get(models[0]), ckpt) if args.text is not None else (None, None)
 
     results, width = [], max(24, *(len(m) for m in models))
-    if not args.json:
-        print(_header(width))
     for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
             cache[m] = build(m, seed=args.seed, device=args.device)
@@ -145,6 +143,10 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
         else:
+            # the header only once the first check has run: bad weights (NaN, a truncated
+            # shard), found while reading, leave their one error line alone on the terminal
+            if len(results) == 1:
+                echo(_header(width))
             echo(_row(r, decode, width))
     if not args.json:
         holds = sum(r.verdict == HOLDS for r in results)
