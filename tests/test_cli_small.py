@@ -82,3 +82,29 @@ def test_nan_weight_error_comes_first_alone(tiny_hf, tmp_path, capsys, how):
     out, err = capsys.readouterr()
     assert out == ""                                   # no table header before the error
     assert err.count("\n") == 1 and err.startswith("gauge-audit: error: ") and "NaN" in err
+
+
+# ----------------------------------------------------------------------------- assert_gauge_invariant names
+def test_names_key_matching_no_parameter_is_named():
+    from gauge_audit.testing import assert_gauge_invariant
+
+    g = torch.Generator().manual_seed(0)
+    params = {"v": torch.randn(2, 6, 3, generator=g, dtype=torch.float64),
+              "o": torch.randn(2, 3, 6, generator=g, dtype=torch.float64),
+              "v_bias": torch.randn(2, 3, generator=g, dtype=torch.float64)}
+
+    def fwd(p, x):
+        vals = torch.einsum("nd,hde->hne", x, p["v"]) + p["v_bias"][:, None, :]
+        return torch.einsum("hne,hed->nd", vals, p["o"])
+
+    x = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    rule = {"scope": "head", "elements": {"N": "GL(d_v)"},
+            "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"}}
+    good = {"W_V": "v", "W_O": "o", "b_V": "v_bias"}
+    assert assert_gauge_invariant(fwd, params, rule, inputs=x, names=good).verdict == "HOLDS"
+    # b_V misspelt: before, it was taken as absent and the rule checked on W_V, W_O only (a FAILS
+    # for the wrong reason, or a pass of a rule whose bias map was never exercised)
+    with pytest.raises(AssertionError, match=r"no parameter matches b_V → 'v_bais' \(did you mean 'v_bias'\?\)"):
+        assert_gauge_invariant(fwd, params, rule, inputs=x, names={**good, "b_V": "v_bais"})
+    with pytest.raises(AssertionError, match=r"W_O → 'out'"):
+        assert_gauge_invariant(fwd, params, rule, inputs=x, names={**good, "W_O": "out"})
