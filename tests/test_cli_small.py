@@ -108,3 +108,29 @@ def test_names_key_matching_no_parameter_is_named():
         assert_gauge_invariant(fwd, params, rule, inputs=x, names={**good, "b_V": "v_bais"})
     with pytest.raises(AssertionError, match=r"W_O → 'out'"):
         assert_gauge_invariant(fwd, params, rule, inputs=x, names={**good, "W_O": "out"})
+
+
+# ----------------------------------------------------------------------------- audit --out
+FAST_CLAIM = "count-wiki-log-hfact"
+
+
+def test_audit_refuses_existing_out_unless_force(tmp_path, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["audit", "--only", FAST_CLAIM, "--out", str(out), "--quiet"]) == 2
+    o, err = capsys.readouterr()
+    assert o == "" and err.count("\n") == 1 and "already exists" in err and "--force" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]           # left alone
+    assert main(["audit", "--only", FAST_CLAIM, "--out", str(out), "--quiet", "--force"]) == 0
+    assert json.loads((out / "report.json").read_text())["claims"][0]["id"] == FAST_CLAIM
+    assert not (out / "keep.txt").exists()                            # replaced, not written into
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]        # no staging or set-aside copies left
+    fresh = tmp_path / "new" / "deeper"                               # missing parents are made
+    assert main(["audit", "--only", FAST_CLAIM, "--out", str(fresh), "--quiet"]) == 0
+    assert (fresh / "report.json").is_file()
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    capsys.readouterr()
+    assert main(["audit", "--only", FAST_CLAIM, "--out", str(afile), "--quiet", "--force"]) == 2
+    assert "not a directory" in capsys.readouterr().err and afile.read_text() == "x"

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 
 from ..actions import ACTIONS, get_action
 from ..actions.base import load_element
 from ..errors import GaugeAuditError
-from ..models import build, config_of, model_names
+from ..models import FAMILIES, Config, build, config_of, model_names
 from ..models.checkpoint import open_checkpoint
 from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
-from ..runtime import eps, resolve_dtype
+from ..runtime import eps, model_threads, resolve_dtype
 
 
 def register(sub) -> None:
@@ -38,6 +39,10 @@ def register(sub) -> None:
                    "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one")
     p.add_argument("--json", action="store_true", help="one JSON object per (model, action) pair")
     p.set_defaults(func=run)
+
+
+def parameter_count(cfg: Config) -> int:
+    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
 
 
 def _list() -> int:
@@ -138,7 +143,8 @@ def run(args) -> int:
     for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
             cache[m] = build(m, seed=args.seed, device=args.device)
-        r = check(cache[m], a, inputs, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
+        with model_threads(parameter_count(cfg_of[m])):
+            r = check(cache[m], a, inputs, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
         results.append(r)
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
