@@ -48,3 +48,16 @@ def test_thread_choices_restore_the_count():
         with runtime.model_threads(135_000_000):                        # SmolLM2-sized: small operations
             assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_reproducible_pins_one_thread_for_nested_choices():
+    with runtime.reproducible():
+        with runtime.dense_threads(10 * runtime.DENSE_KERNEL_MIN):
+            assert torch.get_num_threads() == 1
+        with runtime.model_threads(10 * runtime.LARGE_MODEL_PARAMS):
+            assert torch.get_num_threads() == 1
+    with runtime.one_thread():
+        with runtime.dense_threads(runtime.DENSE_KERNEL_MIN):
+            assert torch.get_num_threads() == runtime.DEFAULT_THREADS
+        with runtime.dense_threads(runtime.DENSE_KERNEL_MIN - 1):
+            assert torch.get_num_threads() == 1

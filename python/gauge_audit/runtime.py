@@ -52,33 +52,50 @@ def eps(dtype: torch.dtype) -> float:
 #   took 632 s wall / 250 s CPU with two threads at a load of 6 and 105 s / 40 s on one;
 #   MiniLM's canonicalisation 43 s with two threads at a load of 6 and 1.5 s on one
 #   (``benchmarks/bench_gauge_fix.py`` prints the ratio at the current load);
-# * every thread torch was given (``OMP_NUM_THREADS`` or the cores) for single large dense
-#   kernels — the nullity certificate's Gram and Cholesky, forwards of billion-parameter
-#   checkpoints — whose blocks keep each thread busy for milliseconds between hand-offs.
+# * every thread torch was given (``OMP_NUM_THREADS`` or the cores) for large dense work — the
+#   nullity measurement from P ≥ 2048 parameters (Jacobian blocks of ~16 M entries, the
+#   certificate's Gram and Cholesky, the dense path's QR and SVD), forwards of billion-parameter
+#   checkpoints — whose kernels keep each thread busy for milliseconds between hand-offs.
 #
-# One thread also makes results independent of the machine: torch splits a long reduction
-# (a sum, a norm) across threads, and the partial sums' order changes the last bits, so the
-# audit's report would otherwise differ between OMP_NUM_THREADS=1 and 2.
+# One thread also makes results independent of the machine: torch splits long reductions (a
+# sum, a norm) and LAPACK its factorisations (QR, SVD, Cholesky) across threads, which changes
+# their last bits, so the audit's report would otherwise differ between OMP_NUM_THREADS=1 and
+# 2.  The audit therefore runs under :func:`reproducible`, which no phase inside can raise.
 
 DEFAULT_THREADS = torch.get_num_threads()   # what torch chose at import (OMP_NUM_THREADS or the cores)
-# A dense factorisation or product whose matrices have at least this many rows and columns
-# (the nullity certificate's Gram and Cholesky at P ≈ 20 000, the dense path's QR and SVD near its
-# limit) runs at every thread; smaller ones, and everything inside an audit, on one.
+# Dense work on matrices with at least this many columns runs at every thread (see above).
 DENSE_KERNEL_MIN = 2048
 # Above this many parameters a model's forward is dominated by large matrix products (d ≥ 2048:
 # e.g. 16 tokens × 4096 × 14 336 per FFN matrix) and gains from every core.
 LARGE_MODEL_PARAMS = 500_000_000
 
 
+_pinned = False   # inside reproducible(): every phase runs on one thread
+
+
 @contextlib.contextmanager
 def threads(n: int):
-    """Run torch on ``n`` intra-op threads inside the block (the previous setting is restored)."""
+    """Run torch on ``n`` intra-op threads inside the block (the previous setting is restored);
+    one inside :func:`reproducible`."""
     old = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(n)))
+    torch.set_num_threads(1 if _pinned else max(1, int(n)))
     try:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+@contextlib.contextmanager
+def reproducible():
+    """One thread for everything inside the block, phases that would choose more included:
+    results that do not depend on the thread count (the audit's report)."""
+    global _pinned
+    was, _pinned = _pinned, True
+    try:
+        with threads(1):
+            yield
+    finally:
+        _pinned = was
 
 
 def one_thread():
@@ -88,8 +105,8 @@ def one_thread():
 
 
 def dense_threads(n: int):
-    """Threads for one dense kernel on ``n × n``-sized matrices: every thread torch was given
-    from :data:`DENSE_KERNEL_MIN` on, one below (see the thread policy above)."""
+    """Threads for dense work on matrices of ``n`` columns: every thread torch was given from
+    :data:`DENSE_KERNEL_MIN` on, one below (see the thread policy above)."""
     return threads(DEFAULT_THREADS if n >= DENSE_KERNEL_MIN else 1)
 
 

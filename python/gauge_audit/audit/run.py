@@ -8,7 +8,7 @@ from typing import Protocol
 
 from ..claims import Claim
 from ..errors import GaugeAuditError
-from ..runtime import one_thread
+from ..runtime import reproducible
 from .checkers import CHECKER_FUNCTIONS, Context
 from .evidence import ERROR, NOT_RUN, Evidence, Verdict, combine
 
@@ -60,9 +60,10 @@ class Progress(Protocol):
 
 
 def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None) -> AuditReport:
-    # One intra-op thread throughout (runtime's thread policy): the checks are small operations,
-    # and the report must be byte-identical whatever OMP_NUM_THREADS says.
-    with one_thread():
+    # One intra-op thread throughout, phases that would choose more included (runtime's thread
+    # policy): the checks are small operations, and the report must be byte-identical whatever
+    # OMP_NUM_THREADS says.
+    with reproducible():
         return _audit(claims, ctx or Context(), progress)
 
 

@@ -11,7 +11,7 @@ from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
 from ..progress import bar
-from ..runtime import one_thread, resolve_device
+from ..runtime import reproducible, resolve_device
 from .output import new_dir, refuse_existing
 
 VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
@@ -55,7 +55,7 @@ def run(args) -> int:
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
         report = audit(claims, ctx, progress=progress)
-    with one_thread():   # the plots' data, in report.json: as reproducible as the audit
+    with reproducible():   # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)
     with new_dir(Path(args.out), args.force) as tmp:

@@ -12,7 +12,7 @@ import time
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..runtime import one_thread
+from ..runtime import dense_threads
 from . import cost
 from . import explain as ex
 from .families import Family, theory
@@ -33,9 +33,10 @@ def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3
     that would exceed the free memory or ``max_minutes`` (None: no time limit) is refused
     with the estimate.
 
-    Runs on one intra-op thread except for the large dense kernels (runtime's thread policy):
-    the Jacobian products are many small operations."""
-    with one_thread():
+    Threads (runtime's thread policy): one below P = 2048 parameters, where every operation is
+    small; every thread from there on, where the Jacobian blocks, the Gram and the factorisations
+    are large dense kernels."""
+    with dense_threads(cost.parameter_count(cfg)):
         return _analyze(cfg, seed, method, factor, quiet, mf_options, max_minutes)
 
 

@@ -63,7 +63,7 @@ from torch.func import jvp, vmap
 
 from ..errors import GaugeAuditError
 from ..progress import bar, timed_call
-from ..runtime import dense_threads, generator
+from ..runtime import generator
 from . import explain as ex
 from .cost import matmul_gflops
 from .families import Family, theory
@@ -250,8 +250,7 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
         images.add(a, bp)
         fro2 += float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(bp)) ** 2
         t = time.perf_counter()
-        with dense_threads(G.shape[0]):
-            syrk_lower(G, a)
+        syrk_lower(G, a)
         t_gram += time.perf_counter() - t
         fill = 0
 
@@ -388,9 +387,8 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
         G.addmm_(E, E.T, alpha=tr)
     G.diagonal().sub_(tau)
     t_chol = time.perf_counter()
-    with dense_threads(n):
-        L, info = timed_call(torch.linalg.cholesky_ex, G, desc="certificate: Cholesky",
-                             expected_seconds=n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
+    L, info = timed_call(torch.linalg.cholesky_ex, G, desc="certificate: Cholesky",
+                         expected_seconds=n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
     out["cholesky_seconds"] = time.perf_counter() - t_chol
 
     def restore():         # G as it was (only when the Gram is needed again)

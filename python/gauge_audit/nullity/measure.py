@@ -27,7 +27,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 from ..errors import GaugeAuditError
 from ..models import Config, Model, build_config
 from ..progress import bar, note, timed_call
-from ..runtime import dense_threads, generator
+from ..runtime import generator
 from .cost import matmul_gflops
 
 EPS64 = float(torch.finfo(torch.float64).eps)
@@ -372,14 +372,13 @@ def singular_values(J: torch.Tensor, quiet: bool = False) -> torch.Tensor:
     t0 = time.time()
     m, P = J.shape
     rate = matmul_gflops() * 1e9
-    with dense_threads(P):
-        if m > P:   # Householder QR: 2·m·P² − 2P³/3 flops
-            R = timed_call(torch.linalg.qr, J, mode="r", desc="QR of J", disable=quiet,
-                           expected_seconds=(2 * m * P * P - 2 * P ** 3 / 3) / rate).R
-        else:
-            R = J
-        # values-only SVD of the P × P factor: ≈ 8P³/3 flops (bidiagonalisation), at about half the rate
-        s = timed_call(torch.linalg.svdvals, R, desc="SVD", disable=quiet, expected_seconds=16 * P ** 3 / 3 / rate)
+    if m > P:   # Householder QR: 2·m·P² − 2P³/3 flops
+        R = timed_call(torch.linalg.qr, J, mode="r", desc="QR of J", disable=quiet,
+                       expected_seconds=(2 * m * P * P - 2 * P ** 3 / 3) / rate).R
+    else:
+        R = J
+    # values-only SVD of the P × P factor: ≈ 8P³/3 flops (bidiagonalisation), at about half the rate
+    s = timed_call(torch.linalg.svdvals, R, desc="SVD", disable=quiet, expected_seconds=16 * P ** 3 / 3 / rate)
     if s.numel() < P:
         s = torch.cat([s, torch.zeros(P - s.numel(), dtype=s.dtype)])
     progress(f"SVD of {m}×{P}: {time.time() - t0:.1f} s", quiet or time.time() - t0 < 2)
