@@ -29,7 +29,8 @@ from gauge_audit.gauge_fix import canonicalize, compare, function_check
 from gauge_audit.models import build, config_of, gpt2
 from gauge_audit.nullity import analyze
 from gauge_audit.numeric import check
-from gauge_audit.runtime import generator
+from gauge_audit.cli.check import parameter_count
+from gauge_audit.runtime import generator, model_threads
 
 DTYPES = ("float64", "float32", "bfloat16")
 # bench_nullity.py's configurations: P ≈ 20 000 (the README's certificate) and a tiny one.
@@ -98,7 +99,8 @@ def step_checks(table: Table, model_name: str, device: torch.device, min_left: f
             if table.left() < min_left:
                 table.add(Row(f"check {model_name} {a}", dtype, str(device), None, "skipped: budget spent"))
                 continue
-            r, secs = timed(lambda: check(model, a, seed=0, dtype=dtype), device)
+            with model_threads(parameter_count(model.cfg)):   # the CPU path: as `gauge-audit check` chooses
+                r, secs = timed(lambda: check(model, a, seed=0, dtype=dtype), device)
             note = "" if r.agrees else "  <-- differs from theory"
             table.add(Row(f"check {model_name} {a}", dtype, str(device), secs,
                           f"{r.residual_eps:.3g} ε vs {r.tolerance_statistical_eps:.4g} ε statistical, "
