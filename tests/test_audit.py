@@ -104,9 +104,10 @@ ACTION_CLAIMS = "example-relu-rescaling,example-gelu-rescaling,example-stream-ro
 
 def test_audit_example_user_claim_file(tmp_path, capsys):
     """The example's claims that name actions and a formula (its rule claims: tests/test_rules_audit.py)."""
-    code, out, _ = _run(["audit", str(EXAMPLE), "--only", ACTION_CLAIMS, "--out", str(tmp_path), "--quiet"], capsys)
+    code, out, _ = _run(["audit", str(EXAMPLE), "--only", ACTION_CLAIMS, "--out", str(tmp_path / "r"), "--quiet"],
+                        capsys)
     assert code == 0
-    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    data = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
     assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
                    "example-stream-rotation": CORRECTED, "example-attention-dimension": FAILS}
@@ -116,14 +117,14 @@ def test_audit_example_user_claim_file(tmp_path, capsys):
 
 
 def test_audit_fail_on(tmp_path, capsys):
-    assert _run(["audit", str(EXAMPLE), "--only", "example-gelu-rescaling", "--out", str(tmp_path), "--quiet",
+    assert _run(["audit", str(EXAMPLE), "--only", "example-gelu-rescaling", "--out", str(tmp_path / "a"), "--quiet",
                  "--fail-on", "FAILS"], capsys)[0] == 1
-    assert _run(["audit", str(EXAMPLE), "--only", "example-relu-rescaling", "--out", str(tmp_path), "--quiet",
+    assert _run(["audit", str(EXAMPLE), "--only", "example-relu-rescaling", "--out", str(tmp_path / "b"), "--quiet",
                  "--fail-on", "FAILS"], capsys)[0] == 0
 
 
 def test_audit_json_output(tmp_path, capsys):
-    code, out, _ = _run(["audit", "--only", "count-wiki-log-hfact", "--out", str(tmp_path), "--quiet", "--json"],
+    code, out, _ = _run(["audit", "--only", "count-wiki-log-hfact", "--out", str(tmp_path / "r"), "--quiet", "--json"],
                         capsys)
     assert code == 0 and json.loads(out)["claims"][0]["verdict"] == FAILS
 
@@ -155,5 +156,5 @@ def test_audit_malformed_claim_file_one_line_per_problem_exit_2(tmp_path, capsys
     (["audit", "/nonexistent/claims.toml"], "cannot read claim file"),
 ])
 def test_audit_cli_errors_one_line_exit_2(tmp_path, capsys, argv, match):
-    code, _, err = _run(argv + ["--out", str(tmp_path)], capsys)
+    code, _, err = _run(argv + ["--out", str(tmp_path / "r")], capsys)
     assert code == 2 and err.count("\n") == 1 and match in err, err

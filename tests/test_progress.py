@@ -50,7 +50,7 @@ def _has_bar(err: str, desc: str) -> bool:
     (["check", "--model", "attn-tiny"], "check"),
     (["nullity", "--family", "attn", "--d-model", "4", "--n-heads", "2", "--d-head", "2", "--n-ctx", "3",
       "--layers", "1"], "Jacobian rows"),
-    (["audit", "--only", "qk-gl,count-wiki-log-hfact", "--out", "{tmp}"], "audit"),
+    (["audit", "--only", "qk-gl,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),   # three runs
 ])
 def test_bar_on_a_terminal_only_and_never_with_json(tmp_path, argv, desc):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

@@ -107,9 +107,9 @@ def test_rule_torch_rows_match_builtin_actions_per_model(rules_report, model, ru
 
 
 def test_rule_claims_example_paper_verdicts(tmp_path, capsys):
-    assert main(["audit", str(EXAMPLE), "--out", str(tmp_path), "--quiet"]) == 0
+    assert main(["audit", str(EXAMPLE), "--out", str(tmp_path / "r"), "--quiet"]) == 0
     out = capsys.readouterr().out
-    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    data = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
     assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
                    "example-stream-rotation": CORRECTED, "example-attention-dimension": FAILS,

@@ -44,16 +44,73 @@ def eps(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps)
 
 
+# Thread policy.  torch starts with one intra-op thread per core; each phase chooses instead:
+#
+# * one thread for work made of many small operations (tiny models, one factorisation per head,
+#   forwards of models up to a few hundred million parameters on a few dozen tokens): on a busy
+#   CPU the hand-offs and spin-waits between threads dominate such work, e.g. the default audit
+#   took 632 s wall / 250 s CPU with two threads at a load of 6 and 105 s / 40 s on one;
+#   MiniLM's canonicalisation 43 s with two threads at a load of 6 and 1.5 s on one
+#   (``benchmarks/bench_gauge_fix.py`` prints the ratio at the current load);
+# * every thread torch was given (``OMP_NUM_THREADS`` or the cores) for large dense work — the
+#   nullity measurement from P ≥ 2048 parameters (Jacobian blocks of ~16 M entries, the
+#   certificate's Gram and Cholesky, the dense path's QR and SVD), forwards of billion-parameter
+#   checkpoints — whose kernels keep each thread busy for milliseconds between hand-offs.
+#
+# One thread also makes results independent of the machine: torch splits long reductions (a
+# sum, a norm) and LAPACK its factorisations (QR, SVD, Cholesky) across threads, which changes
+# their last bits, so the audit's report would otherwise differ between OMP_NUM_THREADS=1 and
+# 2.  The audit therefore runs under :func:`reproducible`, which no phase inside can raise.
+
+DEFAULT_THREADS = torch.get_num_threads()   # what torch chose at import (OMP_NUM_THREADS or the cores)
+# Dense work on matrices with at least this many columns runs at every thread (see above).
+DENSE_KERNEL_MIN = 2048
+# Above this many parameters a model's forward is dominated by large matrix products (d ≥ 2048:
+# e.g. 16 tokens × 4096 × 14 336 per FFN matrix) and gains from every core.
+LARGE_MODEL_PARAMS = 500_000_000
+
+
+_pinned = False   # inside reproducible(): every phase runs on one thread
+
+
 @contextlib.contextmanager
-def one_thread():
-    """Run torch on one intra-op thread inside the block (the previous setting is restored).
-    For work made of many small operations (small models, one factorisation per head): on an
-    oversubscribed CPU the hand-offs and spin-waits between threads dominate, e.g. MiniLM's
-    canonicalisation took 43 s with two threads at a load of 6 and 1.5 s on one
-    (``benchmarks/bench_gauge_fix.py`` prints the ratio at the current load)."""
+def threads(n: int):
+    """Run torch on ``n`` intra-op threads inside the block (the previous setting is restored);
+    one inside :func:`reproducible`."""
     old = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 if _pinned else max(1, int(n)))
     try:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+@contextlib.contextmanager
+def reproducible():
+    """One thread for everything inside the block, phases that would choose more included:
+    results that do not depend on the thread count (the audit's report)."""
+    global _pinned
+    was, _pinned = _pinned, True
+    try:
+        with threads(1):
+            yield
+    finally:
+        _pinned = was
+
+
+def one_thread():
+    """One intra-op thread inside the block: small operations, reproducible reductions (see the
+    thread policy above)."""
+    return threads(1)
+
+
+def dense_threads(n: int):
+    """Threads for dense work on matrices of ``n`` columns: every thread torch was given from
+    :data:`DENSE_KERNEL_MIN` on, one below (see the thread policy above)."""
+    return threads(DEFAULT_THREADS if n >= DENSE_KERNEL_MIN else 1)
+
+
+def model_threads(n_params: int):
+    """Threads for forwards of a model with ``n_params`` parameters: one for small models, every
+    thread torch was given for billion-parameter ones (see the thread policy above)."""
+    return threads(DEFAULT_THREADS if n_params > LARGE_MODEL_PARAMS else 1)

@@ -33,6 +33,7 @@ in ε, both tolerances and κ.  A rule that touches no tensor of ``params`` is a
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -119,6 +120,15 @@ class UserView(View):
         if n == 0:
             raise GaugeAuditError(f"names: no key matches {templated[0]!r} for layer 0")
         return n
+
+    def unmatched(self) -> dict[str, str]:
+        """The names whose key is in no parameter (layer 0 for per-layer keys) → that key."""
+        out = {}
+        for name in self.specs:
+            key = self._key(name, 0 if PARAMS[name].level != MODEL else None)
+            if key not in self.params:
+                out[name] = key
+        return out
 
     def has(self, name: str) -> bool:
         if name not in self.specs:
@@ -271,14 +281,29 @@ def _path_length(view: UserView, n: int) -> int:
     return max(1, k)
 
 
+def _refuse_unmatched(unmatched: Mapping[str, str], params: Mapping[str, torch.Tensor]) -> None:
+    if not unmatched:
+        return
+    parts = []
+    for name, key in unmatched.items():
+        close = difflib.get_close_matches(key, list(params), n=1)
+        parts.append(f"{name} → {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise GaugeAuditError(f"names: no parameter matches {'; '.join(parts)}")
+
+
 def gauge_residual(forward: Callable, params: Mapping[str, torch.Tensor], rule, *, inputs, names=None, dims=None,
                    seed: int = 0, dtype: torch.dtype = torch.float64, kappa: float = 10.0, layers: int | None = None,
                    path_length: int | None = None) -> GaugeCheck:
     """Measure how much ``rule`` changes ``forward`` (see the module doc); raises
     :class:`~gauge_audit.errors.GaugeAuditError` for a rule that cannot act on these tensors."""
     r = _as_rule(rule)
-    names = names if names is not None else {n: n for n in r.referenced}
+    given = names is not None
+    names = names if given else {n: n for n in r.referenced}
     view = UserView(params, names, dims or {}, layers)
+    if given:
+        # a key the caller named must exist: a typo would otherwise read as "this model has no such
+        # parameter" and the rule would be checked on the rest (or not at all) without a word
+        _refuse_unmatched(view.unmatched(), params)
     why = applicability(r, view.shape, view.has)
     if why:
         mapped = [m.param for m in r.maps]

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ..claims import Claim
 from ..errors import GaugeAuditError
+from ..runtime import reproducible
 from .checkers import CHECKER_FUNCTIONS, Context
 from .evidence import ERROR, NOT_RUN, Evidence, Verdict, combine
 
@@ -59,7 +60,14 @@ class Progress(Protocol):
 
 
 def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None) -> AuditReport:
-    ctx = ctx or Context()
+    # One intra-op thread throughout, phases that would choose more included (runtime's thread
+    # policy): the checks are small operations, and the report must be byte-identical whatever
+    # OMP_NUM_THREADS says.
+    with reproducible():
+        return _audit(claims, ctx or Context(), progress)
+
+
+def _audit(claims: list[Claim], ctx: Context, progress: Progress | None) -> AuditReport:
     report = AuditReport(ctx.seed, ctx.full, [])
     t_all = time.perf_counter()
     for i, claim in enumerate(claims, 1):

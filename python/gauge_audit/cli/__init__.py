@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import platform
 import sys
 
+import torch
+
+from .. import __version__
 from ..errors import GaugeAuditError
 from ..progress import quiet
 
@@ -28,8 +32,25 @@ SUBCOMMANDS = (
 )
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option that takes a value shows its default in ``--help`` (unless its help text
+    already says it in words, e.g. "default: the family's")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS)
+                and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 (argparse's own code)."""
+    """argparse, but usage errors are one line and exit 2 (argparse's own code), and option
+    help shows defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # pragma: no cover - exercised through the CLI tests
         sys.stderr.write(f"gauge-audit: error: {message}\n")
@@ -38,10 +59,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gauge-audit", description="Audit gauge-symmetry claims about transformers.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
+
+
+def _version() -> str:
+    return f"gauge-audit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
 from ..progress import bar
-from ..runtime import resolve_device
+from ..runtime import reproducible, resolve_device
+from .output import new_dir, refuse_existing
 
 VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
 
@@ -22,9 +23,12 @@ def register(sub) -> None:
                                    "claim, combine the evidence into a verdict and write report.md/json/html.")
     p.add_argument("files", nargs="*", metavar="CLAIMS.toml", help="claim files (default: claims/*.toml)")
     p.add_argument("--only", help="comma-separated claim ids")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--out", default="reports/latest", help="report directory (default: reports/latest)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (models, elements, inputs)")
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                   help="where the torch checks run (auto: CUDA when visible)")
+    p.add_argument("--out", default="reports/latest", help="report directory; must not exist (see --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out directory (once the new report "
+                                                         "is complete)")
     p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
     p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
@@ -47,12 +51,16 @@ def run(args) -> int:
         if unknown:
             raise GaugeAuditError(f"unknown claim id(s): {', '.join(unknown)}")
         claims = [catalog[x] for x in wanted]
+    refuse_existing(Path(args.out), args.force)     # before minutes of work, after the inputs' errors
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
         report = audit(claims, ctx, progress=progress)
-    plots, extras = collect(ctx)
+    with reproducible():   # the plots' data, in report.json: as reproducible as the audit
+        plots, extras = collect(ctx)
     report.extras.update(extras)
-    paths = write(report, Path(args.out), plots)
+    with new_dir(Path(args.out), args.force) as tmp:
+        paths = write(report, tmp, plots)
+    paths = {name: Path(args.out) / p.name for name, p in paths.items()}
     if args.json:
         sys.stdout.write(paths["report.json"].read_text(encoding="utf-8"))
     else:

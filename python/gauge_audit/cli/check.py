@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 
 from ..actions import ACTIONS, get_action
 from ..actions.base import load_element
 from ..errors import GaugeAuditError
-from ..models import build, config_of, model_names
+from ..models import FAMILIES, Config, build, config_of, model_names
 from ..models.checkpoint import open_checkpoint
 from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
-from ..runtime import eps, resolve_dtype
+from ..runtime import eps, model_threads, resolve_dtype
 
 
 def register(sub) -> None:
@@ -27,14 +28,21 @@ def register(sub) -> None:
     p.add_argument("--action", help="action name (see --list)")
     p.add_argument("--all", action="store_true", help="every applicable (model, action) pair")
     p.add_argument("--list", action="store_true", help="list models and actions")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16"))
+    p.add_argument("--seed", type=int, default=0, help="seed of the random group element, the random models "
+                   "and the random inputs")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the models run (auto: CUDA when visible)")
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16"),
+                   help="dtype both parameter sets are run in")
     p.add_argument("--kappa", type=float, default=10.0, help="condition number of the sampled GL elements")
     p.add_argument("--element", metavar="NPZ", help="use this group element (an .npz file with the action's "
                    "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one")
     p.add_argument("--json", action="store_true", help="one JSON object per (model, action) pair")
     p.set_defaults(func=run)
+
+
+def parameter_count(cfg: Config) -> int:
+    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
 
 
 def _list() -> int:
@@ -132,16 +140,19 @@ def run(args) -> int:
     inputs, decode = _text_inputs(args, cache.get(models[0]), ckpt) if args.text is not None else (None, None)
 
     results, width = [], max(24, *(len(m) for m in models))
-    if not args.json:
-        print(_header(width))
     for m, a in bar(todo, desc="check", unit="pair") if len(todo) > 1 else todo:
         if m not in cache:
             cache[m] = build(m, seed=args.seed, device=args.device)
-        r = check(cache[m], a, inputs, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
+        with model_threads(parameter_count(cfg_of[m])):
+            r = check(cache[m], a, inputs, seed=args.seed, dtype=dtype, kappa=args.kappa, element=element)
         results.append(r)
         if args.json:
             print(json.dumps(r.to_json(), sort_keys=True))
         else:
+            # the header only once the first check has run: bad weights (NaN, a truncated
+            # shard), found while reading, leave their one error line alone on the terminal
+            if len(results) == 1:
+                echo(_header(width))
             echo(_row(r, decode, width))
     if not args.json:
         holds = sum(r.verdict == HOLDS for r in results)

@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--kappa", type=float, default=4.0, help="condition number of the GL parts of --transform")
     p.add_argument("--perturb", type=float, metavar="REL",
                    help="add a random perturbation of relative size REL to one tensor of B (--perturb-tensor)")
-    p.add_argument("--perturb-tensor", default="blocks.0.attn.W_Q", metavar="NAME")
+    p.add_argument("--perturb-tensor", default="blocks.0.attn.W_Q", metavar="NAME",
+                   help="the tensor --perturb changes (project layout name)")
     p.add_argument("--store-dtype", choices=("same", "float64", "float32", "bfloat16"), default="same",
                    help="B is rounded to this dtype before comparing (same: as stored; built-in models: float64)")
     p.add_argument("--probes", type=int, default=3, help="simulated roundings per model for the tolerance")

@@ -30,8 +30,9 @@ def register(sub) -> None:
     p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k")
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--method", choices=("dense", "matrix-free"), default="dense")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
+    p.add_argument("--method", choices=("dense", "matrix-free"), default="dense",
+                   help="dense SVD of the Jacobian, or the matrix-free sketch with a Cholesky certificate")
     from ..nullity.cost import DEFAULT_MAX_MINUTES
     from ..nullity.matrixfree import ROUNDING
     p.add_argument("--rounding", choices=ROUNDING, default=ROUNDING[0],
@@ -39,7 +40,7 @@ def register(sub) -> None:
                         "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)")
     p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES, metavar="M",
                    help=f"refuse up front, with the estimate, a measurement the cost model puts above M minutes "
-                        f"(default {DEFAULT_MAX_MINUTES:g}; 0: no limit) — or above the free memory (always)")
+                        f"(default: {DEFAULT_MAX_MINUTES:g}; 0: no limit) — or above the free memory (always)")
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("name", nargs="?", metavar="ACTION_OR_CLAIM", help="an action (see --list) or a claim id")
     p.add_argument("--dps", type=int, help="decimal digits (default: 30, 50 and 100; referee test: 50)")
     p.add_argument("--model", help="tiny model for an action (default: the first one it applies to)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled element and model")
     p.add_argument("--kappa", type=float, default=10.0, help="condition number of the sampled element")
     p.add_argument("--certify", action="store_true",
                    help="for a false rule: the interval enclosure of the residual and whether it excludes 0")

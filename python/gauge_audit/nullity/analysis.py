@@ -12,6 +12,7 @@ import time
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
+from ..runtime import dense_threads
 from . import cost
 from . import explain as ex
 from .families import Family, theory
@@ -30,7 +31,17 @@ def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3
 
     Before any work, the cost model (:mod:`.cost`) estimates memory and time; a measurement
     that would exceed the free memory or ``max_minutes`` (None: no time limit) is refused
-    with the estimate."""
+    with the estimate.
+
+    Threads (runtime's thread policy): one below P = 2048 parameters, where every operation is
+    small; every thread from there on, where the Jacobian blocks, the Gram and the factorisations
+    are large dense kernels."""
+    with dense_threads(cost.parameter_count(cfg)):
+        return _analyze(cfg, seed, method, factor, quiet, mf_options, max_minutes)
+
+
+def _analyze(cfg: Config, seed: int, method: str, factor: float, quiet: bool, mf_options: dict | None,
+             max_minutes: float | None) -> NullityReport:
     if method not in ("dense", "matrix-free"):
         raise GaugeAuditError(f"unknown method {method!r} (choose dense or matrix-free)")
     t0 = time.time()
