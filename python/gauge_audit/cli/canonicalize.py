@@ -56,10 +56,21 @@ def load_source(name: str, seed: int = 0, checkpoint: bool = False) -> Source:
     tick = ticker(f"read {ckpt.name}", unit="tensor")
     params = {}
     for i, k in enumerate(lazy, 1):
-        params[k] = lazy[k]
+        params[k] = stored_exactly(lazy[k], (ckpt.storage_dtype, torch.float32))
         if tick:
             tick(i, len(lazy))
     return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
+
+
+def stored_exactly(t: torch.Tensor, dtypes) -> torch.Tensor:
+    """``t`` (read in float64) in the first of ``dtypes`` that holds it exactly — the precision it
+    was stored in: half or a quarter of the memory, the same values — else ``t`` itself."""
+    for dtype in dtypes:
+        if torch.finfo(dtype).bits < torch.finfo(t.dtype).bits:
+            low = t.to(dtype)
+            if torch.equal(low.to(t.dtype), t):
+                return low
+    return t
 
 
 def register(sub) -> None:

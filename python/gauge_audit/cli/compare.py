@@ -44,6 +44,8 @@ def register(sub) -> None:
 def _b_params(args, b: Source):
     """B's parameters after the optional self-check edits, its description and storage dtype."""
     params, what, storage = b.params, b.label, b.storage_dtype
+    if args.transform is not None or args.perturb is not None:   # edited in float64, not in the stored dtype
+        params = {k: v.to(torch.float64) for k, v in params.items()}
     if args.transform is not None:
         if not args.kappa >= 1:
             raise GaugeAuditError("--kappa must be a number >= 1")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..actions import ACTIONS, Element
+from ..actions.blockwise import apply_block, block_of
 from ..models.config import Config
 
 Params = dict[str, torch.Tensor]
@@ -84,13 +85,42 @@ def rounding_kappa(records) -> float:
     return math.prod(r.element.kappa for r in records if r.action not in DIAGONAL)
 
 
+def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -> frozenset:
+    """Apply ``action`` to ``params`` (a dict this caller owns), replacing its tensors block by
+    block (:func:`~gauge_audit.actions.blockwise.apply_block`, equal to the whole-model rule), so
+    that at most one block exists twice — the whole-model rule would hold the old and the new
+    model at once.  An action whose element couples blocks (layout "whole") is applied at once.
+    Returns the names of the tensors it replaced."""
+    act = ACTIONS[action]
+    if act.element_layout == "whole":
+        new = act.apply(cfg, params, element)
+        writes = frozenset(k for k in new if new[k] is not params.get(k))
+        for k in writes:
+            params[k] = new[k]
+        return writes
+    groups: dict[int | None, list[str]] = {}
+    for k in params:
+        groups.setdefault(block_of(k), []).append(k)
+    writes = set()
+    for b, names in groups.items():
+        new = apply_block(act, cfg, {k: params[k] for k in names}, element, b)
+        for k in names:
+            if new[k] is not params[k]:
+                params[k] = new[k]
+                writes.add(k)
+        del new
+    return frozenset(writes)
+
+
 class Context:
-    """The state of one canonicalisation: the current parameters (float64), the records so far,
-    the reference (or None), the storage unit roundoff u of the input and the product κ of the
-    dense elements applied so far (how much the input's rounding may have been amplified)."""
+    """The state of one canonicalisation: the current parameters (float64; a dict of its own,
+    updated in place), the records so far, the reference (or None), the storage unit roundoff u
+    of the input and the product κ of the dense elements applied so far (how much the input's
+    rounding may have been amplified)."""
 
     def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float,
-                 frozen: dict[str, Element] | None = None):
+                 frozen: dict[str, Element] | None = None, whole: bool = False):
+        self.whole = whole   # apply each element with the whole-model rule (a new dict per step)
         self.cfg = cfg
         self.params = params
         self.reference = reference
@@ -117,9 +147,12 @@ class Context:
 
     def apply(self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(),
               reads=()) -> None:
-        before = self.params
-        self.params = ACTIONS[action].apply(self.cfg, before, element)
-        writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
+        if self.whole:
+            before = self.params
+            self.params = ACTIONS[action].apply(self.cfg, before, element)
+            writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
+        else:
+            writes = apply_in_place(self.cfg, self.params, action, element)
         if action not in DIAGONAL:
             self.kappa *= element.kappa
         self.records.append(StepRecord(family, action, element, condition, list(decisions), list(notes),
