@@ -141,6 +141,7 @@ class Canonical:
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
     expected = FAMILIES[cfg.family].param_shapes(cfg)
+    lazy = isinstance(params, LazyParams)   # read on access: shapes known, each tensor checked as it is read
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -148,6 +149,11 @@ def validate(cfg: Config, params: Params) -> None:
                               f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}, "
                               f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}")
     for name, (shape, _) in expected.items():
+        if lazy:
+            if tuple(params.shapes[name]) != tuple(shape):
+                raise GaugeAuditError(f"parameter {name} has shape {tuple(params.shapes[name])}, "
+                                      f"expected {tuple(shape)}")
+            continue
         if tuple(params[name].shape) != tuple(shape):
             raise GaugeAuditError(f"parameter {name} has shape {tuple(params[name].shape)}, expected {tuple(shape)}")
         if not params[name].is_floating_point() or not torch.isfinite(params[name]).all():
@@ -196,9 +202,11 @@ def function_check(cfg: Config, before: Params, after: Params, kappa: float, see
     the max relative output change against the derived tolerances (worst case κ·L·K·ε,
     statistical κ·λ·√(L·K)·ε) and the verdict.  ``element``: the composite mapping ``before``
     to ``after`` (:meth:`Canonical.element`), through which MoE expert labels are compared."""
-    if any(v.dtype != dtype for v in before.values()):
-        # stored in another precision: converted block by block as the forward reads it, not
-        # as one more copy of the whole model
+    # stored in another precision: converted block by block as the forward reads it, not as one
+    # more copy of the whole model
+    if isinstance(before, LazyParams):
+        before = before.cast(dtype)
+    elif any(v.dtype != dtype for v in before.values()):
         before = LazyParams({k: tuple(v.shape) for k, v in before.items()}, before.__getitem__, dtype)
     model = Model("canonical", cfg, before, FAMILIES[cfg.family])
     relabel = None
