@@ -85,12 +85,37 @@ def rounding_kappa(records) -> float:
     return math.prod(r.element.kappa for r in records if r.action not in DIAGONAL)
 
 
+SPANS = 4   # blocks are replaced in this many runs of consecutive blocks (a quarter of them at a time)
+
+
+def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Element | None:
+    """``element`` cut to blocks lo … lo+n−1, renumbered from 0 (``blockwise.restrict`` for a run
+    of blocks)."""
+    if act.element_layout == "shared":
+        return element
+    if act.element_layout == "layers":
+        return Element({k: t[lo:lo + n] for k, t in element.parts.items()}, element.kappa, element.note)
+    parts = {}
+    for k, t in element.parts.items():   # "norms": keyed by the norm's name
+        b = block_of(k + ".")
+        if b is not None and lo <= b < lo + n:
+            parts[_renumbered(k, b, b - lo)] = t
+    return Element(parts, element.kappa, element.note) if parts else None
+
+
+def _renumbered(name: str, i: int, j: int) -> str:
+    prefix = f"blocks.{i}."
+    return f"blocks.{j}." + name[len(prefix):] if name.startswith(prefix) else name
+
+
 def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -> frozenset:
-    """Apply ``action`` to ``params`` (a dict this caller owns), replacing its tensors block by
-    block (:func:`~gauge_audit.actions.blockwise.apply_block`, equal to the whole-model rule), so
-    that at most one block exists twice — the whole-model rule would hold the old and the new
-    model at once.  An action whose element couples blocks (layout "whole") is applied at once.
-    Returns the names of the tensors it replaced."""
+    """Apply ``action`` to ``params`` (a dict this caller owns), replacing its tensors one run of
+    consecutive blocks at a time (each run as a model of its own depth, with its slice of the
+    element, like :func:`~gauge_audit.actions.blockwise.apply_block`; the embeddings and head
+    through ``apply_block``), so that only one run exists twice — the whole-model rule would hold
+    the old and the new model at once, and single blocks would repeat the element's own
+    validation per block.  An action whose element couples blocks (layout "whole") is applied at
+    once.  Returns the names of the tensors it replaced."""
     act = ACTIONS[action]
     if act.element_layout == "whole":
         new = act.apply(cfg, params, element)
@@ -101,9 +126,23 @@ def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -
     groups: dict[int | None, list[str]] = {}
     for k in params:
         groups.setdefault(block_of(k), []).append(k)
+    step = max(1, -(-cfg.n_layers // SPANS))
+    runs: list[tuple[int | None, int, list[str]]] = [(None, 0, groups.get(None, []))]
+    for lo in range(0, cfg.n_layers, step):
+        n = min(step, cfg.n_layers - lo)
+        runs.append((lo, n, [k for b in range(lo, lo + n) for k in groups.get(b, [])]))
     writes = set()
-    for b, names in groups.items():
-        new = apply_block(act, cfg, {k: params[k] for k in names}, element, b)
+    for lo, n, names in runs:
+        if lo is None:
+            new = apply_block(act, cfg, {k: params[k] for k in names}, element, None)
+        else:
+            part = _span_element(act, cfg, element, lo, n)
+            if part is None:
+                continue
+            sub = {_renumbered(k, block_of(k), block_of(k) - lo): params[k] for k in names}
+            new = {_renumbered(k, block_of(k), block_of(k) + lo): v
+                   for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
+            del sub
         for k in names:
             if new[k] is not params[k]:
                 params[k] = new[k]
