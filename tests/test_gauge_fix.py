@@ -20,7 +20,8 @@ from gauge_audit.actions.base import element_from_arrays
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, prepare, unfixed
-from gauge_audit.gauge_fix.comparison import relative_distances
+from gauge_audit.gauge_fix.comparison import (relative_distances, rounding_response,
+                                              rounding_response_recanonicalised)
 from gauge_audit.models import attn, build, build_config, model_names
 from gauge_audit.nullity.families import families
 from gauge_audit.nullity.measure import EPS64, genericity, make_problem
@@ -203,6 +204,29 @@ def test_compare_transformed_copy_is_equivalent(model, name, dtype):
     assert r.invariant_distance <= el.kappa * 64 * u          # rounding level of the storage dtype
     assert r.element_residual <= r.kappa * u + 64 * EPS64
     assert check(m, "composite", element=r.element).verdict == HOLDS
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", SURVIVORS)
+def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtype):
+    """compare's probes (in place, block by block, no re-validation) measure the same response as
+    the plain definition (each probe through canonicalize with the whole-model rules), on both
+    sides of every survival case: the same draws and the same arithmetic, so per group the two
+    squared responses agree to the rounding of summing them (relative 64·ε), far below the
+    factor λ ≈ 5.7 that turns a response into a tolerance."""
+    m = model(name)
+    b, _ = _transformed(m, seed=11)
+    stored = {k: v.to(dtype) for k, v in b.items()}
+    ca = canonicalize(m.cfg, m.params)
+    cb = canonicalize(m.cfg, stored, reference=ca.params)
+    for params, c, seed in ((m.params, ca, 0), (stored, cb, 1)):
+        fast = rounding_response(m.cfg, params, c, ca.params, 3, seed)
+        slow = rounding_response_recanonicalised(m.cfg, params, c, ca.params, 3, seed)
+        assert set(fast) == set(slow)
+        factors = {g: math.sqrt(fast[g] / slow[g]) if slow[g] > 0 else (1.0 if fast[g] == 0 else math.inf)
+                   for g in slow}
+        print(f"{name} {dtype} seed {seed}: fast/plain response per group {factors}")
+        assert all(abs(f - 1.0) <= 64 * EPS64 for f in factors.values())
 
 
 @pytest.mark.parametrize("name", SURVIVORS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from ..actions.base import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, minilm, smollm2
-from ..models.checkpoint import Checkpoint, open_checkpoint
+from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
+from ..models.lazy import LazyParams
 from ..models.checkpoint.writer import atomic_dir
 from ..progress import echo, ticker
 from ..runtime import resolve_dtype
@@ -41,9 +43,13 @@ class Source:
     checkpoint: Checkpoint | None = None
 
 
-def load_source(name: str, seed: int = 0, checkpoint: bool = False) -> Source:
+def load_source(name: str, seed: int = 0, checkpoint: bool = False, native: bool = False,
+                resident: bool = True) -> Source:
     """A built-in model (the tiny families by name and seed) or a checkpoint (a path, or the
-    packaged ``minilm`` / ``smollm2``) read into memory in float64."""
+    packaged ``minilm`` / ``smollm2``) read into memory in float64.  ``native``: a checkpoint's
+    tensors in the dtype they are stored in instead (the same values in half or a quarter of the
+    memory; every gauge-fixing step converts to float64 as it reads), and with ``resident=False``
+    read from the file on every access (:class:`StoredParams`) instead of held."""
     if checkpoint or looks_like_path(name):
         ckpt = open_checkpoint(name)
     elif name in _PACKAGED:
@@ -52,7 +58,9 @@ def load_source(name: str, seed: int = 0, checkpoint: bool = False) -> Source:
         config_of(name)  # unknown names: one line
         m = build(name, seed=seed, device="cpu")
         return Source(f"{name} (seed {seed})", m.cfg, m.params, torch.float64)
-    lazy = ckpt.params()
+    lazy = StoredParams(ckpt) if native else ckpt.params()
+    if native and not resident:
+        return Source(ckpt.describe(), ckpt.cfg, lazy, ckpt.storage_dtype, ckpt)
     tick = ticker(f"read {ckpt.name}", unit="tensor")
     params = {}
     for i, k in enumerate(lazy, 1):
@@ -60,6 +68,40 @@ def load_source(name: str, seed: int = 0, checkpoint: bool = False) -> Source:
         if tick:
             tick(i, len(lazy))
     return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
+
+
+class StoredParams(LazyParams):
+    """A checkpoint's project-layout tensors in the dtype they are stored in (GGUF: float32, what
+    its blocks dequantize to), read on access.  Exact: the file-to-project links only reshape,
+    transpose, split and stack (:mod:`gauge_audit.models.checkpoint.hf`); a link over files of
+    different dtypes reads them in the finest of them."""
+
+    def __init__(self, ckpt: Checkpoint):
+        from ..models import FAMILIES
+
+        shapes = {n: s for n, (s, _) in FAMILIES[ckpt.cfg.family].param_shapes(ckpt.cfg).items()}
+        super().__init__(shapes, self._read, ckpt.storage_dtype)
+        self.ckpt = ckpt
+        self._last: tuple = (None, None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:   # no conversion to one dtype: each as stored
+        if name not in self.shapes:
+            raise KeyError(name)
+        return self._read(name)
+
+    def _read(self, name: str) -> torch.Tensor:
+        link = self.ckpt.by_param[name]
+        if self._last[0] is not link:   # a fused file tensor (GPT-2 c_attn) is read once for its parts
+            files = []
+            for f in link.files:
+                t = self.ckpt.raw(f)
+                if not all_finite(t):
+                    raise GaugeAuditError(f"{self.ckpt.path}: tensor {f} contains NaN or infinite values")
+                files.append(t)
+            dtype = max((t.dtype for t in files), key=lambda d: torch.finfo(d).bits)
+            self._last = (None, None)
+            self._last = (link, link.read(*[t.to(dtype) for t in files]))
+        return self._last[1][link.params.index(name)].contiguous()
 
 
 def register(sub) -> None:
@@ -111,7 +153,9 @@ def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype
 
 
 def run(args) -> int:
-    src = load_source(args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint))
+    # the checkpoint read from its file when asked (twice: canonicalisation, function check), not held
+    src = load_source(args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint), native=True,
+                      resident=False)
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out and Path(args.out).exists():
         raise GaugeAuditError(f"--out {args.out} already exists")
@@ -140,7 +184,7 @@ def run(args) -> int:
         print(json.dumps(report, sort_keys=True, default=float))
         return 0
     counts = report["conditions"]
-    echo(f"{src.label}: {sum(v.numel() for v in src.params.values()):,} parameters, canonicalised in {seconds:.2f} s")
+    echo(f"{src.label}: {sum(math.prod(v.shape) for v in canon.params.values()):,} parameters, canonicalised in {seconds:.2f} s")
     echo(f"gauge conditions imposed: {report['conditions_total']} "
          f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
     echo(f"largest condition residual: {max(report['condition_residual_max'].values(), default=0.0):.2e}")

@@ -42,9 +42,18 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _load(name: str, seed: int) -> Source:
+    src = load_source(name, seed, native=True, resident=False)
+    if src.checkpoint is not None and src.checkpoint.format == "gguf":
+        src.params = {k: src.params[k] for k in src.params}
+    return src
+
+
 def _b_params(args, b: Source):
     """B's parameters after the optional self-check edits, its description and storage dtype."""
     params, what, storage = b.params, b.label, b.storage_dtype
+    if args.transform is not None or args.perturb is not None:   # edited in float64, not in the stored dtype
+        params = {k: v.to(torch.float64) for k, v in params.items()}
     if args.transform is not None:
         if not args.kappa >= 1:
             raise GaugeAuditError("--kappa must be a number >= 1")
@@ -73,8 +82,10 @@ def _b_params(args, b: Source):
 def run(args) -> int:
     if args.probes < 1:
         raise GaugeAuditError("--probes must be >= 1")
-    a = load_source(args.a, args.seed)
-    b = load_source(args.b, args.seed if args.seed_b is None else args.seed_b)
+    # checkpoints in their stored dtype; a GGUF held (dequantizing it again costs seconds), a
+    # safetensors file read again on each pass (it is mapped, and reading it is a copy)
+    a = _load(args.a, args.seed)
+    b = _load(args.b, args.seed if args.seed_b is None else args.seed_b)
     pb, what_b, storage_b = _b_params(args, b)
     r = compare(a.cfg, a.params, b.cfg, pb, probes=args.probes, seed=args.seed,
                 storage_dtype_a=a.storage_dtype, storage_dtype_b=storage_b)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..actions import ACTIONS, Element
+from ..actions.blockwise import apply_block, block_of
 from ..models.config import Config
 
 Params = dict[str, torch.Tensor]
@@ -84,13 +85,81 @@ def rounding_kappa(records) -> float:
     return math.prod(r.element.kappa for r in records if r.action not in DIAGONAL)
 
 
+SPANS = 4   # blocks are replaced in this many runs of consecutive blocks (a quarter of them at a time)
+
+
+def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Element | None:
+    """``element`` cut to blocks lo … lo+n−1, renumbered from 0 (``blockwise.restrict`` for a run
+    of blocks)."""
+    if act.element_layout == "shared":
+        return element
+    if act.element_layout == "layers":
+        return Element({k: t[lo:lo + n] for k, t in element.parts.items()}, element.kappa, element.note)
+    parts = {}
+    for k, t in element.parts.items():   # "norms": keyed by the norm's name
+        b = block_of(k + ".")
+        if b is not None and lo <= b < lo + n:
+            parts[_renumbered(k, b, b - lo)] = t
+    return Element(parts, element.kappa, element.note) if parts else None
+
+
+def _renumbered(name: str, i: int, j: int) -> str:
+    prefix = f"blocks.{i}."
+    return f"blocks.{j}." + name[len(prefix):] if name.startswith(prefix) else name
+
+
+def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -> frozenset:
+    """Apply ``action`` to ``params`` (a dict this caller owns), replacing its tensors one run of
+    consecutive blocks at a time (each run as a model of its own depth, with its slice of the
+    element, like :func:`~gauge_audit.actions.blockwise.apply_block`; the embeddings and head
+    through ``apply_block``), so that only one run exists twice — the whole-model rule would hold
+    the old and the new model at once, and single blocks would repeat the element's own
+    validation per block.  An action whose element couples blocks (layout "whole") is applied at
+    once.  Returns the names of the tensors it replaced."""
+    act = ACTIONS[action]
+    if act.element_layout == "whole":
+        new = act.apply(cfg, params, element)
+        writes = frozenset(k for k in new if new[k] is not params.get(k))
+        for k in writes:
+            params[k] = new[k]
+        return writes
+    groups: dict[int | None, list[str]] = {}
+    for k in params:
+        groups.setdefault(block_of(k), []).append(k)
+    step = max(1, -(-cfg.n_layers // SPANS))
+    runs: list[tuple[int | None, int, list[str]]] = [(None, 0, groups.get(None, []))]
+    for lo in range(0, cfg.n_layers, step):
+        n = min(step, cfg.n_layers - lo)
+        runs.append((lo, n, [k for b in range(lo, lo + n) for k in groups.get(b, [])]))
+    writes = set()
+    for lo, n, names in runs:
+        if lo is None:
+            new = apply_block(act, cfg, {k: params[k] for k in names}, element, None)
+        else:
+            part = _span_element(act, cfg, element, lo, n)
+            if part is None:
+                continue
+            sub = {_renumbered(k, block_of(k), block_of(k) - lo): params[k] for k in names}
+            new = {_renumbered(k, block_of(k), block_of(k) + lo): v
+                   for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
+            del sub
+        for k in names:
+            if new[k] is not params[k]:
+                params[k] = new[k]
+                writes.add(k)
+        del new
+    return frozenset(writes)
+
+
 class Context:
-    """The state of one canonicalisation: the current parameters (float64), the records so far,
-    the reference (or None), the storage unit roundoff u of the input and the product κ of the
-    dense elements applied so far (how much the input's rounding may have been amplified)."""
+    """The state of one canonicalisation: the current parameters (float64; a dict of its own,
+    updated in place), the records so far, the reference (or None), the storage unit roundoff u
+    of the input and the product κ of the dense elements applied so far (how much the input's
+    rounding may have been amplified)."""
 
     def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float,
-                 frozen: dict[str, Element] | None = None):
+                 frozen: dict[str, Element] | None = None, whole: bool = False):
+        self.whole = whole   # apply each element with the whole-model rule (a new dict per step)
         self.cfg = cfg
         self.params = params
         self.reference = reference
@@ -117,9 +186,12 @@ class Context:
 
     def apply(self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(),
               reads=()) -> None:
-        before = self.params
-        self.params = ACTIONS[action].apply(self.cfg, before, element)
-        writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
+        if self.whole:
+            before = self.params
+            self.params = ACTIONS[action].apply(self.cfg, before, element)
+            writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
+        else:
+            writes = apply_in_place(self.cfg, self.params, action, element)
         if action not in DIAGONAL:
             self.kappa *= element.kappa
         self.records.append(StepRecord(family, action, element, condition, list(decisions), list(notes),

@@ -22,6 +22,7 @@ import torch
 from ..actions import Element, composite
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
+from ..models.lazy import LazyParams
 from ..numeric import compare
 from ..runtime import eps, one_thread
 from . import ffn, heads, stream
@@ -120,8 +121,10 @@ class Canonical:
         return [{"step": r.family, **d.to_json()} for r in self.records for d in r.decisions if not d.unique]
 
     def report(self) -> dict:
-        counts = self.condition_counts()
-        residuals = {k: float(v.abs().max()) for k, v in conditions(self.cfg, self.params).items()}
+        conds = conditions(self.cfg, self.params)
+        counts = {k: int(v.numel()) for k, v in conds.items()}
+        residuals = {k: float(v.abs().max()) for k, v in conds.items()}
+        del conds
         steps = []
         for r in self.records:
             steps.append({"family": r.family, "action": r.action, "condition": r.condition,
@@ -138,6 +141,7 @@ class Canonical:
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
     expected = FAMILIES[cfg.family].param_shapes(cfg)
+    lazy = isinstance(params, LazyParams)   # read on access: shapes known, each tensor checked as it is read
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -145,6 +149,11 @@ def validate(cfg: Config, params: Params) -> None:
                               f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}, "
                               f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}")
     for name, (shape, _) in expected.items():
+        if lazy:
+            if tuple(params.shapes[name]) != tuple(shape):
+                raise GaugeAuditError(f"parameter {name} has shape {tuple(params.shapes[name])}, "
+                                      f"expected {tuple(shape)}")
+            continue
         if tuple(params[name].shape) != tuple(shape):
             raise GaugeAuditError(f"parameter {name} has shape {tuple(params[name].shape)}, expected {tuple(shape)}")
         if not params[name].is_floating_point() or not torch.isfinite(params[name]).all():
@@ -169,13 +178,22 @@ def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None
     form of the unperturbed model, whose permutations are reused (rounding-response probes)."""
     validate(cfg, params)
     dtype = storage_dtype or storage_dtype_of(params)
+    return canonicalize_owned(cfg, {k: v.detach().to("cpu", torch.float64) for k, v in params.items()},
+                              reference=reference, storage_dtype=dtype, frozen=frozen)
+
+
+def canonicalize_owned(cfg: Config, p64: Params, *, reference: Params | None, storage_dtype: torch.dtype,
+                       frozen: Canonical | None = None, whole: bool = False) -> Canonical:
+    """:func:`canonicalize` of validated float64 parameters in a dict the caller hands over: the
+    steps replace its tensors in place, block by block (:func:`.base.apply_in_place`), so the
+    input is not kept beside the result.  ``whole``: each step with the whole-model rule instead
+    (a new dict per step; the same result, kept to check the in-place path against)."""
     with one_thread():
-        p64 = {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
         keep = {r.family: r.element for r in frozen.records if r.family in PERMUTATIONS} if frozen else None
-        ctx = Context(cfg, p64, reference, eps(dtype) / 2, keep)
+        ctx = Context(cfg, p64, reference, eps(storage_dtype) / 2, keep, whole)
         for _, fix, _ in STEPS:
             fix(ctx)
-    return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), dtype)
+    return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), storage_dtype)
 
 
 def function_check(cfg: Config, before: Params, after: Params, kappa: float, seed: int = 0,
@@ -184,6 +202,12 @@ def function_check(cfg: Config, before: Params, after: Params, kappa: float, see
     the max relative output change against the derived tolerances (worst case κ·L·K·ε,
     statistical κ·λ·√(L·K)·ε) and the verdict.  ``element``: the composite mapping ``before``
     to ``after`` (:meth:`Canonical.element`), through which MoE expert labels are compared."""
+    # stored in another precision: converted block by block as the forward reads it, not as one
+    # more copy of the whole model
+    if isinstance(before, LazyParams):
+        before = before.cast(dtype)
+    elif any(v.dtype != dtype for v in before.values()):
+        before = LazyParams({k: tuple(v.shape) for k, v in before.items()}, before.__getitem__, dtype)
     model = Model("canonical", cfg, before, FAMILIES[cfg.family])
     relabel = None
     if element is not None:
