@@ -83,6 +83,9 @@ class CheckResult:
     tolerance_statistical_formula: str = ""
     routing_changed: int | None = None   # MoE: tokens whose top-k expert set changed
     extra: dict = field(default_factory=dict)
+    # Why a contrast that fails generically holds at this parameter point ("" at a generic point):
+    # then ``expected`` is HOLDS (see actions/strata.py).
+    special: str = ""
 
     @property
     def holds(self) -> bool:
@@ -171,8 +174,16 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
     el = element if element is not None else action.sample(model.cfg, model.params, generator(seed + 1), kappa)
     new = transformed(action, model.cfg, model.params, el)  # block by block for a checkpoint read lazily
     relabel = action.expert_relabel or (lambda el, layer, idx: idx)
-    return compare(model, new, inputs, el.kappa, dtype, action.name, action.expected_holds(model.cfg), seed,
-                   lambda layer, idx: relabel(el, layer, idx))
+    # The prediction at this point: a contrast holds exactly on its special strata (equal norm
+    # weights, heads or units nothing reads, one position) — judged at the working dtype's ε.
+    expected, special = action.expected_at(model.cfg, model.params, positions(inputs), eps(dtype))
+    return compare(model, new, inputs, el.kappa, dtype, action.name, expected, seed,
+                   lambda layer, idx: relabel(el, layer, idx), special=special)
+
+
+def positions(inputs: dict) -> int:
+    """The sequence length of a batch of inputs."""
+    return next(v for v in inputs.values()).shape[1]
 
 
 def prepare(model: Model, dtype: torch.dtype | str, inputs: dict | None, seed: int) -> tuple[torch.dtype, dict]:
@@ -195,11 +206,12 @@ def require_finite(model: Model) -> None:
 
 
 def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dtype, label: str,
-            expected_holds: bool, seed: int, relabel=None) -> CheckResult:
+            expected_holds: bool, seed: int, relabel=None, special: str = "") -> CheckResult:
     """Run the original and the transformed parameters (both rounded to ``dtype``) on the same
     inputs and judge the change against the derived tolerances for an element of condition
     number ``kappa``.  ``relabel(layer, expert_indices)`` maps the transformed model's MoE expert
-    labels back (None: unchanged)."""
+    labels back (None: unchanged); ``special``: why the prediction is HOLDS at this point although the
+    rule fails generically."""
     p0, p1 = cast(model.params, dtype=dtype), cast(new, dtype=dtype)
     trace0, trace1 = ({}, {}) if model.cfg.experts else (None, None)
     with torch.no_grad():
@@ -208,7 +220,7 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
     if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
         raise GaugeAuditError("the forward pass produced NaN or infinite values")
     err = float((y1 - y0).abs().max() / y0.abs().max())
-    n = next(v for v in inputs.values()).shape[1]
+    n = positions(inputs)
     tol, formula = tolerance(model, kappa, dtype, n)
     e = eps(dtype)
     routing, ties = None, 0
@@ -232,7 +244,8 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
         extra.update(next_token=before.tolist(), next_token_unchanged=bool(torch.equal(before, after)))
     return CheckResult(model.name, label, str(dtype).replace("torch.", ""), str(model.device), seed,
                        HOLDS if expected_holds else FAILS, verdict, err, err / e, tol,
-                       tol / e, kappa, formula, tol_stat, tol_stat / e, stat_formula, routing, extra=extra)
+                       tol / e, kappa, formula, tol_stat, tol_stat / e, stat_formula, routing, extra=extra,
+                       special=special)
 
 
 def pairs(models: list[str]) -> list[tuple[str, str]]:

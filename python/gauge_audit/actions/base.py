@@ -49,10 +49,24 @@ class Action:
     # translation carried along the stream): applied to the whole model at once, lazily read
     # parameters read in first.
     element_layout: str = "layers"
+    # A contrast's special points (see strata.py): (cfg, params, positions n, ε of the working
+    # dtype) -> None at a generic point, else why the rule holds exactly at this one.
+    special: Callable[[Config, Params, int, float], str | None] | None = None
 
     def expected_holds(self, cfg: Config) -> bool:
         """What the theory predicts for this architecture (True: the function is unchanged)."""
         return self.symmetry(cfg) if callable(self.symmetry) else bool(self.symmetry)
+
+    def expected_at(self, cfg: Config, params: Params, n: int, eps: float) -> tuple[bool, str]:
+        """What the theory predicts at this parameter point, for inputs of n positions computed with
+        unit roundoff ``eps``: (holds, why it holds here although it fails generically — "" at a
+        generic point).  Only a contrast predicted to fail can sit on a special point; a true
+        symmetry holds at every point."""
+        generic = self.expected_holds(cfg)
+        if generic or self.special is None:
+            return generic, ""
+        reason = self.special(cfg, params, n, eps)
+        return (True, reason) if reason else (False, "")
 
     @property
     def doc(self) -> str:
