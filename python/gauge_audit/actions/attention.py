@@ -10,7 +10,7 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.layers import rope_planes
 from . import strata
-from .base import (Action, Element, Params, as64, attn_prefixes, cond, put, random_gl, require_invertible,
+from .base import (Action, Element, Params, Special, as64, attn_prefixes, cond, put, random_gl, require_invertible,
                    require_shape, updated)
 
 
@@ -340,12 +340,17 @@ def _heads_special(cfg: Config, params: Params, n: int, affected=None, planes: b
             if counts else "no head's scores change")
 
 
-def _same_action_special(cfg: Config, params: Params, n: int, eps: float) -> str | None:
-    return _heads_special(cfg, params, n)
+def _exact(reason: str | None) -> Special | None:
+    """A stratum of zero tests: the point is on it (defect 0) or not near it."""
+    return Special(reason) if reason else None
 
 
-def _rope_generic_special(cfg: Config, params: Params, n: int, eps: float) -> str | None:
-    return _heads_special(cfg, params, n)
+def _same_action_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    return _exact(_heads_special(cfg, params, n))
+
+
+def _rope_generic_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    return _exact(_heads_special(cfg, params, n))
 
 
 def _not_first_of_group(cfg: Config) -> torch.Tensor:
@@ -353,9 +358,9 @@ def _not_first_of_group(cfg: Config) -> torch.Tensor:
     return torch.arange(cfg.n_heads) % cfg.group_size != 0
 
 
-def _untied_special(cfg: Config, params: Params, n: int, eps: float) -> str | None:
+def _untied_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
     # Under RoPE the sampled M_h are in the commutant, so A = M_h·M_first⁻¹ acts plane by plane.
-    return _heads_special(cfg, params, n, _not_first_of_group, planes=cfg.pos == "rope")
+    return _exact(_heads_special(cfg, params, n, _not_first_of_group, planes=cfg.pos == "rope"))
 
 
 ACTIONS = [

@@ -11,7 +11,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from . import strata
-from .base import Action, Element, Params, as64, put, require_shape, updated
+from .base import Action, Element, Params, Special, as64, put, require_shape, updated
 
 
 def _ffn_prefixes(cfg: Config) -> list[str]:
@@ -125,7 +125,7 @@ def swiglu_scaling(cfg: Config, params: Params, el: Element) -> Params:
     return _scale_hidden(cfg, params, el, ("W_in", "b_in"), positive=False)
 
 
-def _gelu_special(cfg: Config, params: Params, n: int, eps: float) -> str | None:
+def _gelu_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
     """Where ReLU's scaling rule holds on a GELU FFN: it fails generically because unit i then
     contributes gelu(s_i·z_i)/s_i·W_out[i] instead of gelu(z_i)·W_out[i]; the two agree for every
     s exactly when the unit contributes nothing either way — W_out[i] = 0, or z_i ≡ 0 (a zero
@@ -134,8 +134,8 @@ def _gelu_special(cfg: Config, params: Params, n: int, eps: float) -> str | None
     for layer in range(cfg.n_layers):
         if not bool(strata.units_silent(cfg, params, layer).all()):
             return None
-    return ("every hidden unit is silent (W_out row 0, or zero input weights and bias: gelu(0) = 0), "
-            "so no unit's gelu(s·z)/s ≠ gelu(z) reaches the output")
+    return Special("every hidden unit is silent (W_out row 0, or zero input weights and bias: gelu(0) = 0), "
+                   "so no unit's gelu(s·z)/s ≠ gelu(z) reaches the output")
 
 
 # ----------------------------------------------------------------------------- experts

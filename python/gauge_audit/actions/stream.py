@@ -13,7 +13,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from . import strata
-from .base import (Action, Element, Params, as64, cond, put, random_orthogonal, require_shape,
+from .base import (Action, Element, Params, Special, as64, cond, put, random_orthogonal, require_shape,
                    rotation_fixing_ones, updated)
 
 AFFINE = ("layernorm", "rmsnorm")
@@ -269,39 +269,38 @@ def _norm_output_ignored(cfg: Config, params: Params, norm: str, readers: list[s
     return None
 
 
-def _paper_special(cfg: Config, params: Params, n: int, eps: float) -> str | None:
+def _paper_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
     """Where van Nierop's rule holds although the norms are affine.
 
     Generically it fails because a reader sees n(x)·R·D_γ·Rᵀ + β·Rᵀ instead of n(x)·D_γ + β.  Both
     agree for every R of the group when D_γ commutes with every R — all entries of γ equal — and
     every R fixes β — β ∝ 1 for LayerNorm, whose rotations fix 1 (RMSNorm has no β); a norm whose
-    output nothing downstream sees may have any γ.  Entries count as equal within ε·max|γ| (a
-    shift within ε·max|γ|): closer than one rounding of the norm's output."""
-    scalar, ignored, worst = [], [], 0.0
+    output nothing downstream sees may have any γ.  The defect is the largest spread (max − min)
+    of a read norm's γ relative to max|γ| (of β, relative to max|γ| too: it is added to γ⊙n(x));
+    on the stratum it is ≤ ε, closer than one rounding of the norm's output."""
+    scalar, ignored, defect = [], [], 0.0
     for norm, readers in _paper_norms(cfg, params).items():
         gamma = params[f"{norm}.w"]
         spread = strata.spread(gamma)
         if f"{norm}.b" in params:
             spread = max(spread, strata.offset_spread(params[f"{norm}.b"], float(as64(gamma).abs().max())))
-        if spread <= eps:
-            scalar.append(norm)
-            worst = max(worst, spread)
-            continue
-        why = _norm_output_ignored(cfg, params, norm, readers)
+        why = None if spread <= eps else _norm_output_ignored(cfg, params, norm, readers)
         if why is None:
-            return None
-        ignored.append(f"{norm}: {why}")
+            scalar.append(norm)
+            defect = max(defect, spread)
+        else:
+            ignored.append(f"{norm}: {why}")
     if not scalar and not ignored:
         return None
     beta = " and β ∝ 1" if cfg.norm == "layernorm" else ""
     out = []
     if scalar:
-        out.append(f"γ ∝ 1{beta} in {strata.layer_names(scalar, cfg.n_layers)} (spread {worst / eps:.3g} ε), "
+        out.append(f"γ ∝ 1{beta} in {strata.layer_names(scalar, cfg.n_layers)} (spread {defect / eps:.3g} ε), "
                    f"so diag(γ) commutes with R{' and R fixes β' if beta else ''}: the paper's rule is "
                    "stream-rotation here")
     if ignored:
         out.append("nothing reads the other norms' outputs (" + "; ".join(ignored) + ")")
-    return "; ".join(out)
+    return Special("; ".join(out), defect)
 
 
 ACTIONS = [
