@@ -290,3 +290,14 @@ def test_tied_router_logits_cannot_test_an_expert_relabelling():
     assert tied.extra["routing_ties"] > 0 and "tie of router logits" in tied.unresolved and tied.agrees
     generic = check(_with("moe-tiny"), "expert-perm")
     assert generic.verdict == HOLDS and generic.extra["routing_ties"] == 0 and not generic.unresolved
+
+
+def test_layernorm_shift_must_be_fixed_by_the_rotations():
+    """With γ = 1 the paper's rule still moves a generic β (the reader sees β·Rᵀ): it fails.  A β ∝ 1
+    is fixed by every rotation of a LayerNorm stream (R·1 = 1), so γ = 1, β = 0.3·1 is special."""
+    ones = torch.ones_like
+    _assert_generic(check(_with("gpt2-tiny", ln1__w=ones, ln2__w=ones, ln_final__w=ones), PAPER))
+    r = check(_with("gpt2-tiny", ln1__w=ones, ln2__w=ones, ln_final__w=ones,
+                    ln1__b=lambda t: torch.full_like(t, 0.3), ln2__b=lambda t: torch.full_like(t, 0.3),
+                    ln_final__b=lambda t: torch.full_like(t, 0.3)), PAPER)
+    _assert_special(r, "β ∝ 1")
