@@ -301,3 +301,14 @@ def test_layernorm_shift_must_be_fixed_by_the_rotations():
                     ln1__b=lambda t: torch.full_like(t, 0.3), ln2__b=lambda t: torch.full_like(t, 0.3),
                     ln_final__b=lambda t: torch.full_like(t, 0.3)), PAPER)
     _assert_special(r, "β ∝ 1")
+
+
+def test_bare_decoder_check_all_runs_every_applicable_action(saved, capsys):
+    """A GPT2Model (no unembedding) has no LayerNorm reader without a bias: norm-shift-absorbed does
+    not apply (it used to be listed and then abort --all with an error)."""
+    path = str(saved("gpt2-bare"))
+    assert ACTIONS["norm-shift-absorbed"].applies(_cfg(path)) is not None
+    assert main(["check", "--checkpoint", path, "--all", "--json"]) == 0
+    rows = _rows(capsys)
+    assert "norm-shift-absorbed" not in rows and "composite" in rows
+    assert all(r["verdict"] == r["expected"] for r in rows.values())
