@@ -9,7 +9,8 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.layers import rope_planes
-from .base import (Action, Element, Params, as64, attn_prefixes, cond, put, random_gl, require_invertible,
+from . import strata
+from .base import (Action, Element, Params, Special, as64, attn_prefixes, cond, put, random_gl, require_invertible,
                    require_shape, updated)
 
 
@@ -295,6 +296,73 @@ def qk_gl_untied_gqa(cfg: Config, params: Params, el: Element) -> Params:
     return _qk_transform(cfg, params, m, _inv_t(first))
 
 
+# ----------------------------------------------------------------------------- special points
+# Each contrast above fails generically because a score q·kᵀ becomes q·A·kᵀ with A ≠ I (A = M·Mᵀ,
+# M·R_Δ·M⁻¹·R_Δᵀ, M_h·M_first⁻¹): for generic A, u·A·v = 0 forces u = 0 or v = 0.  So it holds
+# exactly where no head's changed scores can reach the output: the head's output ignores its
+# pattern (W_O[h] = 0, or constant values W_V[j] = 0), its queries are 0, or its keys are the same
+# at every position (softmax ignores a constant per query) — or the inputs have one position,
+# where every softmax row has one key.
+def _single_position(n: int) -> str | None:
+    return ("the inputs have a single position: every softmax row has one key, so no score "
+            "reaches the output") if n == 1 else None
+
+
+def _heads_special(cfg: Config, params: Params, n: int, affected=None, planes: bool = False) -> str | None:
+    """Why no changed score reaches the output (None: one does).  ``affected(cfg)`` marks the query
+    heads whose scores change (default all); with ``planes`` (an A in the RoPE commutant, acting
+    plane by plane) a head is also safe when each plane has a zero query or a zero key."""
+    if _single_position(n):
+        return _single_position(n)
+    kinds: dict[str, int] = {}
+    for layer in range(cfg.n_layers):
+        todo = affected(cfg) if affected else torch.ones(cfg.n_heads, dtype=torch.bool)
+        for label, safe in (("W_O = 0 or W_V = 0", strata.heads_ignored(cfg, params, layer)),
+                            ("zero queries", strata.queries_zero(cfg, params, layer)),
+                            ("constant keys", strata.keys_constant(cfg, params, layer))):
+            hit = todo & safe
+            if hit.any():
+                kinds[label] = kinds.get(label, 0) + int(hit.sum())
+            todo = todo & ~safe
+        if planes and todo.any():
+            q = strata.plane_support(cfg, params, layer, "Q")
+            k = strata.plane_support(cfg, params, layer, "K").repeat_interleave(cfg.group_size, dim=0)
+            disjoint = ~(q & k).any(dim=1)
+            hit = todo & disjoint
+            if hit.any():
+                kinds["no RoPE plane with both a query and a key"] = kinds.get(
+                    "no RoPE plane with both a query and a key", 0) + int(hit.sum())
+            todo = todo & ~disjoint
+        if todo.any():
+            return None
+    counts = ", ".join(f"{c} with {label}" for label, c in kinds.items())
+    return (f"no head's changed scores reach the output (heads whose scores change: {counts})"
+            if counts else "no head's scores change")
+
+
+def _exact(reason: str | None) -> Special | None:
+    """A stratum of zero tests: the point is on it (defect 0) or not near it."""
+    return Special(reason) if reason else None
+
+
+def _same_action_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    return _exact(_heads_special(cfg, params, n))
+
+
+def _rope_generic_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    return _exact(_heads_special(cfg, params, n))
+
+
+def _not_first_of_group(cfg: Config) -> torch.Tensor:
+    """The query heads that are not the first of their KV group (the first keeps q·kᵀ exactly)."""
+    return torch.arange(cfg.n_heads) % cfg.group_size != 0
+
+
+def _untied_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    # Under RoPE the sampled M_h are in the commutant, so A = M_h·M_first⁻¹ acts plane by plane.
+    return _exact(_heads_special(cfg, params, n, _not_first_of_group, planes=cfg.pos == "rope"))
+
+
 ACTIONS = [
     Action("qk-gl", "GL(d_k) per KV head per layer (RoPE: commutant ∏ GL(1,ℂ))", True, _qk_gl_applies,
            _qk_gl_sample, qk_gl, claim="qk-gl"),
@@ -306,9 +374,9 @@ ACTIONS = [
     Action("value-bias-fold", "(ℝ^{d_v},+) per KV head per layer", True, _value_bias_applies, _bias_shift_sample,
            value_bias_fold, generic_kappa=False),
     Action("qk-same-action", "W_Q·M, W_K·M (wiki)", False, lambda cfg: None, _same_action_sample, qk_same_action,
-           claim="qk-same-action"),
+           claim="qk-same-action", special=_same_action_special),
     Action("qk-gl-rope-generic", "generic GL(d_k) under RoPE", False, _rope_generic_applies, _rope_generic_sample,
-           qk_gl_rope_generic, claim="rope-commutant"),
+           qk_gl_rope_generic, claim="rope-commutant", special=_rope_generic_special),
     Action("qk-gl-untied-gqa", "one M per query head under GQA", False, _untied_applies, _untied_sample,
-           qk_gl_untied_gqa, claim="gqa-tied"),
+           qk_gl_untied_gqa, claim="gqa-tied", special=_untied_special),
 ]

@@ -30,6 +30,15 @@ class Element:
 
 
 @dataclass(frozen=True)
+class Special:
+    """A special point of a false contrast: a stratum on which its rule is exactly function-preserving
+    (see strata.py), and how far this parameter point is from it."""
+
+    reason: str           # why the rule holds on the stratum ("γ ∝ 1 in every norm, so …")
+    defect: float = 0.0   # relative distance of the point from the stratum (0: on it)
+
+
+@dataclass(frozen=True)
 class Action:
     name: str
     group: str                                     # the group, in words
@@ -49,10 +58,26 @@ class Action:
     # translation carried along the stream): applied to the whole model at once, lazily read
     # parameters read in first.
     element_layout: str = "layers"
+    # A contrast's special points (see strata.py): (cfg, params, positions n, ε of the working
+    # dtype) -> the nearest stratum on which the rule holds exactly, with the point's distance
+    # from it, or None when the point is on none and near none.
+    special: Callable[[Config, Params, int, float], Special | None] | None = None
 
     def expected_holds(self, cfg: Config) -> bool:
         """What the theory predicts for this architecture (True: the function is unchanged)."""
         return self.symmetry(cfg) if callable(self.symmetry) else bool(self.symmetry)
+
+    def expected_at(self, cfg: Config, params: Params, n: int, eps: float) -> tuple[bool, Special | None]:
+        """What the theory predicts at this parameter point, for inputs of n positions computed with
+        unit roundoff ``eps``: (holds, the nearest special point or None).  On a special point
+        (defect ≤ ε: closer than one rounding) a contrast holds; off it, it fails, and the caller
+        decides whether the defect is too small for the failure to be resolved.  Only a contrast
+        predicted to fail has special points; a true symmetry holds at every point."""
+        generic = self.expected_holds(cfg)
+        if generic or self.special is None:
+            return generic, None
+        near = self.special(cfg, params, n, eps)
+        return (near is not None and near.defect <= eps), near
 
     @property
     def doc(self) -> str:

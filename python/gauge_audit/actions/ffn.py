@@ -10,7 +10,8 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from .base import Action, Element, Params, as64, put, require_shape, updated
+from . import strata
+from .base import Action, Element, Params, Special, as64, put, require_shape, updated
 
 
 def _ffn_prefixes(cfg: Config) -> list[str]:
@@ -124,6 +125,19 @@ def swiglu_scaling(cfg: Config, params: Params, el: Element) -> Params:
     return _scale_hidden(cfg, params, el, ("W_in", "b_in"), positive=False)
 
 
+def _gelu_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    """Where ReLU's scaling rule holds on a GELU FFN: it fails generically because unit i then
+    contributes gelu(s_i·z_i)/s_i·W_out[i] instead of gelu(z_i)·W_out[i]; the two agree for every
+    s exactly when the unit contributes nothing either way — W_out[i] = 0, or z_i ≡ 0 (a zero
+    column of W_in and b_in = 0: gelu(0) = 0).  A unit with z_i ≡ b_i ≠ 0 still changes the output
+    by the constant (gelu(s·b)/s − gelu(b))·W_out[i]."""
+    for layer in range(cfg.n_layers):
+        if not bool(strata.units_silent(cfg, params, layer).all()):
+            return None
+    return Special("every hidden unit is silent (W_out row 0, or zero input weights and bias: gelu(0) = 0), "
+                   "so no unit's gelu(s·z)/s ≠ gelu(z) reaches the output")
+
+
 # ----------------------------------------------------------------------------- experts
 def _moe_applies(cfg: Config) -> str | None:
     return None if cfg.experts else "the model has no mixture of experts"
@@ -164,7 +178,7 @@ ACTIONS = [
            claim="relu-forces-identity"),
     Action("swiglu-scaling", "(ℝ≠0)^{d_ff} per SwiGLU FFN", True, _act_is("swiglu"), _scale_sample, swiglu_scaling),
     Action("gelu-scaling", "ReLU's scaling rule on GELU", False, _act_is("gelu", "gelu-tanh"), _scale_sample,
-           gelu_scaling, claim="relu-forces-identity"),
+           gelu_scaling, claim="relu-forces-identity", special=_gelu_special),
     Action("expert-perm", "S_E per MoE block", True, _moe_applies, _expert_sample, expert_perm,
            claim="moe-expert-perm", generic_kappa=False,
            expert_relabel=lambda el, layer, idx: el.parts["perm"][layer][idx]),

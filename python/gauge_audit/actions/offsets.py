@@ -231,7 +231,8 @@ def absorbed_shift_norms(cfg: Config, params: Params) -> list[str]:
 def _absorbed_applies(cfg: Config) -> str | None:
     if cfg.family == "attn" or cfg.norm != "layernorm" or cfg.norm_placement != "pre":
         return "needs an affine pre-LayerNorm"
-    unembed_unbiased = not cfg.tied and not cfg.unembed_bias     # a tied final norm is not shifted
+    # a tied final norm is not shifted, and without an unembedding the final norm has no reader
+    unembed_unbiased = cfg.unembed and not cfg.tied and not cfg.unembed_bias
     if cfg.attn_bias and cfg.mlp_bias and not cfg.experts and not unembed_unbiased:
         return "every reader has a bias (norm-shift covers it)"
     return None

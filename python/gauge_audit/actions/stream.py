@@ -12,7 +12,8 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from .base import (Action, Element, Params, as64, cond, put, random_orthogonal, require_shape,
+from . import strata
+from .base import (Action, Element, Params, Special, as64, cond, put, random_orthogonal, require_shape,
                    rotation_fixing_ones, updated)
 
 AFFINE = ("layernorm", "rmsnorm")
@@ -244,6 +245,64 @@ def stream_rotation_paper(cfg: Config, params: Params, el: Element) -> Params:
     return updated(params, changes)
 
 
+def _paper_norms(cfg: Config, params: Params) -> dict[str, list[str]]:
+    """Every weighted norm → the reader weights the paper's rule multiplies by Rᵀ (a tied final
+    norm's reader W_Eᵀ too: W_E ↦ W_E·R makes it Rᵀ·W_U)."""
+    out = {norm: [w for w, _ in readers] for norm, readers in norm_readers(cfg, params).items()
+           if f"{norm}.w" in params}
+    if cfg.unembed and cfg.tied and "ln_final.w" in params:
+        out["ln_final"] = ["embed.W_E"]
+    return out
+
+
+def _norm_output_ignored(cfg: Config, params: Params, norm: str, readers: list[str]) -> str | None:
+    """Why nothing downstream sees this norm's output (None: something does): its readers are 0,
+    or the sub-block they feed writes the same for every input."""
+    if all(strata.zero(params, w) for w in readers):
+        return "its readers are 0"
+    parts = norm.split(".")
+    if len(parts) == 3 and parts[2] == "ln1" and bool(strata.heads_ignored(cfg, params, int(parts[1])).all()):
+        return "every head of the attention it feeds has W_O = 0 or W_V = 0, so the attention writes a constant"
+    if len(parts) == 3 and parts[2] == "ln2" and not cfg.experts and \
+            bool(strata.units_constant(cfg, params, int(parts[1])).all()):
+        return "every unit of the FFN it feeds is silent or has zero input weights, so the FFN writes a constant"
+    return None
+
+
+def _paper_special(cfg: Config, params: Params, n: int, eps: float) -> Special | None:
+    """Where van Nierop's rule holds although the norms are affine.
+
+    Generically it fails because a reader sees n(x)·R·D_γ·Rᵀ + β·Rᵀ instead of n(x)·D_γ + β.  Both
+    agree for every R of the group when D_γ commutes with every R — all entries of γ equal — and
+    every R fixes β — β ∝ 1 for LayerNorm, whose rotations fix 1 (RMSNorm has no β); a norm whose
+    output nothing downstream sees may have any γ.  The defect is the largest spread (max − min)
+    of a read norm's γ relative to max|γ| (of β, relative to max|γ| too: it is added to γ⊙n(x));
+    on the stratum it is ≤ ε, closer than one rounding of the norm's output."""
+    scalar, ignored, defect = [], [], 0.0
+    for norm, readers in _paper_norms(cfg, params).items():
+        gamma = params[f"{norm}.w"]
+        spread = strata.spread(gamma)
+        if f"{norm}.b" in params:
+            spread = max(spread, strata.offset_spread(params[f"{norm}.b"], float(as64(gamma).abs().max())))
+        why = None if spread <= eps else _norm_output_ignored(cfg, params, norm, readers)
+        if why is None:
+            scalar.append(norm)
+            defect = max(defect, spread)
+        else:
+            ignored.append(f"{norm}: {why}")
+    if not scalar and not ignored:
+        return None
+    beta = " and β ∝ 1" if cfg.norm == "layernorm" else ""
+    out = []
+    if scalar:
+        out.append(f"γ ∝ 1{beta} in {strata.layer_names(scalar, cfg.n_layers)} (spread {defect / eps:.3g} ε), "
+                   f"so diag(γ) commutes with R{' and R fixes β' if beta else ''}: the paper's rule is "
+                   "stream-rotation here")
+    if ignored:
+        out.append("nothing reads the other norms' outputs (" + "; ".join(ignored) + ")")
+    return Special("; ".join(out), defect)
+
+
 ACTIONS = [
     Action("norm-scale", "(ℝ≠0)^d per weighted pre-norm", True, _norm_scale_applies, _norm_scale_sample,
            norm_scale, element_layout="norms"),
@@ -255,5 +314,5 @@ ACTIONS = [
     Action("stream-rotation-paper", "van Nierop's SO(d−1) rule with γ, β unchanged",
            lambda cfg: cfg.norm not in AFFINE, _paper_applies,
            _rotation_sample, stream_rotation_paper, claim="ln-affine-rotation", generic_kappa=False,
-           element_layout="shared"),
+           element_layout="shared", special=_paper_special),
 ]

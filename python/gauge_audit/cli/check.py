@@ -73,8 +73,14 @@ def _row(r: CheckResult, decode=None, width: int = 24) -> str:
     if "next_token_unchanged" in r.extra:
         word = f" {decode(r.extra['next_token'][-1])!r}" if decode else ""
         nxt = f"  next token{word} {'unchanged' if r.extra['next_token_unchanged'] else 'CHANGED'}"
+    verdict = r.verdict
+    if r.special:   # a contrast at one of its special points: the theory predicts HOLDS here
+        verdict += (" (special point) — holds here because " if r.holds else
+                    " — predicted to hold here (special point) because ") + r.special
+    elif r.unresolved:
+        verdict += " (not a contradiction) — " + r.unresolved
     return (f"{r.model:{width}s} {r.action:22s} {r.max_rel_error:11.3e} {r.residual_eps:11.4g} "
-            f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {r.verdict}"
+            f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {verdict}"
             f"{routing}{nxt}{mark}")
 
 
@@ -159,12 +165,18 @@ def run(args) -> int:
         weak = sum(r.verdict == HOLDS_WORST_CASE_ONLY for r in results)
         unresolved = sum(not r.decided for r in results)
         differ = [r for r in results if not r.agrees]
+        special = sum(bool(r.special) for r in results)
+        untestable = sum(bool(r.unresolved) for r in results)
         if len(results) == 1:
             print(f"tolerance (worst case)  = {results[0].tolerance_formula}")
             print(f"tolerance (statistical) = {results[0].tolerance_statistical_formula}")
         print(f"\n{len(results)} checks: {holds} HOLDS, {weak} HOLDS (worst-case bound only), "
               f"{len(results) - holds - weak - unresolved} FAILS, {unresolved} UNDECIDED (a worst-case tolerance "
-              f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory.\n"
+              f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory"
+              + (f"; {special} false contrast(s) at a special point, where the theory predicts HOLDS"
+                 if special else "")
+              + (f"; {untestable} at a point that cannot test the prediction (see the row)" if untestable else "")
+              + ".\n"
               f"tol = κ(g)·L·K·ε (rigorous: every rounding the same way), stat tol = κ(g)·λ·√(L·K)·ε (independent "
               f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}")
     return 1 if any(not r.agrees for r in results) else 0
