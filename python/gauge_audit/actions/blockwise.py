@@ -102,6 +102,9 @@ class TransformedParams(LazyParams):
             self.names.setdefault(block_of(k), []).append(k)
         self._block: tuple[int | None, dict] | None = None
         self._globals: dict | None = None
+        # an element that does not act on the embeddings / final norm / head leaves them as read:
+        # passed through on access, never cached (an 8 B model's two are 8.4 GB in float64)
+        self._globals_untouched = restrict(action, cfg, el, None) is None
         dtype = getattr(base, "dtype", torch.float64)
         device = getattr(base, "device", torch.device("cpu"))
         shapes = getattr(base, "shapes", None) or {k: tuple(v.shape) for k, v in base.items()}
@@ -110,6 +113,8 @@ class TransformedParams(LazyParams):
     def _transformed(self, name: str) -> torch.Tensor:
         b = block_of(name)
         if b is None:
+            if self._globals_untouched:
+                return self.base[name]
             if self._globals is None:
                 self._globals = self._compute(None)
             return self._globals[name]
