@@ -61,6 +61,7 @@ for shard in sorted(Path(sys.argv[1]).glob("*.safetensors")):
     with safe_open(str(shard), framework="pt") as f:
         for k in f.keys():
             x = f.get_tensor(k)
+            torch.empty_like(x).copy_(x)  # get_tensor may map the file lazily: touch every byte
             n += 1
             nbytes += x.numel() * x.element_size()
             del x

@@ -113,6 +113,9 @@ class TransformedParams(LazyParams):
     def _transformed(self, name: str) -> torch.Tensor:
         b = block_of(name)
         if b is None:
+            # past the blocks (the final norm, the head) or before them: no block is needed now, and
+            # an 8 B model's float64 block (1.75 GB) next to its head (4.2 GB) would double the peak
+            self._block = None
             if self._globals_untouched:
                 return self.base[name]
             if self._globals is None:
