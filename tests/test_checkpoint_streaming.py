@@ -46,7 +46,8 @@ def test_piecewise_reads_equal_whole_reads(tiny_hf, monkeypatch, kind, dtype):
     _pieces(monkeypatch)
     calls = []
     read_into = ckpt.source.read_into
-    monkeypatch.setattr(ckpt.source, "read_into", lambda f, out: (calls.append(f), read_into(f, out))[1])
+    monkeypatch.setattr(ckpt.source, "read_into",
+                        lambda f, out, check=None: (calls.append(f), read_into(f, out, check))[1])
     pieces = ckpt.params()
     for k, v in whole.items():
         got = pieces[k]
@@ -100,3 +101,22 @@ def test_untouched_globals_pass_through(tiny_hf):
     for k in ("embed.W_E", "unembed.W_U"):
         assert torch.equal(new[k], params[k])
     assert new._globals is None
+
+
+def test_a_nan_is_found_on_the_piecewise_path(tiny_hf, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from gauge_audit.errors import GaugeAuditError
+
+    src = tiny_hf("llama")
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    sd = load_file(str(bad / "model.safetensors"))
+    sd["lm_head.weight"][-1, -1] = float("nan")  # in the last chunk
+    save_file(sd, str(bad / "model.safetensors"))
+    _pieces(monkeypatch)
+    params = open_checkpoint(bad).params()
+    with pytest.raises(GaugeAuditError, match="lm_head.weight contains NaN"):
+        params["unembed.W_U"]

@@ -75,8 +75,8 @@ class HFDir:
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.where[name].get(name, dtype)
 
-    def read_into(self, name: str, out: torch.Tensor) -> None:
-        self.where[name].read_into(name, out)
+    def read_into(self, name: str, out: torch.Tensor, check=None) -> None:
+        self.where[name].read_into(name, out, check)
 
 
 def _json(path: Path) -> dict:
@@ -240,9 +240,10 @@ class Checkpoint:
         view = link.write(out)[0]
         if tuple(view.shape) != tuple(fshape) or view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
             return None
-        self.source.read_into(f, view)
-        if not all_finite(out):
-            raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
+        def finite(piece: torch.Tensor) -> None:
+            if not all_finite(piece):
+                raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
+        self.source.read_into(f, view, finite)
         return out
 
     def float64_bytes(self) -> int:
