@@ -122,6 +122,9 @@ def main(argv=None) -> int:
               f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}, "
               f"within 60 s: {t2 <= 60}; cost-model estimate (n ≤ P) {est.seconds:.0f} s")
         print(f"  rates: {rates(r2, peak)}")
+        floor = (r2.extra["gram_flops"] + r2.extra["cholesky_flops"]) / (peak * 1e9)
+        print(f"  time / floor (Gram + Cholesky flops at the measured float64 peak, {floor:.1f} s): "
+              f"{t2 / floor:.2f} (target ≤ 1.5)")
         print(f"  {fmt(r2.timings)} s; sketch {r2.extra['sketch_rows']} rows × "
               f"{r2.params - r2.extra['eliminated_coordinates']} coordinates, {r2.extra['low_directions']} low "
               f"direction(s) measured exactly")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 from pathlib import Path
 from typing import Callable, Iterator
@@ -122,6 +123,28 @@ _SUBCLASSES: dict[type, type] = {}
 
 
 # ----------------------------------------------------------------------------- streamed model
+BIG = 1 << 24  # a global matrix of ≥ 16 M entries (128 MiB in float64) is loaded only while its module runs
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules constructed inside register their parameters on the ``meta`` device (no storage),
+    their buffers as usual — so transformers' constructors still compute e.g. the RoPE tables,
+    while a vocabulary-sized embedding costs nothing until it is loaded."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
 def _get(obj, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -170,7 +193,8 @@ class Reference:
         kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
         with torch.device("meta"):
             layered = cls._from_config(full, **kw)
-        self.model = uninitialised(cls, small, **kw)    # embeddings, final norm, head: real storage
+        with parameters_on_meta():                      # buffers (RoPE tables) real, weights loaded later
+            self.model = uninitialised(cls, small, **kw)
         self.layers = _get(layered, arch.layers)
         _set(self.model, arch.layers, self.layers)
         self.model.eval()  # after the transplant: dropout off in the layers too
@@ -182,10 +206,34 @@ class Reference:
                              if f.startswith(arch.layer_prefix.format(i=i))] for i in range(cfg.n_layers)]
         self.global_names = [f for link in output_links(arch, cfg) for f in link.files
                              if not any(f.startswith(arch.layer_prefix.format(i=i)) for i in range(cfg.n_layers))]
+        # The embedding and head matrices (a vocabulary × d each: 4.2 GB in float64 for an 8 B model)
+        # are loaded by their modules' hooks like the layers, one at a time; the rest stays loaded.
+        shapes = {k: v.shape for k, v in self.model.state_dict(keep_vars=True).items()}
+        self.streamed = {f: f for f in self.global_names if f in shapes and math.prod(shapes[f]) >= BIG}
+        head = self.model.get_output_embeddings() if cfg.unembed else None
+        if head is not None and cfg.tied:
+            embed = self.model.get_input_embeddings()
+            names = {id(m): n for n, m in self.model.named_modules()}
+            key = f"{names[id(head)]}.weight"
+            source = f"{names[id(embed)]}.weight"
+            self.streamed[key] = source  # the tie is a second name for W_E: loaded from its file tensor
+        # Parameters outside the checked function that transformers still evaluates (BERT's pooler)
+        # get zero storage; the loaded ones are assigned by _weights, the layers by their hooks.
+        loaded = set(self.global_names) | set(self.streamed)
+        for name, module in self.model.named_modules():
+            if name == arch.layers or name.startswith(arch.layers + "."):
+                continue
+            for pname, w in list(module._parameters.items()):
+                key = f"{name}.{pname}" if name else pname
+                if w is not None and w.is_meta and key not in loaded:
+                    module._parameters[pname] = torch.nn.Parameter(torch.zeros(w.shape, dtype=w.dtype),
+                                                                   requires_grad=False)
 
     @contextlib.contextmanager
     def _weights(self, tensor: Callable[[str], torch.Tensor]) -> Iterator[None]:
-        missing, unexpected = self.model.load_state_dict({f: tensor(f) for f in self.global_names}, strict=False)
+        kept = {f: tensor(f).contiguous() for f in self.global_names if f not in self.streamed}  # assigned as is
+        kept.update({f: torch.empty(self._meta(f).shape, dtype=torch.float64, device="meta") for f in self.streamed})
+        missing, unexpected = self.model.load_state_dict(kept, strict=False, assign=True)
         layer_keys = self.arch.layers + "."
         # the layers load in the hooks; a tied head shares W_E; BERT's pooler is not part of the output
         missing = [k for k in missing if not k.startswith(layer_keys) and not self._tied(k)
@@ -205,10 +253,27 @@ class Reference:
         def unload(module, args, out):
             module.to("meta")  # returns None: a forward hook's return value would replace the output
 
+        def load_matrix(key, source):
+            module_name, _, pname = key.rpartition(".")
+            module = _get(self.model, module_name)
+
+            def pre(mod, args):
+                mod._parameters[pname] = torch.nn.Parameter(tensor(source).contiguous(), requires_grad=False)
+
+            def post(mod, args, out):
+                w = mod._parameters[pname]
+                mod._parameters[pname] = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
+                                                            requires_grad=False)
+            return module, pre, post
+
         hooks = []
         for i, layer in enumerate(self.layers):
             hooks.append(layer.register_forward_pre_hook(load(i)))
             hooks.append(layer.register_forward_hook(unload))
+        for key, source in self.streamed.items():
+            module, pre, post = load_matrix(key, source)
+            hooks.append(module.register_forward_pre_hook(pre))
+            hooks.append(module.register_forward_hook(post))
         try:
             yield
         finally:
@@ -216,6 +281,16 @@ class Reference:
                 h.remove()
             for layer in self.layers:
                 layer.to("meta")
+            for key in self.streamed:
+                module_name, _, pname = key.rpartition(".")
+                module = _get(self.model, module_name)
+                w = module._parameters[pname]
+                module._parameters[pname] = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
+                                                               requires_grad=False)
+
+    def _meta(self, key: str) -> torch.Tensor:
+        module_name, _, pname = key.rpartition(".")
+        return _get(self.model, module_name)._parameters[pname]
 
     def _tied(self, key: str) -> bool:
         return key == "lm_head.weight" and self.cfg.tied
@@ -243,7 +318,7 @@ def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None)
         entries = ckpt.source.entries
         direct = all(f in entries for link in output_links(ckpt.arch, cfg) for f in link.files)
         if direct:
-            return lambda name: ckpt.raw(name).to(torch.float64)
+            return lambda name: ckpt.raw(name, torch.float64)
     params = ckpt.params() if params is None else params
     by_file = {f: link for link in output_links(ckpt.arch, cfg) for f in link.files}
     last: dict = {}

@@ -159,7 +159,7 @@ def certify_written(ckpt, cfg, directory: Path, kappa: float, written: dict) -> 
     before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
     out_hf = json.loads((Path(directory) / "config.json").read_text())
     stored = SafetensorsFile(Path(directory) / "model.safetensors")
-    after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name).to(torch.float64), inputs)
+    after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name, torch.float64), inputs)
     err = float((after - before).abs().max() / before.abs().max())
     wdtype = getattr(torch, written["dtype"])
     model = Model(ckpt.name, cfg, {}, FAMILIES[cfg.family])

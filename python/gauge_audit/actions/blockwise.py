@@ -102,6 +102,9 @@ class TransformedParams(LazyParams):
             self.names.setdefault(block_of(k), []).append(k)
         self._block: tuple[int | None, dict] | None = None
         self._globals: dict | None = None
+        # an element that does not act on the embeddings / final norm / head leaves them as read:
+        # passed through on access, never cached (an 8 B model's two are 8.4 GB in float64)
+        self._globals_untouched = restrict(action, cfg, el, None) is None
         dtype = getattr(base, "dtype", torch.float64)
         device = getattr(base, "device", torch.device("cpu"))
         shapes = getattr(base, "shapes", None) or {k: tuple(v.shape) for k, v in base.items()}
@@ -110,6 +113,11 @@ class TransformedParams(LazyParams):
     def _transformed(self, name: str) -> torch.Tensor:
         b = block_of(name)
         if b is None:
+            # past the blocks (the final norm, the head) or before them: no block is needed now, and
+            # an 8 B model's float64 block (1.75 GB) next to its head (4.2 GB) would double the peak
+            self._block = None
+            if self._globals_untouched:
+                return self.base[name]
             if self._globals is None:
                 self._globals = self._compute(None)
             return self._globals[name]

@@ -34,6 +34,8 @@ from . import gguf as gguf_io
 from .hf import ARCHS, Arch, Link, arch_of
 from .safetensors_file import SafetensorsFile
 
+DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
+
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
 
 
@@ -70,8 +72,11 @@ class HFDir:
                 if name not in self.where or self.where[name].path.name != shard:
                     raise GaugeAuditError(f"{index}: the index puts {name} in {shard}, but that shard does not hold it")
 
-    def get(self, name: str) -> torch.Tensor:
-        return self.where[name].get(name)
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.where[name].get(name, dtype)
+
+    def read_into(self, name: str, out: torch.Tensor, check=None) -> None:
+        self.where[name].read_into(name, out, check)
 
 
 def _json(path: Path) -> dict:
@@ -172,9 +177,13 @@ class Checkpoint:
         dtypes = {self.stored_dtype(f) for link in self.links for f in link.files}
         return max(dtypes, key=lambda d: _EPS.get(d, 0))
 
-    def raw(self, name: str) -> torch.Tensor:
-        """A stored tensor as it is on disk (GGUF: dequantized to float32)."""
-        return self.source.get(name)
+    def raw(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A stored tensor as it is on disk (GGUF: dequantized to float32), or converted to ``dtype``
+        (a large safetensors tensor chunk by chunk, without a whole stored copy beside it)."""
+        if dtype is not None and self.format == "safetensors":
+            return self.source.get(name, dtype)
+        t = self.source.get(name)
+        return t if dtype is None else t.to(dtype)
 
     def params(self, resident: bool = False, device: str | torch.device = "cpu") -> LazyParams:
         """The project-layout parameters, float64, read on access.  ``resident`` keeps each one in
@@ -186,29 +195,56 @@ class Checkpoint:
         shapes = {n: s for n, (s, _) in FAMILIES[self.cfg.family].param_shapes(self.cfg).items()}
         cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
-        def stored(f: str) -> torch.Tensor:
+        def stored(f: str, keep: bool) -> torch.Tensor:
             if f in cache:
                 cache.move_to_end(f)
                 return cache[f]
             t = self.source.get(f)
             if not all_finite(t):
                 raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
-            cache[f] = t
-            if len(cache) > 4:  # fused tensors (GPT-2 c_attn) are read once for Q, K and V
-                cache.popitem(last=False)
+            if keep:  # fused tensors (GPT-2 c_attn) are read once for Q, K and V
+                cache[f] = t
+                if len(cache) > 4:
+                    cache.popitem(last=False)
             return t
 
         def load(name: str) -> torch.Tensor:
             if name in self._resident:
                 return self._resident[name]
             link = self.by_param[name]
-            out = link.read(*[stored(f).to(torch.float64) for f in link.files])
-            t = out[link.params.index(name)].contiguous()
+            t = self._read_direct(link, shapes[name])
+            if t is None:
+                out = link.read(*[stored(f, len(link.params) > 1).to(torch.float64) for f in link.files])
+                t = out[link.params.index(name)].contiguous()
             if resident:
                 self._resident[name] = t
             return t
 
         return LazyParams(shapes, load, torch.float64, device)
+
+    def _read_direct(self, link: Link, shape: tuple) -> torch.Tensor | None:
+        """A large one-file, one-tensor link read straight into its float64 result: the result is
+        allocated in the project's layout, ``link.write`` gives the file's view of it (for
+        nn.Linear the transpose), and the file is read into that view chunk by chunk — one float64
+        copy instead of the stored bytes + a float64 copy + its re-laid-out copy (for an 8 B
+        model's embedding or head 1 + 4.2 + 4.2 GB).  None where that view is not a view (the
+        per-head re-layouts copy) or the source cannot read into one; the caller reads it whole."""
+        if not (len(link.files) == len(link.params) == 1 and link.write is not None
+                and hasattr(self.source, "read_into")):
+            return None
+        f = link.files[0]
+        dtype, fshape = self.source.entries[f]
+        if math.prod(fshape) * 8 <= DIRECT:  # small: the plain path costs nothing
+            return None
+        out = torch.empty(shape, dtype=torch.float64)
+        view = link.write(out)[0]
+        if tuple(view.shape) != tuple(fshape) or view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+            return None
+        def finite(piece: torch.Tensor) -> None:
+            if not all_finite(piece):
+                raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
+        self.source.read_into(f, view, finite)
+        return out
 
     def float64_bytes(self) -> int:
         from ..registry import FAMILIES

@@ -16,6 +16,7 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -26,6 +27,7 @@ CODES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16
          "BOOL": torch.bool}
 NAMES = {v: k for k, v in CODES.items()}
 MAX_HEADER = 100_000_000  # the format's own limit
+CHUNK = 1 << 25  # bytes read (or written) at a time when converting or re-laying out a large tensor
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -40,8 +42,14 @@ class SafetensorsFile:
         self.spans: dict[str, tuple[int, int]] = {}
         self.entries = read_header(self.path, self.spans)   # name -> (dtype, shape)
 
-    def get(self, name: str) -> torch.Tensor:
-        dtype, shape = self.entries[name]
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor, in its stored dtype or converted to ``dtype``; a large conversion is read in
+        chunks straight into the result, so the stored bytes are never held whole next to it."""
+        stored, shape = self.entries[name]
+        if dtype is not None and dtype != stored and len(shape) and math.prod(shape) * _itemsize(stored) > CHUNK:
+            out = torch.empty(shape, dtype=dtype)
+            self.read_into(name, out)
+            return out
         begin, end = self.spans[name]
         buf = bytearray(end - begin)
         try:
@@ -53,8 +61,38 @@ class SafetensorsFile:
         if got != len(buf):
             raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
         if not buf:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+            t = torch.empty(shape, dtype=stored)
+        else:
+            t = torch.frombuffer(buf, dtype=stored).reshape(shape)
+        return t if dtype is None else t.to(dtype)
+
+    def read_into(self, name: str, out: torch.Tensor, check: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Fill ``out`` (the tensor's shape, any dtype and strides — e.g. the transpose of a
+        contiguous result) from the file, ≤ CHUNK bytes of rows at a time; ``check`` sees each
+        chunk as stored (a NaN test there reads a quarter of the bytes of the float64 result)."""
+        stored, shape = self.entries[name]
+        if tuple(out.shape) != tuple(shape) or not len(shape):
+            raise ValueError(f"read_into {name}: shape {tuple(out.shape)} for a stored {tuple(shape)}")
+        begin, end = self.spans[name]
+        rows = shape[0]
+        row_bytes = (end - begin) // rows if rows else 0
+        step = max(1, CHUNK // max(row_bytes, 1))
+        buf = bytearray(min(rows, step) * row_bytes)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(begin)
+                for r0 in range(0, rows, step):
+                    r1 = min(rows, r0 + step)
+                    view = memoryview(buf)[:(r1 - r0) * row_bytes]
+                    if f.readinto(view) != len(view):
+                        raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
+                    if len(view):
+                        piece = torch.frombuffer(view, dtype=stored).reshape((r1 - r0, *shape[1:]))
+                        if check is not None:
+                            check(piece)
+                        out[r0:r1].copy_(piece)
+        except OSError as exc:
+            raise GaugeAuditError(f"cannot read {self.path}: {exc.strerror or exc}") from None
 
 
 def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -138,9 +176,16 @@ class SafetensorsWriter:
         dtype, shape = self.plan[name]
         if tuple(t.shape) != tuple(shape):
             raise GaugeAuditError(f"tensor {name} has shape {tuple(t.shape)}, the plan says {tuple(shape)}")
-        data = t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+        t = t.detach()
         self._f.seek(self.base + self.offsets[name])
-        self._f.write(data.tobytes())
+        # rows at a time: converting / re-laying out a large tensor whole would hold copies of it
+        rows = t.shape[0] if t.dim() else 1
+        row_bytes = (t.numel() // rows if rows else 0) * max(_itemsize(dtype), t.element_size())
+        step = max(1, CHUNK // max(row_bytes, 1)) if t.dim() else 1
+        for r0 in range(0, rows, step):
+            piece = t[r0:r0 + step] if t.dim() else t
+            data = piece.to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+            self._f.write(memoryview(data))
         self.written.add(name)
 
     def close(self) -> None:

@@ -100,6 +100,14 @@ def _passthrough_name(name: str) -> str:
     return re.sub(r"^bert\.", "", name)  # the BertModel layout has no prefix
 
 
+def _write_link(w: SafetensorsWriter, link: Link, params: Mapping) -> None:
+    """One link's file tensors; a function of its own so that nothing of them outlives the call
+    (a loop variable would keep an 8 B model's 4.2 GB float64 embedding alive while the next
+    block is computed)."""
+    for f, t in zip(link.files, link.write(*[params[p] for p in link.params])):
+        w.write(f, t)
+
+
 def write_hf(out: Path, ckpt: Checkpoint, cfg: Config, params: Mapping, dtype: torch.dtype | None = None,
              progress: Callable[[int, int], None] | None = None) -> dict:
     """Write ``params`` (project layout, config ``cfg``) as ``out/config.json`` +
@@ -110,8 +118,7 @@ def write_hf(out: Path, ckpt: Checkpoint, cfg: Config, params: Mapping, dtype: t
     links = output_links(ckpt.arch, cfg)
     with SafetensorsWriter(out / "model.safetensors", layout) as w:
         for k, link in enumerate(links, 1):
-            for f, t in zip(link.files, link.write(*[params[p] for p in link.params])):
-                w.write(f, t)
+            _write_link(w, link, params)
             if progress is not None:
                 progress(k, len(links))
         for name in ckpt.passthrough():
