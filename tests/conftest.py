@@ -1,12 +1,70 @@
-"""Shared fixtures: models are built once per session (building is deterministic)."""
+"""Shared fixtures: models are built once per session (building is deterministic).
+
+The suite runs on pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml); a session
+fixture is built once per worker, and the tests that share an expensive one are kept on one
+worker (``_GROUPS`` below)."""
 
 from __future__ import annotations
 
 import functools
+import os
 
-import pytest
 
-from gauge_audit.models import build
+def _worker_threads() -> int | None:
+    """torch threads for one xdist worker: the cores shared out among the workers, at least one.
+    Two workers of two threads each on two cores spend most of their CPU time spinning in each
+    other's way (measured on the MiniLM checks: 4.5x the CPU time of one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers <= 0:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+_THREADS = _worker_threads()
+if _THREADS is not None:
+    # before torch is imported, so the OpenMP pool (and subprocesses, which inherit the
+    # environment) start at this size; an explicit OMP_NUM_THREADS is left alone
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gauge_audit.models import build  # noqa: E402
+
+if _THREADS is not None:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Tests that share an expensive session- or module-scoped result run on one worker, so it is
+# built once: fixture name -> xdist group.  Tests of the real SmolLM2 weights (dequantized once
+# per process, ~1 GB in float64) are grouped by name as well, as some load it inside the CLI.
+_GROUPS = {
+    "catalog_report": "catalog-audit",   # the default audit of the whole catalog
+    "rules_report": "catalog-audit",     # the catalog restated as rules, compared with it
+    "smol": "smollm2",
+    "smol_reference": "smollm2",
+    "study": "error-study",              # test_precision's error study (MiniLM included)
+    "reports": "rule-nullity",           # test_rules_checkers' nullity analyses
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of each expensive shared result with its xdist group (read by --dist
+    loadgroup; without xdist the marks do nothing)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        groups = {_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in _GROUPS}
+        if "smollm2" in getattr(item, "originalname", item.name):
+            groups.add("smollm2")
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "analyzed" in getattr(item, "fixturenames", ()) and "name" in params:
+            groups.add(f"nullity-{params['name']}")   # the tests measuring one configuration
+        if groups:
+            # one group per test: xdist would make a new group of the joined names
+            item.add_marker(pytest.mark.xdist_group(min(groups)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,6 +76,23 @@ def _model(name: str, seed: int = 0):
 def model():
     """``model(name, seed=0)`` -> a cached float64 CPU model (treat as read-only)."""
     return _model
+
+
+@pytest.fixture(scope="session")
+def analyzed():
+    """``analyzed(cfg, **kw)`` -> ``nullity.analyze(cfg, **kw)``, computed once per session for
+    each configuration and arguments (the measurement is deterministic; treat it as read-only).
+    Several maximality tests assert different things about the same dense measurement."""
+    from gauge_audit.nullity import analyze
+
+    made = {}
+
+    def get(cfg, **kw):
+        key = (repr(cfg), repr(sorted(kw.items())))
+        if key not in made:
+            made[key] = analyze(cfg, **kw)
+        return made[key]
+    return get
 
 
 @pytest.fixture(scope="session")
