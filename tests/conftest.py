@@ -2,12 +2,13 @@
 
 The suite runs on pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml); a session
 fixture is built once per worker, and the tests that share an expensive one are kept on one
-worker (``_GROUPS`` below)."""
+worker (``xdist_group`` below)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 
 
 def _worker_threads() -> int | None:
@@ -37,34 +38,46 @@ if _THREADS is not None:
 
 
 # Tests that share an expensive session- or module-scoped result run on one worker, so it is
-# built once: fixture name -> xdist group.  Tests of the real SmolLM2 weights (dequantized once
-# per process, ~1 GB in float64) are grouped by name as well, as some load it inside the CLI.
-_GROUPS = {
-    "catalog_report": "catalog-audit",   # the default audit of the whole catalog
-    "rules_report": "catalog-audit",     # the catalog restated as rules, compared with it
-    "smol": "smollm2",
-    "smol_reference": "smollm2",
-    "study": "error-study",              # test_precision's error study (MiniLM included)
-    "reports": "rule-nullity",           # test_rules_checkers' nullity analyses
+# built once per run, not once per worker.  The scheduler sees test ids only (it runs in the
+# controlling process, which collects nothing), so the groups are named by file and test name.
+_FILE_GROUPS = {
+    "tests/test_audit.py": "catalog-audit",        # catalog_report: the default audit of the catalog
+    "tests/test_proofs_md.py": "catalog-audit",
+    "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
+    "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
+    "tests/test_rules_checkers.py": "rule-checkers",
 }
+# the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
+# measured_equals_explained's ids end in the size, -A or -B
+_NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
+                      r"small_vocab_first_block_families|matrix_free_agrees_on_small_vocab)\[(.+?)(?:-[AB])?\]$")
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of a test id, or None for a test that shares nothing expensive."""
+    path, _, name = nodeid.partition("::")
+    if "smollm2" in name.split("[")[0]:
+        return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
+    if path in _FILE_GROUPS:
+        return _FILE_GROUPS[path]
+    m = _NULLITY.match(nodeid)
+    return f"nullity-{m.group(1)}" if m else None
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Mark the tests of each expensive shared result with its xdist group (read by --dist
-    loadgroup; without xdist the marks do nothing)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        groups = {_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in _GROUPS}
-        if "smollm2" in getattr(item, "originalname", item.name):
-            groups.add("smollm2")
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if "analyzed" in getattr(item, "fixturenames", ()) and "name" in params:
-            groups.add(f"nullity-{params['name']}")   # the tests measuring one configuration
-        if groups:
-            # one group per test: xdist would make a new group of the joined names
-            item.add_marker(pytest.mark.xdist_group(min(groups)))
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups above: each group is one unit of work, every other
+    test its own; units with more tests are handed out first.  (xdist's own loadgroup reads
+    ``xdist_group`` marks through a node-id suffix that this pytest no longer carries.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 @functools.lru_cache(maxsize=None)
