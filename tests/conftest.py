@@ -1,12 +1,83 @@
-"""Shared fixtures: models are built once per session (building is deterministic)."""
+"""Shared fixtures: models are built once per session (building is deterministic).
+
+The suite runs on pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml); a session
+fixture is built once per worker, and the tests that share an expensive one are kept on one
+worker (``xdist_group`` below)."""
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 
-import pytest
 
-from gauge_audit.models import build
+def _worker_threads() -> int | None:
+    """torch threads for one xdist worker: the cores shared out among the workers, at least one.
+    Two workers of two threads each on two cores spend most of their CPU time spinning in each
+    other's way (measured on the MiniLM checks: 4.5x the CPU time of one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers <= 0:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+_THREADS = _worker_threads()
+if _THREADS is not None:
+    # before torch is imported, so the OpenMP pool (and subprocesses, which inherit the
+    # environment) start at this size; an explicit OMP_NUM_THREADS is left alone
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gauge_audit.models import build  # noqa: E402
+
+if _THREADS is not None:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Tests that share an expensive session- or module-scoped result run on one worker, so it is
+# built once per run, not once per worker.  The scheduler sees test ids only (it runs in the
+# controlling process, which collects nothing), so the groups are named by file and test name.
+_FILE_GROUPS = {
+    "tests/test_audit.py": "catalog-audit",        # catalog_report: the default audit of the catalog
+    "tests/test_proofs_md.py": "catalog-audit",
+    "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
+    "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
+    "tests/test_rules_checkers.py": "rule-checkers",
+}
+# the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
+# measured_equals_explained's ids end in the size, -A or -B
+_NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
+                      r"small_vocab_first_block_families|matrix_free_agrees_on_small_vocab)\[(.+?)(?:-[AB])?\]$")
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of a test id, or None for a test that shares nothing expensive."""
+    path, _, name = nodeid.partition("::")
+    if "smollm2" in name.split("[")[0]:
+        return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
+    if path in _FILE_GROUPS:
+        return _FILE_GROUPS[path]
+    m = _NULLITY.match(nodeid)
+    return f"nullity-{m.group(1)}" if m else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups above: each group is one unit of work, every other
+    test its own; units with more tests are handed out first.  (xdist's own loadgroup reads
+    ``xdist_group`` marks through a node-id suffix that this pytest no longer carries.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,6 +89,23 @@ def _model(name: str, seed: int = 0):
 def model():
     """``model(name, seed=0)`` -> a cached float64 CPU model (treat as read-only)."""
     return _model
+
+
+@pytest.fixture(scope="session")
+def analyzed():
+    """``analyzed(cfg, **kw)`` -> ``nullity.analyze(cfg, **kw)``, computed once per session for
+    each configuration and arguments (the measurement is deterministic; treat it as read-only).
+    Several maximality tests assert different things about the same dense measurement."""
+    from gauge_audit.nullity import analyze
+
+    made = {}
+
+    def get(cfg, **kw):
+        key = (repr(cfg), repr(sorted(kw.items())))
+        if key not in made:
+            made[key] = analyze(cfg, **kw)
+        return made[key]
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -82,9 +82,9 @@ CONFIGS = {
 
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_maximality_measured_equals_explained(name, size):
+def test_maximality_measured_equals_explained(analyzed, name, size):
     cfg = CONFIGS[name](size)
-    r = analyze(cfg, seed=0)
+    r = analyzed(cfg, seed=0)
     assert r.rows >= 3 * r.params
     assert r.gap_ratio >= 1e6, f"no clean gap: {r.gap_ratio:.3g}"
     assert r.generators_ok, [(f.name, f.residual, f.tolerance) for f in r.families]
@@ -124,13 +124,13 @@ FIRST_BLOCK = {
 
 
 @pytest.mark.parametrize("name", sorted(FIRST_BLOCK))
-def test_maximality_small_vocab_first_block_families(name):
+def test_maximality_small_vocab_first_block_families(analyzed, name):
     """vocab < d_model without learned positions: the first block's readers see only the vocab
     points, which adds the unreached-reader, bias-trade and input-offset families (tied: the
     unembedding sees the final norm only on W_E's rows, tied-unembed-null); with them the
     measured nullity is explained, every generator exact, and the families independent."""
     make, dims = FIRST_BLOCK[name]
-    r = analyze(make(), seed=0)
+    r = analyzed(make(), seed=0)
     assert r.gap_ratio >= MIN_GAP and r.generators_ok and r.overlap == 0
     assert r.unexplained == 0, r.unexplained_blocks
     assert r.measured_nullity == r.explained
@@ -142,10 +142,10 @@ def test_maximality_small_vocab_first_block_families(name):
 
 
 @pytest.mark.parametrize("name", sorted(FIRST_BLOCK))
-def test_maximality_matrix_free_agrees_on_small_vocab(name):
+def test_maximality_matrix_free_agrees_on_small_vocab(analyzed, name):
     """The matrix-free certificate reaches the dense nullity with the small-vocab families too."""
     make, _ = FIRST_BLOCK[name]
-    d, m = analyze(make(), method="dense"), analyze(make(), method="matrix-free")
+    d, m = analyzed(make(), seed=0), analyze(make(), method="matrix-free")
     assert (m.measured_nullity, m.unexplained) == (d.measured_nullity, 0)
     assert m.gap_ratio >= MIN_GAP and m.generators_ok
 
@@ -340,10 +340,10 @@ def test_no_gap_is_refused():
 
 # ----------------------------------------------------------------------------- matrix-free
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_maximality_matrix_free_agrees_with_dense(name):
+def test_maximality_matrix_free_agrees_with_dense(analyzed, name):
     """The inertia certificate on a row sketch gives the dense nullity on every family."""
     cfg = CONFIGS[name]("A")
-    d = analyze(cfg, method="dense")
+    d = analyzed(cfg, seed=0)
     m = analyze(cfg, method="matrix-free")
     assert m.measured_nullity == d.measured_nullity == m.explained, (m.measured_nullity, d.measured_nullity)
     assert m.unexplained == 0 and m.generators_ok
