@@ -4,9 +4,9 @@ the rule is wrong it solves for the correction.
 The model is one block of each architecture class the claim applies to, every parameter and
 every datum an independent symbol (d_model = 3, d_k = d_v = 2, d_ff = 2; one query head per KV
 head, or two for GQA; one expert and a two-way router for MoE), each dimension raised to the least
-size at which every declared group on it is non-trivial (SO1(n) needs n ≥ 3, SO(n) and
-permutation(n) n ≥ 2); a group that is trivial at its stated size is NOT-APPLICABLE, not a vacuous
-HOLDS.  The group element is *generic*:
+size at which every declared group on it is non-trivial and not special (SO1(n) and
+permutation(n) need n ≥ 3 — every permutation of 2 is a symmetric involution —, SO(n) n ≥ 2); a
+group that is trivial at its stated size is NOT-APPLICABLE, not a vacuous HOLDS.  The group element is *generic*:
 an exact random rational point of every connected component of the declared group (a random
 integer matrix for GL and its reflection for the other determinant sign; the Cayley transform
 (I − A)(I + A)⁻¹ of a random rational skew A for SO, with A·1 = 0 for SO1, and its reflection
@@ -68,15 +68,18 @@ MAX_SOLVES = 40
 
 
 # ----------------------------------------------------------------------------- the symbolic model
-# The smallest size at which a group is not the trivial group {e}: SO1(n) ≅ SO(n−1) needs n ≥ 3,
-# SO(n) and permutation(n) need n ≥ 2; GL, O, diagonals, translations and scalars are non-trivial at n = 1.
-LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 2}
+# The smallest size at which a group is neither trivial nor special: SO1(n) ≅ SO(n−1) is {I} for n ≤ 2,
+# SO(1) = {1}; permutation(2) = {I, swap} is non-trivial but every element is a symmetric involution, so a
+# rule needing M² = I or Mᵀ = M would hold there vacuously — permutations need n ≥ 3.  GL, O, diagonals,
+# translations and scalars are non-trivial at n = 1.
+LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 3}
 _DIM_FIELD = {"d_model": "d_model", "d_k": "d_head", "d_v": "d_head", "d_ff": "d_ff", "vocab": "vocab",
               "n_ctx": "n_ctx", "n_experts": "experts"}
 
 
 def trivial_group(el: Element, n: int) -> bool:
-    return el.dim is not None and n < LEAST_SIZE.get(el.group, 1)
+    """Is the group {e} at size n (a rule on it is the identity map)?"""
+    return el.dim is not None and n < {"SO1": 3, "SO": 2, "permutation": 2}.get(el.group, 1)
 
 
 def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
@@ -752,18 +755,18 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
     except BudgetSpent:
         out.corrected = out.corrected_text = None
         out.correction_note = ""
-        budget.record(f"no correction found within {part.seconds:.0f} s (the correction search's time budget)")
+        budget.record(f"no correction found within {part.seconds:.3g} s (the correction search's time budget)")
     part = budget.part(SEARCH_SHARE["condition"], RESERVE["condition"])
     try:
         out.condition = condition(rule, [m for m, _ in failing], part)
     except BudgetSpent:
-        budget.record(f"no condition on the group found within {part.seconds:.0f} s")
+        budget.record(f"no condition on the group found within {part.seconds:.3g} s")
     part = budget.part(SEARCH_SHARE["counterexample"], RESERVE["counterexample"])
     try:
         out.counterexample = counterexample(rule, failing[0][0], failing[0][1], part)
     except BudgetSpent:
         out.counterexample = _generic_counterexample(failing[0][1])
-        budget.record(f"no small counterexample within {part.seconds:.0f} s (the generic draw is shown)")
+        budget.record(f"no small counterexample within {part.seconds:.3g} s (the generic draw is shown)")
     return out
 
 
