@@ -16,8 +16,6 @@ with the corrected rule reported) — as the catalog's qk-same-action and value-
 
 from __future__ import annotations
 
-import time
-
 from ..claims import Claim
 from ..models import config_of, model_names
 from ..numeric import HOLDS_WORST_CASE_ONLY
@@ -66,13 +64,9 @@ DEADLINE_KEY = "audit-deadline"          # ctx.cache: time.monotonic() at which 
 
 
 def search_budget(ctx) -> Budget:
-    """The symbolic searches' budget for one claim: the per-claim default, no more than what is
-    left of the audit's ``--max-minutes``."""
-    seconds = ctx.cache.get(SECONDS_KEY, SYMBOLIC_SECONDS)
-    end = ctx.cache.get(DEADLINE_KEY)
-    if end is not None:
-        seconds = max(0.0, min(seconds, end - time.monotonic()))
-    return Budget(seconds)
+    """The symbolic searches' budget for one claim: the per-claim default (CPU seconds), and
+    never past the audit's ``--max-minutes`` deadline."""
+    return Budget(ctx.cache.get(SECONDS_KEY, SYMBOLIC_SECONDS), ctx.cache.get(DEADLINE_KEY))
 
 
 def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:

@@ -755,18 +755,18 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
     except BudgetSpent:
         out.corrected = out.corrected_text = None
         out.correction_note = ""
-        budget.record(f"no correction found within {part.seconds:.3g} s (the correction search's time budget)")
+        budget.record(f"no correction found {part.limit_text()} (the correction search's time budget)")
     part = budget.part(SEARCH_SHARE["condition"], RESERVE["condition"])
     try:
         out.condition = condition(rule, [m for m, _ in failing], part)
     except BudgetSpent:
-        budget.record(f"no condition on the group found within {part.seconds:.3g} s")
+        budget.record(f"no condition on the group found {part.limit_text()}")
     part = budget.part(SEARCH_SHARE["counterexample"], RESERVE["counterexample"])
     try:
         out.counterexample = counterexample(rule, failing[0][0], failing[0][1], part)
     except BudgetSpent:
         out.counterexample = _generic_counterexample(failing[0][1])
-        budget.record(f"no small counterexample within {part.seconds:.3g} s (the generic draw is shown)")
+        budget.record(f"no small counterexample {part.limit_text()} (the generic draw is shown)")
     return out
 
 
