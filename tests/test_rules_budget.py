@@ -5,6 +5,7 @@ symbolic blocks are big enough that no declared group is trivial; ``audit --max-
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -19,7 +20,7 @@ from gauge_audit.claims.rule import parse_rule
 from gauge_audit.cli import main
 from gauge_audit.models import config_of
 from gauge_audit.rules import symbolic as rs
-from gauge_audit.rules.budget import CLAIM_SECONDS, SYMBOLIC_SECONDS, Budget
+from gauge_audit.rules.budget import CLAIM_SECONDS, Budget
 from gauge_audit.rules.engine import NotApplicable
 from gauge_audit.rules.solve import POLY_LIMITS, solve_sampled, unique_linear
 
@@ -99,7 +100,7 @@ def test_linear_unknowns_are_solved_exactly():
     b = sp.symbols("b0:2")
     x, y = sp.symbols("x y", real=True)
     res = [(b[0] - 3) * x + (b[1] + sp.Rational(1, 2)) * y, (b[0] - 3) * y * x]
-    sol, _, why = solve_sampled(res, list(b), set(), __import__("random").Random(0), Budget(None))
+    sol, _, why = solve_sampled(res, list(b), set(), random.Random(0), Budget(None))
     assert sol == {b[0]: 3, b[1]: sp.Rational(-1, 2)}, why
     assert unique_linear([b[0] + b[1] - 1, b[0] - b[1]], list(b)) == {b[0]: sp.Rational(1, 2), b[1]: sp.Rational(1, 2)}
     assert unique_linear([b[0] + b[1] - 1], list(b)) is None           # under-determined
@@ -107,7 +108,6 @@ def test_linear_unknowns_are_solved_exactly():
 
 
 def test_inconsistent_and_oversized_polynomial_systems_are_reported_not_attempted():
-    import random
     b = sp.symbols(f"b0:{POLY_LIMITS['unknowns'] + 1}")
     x = sp.Symbol("x", real=True)
     sol, _, why = solve_sampled([(b[0] - 1) * x + x ** 2], list(b[:1]), set(), random.Random(0), Budget(None))

@@ -116,11 +116,14 @@ def test_fuzz_generates_enough_distinct_rules_many_false(fuzz_results):
 
 
 def test_fuzz_every_checker_settles_every_rule(fuzz_results):
-    """Each checker decides, or says why not (NOT-APPLICABLE with its reason); UNDECIDED only as the
-    torch checker's split between models — here there is one model, so never."""
+    """Each checker decides, or says why not: NOT-APPLICABLE with its reason, or the precision
+    checker's UNDECIDED when the residuals are neither within the bound nor O(1) (the torch checker's
+    split between models cannot occur with one model)."""
     for claim, evidence, _, _ in fuzz_results:
         for e in evidence:
-            assert e.outcome in DECIDING or (e.outcome == NOT_APPLICABLE and e.summary), (claim.rule.text(), e)
+            honest = (e.outcome == NOT_APPLICABLE and e.summary) or (
+                e.checker == "precision" and e.outcome == "UNDECIDED" and "neither within" in e.summary)
+            assert e.outcome in DECIDING or honest, (claim.rule.text(), e)
 
 
 def test_fuzz_budget_cuts_are_recorded_next_to_the_stated_verdict(fuzz_results):

@@ -3,8 +3,8 @@
 A search is bounded twice.  Its *size* is bounded by limits fixed in the code (how many slots,
 sample points, unknowns, polynomial degrees), so that the same seed always gives the same
 report; its *time* is bounded by a :class:`Budget` of CPU seconds (and the audit's wall-clock
-deadline, if any), checked cooperatively between the steps of a search (never inside one SymPy call: the steps are size-gated so that each is
-short).  A search stopped by its deadline ends with what it found so far, and the checker says
+deadline, if any), checked cooperatively between the steps of a search (never inside one SymPy
+call: the steps are size-gated so that each is short).  A search stopped by its deadline ends with what it found so far, and the checker says
 so in its evidence ("no correction found within N s") — never a silent pass.
 
 The default (:data:`CLAIM_SECONDS`) keeps one rule claim, every checker included, within about
