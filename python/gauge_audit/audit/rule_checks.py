@@ -20,6 +20,7 @@ from ..claims import Claim
 from ..models import config_of, model_names
 from ..numeric import HOLDS_WORST_CASE_ONLY
 from ..rules import symbolic as rsym
+from ..rules.budget import SYMBOLIC_SECONDS, Budget
 from ..rules.engine import NotApplicable
 from ..rules.torch_check import check_rule, models_for
 from .checkers import matches_params as _matches
@@ -40,8 +41,10 @@ def _want_holds(claim: Claim) -> bool:
 
 def _decide(checker: str, claim: Claim, stated_holds: bool, summary: str, details: dict,
             corrected_holds: bool | None = None, corrected_text: str | None = None,
-            counter: str | None = None) -> Evidence:
+            counter: str | None = None, search_note: str = "") -> Evidence:
     want = _want_holds(claim)
+    if stated_holds != want and want and not corrected_holds:
+        summary += search_note
     if stated_holds == want:
         return Evidence(checker, HOLDS, summary, details)
     if not want:
@@ -56,13 +59,24 @@ def _decide(checker: str, claim: Claim, stated_holds: bool, summary: str, detail
                     counterexample=counter or summary)
 
 
+SECONDS_KEY = "rule-symbolic-seconds"    # ctx.cache: the symbolic searches' budget per claim (default SYMBOLIC_SECONDS)
+DEADLINE_KEY = "audit-deadline"          # ctx.cache: time.monotonic() at which the whole audit's budget ends
+
+
+def search_budget(ctx) -> Budget:
+    """The symbolic searches' budget for one claim: the per-claim default (CPU seconds), and
+    never past the audit's ``--max-minutes`` deadline."""
+    return Budget(ctx.cache.get(SECONDS_KEY, SYMBOLIC_SECONDS), ctx.cache.get(DEADLINE_KEY))
+
+
 def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
     """The SymPy decision (and derived correction) for the claim's rule, once per audit."""
     key = ("rule-symbolic", claim.id, claim.file)
     if key not in ctx.cache:
         models, _ = rule_models(claim)
         try:
-            ctx.cache[key] = rsym.check(claim.rule, [config_of(m) for m in models]) if models else None
+            ctx.cache[key] = rsym.check(claim.rule, [config_of(m) for m in models], search_budget(ctx)) \
+                if models else None
         except NotApplicable:
             ctx.cache[key] = None
     return ctx.cache[key]
@@ -71,6 +85,16 @@ def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
 def _corrected(claim: Claim, ctx):
     d = derivation(claim, ctx) if _want_holds(claim) else None
     return (d.corrected, d.corrected_text) if d is not None and d.corrected is not None else (None, None)
+
+
+def _search_note(claim: Claim, ctx) -> str:
+    """What the time budget cut in the correction search ('' if nothing): said next to a FAILS."""
+    d = derivation(claim, ctx) if _want_holds(claim) else None
+    if d is None or d.verdict_holds or d.corrected is not None:
+        return ""
+    cut = [c for c in d.budget_cut if c.startswith("no correction")]
+    return f"; {cut[0]}" if cut else f"; no correction found ({len(d.search)} slot(s) tried, every one within the " \
+                                     "search's size limits)"
 
 
 # ----------------------------------------------------------------------------- symbolic
@@ -89,6 +113,10 @@ def symbolic(claim: Claim, ctx) -> Evidence:
         summary += f"; {d.condition}"
     if d.corrected_text:
         summary += f"; solved correction: {d.corrected_text}"
+    for cut in d.budget_cut:
+        summary += f"; {cut}"
+    if not d.corrected_text and not any(c.startswith("no correction") for c in d.budget_cut) and _want_holds(claim):
+        summary += f"; no correction found ({len(d.search)} slot(s) tried within the search's size limits)"
     return _decide("symbolic", claim, False, summary, details, d.corrected is not None, d.corrected_text,
                    d.counterexample)
 
@@ -140,7 +168,8 @@ def torch(claim: Claim, ctx) -> Evidence:
             if corr_ok:
                 w = max(fixed, key=lambda r: r.max_rel_error)
                 details["corrected_summary"] = f"max {w.residual_eps:.3g} ε (tol {w.tolerance_statistical_eps:.3g} ε)"
-    return _decide("torch", claim, holds, summary, details, corr_ok, text, counter)
+    return _decide("torch", claim, holds, summary, details, corr_ok, text, counter,
+                   "" if holds else _search_note(claim, ctx))
 
 
 # ----------------------------------------------------------------------------- precision
@@ -173,7 +202,8 @@ def precision(claim: Claim, ctx) -> Evidence:
             corr_ok = rc.verdict == "HOLDS"
         except NotApplicable:
             corr_ok = None
-    return _decide("precision", claim, r.verdict == "HOLDS", summary, r.to_json(), corr_ok, text, counter)
+    return _decide("precision", claim, r.verdict == "HOLDS", summary, r.to_json(), corr_ok, text, counter,
+                   "" if r.verdict == "HOLDS" else _search_note(claim, ctx))
 
 
 # ----------------------------------------------------------------------------- nullity
@@ -210,7 +240,7 @@ def nullity(claim: Claim, ctx) -> Evidence:
         except NotApplicable:
             corr_ok = None
     return _decide("nullity", claim, r.flat, summary, r.to_json(), corr_ok, text,
-                   None if r.flat else summary)
+                   None if r.flat else summary, "" if r.flat else _search_note(claim, ctx))
 
 
 def lean(claim: Claim, ctx) -> Evidence:
@@ -228,4 +258,4 @@ def run(name: str, claim: Claim, ctx) -> Evidence:
         return Evidence(name, NOT_APPLICABLE, str(exc))
 
 
-__all__ = ["RULE_CHECKERS", "derivation", "rule_models", "run"]
+__all__ = ["DEADLINE_KEY", "RULE_CHECKERS", "SECONDS_KEY", "derivation", "rule_models", "run", "search_budget"]

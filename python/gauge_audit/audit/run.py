@@ -10,6 +10,7 @@ from ..claims import Claim
 from ..errors import GaugeAuditError
 from ..runtime import reproducible
 from .checkers import CHECKER_FUNCTIONS, Context
+from .rule_checks import DEADLINE_KEY
 from .evidence import ERROR, NOT_RUN, Evidence, Verdict, combine
 
 
@@ -59,17 +60,23 @@ class Progress(Protocol):
     def done(self, line: str) -> None: ...
 
 
-def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None) -> AuditReport:
+def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None,
+          max_minutes: float | None = None) -> AuditReport:
+    """``max_minutes`` (None: no limit) bounds the whole run: a check that would start after it
+    is NOT-RUN and says so, and the rule checkers' searches get no more than what is left."""
     # One intra-op thread throughout, phases that would choose more included (runtime's thread
     # policy): the checks are small operations, and the report must be byte-identical whatever
     # OMP_NUM_THREADS says.
     with reproducible():
-        return _audit(claims, ctx or Context(), progress)
+        return _audit(claims, ctx or Context(), progress, max_minutes)
 
 
-def _audit(claims: list[Claim], ctx: Context, progress: Progress | None) -> AuditReport:
+def _audit(claims: list[Claim], ctx: Context, progress: Progress | None, max_minutes: float | None) -> AuditReport:
     report = AuditReport(ctx.seed, ctx.full, [])
     t_all = time.perf_counter()
+    deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
+    if deadline is not None:
+        ctx.cache[DEADLINE_KEY] = deadline
     for i, claim in enumerate(claims, 1):
         evidence = []
         for name in claim.checkers:
@@ -77,7 +84,10 @@ def _audit(claims: list[Claim], ctx: Context, progress: Progress | None) -> Audi
             t = time.perf_counter()
             if progress:
                 progress.start(claim.id, name)
-            if fn is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                ev = Evidence(name, NOT_RUN, f"not run: the audit's --max-minutes budget ({max_minutes:g} min) "
+                                             "ended before this check")
+            elif fn is None:
                 ev = Evidence(name, NOT_RUN, f"the {name} checker is not available in this build")
             else:
                 try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only when stderr is a terminal)")
+    p.add_argument("--max-minutes", type=float, default=0.0, metavar="M",
+                   help="bound the whole run: checks not started within M minutes are NOT-RUN (and say so), "
+                        "the rule checkers' searches get at most what is left (default 0: no limit)")
     p.set_defaults(func=run)
 
 
@@ -42,6 +46,8 @@ def run(args) -> int:
 
     if args.fail_on and args.fail_on not in VERDICTS:
         raise GaugeAuditError(f"--fail-on must be one of {', '.join(VERDICTS)}")
+    if not (args.max_minutes >= 0 and math.isfinite(args.max_minutes)):
+        raise GaugeAuditError("--max-minutes must be a finite number >= 0 (0: no limit)")
     resolve_device(args.device)
     catalog = load_catalog(args.files or None)
     claims = list(catalog.values())
@@ -54,7 +60,7 @@ def run(args) -> int:
     refuse_existing(Path(args.out), args.force)     # before minutes of work, after the inputs' errors
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
-        report = audit(claims, ctx, progress=progress)
+        report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None)
     with reproducible():   # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)

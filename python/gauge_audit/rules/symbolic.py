@@ -3,7 +3,10 @@ the rule is wrong it solves for the correction.
 
 The model is one block of each architecture class the claim applies to, every parameter and
 every datum an independent symbol (d_model = 3, d_k = d_v = 2, d_ff = 2; one query head per KV
-head, or two for GQA; one expert and a two-way router for MoE).  The group element is *generic*:
+head, or two for GQA; one expert and a two-way router for MoE), each dimension raised to the least
+size at which every declared group on it is non-trivial and not special (SO1(n) and
+permutation(n) need n ≥ 3 — every permutation of 2 is a symmetric involution —, SO(n) n ≥ 2); a
+group that is trivial at its stated size is NOT-APPLICABLE, not a vacuous HOLDS.  The group element is *generic*:
 an exact random rational point of every connected component of the declared group (a random
 integer matrix for GL and its reflection for the other determinant sign; the Cayley transform
 (I − A)(I + A)⁻¹ of a random rational skew A for SO, with A·1 = 0 for SO1, and its reflection
@@ -56,15 +59,33 @@ from ..models.config import Config
 from ..models.layers import rope_planes
 from ..models.naming import PARAMS
 from .algebra import SympyOps, evaluate
+from .budget import RESERVE, SEARCH_SHARE, Budget, BudgetSpent, unlimited
 from .engine import Ctx, NotApplicable, ProjectView, Shape, applicability, apply, factors, units
+from .solve import solve_sampled, unique_linear
 
 SYM = dict(d_model=3, d_head=2, d_ff=2, vocab=3, n_ctx=2)
 MAX_SOLVES = 40
 
 
 # ----------------------------------------------------------------------------- the symbolic model
-def arch_config(cfg: Config) -> Config:
-    """The architecture class of ``cfg`` at symbolic size: one block, d_model 3, d_k = d_v = 2."""
+# The smallest size at which a group is neither trivial nor special: SO1(n) ≅ SO(n−1) is {I} for n ≤ 2,
+# SO(1) = {1}; permutation(2) = {I, swap} is non-trivial but every element is a symmetric involution, so a
+# rule needing M² = I or Mᵀ = M would hold there vacuously — permutations need n ≥ 3.  GL, O, diagonals,
+# translations and scalars are non-trivial at n = 1.
+LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 3}
+_DIM_FIELD = {"d_model": "d_model", "d_k": "d_head", "d_v": "d_head", "d_ff": "d_ff", "vocab": "vocab",
+              "n_ctx": "n_ctx", "n_experts": "experts"}
+
+
+def trivial_group(el: Element, n: int) -> bool:
+    """Is the group {e} at size n (a rule on it is the identity map)?"""
+    return el.dim is not None and n < {"SO1": 3, "SO": 2, "permutation": 2}.get(el.group, 1)
+
+
+def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
+    """The architecture class of ``cfg`` at symbolic size: one block, d_model 3, d_k = d_v = 2,
+    d_ff 2 — each dimension raised to the least size at which the rule's groups on it are not
+    trivial (d_k = d_v = 3 for SO1(d_v): at 2 it is {I}, and a rule would hold vacuously)."""
     g = 2 if cfg.n_kv_heads < cfg.n_heads else 1
     over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g, n_kv_heads=1, d_head=SYM["d_head"],
                 n_ctx=SYM["n_ctx"])
@@ -72,6 +93,16 @@ def arch_config(cfg: Config) -> Config:
         over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
     if cfg.experts:
         over.update(experts=2, top_k=1)
+    for el in (rule.elements if rule is not None else ()):
+        need = LEAST_SIZE.get(el.group, 1)
+        if el.dim in _DIM_FIELD and _DIM_FIELD[el.dim] in over:
+            f = _DIM_FIELD[el.dim]
+            over[f] = max(over[f], need)
+        elif el.dim in ("n_heads", "n_kv_heads"):
+            kv = max(over["n_kv_heads"], -(-need // (g if el.dim == "n_heads" else 1)))
+            over.update(n_kv_heads=kv, n_heads=g * kv)
+    if cfg.pos == "rope" and over["d_head"] % 2:
+        over["d_head"] += 1         # rotary planes pair the head's coordinates
     return cfg.with_(**over)
 
 
@@ -104,9 +135,10 @@ def arch_key(cfg: Config, rule: Rule | None = None) -> tuple:
     """What distinguishes two architectures for this rule: a rule inside attention does not see the
     FFN or the embeddings, a rule inside the FFN does not see attention (both still see the norm
     feeding them); a rule on the stream sees everything.  (RoPE's half/interleaved pairing is the
-    same single plane at d_k = 2.)"""
-    c = arch_config(cfg).__dict__.copy()
-    c["rope_style"] = "half"
+    same single plane at d_k = 2, and only there.)"""
+    c = arch_config(cfg, rule).__dict__.copy()
+    if c["d_head"] == 2:
+        c["rope_style"] = "half"
     touched = rule.referenced if rule is not None else set(PARAMS)
     drop = _NOT_FOR_ATTN if touched <= _ATTN_ONLY else _NOT_FOR_FFN if touched <= _FFN_ONLY else ("norm_eps",)
     for k in drop:
@@ -299,8 +331,8 @@ class SymModel:
     data: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg: Config) -> "SymModel":
-        c = arch_config(cfg)
+    def of(cls, cfg: Config, rule: Rule | None = None) -> "SymModel":
+        c = arch_config(cfg, rule)
         return cls(c, _symbolic_params(c))
 
     @property
@@ -496,10 +528,10 @@ def _solve_linear_image(m: SymModel, z0: sp.Matrix, z1: sp.Matrix, f: int):
     for e in _numerators(list(z1 - z0 * T)):
         gens = [s for s in e.free_symbols if s in generic]
         eqs += sp.Poly(e, *gens).coeffs() if gens else [e]
-    sol = sp.solve(eqs, list(T), dict=True) if eqs else [{}]
-    if len(sol) != 1 or any(t not in sol[0] for t in T):
+    sol = unique_linear(eqs, list(T)) if eqs else None
+    if sol is None:
         return None, "no unique solution"
-    return T.subs(sol[0]), ""
+    return T.subs(sol), ""
 
 
 _ACT = {"relu": lambda u: sp.Max(0, u), "gelu": lambda u: u * (1 + sp.erf(u / sp.sqrt(2))) / 2,
@@ -613,10 +645,10 @@ def _stream_map(m: SymModel, P: SymView, Q: SymView) -> tuple[sp.Matrix | None, 
     for e in _numerators(list(w1 - w0 * S)):
         gs = [s for s in e.free_symbols if s in gens]
         eqs += sp.Poly(e, *gs).coeffs() if gs else [e]
-    sol = sp.solve(eqs, list(S), dict=True)
-    if len(sol) != 1 or any(s not in sol[0] for s in S):
+    sol = unique_linear(eqs, list(S))
+    if sol is None:
         return None, "the rule's W_E map is not a right multiplication W_E·S (no stream map)"
-    return sp.simplify(S.subs(sol[0])), "S from W_E ↦ W_E·S"
+    return sp.simplify(S.subs(sol)), "S from W_E ↦ W_E·S"
 
 
 def run_arch(rule: Rule, m: SymModel, els: dict) -> ArchResult:
@@ -646,11 +678,17 @@ class SymbolicResult:
     condition: str | None = None
     counterexample: str | None = None
     steps: list[str] = field(default_factory=list)
+    search: list[str] = field(default_factory=list)        # why each tried correction slot gave nothing
+    budget_seconds: float | None = None
+    budget_cut: list[str] = field(default_factory=list)    # what the time budget stopped (empty: nothing)
+    sizes: dict = field(default_factory=dict)              # the symbolic block's dimensions
 
     def to_json(self) -> dict:
         return {"holds": self.verdict_holds, "per_arch": self.per_arch,
                 "corrected_rule": self.corrected_text, "correction_note": self.correction_note,
-                "condition": self.condition, "counterexample": self.counterexample, "steps": self.steps}
+                "condition": self.condition, "counterexample": self.counterexample, "steps": self.steps,
+                "correction_search": self.search, "budget_seconds": self.budget_seconds,
+                "budget_cut": self.budget_cut, "sizes": self.sizes}
 
 
 def _arch_models(rule: Rule, cfgs: list[Config]) -> list[SymModel]:
@@ -660,24 +698,37 @@ def _arch_models(rule: Rule, cfgs: list[Config]) -> list[SymModel]:
         if key in seen:
             continue
         seen.add(key)
-        m = SymModel.of(cfg)
+        m = SymModel.of(cfg, rule)
         if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None:
             out.append(m)
     return out
 
 
-def check(rule: Rule, cfgs: list[Config]) -> SymbolicResult:
-    """Decide the rule on the architecture classes of ``cfgs``; solve for a correction if it fails."""
+def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> SymbolicResult:
+    """Decide the rule on the architecture classes of ``cfgs``; solve for a correction if it fails.
+
+    The decision on the stated rule is exact and bounded by size alone.  The searches after a
+    failure (correction, condition, small counterexample) are bounded by size limits and share
+    ``budget`` (default: no time limit — the audit passes :data:`~.budget.SYMBOLIC_SECONDS` per
+    claim); one that runs out of time stops with what it has, and the result says so
+    (``budget_cut``)."""
+    budget = budget or unlimited()
     models = _arch_models(rule, cfgs)
     if not models:
         raise NotApplicable("the rule applies to none of the architecture classes at symbolic size")
+    for el in rule.elements:
+        n = _size(el, models[0].shape.dims)
+        if trivial_group(el, n):
+            raise NotApplicable(f"{el.symbol} ∈ {el.text()} is the trivial group at n = {n}: the rule is the identity "
+                                "map and a symbolic HOLDS would be vacuous")
     results = []
     for m in models:
         for els in element_assignments(rule, m.shape):
             results.append((m, run_arch(rule, m, els)))
     per = [_arch_json(r) for _, r in results]
     ok = all(r.holds for _, r in results)
-    out = SymbolicResult(ok, per)
+    out = SymbolicResult(ok, per, budget_seconds=budget.seconds, budget_cut=budget.cut,
+                         sizes={k: v for k, v in models[0].shape.dims.items() if v})
     lines: dict[str, int] = {}
     for _, r in results:
         line = f"{r.arch}: " + ("invariant" if r.holds else "NOT invariant: " + "; ".join(
@@ -688,19 +739,34 @@ def check(rule: Rule, cfgs: list[Config]) -> SymbolicResult:
         return out
     failing = [(m, r) for m, r in results if not r.holds]
     failing_models = list({id(m): m for m, _ in failing}.values())
-    corr = correct(rule, failing_models)
-    if corr is not None:
-        out.corrected, out.corrected_text, out.correction_note = corr
-        # correct() verified it on the failing classes; the others must stay invariant too
-        rest = [m for m in models if all(m is not f for f in failing_models)]
-        ok_rest = all(run_arch(corr[0], m, e).holds for m in rest for e in element_assignments(corr[0], m.shape))
-        out.steps.append(f"corrected rule checked at fresh exact draws on every class: "
-                         f"{'invariant' if ok_rest else 'NOT invariant'}")
-        if not ok_rest:
-            out.corrected = out.corrected_text = None
-            out.correction_note = "a solved correction breaks another architecture class"
-    out.condition = condition(rule, [m for m, _ in failing])
-    out.counterexample = counterexample(rule, failing[0][0], failing[0][1])
+    part = budget.part(SEARCH_SHARE["correction"], RESERVE["correction"])
+    try:
+        corr = correct(rule, failing_models, part, out.search)
+        if corr is not None:
+            out.corrected, out.corrected_text, out.correction_note = corr
+            # correct() verified it on the failing classes; the others must stay invariant too
+            rest = [m for m in models if all(m is not f for f in failing_models)]
+            ok_rest = _holds_everywhere(corr[0], rest, part)
+            out.steps.append(f"corrected rule checked at fresh exact draws on every class: "
+                             f"{'invariant' if ok_rest else 'NOT invariant'}")
+            if not ok_rest:
+                out.corrected = out.corrected_text = None
+                out.correction_note = "a solved correction breaks another architecture class"
+    except BudgetSpent:
+        out.corrected = out.corrected_text = None
+        out.correction_note = ""
+        budget.record(f"no correction found {part.limit_text()} (the correction search's time budget)")
+    part = budget.part(SEARCH_SHARE["condition"], RESERVE["condition"])
+    try:
+        out.condition = condition(rule, [m for m, _ in failing], part)
+    except BudgetSpent:
+        budget.record(f"no condition on the group found {part.limit_text()}")
+    part = budget.part(SEARCH_SHARE["counterexample"], RESERVE["counterexample"])
+    try:
+        out.counterexample = counterexample(rule, failing[0][0], failing[0][1], part)
+    except BudgetSpent:
+        out.counterexample = _generic_counterexample(failing[0][1])
+        budget.record(f"no small counterexample {part.limit_text()} (the generic draw is shown)")
     return out
 
 
@@ -753,8 +819,10 @@ def _candidates(rule: Rule, norm: str | None = None) -> list[str]:
     return out
 
 
-def _match(B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: dict, ctx: Ctx) -> str | None:
-    """The first candidate expression equal to B (``eye`` for the identity), or None."""
+def _match(B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: dict, ctx: Ctx,
+           point: dict | None = None) -> str | None:
+    """The first candidate expression equal to B (``eye`` for the identity), or None.  ``point``:
+    B is the solution at these values of the parameters, so the candidates are compared there."""
     syms = symbols_for(rule.elements)
     if B.shape[0] == B.shape[1] and all(_zero(x) for x in (B - sp.eye(B.shape[0]))):
         return "eye"
@@ -769,6 +837,8 @@ def _match(B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: dict,
             val = evaluate(node, env, SympyOps(), view.shape.dims)
         except GaugeAuditError:
             continue
+        if point:
+            val = val.xreplace(point)
         if val.shape == B.shape and all(_zero(x) for x in (val - B)):
             return text
     return None
@@ -825,22 +895,22 @@ def _with_slot(rule: Rule, param: str, slot: str, fill: str) -> Rule | None:
         return None
 
 
-def _solve_slot(rule: Rule, m: SymModel, param: str, slot: str, base_els: dict, allowed: set):
-    """The unique value of an unknown factor ``B_`` in the slot that makes every identity vanish
-    (solved with the data, and the parameters outside ``allowed``, generic), or None."""
+def _slot_residuals(rule: Rule, m: SymModel, param: str, slot: str, base_els: dict):
+    """(unknown B_, the residuals every identity needs with B_ in the slot) — the unknown's entries
+    symbols — or (None, why not)."""
     p = PARAMS[param]
     n = p.shape[0] if slot == "left" else p.shape[1]
     n = m.shape.dims[n] if isinstance(n, str) else n
     expr = _slot_expr(rule, param, slot, "B_")
     if expr is None:
-        return None
+        return None, "the stated map is not of the form L·P·T"
     table = rule.to_table()
     table["elements"]["B_"] = f"translation({n})" if slot == "shift" else f"GL({n})"
     table["maps"][param] = expr
     try:
         probe = parse_rule(table)
     except GaugeAuditError:
-        return None
+        return None, "no such slot"
     unknown = (sp.Matrix(1, n, lambda i, j: sp.Symbol(f"B_{j}")) if slot == "shift"
                else sp.Matrix(n, n, lambda i, j: sp.Symbol(f"B_{i}{j}")))
     els = {u: {**v, "B_": unknown} for u, v in base_els.items()}
@@ -849,28 +919,26 @@ def _solve_slot(rule: Rule, m: SymModel, param: str, slot: str, base_els: dict, 
         changes = apply(probe, P, els)
         Q = SymView(m.cfg, P.updated(changes))
     except GaugeAuditError:
-        return None
+        return None, "the slot does not apply"
     S, note = _stream_map(m, P, Q)
     if S is None:
-        return None
-    generic = set(m.data_symbols()) | (set(m.param_symbols()) - allowed)
-    eqs = []
+        return None, note
+    residuals = []
     for it in interfaces(m, P, Q, S, note, {name for name, _ in changes}):
         if it.ok is False:
-            return None
-        for e in _numerators(it.residual):
-            gens = [s for s in e.free_symbols if s in generic]
-            eqs += sp.Poly(e, *gens).coeffs() if gens else [e]
-    bs = list(unknown)
-    if not eqs:
-        return None
-    try:
-        sol = sp.solve(eqs, bs, dict=True)
-    except (NotImplementedError, ValueError):  # pragma: no cover - SymPy gives up
-        return None
-    if len(sol) != 1 or any(b not in sol[0] for b in bs):
-        return None
-    return unknown.subs(sol[0])
+            return None, f"{it.name} cannot hold for any value ({it.note})"
+        residuals += it.residual
+    return (unknown, residuals), ""
+
+
+def _solve_slot(unknown: sp.Matrix, residuals: list, allowed: set, seed: int, budget: Budget):
+    """The unique value of the unknown factor that makes every residual vanish identically in the
+    data and the parameters outside ``allowed`` (those: at one random point, returned), by exact
+    linear algebra on sampled equations (:func:`.solve.solve_sampled`); (None, point, why) if none."""
+    sol, point, why = solve_sampled(residuals, list(unknown), allowed, random.Random(seed), budget)
+    if sol is None:
+        return None, point, why
+    return unknown.xreplace(sol), point, ""
 
 
 def _norm_params(m: SymModel) -> set:
@@ -883,17 +951,30 @@ def _all_params(m: SymModel) -> set:
     return set(m.param_symbols())
 
 
-def _holds_everywhere(rule: Rule, models: list[SymModel]) -> bool:
-    return all(run_arch(rule, mm, e).holds for mm in models for e in element_assignments(rule, mm.shape))
+def _holds_everywhere(rule: Rule, models: list[SymModel], budget: Budget | None = None) -> bool:
+    for mm in models:
+        for e in element_assignments(rule, mm.shape):
+            if budget is not None:
+                budget.check()
+            if not run_arch(rule, mm, e).holds:
+                return False
+    return True
 
 
-def correct(rule: Rule, models: list[SymModel]) -> tuple[Rule, str, str] | None:
-    """A corrected rule that is invariant on every failing class, solved for (see module doc)."""
+def correct(rule: Rule, models: list[SymModel], budget: Budget | None = None,
+            log: list | None = None) -> tuple[Rule, str, str] | None:
+    """A corrected rule that is invariant on every failing class, solved for (see module doc).
+    At most MAX_SOLVES solves; ``budget`` (time) is checked between them — when it runs out the
+    search stops (BudgetSpent propagates to the caller, which records it).  ``log`` collects why
+    each slot gave nothing."""
+    budget = budget or unlimited()
+    log = log if log is not None else []
     m = models[0]
     els = element_assignments(rule, m.shape)[0]
     P = SymView(m.cfg, m.params)
     fixed = _correct_readers(rule, m, els)
-    if fixed is not None and _holds_everywhere(fixed[0], models):
+    budget.check()
+    if fixed is not None and _holds_everywhere(fixed[0], models, budget):
         return fixed
     res = run_arch(rule, m, els)
     failing = {p for it in res.interfaces if not it.ok for p in it.params}
@@ -902,26 +983,39 @@ def correct(rule: Rule, models: list[SymModel]) -> tuple[Rule, str, str] | None:
     for param, slot in _slots(rule, sorted(failing, key=list(PARAMS).index)):
         if not P.has(param):
             continue
+        budget.check()
+        built, why = _slot_residuals(rule, m, param, slot, els)
+        if built is None:
+            log.append(f"{param} {slot}: {why}")
+            continue
+        unknown, residuals = built
         for allowed in (set(), _norm_params(m)) if slot != "shift" else (set(), _all_params(m)):
             tries += 1
             if tries > MAX_SOLVES:
+                log.append(f"stopped after {MAX_SOLVES} solves (the search's size limit)")
                 return None
-            B = _solve_slot(rule, m, param, slot, els, allowed)
+            budget.check()
+            B, point, why = _solve_slot(unknown, residuals, allowed, tries, budget)
             if B is None:
+                log.append(f"{param} {slot}{' (norm weights free)' if allowed else ''}: {why}")
                 continue
             if slot == "shift":
                 text = "" if all(_zero(x) for x in B) else _match(B, _shift_candidates(rule, param), rule, P, els,
-                                                                   ctx)
+                                                                   ctx, point)
             else:
-                text = _match(B, _candidates(rule, _reader_norm(param)), rule, P, els, ctx)
+                text = _match(B, _candidates(rule, _reader_norm(param)), rule, P, els, ctx, point)
             if text is None:
+                log.append(f"{param} {slot}: solved, but the solution is not nameable in the rule language")
                 break            # solved, but not nameable in the rule language: try the next slot
             new = _with_slot(rule, param, slot, text)
-            if new is not None and _holds_everywhere(new, models):
+            budget.check()
+            if new is not None and _holds_everywhere(new, models, budget):
                 return new, f"{param} ↦ {new.map_of(param).text}", (
                     f"solved {param}'s {slot} {'increment' if slot == 'shift' else 'factor'} as an unknown from "
-                    f"the failing identities: the unique solution is {text or '0'} (compared exactly at the drawn "
-                    "element)")
+                    f"the failing identities: the unique solution is {text or '0'} (exact linear algebra on the "
+                    "identities at sampled points, compared exactly at the drawn element, re-checked at fresh "
+                    "draws)")
+            log.append(f"{param} {slot}: the solution {text or '0'} does not hold at fresh draws")
             break
     return None
 
@@ -1017,7 +1111,7 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
         out += [(f"{tag} ∈ O({el.dim})", pts("O")), (f"{tag} ∈ SO({el.dim})", pts("SO")),
                 (f"{tag} diagonal", [[sp.diag(*p) for p in d] for d in pts("diagonal")])]
     if el.group in ("O", "SO", "GL"):
-        if n > 1:
+        if n >= LEAST_SIZE["SO1"]:      # SO1(2) = {I}: no condition worth stating
             out.append((f"{tag} fixes the all-ones vector (SO1)", pts("SO1")))
         vs = [sp.Matrix([[_rint(rng) for _ in range(n)]]) for _ in range(DRAWS)]
         out.append((f"{tag}² = I ({tag} = 2vvᵀ/vᵀv − I, a rotation by π)",
@@ -1035,22 +1129,40 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
     return out
 
 
-def condition(rule: Rule, models: list[SymModel]) -> str | None:
+def condition(rule: Rule, models: list[SymModel], budget: Budget | None = None) -> str | None:
     """The largest tried subset of one element's group on which the stated rule holds (every
-    other element at generic points)."""
+    other element at generic points).  ``budget`` is checked between decisions (BudgetSpent
+    propagates)."""
+    budget = budget or unlimited()
     rng = random.Random(11)
     for el in rule.elements:
         n = _size(el, models[0].shape.dims)
         for label, points in _subgroups(el, n, rng):
-            if all(run_arch(rule, mm, els).holds for mm in models
-                   for els in element_assignments(rule, mm.shape, override={el.symbol: points})):
+            if _holds_on(rule, models, {el.symbol: points}, budget):
                 return f"holds only for {label}, not for a generic element of {el.text()}"
         return f"holds for no tried proper subset of {el.text()} (its identity element aside)" \
             if len(rule.elements) == 1 else None
     return None
 
 
-def counterexample(rule: Rule, m: SymModel, r: ArchResult) -> str | None:
+def _holds_on(rule: Rule, models: list[SymModel], override: dict, budget: Budget) -> bool:
+    for mm in models:
+        for els in element_assignments(rule, mm.shape, override=override):
+            budget.check()
+            if not run_arch(rule, mm, els).holds:
+                return False
+    return True
+
+
+def _generic_counterexample(r: ArchResult) -> str:
+    """The failing identity at the generic draw (no further computation)."""
+    bad = next((it for it in r.interfaces if not it.ok), None)
+    shown = "; ".join(f"{sym} = {_abbrev(mat_text(v), 120)}" for els in list(r.elements.values())[:1]
+                      for sym, v in els.items())
+    return f"{r.arch}, {bad.name if bad else 'an identity'}: non-zero at the drawn exact element ({shown})"
+
+
+def counterexample(rule: Rule, m: SymModel, r: ArchResult, budget: Budget | None = None) -> str | None:
     """A small exact element (entries 1..4) at which a failing identity is non-zero, with small
     integers for the data and parameters, and that value (the generic draw if no small one fails)."""
     global SPREAD
@@ -1059,7 +1171,13 @@ def counterexample(rule: Rule, m: SymModel, r: ArchResult) -> str | None:
         small = element_assignments(rule, m.shape, seed=5, draws=1)[:8]
     finally:
         SPREAD = saved
-    r = next((x for x in (run_arch(rule, m, els) for els in small) if not x.holds), r)
+    budget = budget or unlimited()
+
+    def tried():
+        for els in small:
+            budget.check()
+            yield run_arch(rule, m, els)
+    r = next((x for x in tried() if not x.holds), r)
     bad = next((it for it in r.interfaces if not it.ok), None)
     if bad is None:  # pragma: no cover - only called for a failing result
         return None
@@ -1068,6 +1186,7 @@ def counterexample(rule: Rule, m: SymModel, r: ArchResult) -> str | None:
             for s in m.data_symbols() + m.param_symbols()}
     shown = "; ".join(f"{sym} = {mat_text(v)}" for els in list(r.elements.values())[:1] for sym, v in els.items())
     for e in bad.residual:
+        budget.check()
         val = sp.sympify(e).subs(subs)
         free = sorted(val.free_symbols, key=str)
         val = sp.nsimplify(sp.cancel(val)) if not val.has(sp.erf, sp.exp, sp.Max) else \
