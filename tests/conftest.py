@@ -46,6 +46,7 @@ _FILE_GROUPS = {
     "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
     "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
+    "tests/test_rules_fuzz_budget.py": "rules-fuzz",   # fuzz_results: 300 random rules, every checker
 }
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B
@@ -56,7 +57,7 @@ _NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equa
 def xdist_group(nodeid: str) -> str | None:
     """The group of a test id, or None for a test that shares nothing expensive."""
     path, _, name = nodeid.partition("::")
-    if "smollm2" in name.split("[")[0]:
+    if "smollm2" in name:   # in the test's name or its parameters (smollm2, smollm2-untied)
         return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
     if path in _FILE_GROUPS:
         return _FILE_GROUPS[path]

@@ -411,17 +411,25 @@ def sandwich_kappa(rule: Rule, view: View, elements: dict) -> float:
             env = _env(rule, view, replace(c, expert=0) if ffn_ctx else c, m, ffn_ctx, elements)
             k = 1.0
             for j, side in enumerate(sides):
-                # a factor made of elements only is the same at every context of one unit
-                key = (j, c.at(rule.scope_level)) if not any(f.names() & set(PARAMS) for f in side) else None
-                if key is None or key not in seen:
-                    val = view.ops.cond(evaluate(_chain(side), env, view.ops, shape.dims))
-                    if key is None:
-                        k *= val
-                        continue
-                    seen[key] = val
+                # a factor is the same at every context that agrees on the units it reads: its
+                # elements' unit and its parameters' (a layer's norm weight is one per layer), so
+                # one SVD per distinct value instead of one per head and layer
+                key = (j, c.at(_side_level(rule, side)))
+                if key not in seen:
+                    seen[key] = view.ops.cond(evaluate(_chain(side), env, view.ops, shape.dims))
                 k *= seen[key]
             best = max(best, k)
     return best
+
+
+def _side_level(rule: Rule, side: list[Node]) -> int:
+    """The finest level a product of factors depends on: the scope of the elements it uses and
+    the levels of the parameters it reads."""
+    names = set().union(*(f.names() for f in side))
+    levels = [PARAMS[n].level for n in names if n in PARAMS]
+    if names - set(PARAMS):
+        levels.append(rule.scope_level)
+    return max(levels, default=rule.scope_level)
 
 
 def _chain(fs: list[Node]) -> Node:
