@@ -5,7 +5,7 @@
     python benchmarks/bench_nullity.py --skip-20k
 
 Targets: the matrix-free path agrees with the dense one, is ≥ 5× faster at P ≈ 5 000, and
-handles P ≈ 20 000 within 120 s on 2 CPU cores (issue 5; issue 12 asked for 60 s — see the
+handles P ≈ 20 000 within 120 s on 2 CPU cores (60 s is out of reach — see the
 README for why the float64 certificate's flops put the floor above that on a ~100 GFLOP/s
 machine).  Both methods run once on a tiny configuration first, so that neither pays torch's
 one-time start-up in the timing.

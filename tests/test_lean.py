@@ -17,7 +17,7 @@ from gauge_audit import formal
 
 ROOT = formal.ROOT
 
-#: claims whose catalog entry lists the `lean` checker (issue 6); also checked against the catalog
+#: claims whose catalog entry lists the `lean` checker; also checked against the catalog
 LEAN_CLAIMS = set("""qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose
 head-perm ln-affine-rotation relu-forces-identity rope-commutant gqa-tied count-nierop
 count-transformer-base count-wiki-log-hfact""".split())

@@ -1,4 +1,4 @@
-"""High-precision cross-check (issue 4): the independent mpmath model, dps-scaled
+"""High-precision cross-check: the independent mpmath model, dps-scaled
 residuals of the true actions, certified counterexamples of the false rules, the
 referee's concrete test and the floating-point error study.
 
