@@ -29,7 +29,7 @@ from gauge_audit.gauge_fix import canonicalize, compare, function_check
 from gauge_audit.models import build, config_of, gpt2
 from gauge_audit.nullity import analyze
 from gauge_audit.numeric import check
-from gauge_audit.cli.check import parameter_count
+from gauge_audit.nullity.cost import parameter_count
 from gauge_audit.runtime import generator, model_threads
 
 DTYPES = ("float64", "float32", "bfloat16")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 
 from ..actions import ACTIONS, get_action
 from ..actions.base import load_element
 from ..errors import GaugeAuditError
-from ..models import FAMILIES, Config, build, config_of, model_names
+from ..models import build, config_of, model_names
 from ..models.checkpoint import open_checkpoint
+from ..nullity.cost import parameter_count
 from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
 from ..runtime import eps, model_threads, resolve_dtype
@@ -39,10 +39,6 @@ def register(sub) -> None:
                    "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one")
     p.add_argument("--json", action="store_true", help="one JSON object per (model, action) pair")
     p.set_defaults(func=run)
-
-
-def parameter_count(cfg: Config) -> int:
-    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
 
 
 def _list() -> int:
