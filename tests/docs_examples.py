@@ -4,7 +4,9 @@ A page marks each ```console block it shows with its output by an HTML comment o
 before it (invisible in the rendered page):
 
     <!-- run -->                   executed and compared (a cheap example)
-    <!-- run: slow -->             executed and compared, but expensive: shown in the test's summary
+    <!-- run: slow -->             executed and compared, but expensive
+    <!-- run: catalog -->          ``gauge-audit audit [--only …]``: compared with the test session's
+                                   audit of the catalog, which the suite runs anyway
     <!-- not-run: REASON -->       shown, not executed; tests/test_docs.py lists it with the reason
 
 Inside a block, a line starting with ``$ `` is a command (``gauge-audit …`` only: run in this
@@ -15,7 +17,7 @@ runs, so the claim file a page shows is the file its commands read.  Outputs are
 :func:`normalise` (wall times and the working directory vary between runs; nothing else does:
 the seeds are fixed and the audit is reproducible whatever the thread count).
 
-    python tests/docs_examples.py --write     # rerun every executed example, rewrite the outputs
+    python tests/docs_examples.py --write [PAGE ...]   # rerun the executed examples, rewrite the outputs
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
-_BLOCK = re.compile(r"^<!-- (run|run: slow|not-run: (?P<reason>[^>]*?)) -->\n```console\n(?P<body>.*?)^```$", re.M | re.S)
+_BLOCK = re.compile(r"^<!-- (run|run: slow|run: catalog|not-run: (?P<reason>[^>]*?)) -->\n```console\n(?P<body>.*?)^```$", re.M | re.S)
 _ANY_CONSOLE = re.compile(r"^```console\n(?P<body>.*?)^```$", re.M | re.S)
 _FILE = re.compile(r"^<!-- file: (?P<name>[\w./-]+) -->\n```toml\n(?P<body>.*?)^```$", re.M | re.S)
 _TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|min)\b")
@@ -71,7 +73,7 @@ def examples(page: Path) -> list[Example]:
     text = page.read_text(encoding="utf-8")
     found = []
     for m in _BLOCK.finditer(text):
-        mode = "not-run" if m.group(1).startswith("not-run") else ("slow" if m.group(1) == "run: slow" else "run")
+        mode = {"run": "run", "run: slow": "slow", "run: catalog": "catalog"}.get(m.group(1), "not-run")
         found.append(Example(page, mode, (m.group("reason") or "").strip(), _parse(m.group("body")), m.span("body")))
     return found
 
@@ -121,12 +123,12 @@ def run(command: str, cwd: Path) -> tuple[int, str]:
     return rc, buf.getvalue()
 
 
-def run_all(cwd: Path, pages=PAGES) -> dict[str, tuple[int, str]]:
+def run_all(cwd: Path, pages=PAGES, modes=("run", "slow")) -> dict[str, tuple[int, str]]:
     """Every executed command of every page once (a command shown twice runs once)."""
     results: dict[str, tuple[int, str]] = {}
     for page in pages:
         for ex in examples(page):
-            if ex.mode == "not-run":
+            if ex.mode not in modes:
                 continue
             for cmd, _ in ex.commands:
                 if cmd not in results:
@@ -134,9 +136,9 @@ def run_all(cwd: Path, pages=PAGES) -> dict[str, tuple[int, str]]:
     return results
 
 
-def _write(cwd: Path) -> None:
-    results = run_all(cwd)
-    for page in PAGES:
+def _write(cwd: Path, pages=PAGES) -> None:
+    results = run_all(cwd, pages, modes=("run", "slow", "catalog"))
+    for page in pages:
         text = page.read_text(encoding="utf-8")
         for ex in reversed(examples(page)):
             if ex.mode == "not-run":
@@ -151,9 +153,10 @@ def _write(cwd: Path) -> None:
 if __name__ == "__main__":
     import tempfile
 
-    if sys.argv[1:] != ["--write"]:
+    if sys.argv[1:2] != ["--write"]:
         sys.exit(__doc__)
+    chosen = [ROOT / a for a in sys.argv[2:]] or PAGES     # --write [PAGE ...]: only these pages
     with tempfile.TemporaryDirectory() as tmp:
         prepare(Path(tmp))
-        _write(Path(tmp))
+        _write(Path(tmp), chosen)
     shutil.rmtree(ROOT / "site", ignore_errors=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import textwrap
 from pathlib import Path
 
 from ..audit.run import AuditReport
@@ -45,16 +46,39 @@ def table_rows(report: AuditReport) -> list[tuple[str, str, str, list[str]]]:
     return rows
 
 
-def terminal_table(report: AuditReport, width: int = 160) -> str:
-    lines = [f"{'claim':28s} {'verdict':22s} {'source':34s} evidence"]
-    lines.append("-" * min(width, 140))
+def brief(text: str, width: int) -> str:
+    """The leading clauses of ``text`` that fit in ``width`` characters, cut only at a clause
+    boundary ("; " or ". " outside brackets, or before a parenthetical), never inside an expression; "…" marks what was left
+    for the report.  A first clause longer than ``width`` is kept whole (the table wraps it)."""
+    cuts, depth = [], 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{" and 1 or (ch in ")]}" and -1 or 0)
+        if depth == 0 and ch in ";." and text[i + 1:i + 2] == " ":
+            cuts.append(i)
+        elif depth == 1 and ch == "(" and text[i - 1:i] == " ":   # before a parenthetical
+            cuts.append(i - 1)
+    if len(text) <= width:
+        return text
+    fit = [i for i in cuts if i + 2 <= width]
+    end = fit[-1] if fit else (cuts[0] if cuts else len(text))
+    return text[:end] + (" …" if end < len(text) else "")
+
+
+def terminal_table(report: AuditReport, width: int = 140) -> str:
+    """The verdict table: claim, verdict, source, and per checker its evidence up to a clause
+    boundary, wrapped at word boundaries to ``width`` columns (the report holds every word)."""
+    src_w, ev_w = 34, width - 87
+    lines = [f"{'claim':28s} {'verdict':22s} {'source':{src_w}s} evidence"]
+    lines.append("-" * width)
     for cid, source, verdict, ev in table_rows(report):
-        first = True
-        for e in ev or ["(no checker)"]:
-            text = e if len(e) <= width - 87 else e[: width - 90] + "..."
-            lead = f"{cid:28s} {verdict:22s} {source[:34]:34s}" if first else " " * 86
-            lines.append(f"{lead} {text}")
-            first = False
+        src = textwrap.wrap(source, src_w) or [""]
+        wrapped = [w for e in ev or ["(no checker)"]
+                   for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
+                   for w in w]
+        for k in range(max(len(src), len(wrapped))):
+            lead = f"{cid:28s} {verdict:22s}" if k == 0 else " " * 51
+            left = src[k] if k < len(src) else ""
+            lines.append(f"{lead} {left:{src_w}s} {wrapped[k] if k < len(wrapped) else ''}".rstrip())
     counts = report.to_json()["summary"]
     lines.append("")
     lines.append("verdicts: " + ", ".join(f"{v} {counts[v]}" for v in VERDICT_ORDER if v in counts))
