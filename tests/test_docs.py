@@ -37,7 +37,10 @@ def test_readme_is_short_and_keeps_the_test_command():
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_pages_speak_of_the_project(page):
     text = page.read_text(encoding="utf-8")
-    for pattern in (r"\bissue \d+", r"\bissue #\d+", r"device tool", r"\bnot lent\b", r"shared/seeds"):
+    patterns = [r"\bissue \d+", r"\bissue #\d+", r"device tool", r"\bnot lent\b"]
+    if page.name != "catalog.md":    # the catalog page reproduces claims/*.toml's own reference fields
+        patterns.append(r"shared/seeds")
+    for pattern in patterns:
         assert not re.search(pattern, text, re.I), f"{_rel(page)}: {pattern}"
 
 
