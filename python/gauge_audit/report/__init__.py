@@ -48,13 +48,18 @@ def table_rows(report: AuditReport) -> list[tuple[str, str, str, list[str]]]:
 
 
 def terminal_table(report: AuditReport, width: int = 140) -> str:
-    """The verdict table: claim, verdict, source, and per checker its evidence up to a clause
-    boundary, wrapped at word boundaries to ``width`` columns (the report holds every word)."""
+    """The verdict table: claim, verdict, source, per checker its evidence up to a clause boundary,
+    then the corrected rule or the counterexample, wrapped at word boundaries to ``width`` columns
+    (the report holds every word)."""
     src_w, ev_w = 34, width - 87
     lines = [f"{'claim':28s} {'verdict':22s} {'source':{src_w}s} evidence"]
     lines.append("-" * width)
-    for cid, source, verdict, ev in table_rows(report):
+    for (cid, source, verdict, ev), r in zip(table_rows(report), report.results):
         src = textwrap.wrap(source, src_w) or [""]
+        if r.verdict.corrected_rule:      # what decides the verdict, after the checkers' lines
+            ev = [*ev, f"⇒ corrected rule: {r.verdict.corrected_rule}"]
+        elif r.verdict.counterexample:
+            ev = [*ev, f"⇒ counterexample: {r.verdict.counterexample}"]
         wrapped = [w for e in ev or ["(no checker)"]
                    for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
                    for w in w]
