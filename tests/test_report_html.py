@@ -57,6 +57,7 @@ def _claim(**kw):
 def test_reason_names_the_correction():
     r = reason(_claim())
     assert r.startswith("not right as stated") and "b_O ↦ b_O - c @ W_O" in r and "\n" not in r
+    assert "…:" not in r
 
 
 def test_report_html_folds_details_labels_rows_and_names_figures():

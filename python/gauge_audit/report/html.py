@@ -84,7 +84,7 @@ def _fmt(v) -> str:
 def reason(c: dict, width: int = 160) -> str:
     """One line: the verdict's reason, then what decides it — the corrected rule or the counterexample."""
     decisive = c.get("corrected_rule") or c.get("counterexample")
-    why = brief(c["why"], width // 3)
+    why = brief(c["why"], width // 3).removesuffix(" …")   # its checker list stays in the details
     return why + (f": {brief(decisive, width - len(why))}" if decisive else "")
 
 
