@@ -20,7 +20,7 @@ from gauge_audit.nullity.measure import EPS64, MIN_GAP, dense_jacobian, generici
 from gauge_audit.symbolic import counts
 
 # Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d
-# without learned positions is a known open case, see the README).
+# without learned positions is a known open case, see docs/concepts/nullity.md).
 SIZES = {
     "A": dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8),
     "B": dict(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, d_ff=7, n_ctx=4, vocab=11),

@@ -1,5 +1,5 @@
 """gauge_audit.testing.assert_gauge_invariant on hand-written modules (nn.Module + functional_call),
-and the README's example test, run verbatim."""
+and the documentation's example test, run verbatim."""
 
 from __future__ import annotations
 
@@ -115,14 +115,15 @@ def test_gauge_residual_per_layer_keys_and_leading_head_axis():
     assert bad.verdict == "FAILS" and bad.residual_eps > 1e6 * bad.tolerance_eps
 
 
-def test_readme_example_test_runs_verbatim():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_docs_example_test_runs_verbatim():
+    page = ROOT / "docs" / "concepts" / "testing.md"
+    text = page.read_text(encoding="utf-8")
     block = re.search(r"<!-- testing-example -->\s*```python\n(.*?)```", text, re.S)
-    assert block, "README must keep the assert_gauge_invariant example"
+    assert block, "the pytest API page must keep the assert_gauge_invariant example"
     ns: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        exec(compile(block.group(1), "README.md", "exec"), ns)   # the README's own code, not claim data
+        exec(compile(block.group(1), str(page), "exec"), ns)   # the page's own code, not claim data
         tests = [f for n, f in ns.items() if n.startswith("test_")]
         assert tests
         for t in tests:

@@ -8,6 +8,12 @@ from pathlib import Path
 
 from .checkers import Context
 
+# The report's name for each figure (the file name is where it is stored, not what it shows).
+FIGURE_TITLES = {
+    "error_vs_kappa.png": "Float error of the true gauge actions against the condition number κ of the element",
+    "nullity_spectra.png": "Jacobian singular values per configuration: the gap marks the symmetry dimension",
+}
+
 
 def error_study_plot(ctx: Context) -> bytes | None:
     """The error-vs-κ plot of the float error study (if the audit ran it)."""
@@ -48,7 +54,8 @@ def nullity_spectra_plot(ctx: Context) -> bytes | None:
         ax.axvline(P - r.measured_nullity + 0.5, color="tab:red", lw=1, label=f"rank {P - r.measured_nullity}")
         ax.axvline(P - r.explained + 0.5, color="tab:green", lw=1, ls="--", label="P − explained")
         ax.set_title(f"{r.cfg.family}: P={P}, nullity {r.measured_nullity}, gap ×{r.gap_ratio:.1e}", fontsize=9)
-        ax.set_xlabel(describe(r.cfg), fontsize=7)
+        ax.set_xlabel(f"singular value index i\n{describe(r.cfg)}", fontsize=7)
+        ax.set_ylabel("σ_i / σ_1", fontsize=8)
         ax.legend(fontsize=7, loc="lower left")
     for ax in list(axes.flat)[len(reports):]:
         ax.axis("off")

@@ -3,12 +3,14 @@ a self-contained ``report.html`` (plots embedded) and ``timings.json``."""
 
 from __future__ import annotations
 
-import base64
-import html
 import json
+import textwrap
 from pathlib import Path
 
+from ..audit.plots import FIGURE_TITLES
 from ..audit.run import AuditReport
+from .html import render as render_html
+from .text import brief
 
 VERDICT_ORDER = ("HOLDS", "HOLDS-WITH-CORRECTION", "FAILS", "UNDECIDED")
 
@@ -45,16 +47,26 @@ def table_rows(report: AuditReport) -> list[tuple[str, str, str, list[str]]]:
     return rows
 
 
-def terminal_table(report: AuditReport, width: int = 160) -> str:
-    lines = [f"{'claim':28s} {'verdict':22s} {'source':34s} evidence"]
-    lines.append("-" * min(width, 140))
-    for cid, source, verdict, ev in table_rows(report):
-        first = True
-        for e in ev or ["(no checker)"]:
-            text = e if len(e) <= width - 87 else e[: width - 90] + "..."
-            lead = f"{cid:28s} {verdict:22s} {source[:34]:34s}" if first else " " * 86
-            lines.append(f"{lead} {text}")
-            first = False
+def terminal_table(report: AuditReport, width: int = 140) -> str:
+    """The verdict table: claim, verdict, source, per checker its evidence up to a clause boundary,
+    then the corrected rule or the counterexample, wrapped at word boundaries to ``width`` columns
+    (the report holds every word)."""
+    src_w, ev_w = 34, width - 87
+    lines = [f"{'claim':28s} {'verdict':22s} {'source':{src_w}s} evidence"]
+    lines.append("-" * width)
+    for (cid, source, verdict, ev), r in zip(table_rows(report), report.results):
+        src = textwrap.wrap(source, src_w) or [""]
+        if r.verdict.corrected_rule:      # what decides the verdict, after the checkers' lines
+            ev = [*ev, f"⇒ corrected rule: {r.verdict.corrected_rule}"]
+        elif r.verdict.counterexample:
+            ev = [*ev, f"⇒ counterexample: {r.verdict.counterexample}"]
+        wrapped = [w for e in ev or ["(no checker)"]
+                   for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
+                   for w in w]
+        for k in range(max(len(src), len(wrapped))):
+            lead = f"{cid:28s} {verdict:22s}" if k == 0 else " " * 51
+            left = src[k] if k < len(src) else ""
+            lines.append(f"{lead} {left:{src_w}s} {wrapped[k] if k < len(wrapped) else ''}".rstrip())
     counts = report.to_json()["summary"]
     lines.append("")
     lines.append("verdicts: " + ", ".join(f"{v} {counts[v]}" for v in VERDICT_ORDER if v in counts))
@@ -74,8 +86,9 @@ def markdown(report: AuditReport, plot_names: list[str] = ()) -> str:
     for cid, source, verdict, ev in table_rows(report):
         out.append(f"| `{cid}` | {_md_cell(source)} | **{verdict}** | {'<br>'.join(_md_cell(e) for e in ev)} |")
     out.append("")
-    for name in plot_names:
-        out += [f"![{name}]({name})", ""]
+    for n, name in enumerate(plot_names, 1):
+        out += [f"![Figure {n}. {FIGURE_TITLES.get(name, name)}]({name})", "",
+                f"*Figure {n}. {FIGURE_TITLES.get(name, name)}*", ""]
     for section in _extra_sections(data.get("extras", {})):
         out += section + [""]
     out += ["## Claims", ""]
@@ -134,51 +147,5 @@ def _fmt(v) -> str:
     return str(v)
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
-th{background:#f3f3f3}.HOLDS{background:#e3f6e3}.FAILS{background:#fbe3e3}.HOLDS-WITH-CORRECTION{background:#fff3d6}
-.UNDECIDED{background:#eee}code{background:#f5f5f5;padding:0 3px}img{max-width:100%}blockquote{color:#555}"""
-
-
 def to_html(report: AuditReport, plots: dict[str, bytes]) -> str:
-    e = html.escape
-    data = report.to_json()
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>gauge-audit report</title>",
-             f"<style>{_CSS}</style></head><body><h1>gauge-audit report</h1>",
-             f"<p>Seed {report.seed}{' (full)' if report.full else ''}. Verdicts: "
-             + ", ".join(f"{e(v)} {n}" for v, n in data["summary"].items()) + ".</p>",
-             "<table><tr><th>claim</th><th>source</th><th>verdict</th><th>evidence</th></tr>"]
-    for cid, source, verdict, ev in table_rows(report):
-        parts.append(f"<tr><td><a href='#{e(cid)}'><code>{e(cid)}</code></a></td><td>{e(source)}</td>"
-                     f"<td class='{e(verdict)}'><b>{e(verdict)}</b></td><td>{'<br>'.join(e(x) for x in ev)}</td></tr>")
-    parts.append("</table>")
-    for name, png in sorted(plots.items()):
-        parts.append(f"<h3>{e(name)}</h3><img alt='{e(name)}' src='data:image/png;base64,"
-                     f"{base64.b64encode(png).decode()}'>")
-    for ex in _extras(data.get("extras", {})):
-        parts.append(f"<h2>{e(ex['title'])}</h2>" + (f"<p>{e(ex['note'])}</p>" if ex.get("note") else "")
-                     + "<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in ex["columns"]) + "</tr>"
-                     + "".join("<tr>" + "".join(f"<td>{e(_fmt(v))}</td>" for v in row) + "</tr>" for row in ex["rows"])
-                     + "</table>")
-    parts.append("<h2>Claims</h2>")
-    for c in data["claims"]:
-        parts.append(f"<h3 id='{e(c['id'])}'><code>{e(c['id'])}</code> — <span class='{e(c['verdict'])}'>"
-                     f"{e(c['verdict'])}</span></h3><p><i>{e(c['document'])}</i>, {e(c['location'])}</p>"
-                     f"<blockquote>{e(c['statement'])}</blockquote>"
-                     + (f"<p><b>Rule:</b> <code>{e(c['rule'])}</code></p>" if c.get("rule") else "")
-                     + f"<p>{e(c['why'])}</p>")
-        for label, key in (("Conflicts", "conflicts"), ("Corrected rule", "corrected_rule"),
-                           ("Counterexample", "counterexample")):
-            if c[key]:
-                val = "; ".join(c[key]) if isinstance(c[key], list) else c[key]
-                parts.append(f"<p><b>{label}:</b> {e(val)}</p>")
-        parts.append("<ul>")
-        for checker, ev in c["evidence"].items():
-            parts.append(f"<li><b>{e(checker)}</b> ({e(ev['outcome'])}): {e(ev['summary'])}")
-            steps = ev.get("details", {}).get("steps")
-            if steps:
-                parts.append("<ol>" + "".join(f"<li>{e(s)}</li>" for s in steps) + "</ol>")
-            parts.append("</li>")
-        parts.append("</ul>")
-    parts.append("</body></html>\n")
-    return "".join(parts)
+    return render_html(report.to_json(), plots)

@@ -1,0 +1,132 @@
+"""The README and the documentation site: the site builds strictly, the generated catalog page is
+current, every shown example is executed and its output compared (tests/docs_examples.py), and
+the README stays a five-minute read that speaks of the project."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from docs_examples import PAGES, ROOT, examples, normalise, prepare, run, run_all, unmarked
+
+# Examples shown with their output but not executed, each with why (the page says the same in its marker).
+NOT_EXECUTED = {
+    ("docs/commands/check.md", "gauge-audit check --model smollm2 --action qk-gl"):
+        "reads the 135 M-parameter SmolLM2; tests/test_checkpoint_gguf.py runs the same path",
+    ("docs/commands/canonicalize.md", "gauge-audit canonicalize --model smollm2 --out smol-canon"):
+        "canonicalizes 135 M parameters; tests/test_gauge_fix_checkpoint.py runs the same path",
+}
+
+
+def _rel(page) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def test_readme_is_short_and_keeps_the_test_command():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert "bash scripts/with-venv.sh python -m pytest -q" in text
+    assert "[document]" in text and "reference =" in text and "kind = \"symmetry\"" in text
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_pages_speak_of_the_project(page):
+    text = page.read_text(encoding="utf-8")
+    patterns = [r"\bissue \d+", r"\bissue #\d+", r"device tool", r"\bnot lent\b"]
+    if page.name != "catalog.md":    # the catalog page reproduces claims/*.toml's own reference fields
+        patterns.append(r"shared/seeds")
+    for pattern in patterns:
+        assert not re.search(pattern, text, re.I), f"{_rel(page)}: {pattern}"
+
+
+def test_readme_links_resolve():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert links
+    for link in links:
+        assert (ROOT / link).exists(), link
+
+
+def test_catalog_page_is_current():
+    from gauge_audit.report.catalog_md import CATALOG_MD, render
+
+    assert CATALOG_MD.read_text(encoding="utf-8") == render(), \
+        "docs/catalog.md is stale: python -m gauge_audit.report.catalog_md --write"
+
+
+def test_every_shown_output_is_marked_and_not_run_ones_are_listed():
+    listed = set()
+    for page in PAGES:
+        assert not unmarked(page), f"{_rel(page)}: console blocks with output but no run/not-run marker"
+        for ex in examples(page):
+            if ex.mode == "not-run":
+                assert ex.reason
+                for cmd, _ in ex.commands:
+                    assert (_rel(page), cmd) in NOT_EXECUTED, f"{_rel(page)}: {cmd} is not run and not listed"
+                    listed.add((_rel(page), cmd))
+    assert listed == set(NOT_EXECUTED)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+                    reason="mkdocs / mkdocs-material not installed (the test and docs extras)")
+def test_site_builds_strictly(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _cmp_pages():
+    return [(page, ex) for page in PAGES for ex in examples(page) if ex.mode in ("run", "slow")]
+
+
+@pytest.fixture(scope="session")
+def docs_runs(tmp_path_factory):
+    """Every executed example once, in one working directory prepared as a user's would be."""
+    cwd = tmp_path_factory.mktemp("docs-examples")
+    prepare(cwd)
+    pages = [p for p in PAGES if any(ex.mode in ("run", "slow") for ex in examples(p))]
+    # "run: catalog" examples are compared with the session's catalog audit instead (below)
+    return cwd, run_all(cwd, pages)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if any(ex.mode in ("run", "slow") for ex in examples(p))],
+                         ids=_rel)
+def test_shown_outputs_are_what_the_commands_print(page, docs_runs):
+    cwd, results = docs_runs
+    for ex in examples(page):
+        if ex.mode not in ("run", "slow"):
+            continue
+        for cmd, shown in ex.commands:
+            got = normalise(results[cmd][1], cwd)
+            assert normalise(shown) == got, f"{_rel(page)}: `{cmd}` prints\n{got}"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if any(ex.mode == "catalog" for ex in examples(p))], ids=_rel)
+def test_docs_catalog_examples_match_the_catalog_audit(page, catalog_report):
+    """`gauge-audit audit [--only …]` blocks: the same table the CLI prints, from the session's catalog audit
+    (each claim's checks draw from the claim's own seed, so a subset audits as it does in the whole)."""
+    from gauge_audit.audit.run import AuditReport
+    from gauge_audit.report import terminal_table
+
+    report, _ = catalog_report
+    for ex in examples(page):
+        if ex.mode != "catalog":
+            continue
+        for cmd, shown in ex.commands:
+            only = re.search(r"--only (\S+)", cmd)
+            out = re.search(r"--out (\S+)", cmd).group(1)
+            ids = only.group(1).split(",") if only else [r.claim.id for r in report.results]
+            by_id = {r.claim.id: r for r in report.results}
+            sub = AuditReport(report.seed, report.full, [by_id[i] for i in ids])
+            got = terminal_table(sub) + f"\nreport: {out}/report.md, {out}/report.html, {out}/report.json"
+            assert normalise(shown) == normalise(got), f"{_rel(page)}: `{cmd}` prints\n{got}"
+
+
+def test_example_runner_rejects_other_commands(tmp_path):
+    with pytest.raises(ValueError):
+        run("rm -rf /", tmp_path)
