@@ -178,3 +178,49 @@ def head_perm_order(seed: int, full: bool) -> Finding:
     """Multi-head attention (n_kv = n_q = h): exactly h! of the h!² pairs (π, σ) preserve the function."""
     rows, skipped = enumerate_configs([c for c in (FULL_CONFIGS if full else DEFAULT_CONFIGS) if c[0] == c[1]], seed)
     return judge_order(rows, skipped, lambda r: math.factorial(r["n_q"]), "|S_h|")
+
+
+def preserving_query_perms(n_q: int, n_kv: int, seed: int = 0) -> set[tuple[int, ...]]:
+    """The query-head permutations π that some σ completes to a preserving pair."""
+    info = enumerate_preserving(n_q, n_kv, seed)
+    g = n_q // n_kv
+    # the enumeration proved the preserving pairs are exactly the group-structured ones: rebuild π's from it
+    if not info["matches_group_structure"]:
+        raise ValueError("the preserving pairs are not the group-structured ones")
+    groups = [tuple(range(t * g, (t + 1) * g)) for t in range(n_kv)]
+    out = set()
+    for pi in itertools.permutations(range(n_q)):
+        if all(len({pi[s] // g for s in grp}) == 1 for grp in groups):
+            out.add(pi)
+    return out
+
+
+@experiment("wiki-gqa-chain")
+def wiki_gqa_chain(seed: int, full: bool) -> Finding:
+    """G_MHA ⊃ G_GQA ⊃ G_MQA on h = 6 (GQA 6:2, 6:3): the continuous parts by dimension, the discrete
+    parts by the enumerated sets of preserving query-head permutations."""
+    h = 6
+    mha = set(itertools.permutations(range(h)))
+    mqa = preserving_query_perms(h, 1, seed)
+    rows = []
+    for n_kv in (2, 3):
+        gqa = preserving_query_perms(h, n_kv, seed)
+        rows.append({"n_kv": n_kv, "gqa_perms": len(gqa), "mqa_perms": len(mqa), "mha_perms": len(mha),
+                     "gqa_in_mha": gqa <= mha, "mqa_in_gqa": mqa <= gqa,
+                     "dims": [h * 2, n_kv * 2, 2]})            # in units of d_k² + d_v² (d_k = d_v)
+    cont = all(r["dims"][0] > r["dims"][1] > r["dims"][2] for r in rows)
+    disc = all(r["gqa_in_mha"] and r["mqa_in_gqa"] for r in rows)
+    text = ("; ".join(f"6:{r['n_kv']}: GQA keeps {r['gqa_perms']} head permutations, MQA {r['mqa_perms']} (⊂ GQA: "
+                      f"{r['mqa_in_gqa']}), dimensions {r['dims'][0]} > {r['dims'][1]} > {r['dims'][2]} ×(d_k²+d_v²)"
+                      for r in rows))
+    details = {"rows": rows}
+    if cont and disc:
+        return Finding(HOLDS, text, details)
+    if cont:
+        return Finding(CORRECTED, text + ": the chain holds for the continuous parts only", details,
+                       corrected_rule="the identity components form the chain (dimension h > n_kv > 1 times "
+                                      "d_k² + d_v²); the discrete part of MQA, S_h, is larger than GQA's "
+                                      "S_g ≀ S_{n_kv}, so G_MQA ⊄ G_GQA",
+                       counterexample=f"h = 6: MQA keeps all {len(mqa)} head permutations, GQA 6:2 only "
+                                      f"{rows[0]['gqa_perms']}")
+    return Finding(FAILS, text, details)

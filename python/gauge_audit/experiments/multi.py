@@ -245,3 +245,23 @@ def wiki_routing_table_invariant(seed: int, full: bool) -> Finding:
         + "; a random router does not read the weights")
     return Finding(FAILS if bad else HOLDS, text, m,
                    counterexample=(f"{bad[0]['action']} changes the routing" if bad else None))
+
+
+@experiment("wiki-ln-formula")
+def wiki_ln_formula(seed: int, full: bool) -> Finding:
+    """LN(x; γ, β) = γ ⊙ (x − μ)/σ + β (σ the population standard deviation) against torch's LayerNorm."""
+    g = generator(seed + 11)
+    rows = []
+    for d in (4, 8, 64):
+        x = torch.randn(16, d, generator=g, dtype=torch.float64)
+        gamma = torch.randn(d, generator=g, dtype=torch.float64)
+        beta = torch.randn(d, generator=g, dtype=torch.float64)
+        mu, sigma = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True).sqrt()
+        formula = gamma * (x - mu) / sigma + beta
+        ref = torch.nn.functional.layer_norm(x, (d,), gamma, beta, eps=0.0)
+        rows.append({"d": d, "relative_difference": float((formula - ref).abs().max() / ref.abs().max()),
+                     "tolerance": 4 * d * eps(torch.float64)})
+    ok = all(r["relative_difference"] <= r["tolerance"] for r in rows)
+    text = "; ".join(f"d = {r['d']}: {r['relative_difference']:.1e} (tol {r['tolerance']:.1e})" for r in rows)
+    return Finding(HOLDS if ok else FAILS, "the formula against torch.nn.functional.layer_norm: " + text,
+                   {"rows": rows}, counterexample=None if ok else text)

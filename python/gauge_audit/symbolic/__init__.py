@@ -10,7 +10,7 @@ ranks), never looked up.  Counting formulas live in :mod:`gauge_audit.symbolic.c
 from __future__ import annotations
 
 from ..errors import GaugeAuditError
-from . import activations, attention, count_claims, nierop, norms, structure  # noqa: F401  (register)
+from . import activations, attention, count_claims, nierop, norms, source_checks, structure, wiki_checks  # noqa: F401
 from .activations import relu_forces_identity
 from .attention import head_perm, moe_expert_perm, moe_routing, qk_gl, qk_orthogonal_only, qk_same_action, vo_gl
 from .count_claims import (count_nierop, count_transformer_base, count_wiki_attn_params, count_wiki_dim_theta,
