@@ -300,7 +300,7 @@ def wiki_gmax_infinite() -> Derivation:
 def wiki_rank_bound() -> Derivation:
     c = claim("wiki-rank-bound")
     rows = []
-    for m, n in ((2, 1), (1, 3), (2, 2), (3, 2), (2, 3)):
+    for m, n in ((2, 1), (1, 3), (2, 2), (3, 2)):
         r = sym_matrix("w", m, n).rank()
         rows.append({"shape": f"{m}×{n}", "rank": r, "bound": min(m, n)})
     ok = all(r["rank"] <= r["bound"] for r in rows) and all(r["rank"] == r["bound"] for r in rows)
