@@ -8,7 +8,7 @@ Every experiment is deterministic for a seed and bounded in size (its docstring 
 
 from __future__ import annotations
 
-from . import discrete, moe_losses, multi  # noqa: F401  (register)
+from . import alignment, discrete, moe_losses, multi, sharpness  # noqa: F401  (register)
 from .registry import EXPERIMENTS, Finding
 
 __all__ = ["EXPERIMENTS", "Finding"]
