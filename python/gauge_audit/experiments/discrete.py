@@ -43,13 +43,16 @@ def wreath_order(n_q: int, n_kv: int) -> int:
 
 
 def enumerate_preserving(n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d_head: int = 2,
-                         n: int = 5, batch: int = 2) -> dict:
-    """Every (π, σ) of a random n_q:n_kv attention layer, classified; see the module docstring."""
+                         n: int = 5, batch: int = 2, edit=None) -> dict:
+    """Every (π, σ) of a random n_q:n_kv attention layer, classified; see the module docstring.
+    ``edit(params)`` (optional) changes the weights in place first (tests tie or spoil heads)."""
     if n_q % n_kv:
         raise ValueError(f"n_q = {n_q} is not a multiple of n_kv = {n_kv}")
     cfg = attn.config(d_model=d_model, n_heads=n_q, n_kv_heads=n_kv, d_head=d_head, n_ctx=n,
                       attn_bias=False, out_bias=False)
     model = build_config(cfg, seed=seed, device="cpu")
+    if edit is not None:
+        edit(model.params)
     x = model.sample_inputs(seed, batch=batch, n=n)["x"]
     p = {k.split(".")[-1]: v for k, v in model.params.items()}
     g = n_q // n_kv
