@@ -138,8 +138,10 @@ def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
 
 
 def torch(claim: Claim, ctx: Context) -> Evidence:
-    if claim.id in EXPERIMENTS and not claim.action:
-        # a catalog claim settled by an experiment (several actions, enumerations, losses)
+    if claim.id in EXPERIMENTS and not claim.action and claim.file.startswith("claims/") \
+            and "/examples/" not in claim.file:
+        # a catalog claim settled by an experiment (several actions, enumerations, losses); a user's
+        # claim that happens to reuse the id is not
         f = EXPERIMENTS[claim.id](ctx.seed, ctx.full)
         return Evidence("torch", f.outcome, f.summary, _jsonable(f.details), corrected_rule=f.corrected_rule,
                         counterexample=f.counterexample)
