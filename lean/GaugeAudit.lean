@@ -9,6 +9,7 @@ import GaugeAudit.Activation
 import GaugeAudit.RoPE
 import GaugeAudit.GQA
 import GaugeAudit.Counts
+import GaugeAudit.Tables
 import GaugeAudit.Axioms
 
 /-!
@@ -24,5 +25,8 @@ Lean 4 (core only) statements and proofs of the gauge-symmetry claims audited by
   `Value` (`vo-gl`, `value-g3-eq-g0`), `Heads` (`head-perm`), `LayerNorm`
   (`ln-affine-rotation`), `Activation` (`relu-forces-identity`), `RoPE` (`rope-commutant`),
   `GQA` (`gqa-tied`), `Counts` (`count-transformer-base`, `count-nierop`,
-  `count-wiki-log-hfact`).
+  `count-wiki-log-hfact`), `Tables` (group orders of the head permutations: `head-perm-order`,
+  `gqa-discrete-group`, `wiki-gqa-wreath`; table cells: `wiki-gpt2-110m`, `wiki-gpt2-redundancy-table`,
+  `wiki-gqa-dim-table`, `wiki-gqa-percent-table`, `nierop-table1-arithmetic`; `hg-savings`,
+  `pith-so-stabilizer-dim`, `wiki-eps-mach`).
 -/

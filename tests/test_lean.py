@@ -20,9 +20,11 @@ ROOT = formal.ROOT
 #: claims whose catalog entry lists the `lean` checker; also checked against the catalog
 LEAN_CLAIMS = set("""qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose
 head-perm ln-affine-rotation relu-forces-identity rope-commutant gqa-tied count-nierop
-count-transformer-base count-wiki-log-hfact""".split())
+count-transformer-base count-wiki-log-hfact gqa-discrete-group head-perm-order hg-savings pith-so-stabilizer-dim
+nierop-table1-arithmetic wiki-eps-mach wiki-gpt2-110m wiki-gpt2-redundancy-table wiki-gqa-wreath wiki-gqa-dim-table
+wiki-gqa-percent-table""".split())
 
-MODULES = "MatrixAlgebra Ring Concrete Attention Value Heads LayerNorm Activation RoPE GQA Counts Axioms".split()
+MODULES = "MatrixAlgebra Ring Concrete Attention Value Heads LayerNorm Activation RoPE GQA Counts Tables Axioms".split()
 
 
 def _catalog():

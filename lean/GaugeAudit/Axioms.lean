@@ -6,6 +6,7 @@ import GaugeAudit.Activation
 import GaugeAudit.RoPE
 import GaugeAudit.GQA
 import GaugeAudit.Counts
+import GaugeAudit.Tables
 
 /-!
 # Axiom audit
@@ -176,3 +177,55 @@ or a `native_decide` axiom, breaks the build here.
 /-- info: 'GaugeAudit.quarterTurn_mul' does not depend on any axioms -/
 #guard_msgs in
 #print axioms GaugeAudit.quarterTurn_mul
+
+/-- info: 'GaugeAudit.wreath_order_mqa' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wreath_order_mqa
+
+/-- info: 'GaugeAudit.wreath_order_mha' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wreath_order_mha
+
+/-- info: 'GaugeAudit.head_perm_order_small' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.head_perm_order_small
+
+/-- info: 'GaugeAudit.gqa_discrete_group_order_refuted' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.gqa_discrete_group_order_refuted
+
+/-- info: 'GaugeAudit.wiki_gqa_wreath_orders' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_gqa_wreath_orders
+
+/-- info: 'GaugeAudit.hg_savings_examples' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.hg_savings_examples
+
+/-- info: 'GaugeAudit.pith_so_stabilizer_dim_values' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.pith_so_stabilizer_dim_values
+
+/-- info: 'GaugeAudit.wiki_gpt2_110m_refuted' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_gpt2_110m_refuted
+
+/-- info: 'GaugeAudit.wiki_gpt2_redundancy_table_refuted' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_gpt2_redundancy_table_refuted
+
+/-- info: 'GaugeAudit.wiki_gqa_dim_table_refuted' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_gqa_dim_table_refuted
+
+/-- info: 'GaugeAudit.wiki_gqa_percent_table_refuted' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_gqa_percent_table_refuted
+
+/-- info: 'GaugeAudit.wiki_eps_mach_value' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.wiki_eps_mach_value
+
+/-- info: 'GaugeAudit.nierop_table1_arithmetic' does not depend on any axioms -/
+#guard_msgs in
+#print axioms GaugeAudit.nierop_table1_arithmetic

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .. import formal
 from ..actions import get_action
 from ..claims import Claim
+from ..experiments import EXPERIMENTS
 from ..models import Model, build, config_of, model_names
 from ..models.config import Config
 from ..models.registry import REAL, UNTIED
@@ -137,6 +138,13 @@ def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
 
 
 def torch(claim: Claim, ctx: Context) -> Evidence:
+    if claim.id in EXPERIMENTS and not claim.action and claim.file.startswith("claims/") \
+            and "/examples/" not in claim.file:
+        # a catalog claim settled by an experiment (several actions, enumerations, losses); a user's
+        # claim that happens to reuse the id is not
+        f = EXPERIMENTS[claim.id](ctx.seed, ctx.full)
+        return Evidence("torch", f.outcome, f.summary, _jsonable(f.details), corrected_rule=f.corrected_rule,
+                        counterexample=f.counterexample)
     if not claim.action:
         return Evidence("torch", NOT_APPLICABLE, "the claim names no gauge action")
     models = torch_models(claim)

@@ -221,7 +221,47 @@ def _catalog_checks(full: bool):
         "count-nierop": lambda ctx: _count(ctx, "gpt2", "van-nierop"),
         "count-transformer-base": lambda ctx: _count(ctx, "bert" if full else "gpt2", "mgs", ">="),
         "fdof-bound": lambda ctx: _fdof(ctx, ("gpt2", "llama")),
+        "mgs-persists-layernorm": lambda ctx: _family_claim(
+            ctx, "gpt2", "qk-gl", lambda c: c.n_layers * c.n_kv_heads * c.d_head ** 2, lambda c, k: True,
+            "with affine LayerNorm the qk-gl directions stay flat: rank {rank} = L·h·d_k² ({cfg})", ""),
+        "mgs-qk-vo-factorize": lambda ctx: _factorize(ctx, "attn"),
+        "review-relu-positive-scaling": lambda ctx: _family_claim(
+            ctx, "gpt2-relu", "relu-scaling", lambda c: c.n_layers * c.d_ff, lambda c, k: k > 0,
+            "ReLU: {rank} flat per-neuron positive-scaling directions ({cfg})", ""),
+        "review-eq17-incomplete": lambda ctx: _family_claim(
+            ctx, "gpt2-relu", "relu-scaling", lambda c: c.n_layers * c.d_ff, lambda c, k: k > 0,
+            "eq. (17) has no term for the {rank} flat ReLU-scaling directions (nullity {nullity}, {cfg})",
+            "no ReLU scaling directions ({cfg})"),
+        "desk-count-noaffine": lambda ctx: _count(ctx, "gpt2-noaffine", "van-nierop"),
+        "pith-flat-valley-dim": lambda ctx: _count(ctx, "gpt2", "van-nierop"),
+        "wiki-gqa-shared-value": lambda ctx: _family_claim(
+            ctx, "attn-gqa", "vo-gl", lambda c: c.n_kv_heads * c.d_head ** 2,
+            lambda c, k: k == c.n_kv_heads * c.d_head ** 2 < c.n_heads * c.d_head ** 2,
+            "shared values: the flat V–O directions have rank {rank} = n_kv·d_v², fewer than n_q·d_v² ({cfg})",
+            "V–O rank {rank} ({cfg})"),
+        "wiki-flat-minima": lambda ctx: _flat(ctx, ("attn", "gpt2", "llama")),
     }
+
+
+def _factorize(ctx, cfg_name: str) -> Evidence:
+    """Every flat direction is a sum of a QK generator and a VO generator: nullity = rank(qk) + rank(vo)
+    (the Lie algebra is the direct sum, no direction mixes the two)."""
+    r = _analyze(ctx, cfg_name)
+    bad = _unexplained([r])
+    if bad:
+        return bad
+    qk, vo = _fam(r, "qk-gl"), _fam(r, "vo-gl")
+    text = (f"{_describe(r.cfg)}: nullity {r.measured_nullity} = rank qk-gl {qk} + rank vo-gl {vo}: "
+            f"{r.measured_nullity == qk + vo}")
+    return _decide(r.measured_nullity == qk + vo, text, {"reports": [_summary(r)], "qk": qk, "vo": vo})
+
+
+def _flat(ctx, names) -> Evidence:
+    """A positive nullity at every configuration: each function has a manifold of parameter points."""
+    reports = [_analyze(ctx, n) for n in names]
+    rows = [(_describe(r.cfg), r.measured_nullity) for r in reports]
+    ok = all(n > 0 for _, n in rows)
+    return _decide(ok, "; ".join(f"{c}: nullity {n}" for c, n in rows), {"rows": rows})
 
 
 _USER_KEYS = {"family", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "n_ctx", "vocab", "n_layers", "act",

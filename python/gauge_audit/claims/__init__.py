@@ -404,6 +404,50 @@ def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problem
     return dict(models=models, percent=percent, rule=rule)
 
 
+UNCHECKED_FIELDS = ("quote", "location", "reason")
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """A statement of a source read but not checkable (an analogy, advice, a vague "may", an undefined
+    object): kept in the catalog with the reason, so nothing read is dropped silently."""
+
+    document: Document
+    quote: str
+    location: str
+    reason: str
+
+
+def _validate_unchecked(rows, text: str, fail: "_Problems") -> None:
+    if not isinstance(rows, list):
+        fail(_section_line(text, "unchecked"), "field unchecked: use [[unchecked]] array-of-tables")
+        return
+    heads = [i + 1 for i, ln in enumerate(text.splitlines()) if re.match(r"^\s*\[\[\s*unchecked\s*\]\]", ln)]
+    for n, row in enumerate(rows):
+        line = heads[n] if n < len(heads) else 1
+        if not isinstance(row, dict):
+            fail(line, f"field unchecked: entry #{n + 1} is not a table")
+            continue
+        for key in row:
+            if key not in UNCHECKED_FIELDS:
+                fail(line, f"field unchecked.{key}: unknown key")
+        for key in UNCHECKED_FIELDS:
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                fail(line, f"field unchecked.{key}: missing or not a non-empty string")
+
+
+def load_unchecked(paths: Iterable[Path | str] | None = None) -> list[Unchecked]:
+    """Every ``[[unchecked]]`` row of the catalog files, in file order (files validated as by load_catalog)."""
+    files = catalog_files() if paths is None else [Path(p) for p in paths]
+    out = []
+    for path in files:
+        document, _ = load_file(path)
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        out += [Unchecked(document, " ".join(r["quote"].split()), r["location"], " ".join(r["reason"].split()))
+                for r in data.get("unchecked", [])]
+    return out
+
+
 def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]]:
     """Validate the TOML ``text`` of one claim file; ``shown`` names it in error messages.
 
@@ -419,9 +463,10 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
 
     fail = _Problems(shown)
     for key in data:
-        if key not in ("document", "claim"):
+        if key not in ("document", "claim", "unchecked"):
             fail(_section_line(text, key) if isinstance(data[key], dict) else _key_line(text, (1, len(text.splitlines())), key),
-                 f"unknown top-level key {key!r} (expected [document] and [[claim]])")
+                 f"unknown top-level key {key!r} (expected [document], [[claim]] and [[unchecked]])")
+    _validate_unchecked(data.get("unchecked", []), text, fail)
     doc = data.get("document")
     document = None
     if _validate_document(text, doc, fail):
@@ -504,4 +549,5 @@ def get_claim(claim_id: str, catalog: Mapping[str, Claim] | None = None) -> Clai
         raise GaugeAuditError(f"unknown claim id {claim_id!r} (see `gauge-audit claims`)") from None
 
 
-__all__ = ["CATALOG_DIR", "CHECKERS", "KINDS", "Claim", "Document", "catalog_files", "get_claim", "load_catalog", "load_file"]
+__all__ = ["CATALOG_DIR", "CHECKERS", "KINDS", "Claim", "Document", "Unchecked", "catalog_files", "get_claim",
+           "load_catalog", "load_file", "load_unchecked"]

@@ -43,6 +43,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..audit.plots import collect
     from ..report import terminal_table, write
+    from ..report.documents import counts_table
 
     if args.fail_on and args.fail_on not in VERDICTS:
         raise GaugeAuditError(f"--fail-on must be one of {', '.join(VERDICTS)}")
@@ -64,6 +65,7 @@ def run(args) -> int:
     with reproducible():   # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)
+    report.extras["documents"] = counts_table(report.results)
     with new_dir(Path(args.out), args.force) as tmp:
         paths = write(report, tmp, plots)
     paths = {name: Path(args.out) / p.name for name, p in paths.items()}

@@ -193,6 +193,7 @@ def moe(params: Params, prefix: str, cfg: Config, x: torch.Tensor, trace: dict |
     gates = top_p / top_p.sum(-1, keepdim=True)
     if trace is not None:
         trace.setdefault("routing", []).append(top_i.detach().cpu())
+        trace.setdefault("router_logits", []).append(logits.detach().cpu())  # auxiliary router losses
         # How far each token's top-k choice is from a tie: the gap between the k-th and (k+1)-th
         # router logits, relative to the scale |x|·|W_router| that bounds their rounding errors.
         if cfg.top_k < cfg.experts:

@@ -1,4 +1,5 @@
-"""Generate ``proofs.md``: one row per claim (id, source, statement, SymPy function, Lean theorem, tests, verdict).
+"""Generate ``proofs.md``: one row per claim (id, source, statement, SymPy function, Lean theorem, tests, verdict),
+then the claims per source document and the statements read but not checkable.
 
     python -m gauge_audit.report.proofs_md            # print
     python -m gauge_audit.report.proofs_md --write    # rewrite proofs.md
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ..audit.run import AuditReport
 from ..claims import ROOT, load_catalog
+from .documents import COLUMNS, count_rows, unchecked_for
 
 PROOFS_MD = ROOT / "proofs.md"
 TESTS_DIR = ROOT / "tests"
@@ -71,6 +73,19 @@ def render(report: AuditReport, catalog=None) -> str:
         tst = ", ".join(f"`{t}`" for t in tests.get(cid, [])) or "—"
         lines.append(f"| `{cid}` | {_cell(c.document.key + ': ' + c.location)} | {_cell(c.statement)} | {fn} | "
                      f"{thms} | {tst} | {verdicts[cid]} |")
+    lines += ["", "## Claims per source document", "",
+              "Counted from the verdicts above and the `[[unchecked]]` rows of `claims/*.toml`.", "",
+              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    results = report.results
+    unchecked = unchecked_for(results)
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in count_rows(results, unchecked)]
+    lines += ["", "## Read but not checkable", "",
+              "Statements of the sources with no checkable content (analogy, advice, a vague \"may\", an object the",
+              "source never defines, a restatement decided under another id), kept with the reason so that nothing read",
+              "is dropped silently (the `[[unchecked]]` rows of `claims/*.toml`).", "",
+              "| document | quote | section | reason |", "|---|---|---|---|"]
+    lines += [f"| {_cell(u.document.key)} | {_cell(u.quote)} | {_cell(u.location)} | {_cell(u.reason)} |"
+              for u in unchecked]
     return "\n".join(lines) + "\n"
 
 
