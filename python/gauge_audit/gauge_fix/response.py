@@ -71,11 +71,12 @@ def probe_seed(seed: int, probe: int, index: int) -> int:
 
 
 def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
-    """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor
-    (computed in place: no temporaries of the tensor's size)."""
+    """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor: z = 2w − 1
+    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact), in
+    four passes over the tensor."""
     v = v.detach().to("cpu", torch.float64)
-    z = torch.rand(v.shape, generator=generator(seed), dtype=torch.float64).mul_(2.0).sub_(1.0)
-    return v.abs().mul_(u).mul_(z).add_(v)
+    w = torch.rand(v.shape, generator=generator(seed), dtype=torch.float64).sub_(0.5)
+    return torch.addcmul(v, v.abs(), w, value=2.0 * u)
 
 
 def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
@@ -151,7 +152,8 @@ def response_by_runs(cfg: Config, params: Params, canonical: Canonical, referenc
             if j == 0:
                 rotation = next((r.element for r in c.records if r.family == ROTATION), None)
                 sq_by_group({k: c.params[k] for k in outer}, base_outer, total)
-            sq_by_group({k: c.params[k] for k in _sub(params, names, lo)}, _sub(canonical.params, names, lo), total)
+            sub_names = [_renumbered(k, block_of(k), block_of(k) - lo) for k in names]
+            sq_by_group({k: c.params[k] for k in sub_names}, _sub(canonical.params, names, lo), total)
             del c, sub
         for k, v in total.items():
             worst[k] = max(worst.get(k, 0.0), v)
