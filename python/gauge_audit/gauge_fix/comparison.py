@@ -37,14 +37,15 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..actions import Element, composite
+from ..actions import ACTIONS, Element, composite
 from ..actions.algebra import compose, inverse
+from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import one_thread
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize, canonicalize_owned, storage_dtype_of, validate
-from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group
+from .response import blockwise, probe_params, response_by_runs, sq_by_group
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
@@ -152,6 +153,33 @@ def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
     return composite.make([(r.action, r.element) for r in chain]), n0
 
 
+def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Element) -> float:
+    """‖g·A − B‖_F / ‖B‖_F for a composite g (= ACTIONS["composite"].apply), one block at a time
+    (every step applied to block i's float64 copy, then compared with B's block and dropped) unless
+    a step's element couples blocks (layout "whole"): then the whole float64 g·A, in place."""
+    steps = composite.steps(el)
+    if any(ACTIONS[action].element_layout == "whole" for action, _ in steps):
+        mapped = _float64(params_a)
+        for action, step in steps:
+            apply_in_place(cfg, mapped, action, step)
+        return relative_distances(params_b, mapped)[0]
+    blocks: dict[int | None, list[str]] = {}
+    for k in params_a:
+        blocks.setdefault(block_of(k), []).append(k)
+    num = den = 0.0
+    for b, names in blocks.items():
+        sub = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
+        for action, step in steps:
+            sub = apply_block(ACTIONS[action], cfg, sub, step, b)
+        for k in names:
+            vb = params_b[k].to(torch.float64)
+            d = (vb - sub[k]).reshape(-1)
+            num += float(torch.dot(d, d))
+            den += float(torch.dot(vb.reshape(-1), vb.reshape(-1)))
+        del sub
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
 # ----------------------------------------------------------------------------- compare
 @dataclass
 class Comparison:
@@ -248,9 +276,6 @@ def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_elem
                      probes, lam, canonical_a=ca, canonical_b=cb)
     if ok and with_element:
         el, _ = element_a_to_b(ca, cb)
-        mapped = _float64(params_a)
-        for action, step in composite.steps(el):   # = ACTIONS["composite"].apply, in place
-            apply_in_place(cfg, mapped, action, step)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
-        out.element_residual = relative_distances(params_b, mapped)[0]
+        out.element_residual = element_residual(cfg, params_a, params_b, el)
     return out

@@ -134,27 +134,32 @@ def response_by_runs(cfg: Config, params: Params, canonical: Canonical, referenc
     ref_outer = {k: reference[k] for k in outer}
     base_outer = {k: canonical.params[k] for k in outer}
     runs = _block_runs(cfg, params)
-    worst: dict[str, float] = {}
-    for p in range(probes):
-        total: dict[str, float] = {}
-        rotation = None
-        for j, (lo, n) in enumerate(runs):
-            names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
-            sub = _sub({k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
-            sub.update({k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0
+    totals: list[dict[str, float]] = [{} for _ in range(probes)]
+    rotations: list[Element | None] = [None] * probes
+    # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
+    for j, (lo, n) in enumerate(runs):
+        names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
+        here = {k: params[k] for k in names + (outer if j == 0 else [])}
+        ref = {**_sub(reference, names, lo), **ref_outer}
+        sub_names = [_renumbered(k, block_of(k), block_of(k) - lo) for k in names]
+        base = _sub(canonical.params, names, lo)
+        for p in range(probes):
+            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
+            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0
                        else outer64)
-            ref = {**_sub(reference, names, lo), **ref_outer}
             keep = _kept(cfg, canonical, lo, n)
-            if rotation is not None:
-                keep[ROTATION] = rotation
+            if rotations[p] is not None:
+                keep[ROTATION] = rotations[p]
             c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype,
                                    keep=keep)
             if j == 0:
-                rotation = next((r.element for r in c.records if r.family == ROTATION), None)
-                sq_by_group({k: c.params[k] for k in outer}, base_outer, total)
-            sub_names = [_renumbered(k, block_of(k), block_of(k) - lo) for k in names]
-            sq_by_group({k: c.params[k] for k in sub_names}, _sub(canonical.params, names, lo), total)
+                rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                sq_by_group({k: c.params[k] for k in outer}, base_outer, totals[p])
+            sq_by_group({k: c.params[k] for k in sub_names}, base, totals[p])
             del c, sub
+        del here
+    worst: dict[str, float] = {}
+    for total in totals:
         for k, v in total.items():
             worst[k] = max(worst.get(k, 0.0), v)
     return worst
