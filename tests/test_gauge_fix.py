@@ -20,6 +20,7 @@ from gauge_audit.actions.base import element_from_arrays
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, prepare, unfixed
+from gauge_audit.gauge_fix import response
 from gauge_audit.gauge_fix.comparison import (relative_distances, rounding_response,
                                               rounding_response_recanonicalised)
 from gauge_audit.models import attn, build, build_config, model_names
@@ -208,13 +209,16 @@ def test_compare_transformed_copy_is_equivalent(model, name, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", SURVIVORS)
-def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtype):
-    """compare's probes (in place, block by block, no re-validation) measure the same response as
-    the plain definition (each probe through canonicalize with the whole-model rules), on both
-    sides of every survival case: the same draws and the same arithmetic, so per group the two
-    squared responses agree to the rounding of summing them (relative 64·ε), far below the
-    factor λ ≈ 5.7 that turns a response into a tolerance."""
+def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtype, monkeypatch):
+    """compare's probes (one run of blocks at a time, here one block per run, with the rotation of
+    the first run; or whole and in place; no re-validation) measure the same response as the plain
+    definition (each probe through canonicalize with the whole-model rules), on both sides of every
+    survival case: the same draws and the same arithmetic, so per group the two squared responses
+    agree to the rounding of summing them (relative 64·ε), far below the factor λ ≈ 5.7 that turns
+    a response into a tolerance."""
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
     m = model(name)
+    assert response.blockwise(m.cfg, m.params) == (name != "bert-tiny")
     b, _ = _transformed(m, seed=11)
     stored = {k: v.to(dtype) for k, v in b.items()}
     ca = canonicalize(m.cfg, m.params)

@@ -13,7 +13,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
 from ..runtime import eps, generator, resolve_dtype
-from .canonicalize import Source, load_source, write_atomically
+from .canonicalize import Source, keep_freed_memory, load_source, write_atomically
 
 
 def register(sub) -> None:
@@ -82,6 +82,7 @@ def _b_params(args, b: Source):
 def run(args) -> int:
     if args.probes < 1:
         raise GaugeAuditError("--probes must be >= 1")
+    keep_freed_memory()
     # checkpoints in their stored dtype; a GGUF held (dequantizing it again costs seconds), a
     # safetensors file read again on each pass (it is mapped, and reading it is a copy)
     a = _load(args.a, args.seed)

@@ -169,14 +169,16 @@ class Context:
         self.frozen = frozen or {}
 
     def reuse(self, family: str) -> bool:
-        """Apply the permutation ``family`` chose on the unperturbed model, if given (``frozen``):
-        the rounding-response probes of :mod:`.comparison` perturb the input by u and measure the
-        continuous response, so the discrete choices stay those of the base point (a choice that
-        u could flip is reported there as not unique) and the costly matching is not redone."""
+        """Apply the element of ``family`` given in ``frozen``, if any: the permutation chosen on
+        the unperturbed model (the rounding-response probes of :mod:`.comparison` perturb the input
+        by u and measure the continuous response, so the discrete choices stay those of the base
+        point — a choice that u could flip is reported there as not unique — and the costly
+        matching is not redone), or the stream rotation a probe's first run of blocks computed
+        from its embeddings (:mod:`.response`)."""
         el = self.frozen.get(family)
         if el is None:
             return False
-        self.apply(family, family, el, "reused from the unperturbed canonical form")
+        self.apply(family, family, el, "reused (given)")
         return True
 
     def threshold(self, sensitivity: float) -> float:

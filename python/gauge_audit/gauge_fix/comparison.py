@@ -37,43 +37,21 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..actions import Element, composite
+from ..actions import ACTIONS, Element, composite
 from ..actions.algebra import compose, inverse
+from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..runtime import generator, one_thread
+from ..runtime import one_thread
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize, canonicalize_owned, storage_dtype_of, validate
+from .response import blockwise, probe_params, response_by_runs, sq_by_group
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
 
 GROUPS = ("embeddings", "attention.qk", "attention.vo", "norms", "ffn", "router", "unembedding")
-
-
-def group_of(name: str) -> str:
-    leaf = name.rsplit(".", 1)[-1]
-    if name.startswith("embed."):
-        return "embeddings"
-    if name.startswith("unembed."):
-        return "unembedding"
-    if ".ln" in name or name.startswith("ln_"):
-        return "norms"
-    if ".attn." in name:
-        return "attention.qk" if leaf[-1] in "QK" else "attention.vo"
-    if leaf == "W_router":
-        return "router"
-    return "ffn"
-
-
-def _sq_by_group(a: Params, b: Params | None = None) -> dict[str, float]:
-    """Σ‖a − b‖² (or Σ‖a‖²) per tensor group, in float64, one tensor at a time."""
-    out: dict[str, float] = {}
-    for k, v in a.items():
-        v = v.to(torch.float64)
-        d = v if b is None else v - b[k].to(torch.float64)
-        out[group_of(k)] = out.get(group_of(k), 0.0) + float(torch.dot(d.reshape(-1), d.reshape(-1)))
-    return out
+_sq_by_group = sq_by_group
 
 
 def relative_distances(a: Params, b: Params) -> tuple[float, dict[str, float]]:
@@ -98,36 +76,26 @@ def _float64(params: Params) -> Params:
     return {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
 
 
-def _probe(params: Params, u: float, g: torch.Generator) -> Params:
-    """θ + u·|θ|⊙z, z uniform in [−1, 1] (seeded; one draw per tensor in parameter order), as a
-    new float64 dict (computed in place: no temporaries of the model's size)."""
-    out = {}
-    for k, v in params.items():
-        v = v.detach().to("cpu", torch.float64)
-        z = torch.rand(v.shape, generator=g, dtype=torch.float64).mul_(2.0).sub_(1.0)
-        out[k] = v.abs().mul_(u).mul_(z).add_(v)
-        del z
-    return out
-
-
 def rounding_response(cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int,
                       seed: int) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings δ of θ
-    at its storage precision (squared norms, like :func:`_sq_by_group`).
+    at its storage precision (squared norms, like :func:`sq_by_group`).
 
     Each probe reuses every discrete decision of the unperturbed run (``canonical``: its
     permutations; the signs, phases and rotations of the compact freedoms are aligned to
     ``reference`` by continuous fits, which a rounding moves continuously) and recomputes only
     the continuous elements: the norm scales, the stream rotation, the balanced factors and unit
-    scales.  The probe's input is validated by construction (finite: θ is), and the pipeline
-    replaces its tensors in place, so a probe holds one float64 copy of the model."""
+    scales.  One run of blocks at a time where no bias-chain stretch joins blocks
+    (:mod:`.response`: no float64 copy of the whole model, the same arithmetic), else the whole
+    perturbed model in place (its input finite by construction, not validated again)."""
     u = torch.finfo(canonical.storage_dtype).eps / 2
-    g = generator(seed)
+    if blockwise(cfg, params):
+        return response_by_runs(cfg, params, canonical, reference, probes, seed, u)
     worst: dict[str, float] = {}
-    for _ in range(probes):
-        c = canonicalize_owned(cfg, _probe(params, u, g), reference=reference,
+    for p in range(probes):
+        c = canonicalize_owned(cfg, probe_params(params, u, seed, p), reference=reference,
                                storage_dtype=canonical.storage_dtype, frozen=canonical)
-        for k, v in _sq_by_group(c.params, canonical.params).items():
+        for k, v in sq_by_group(c.params, canonical.params).items():
             worst[k] = max(worst.get(k, 0.0), v)
         del c
     return worst
@@ -140,10 +108,9 @@ def rounding_response_recanonicalised(cfg: Config, params: Params, canonical: Ca
     reused): the plain definition of the response, kept to check the fast path against
     (``tests/test_gauge_fix.py``, ``benchmarks/bench_gauge_fix.py``)."""
     u = torch.finfo(canonical.storage_dtype).eps / 2
-    g = generator(seed)
     worst: dict[str, float] = {}
-    for _ in range(probes):
-        probe = _probe(params, u, g)
+    for p in range(probes):
+        probe = probe_params(params, u, seed, p)
         validate(cfg, probe)
         c = canonicalize_owned(cfg, probe, reference=reference, storage_dtype=canonical.storage_dtype,
                                frozen=canonical, whole=True)
@@ -184,6 +151,33 @@ def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
             if merged:
                 break
     return composite.make([(r.action, r.element) for r in chain]), n0
+
+
+def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Element) -> float:
+    """‖g·A − B‖_F / ‖B‖_F for a composite g (= ACTIONS["composite"].apply), one block at a time
+    (every step applied to block i's float64 copy, then compared with B's block and dropped) unless
+    a step's element couples blocks (layout "whole"): then the whole float64 g·A, in place."""
+    steps = composite.steps(el)
+    if any(ACTIONS[action].element_layout == "whole" for action, _ in steps):
+        mapped = _float64(params_a)
+        for action, step in steps:
+            apply_in_place(cfg, mapped, action, step)
+        return relative_distances(params_b, mapped)[0]
+    blocks: dict[int | None, list[str]] = {}
+    for k in params_a:
+        blocks.setdefault(block_of(k), []).append(k)
+    num = den = 0.0
+    for b, names in blocks.items():
+        sub = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
+        for action, step in steps:
+            sub = apply_block(ACTIONS[action], cfg, sub, step, b)
+        for k in names:
+            vb = params_b[k].to(torch.float64)
+            d = (vb - sub[k]).reshape(-1)
+            num += float(torch.dot(d, d))
+            den += float(torch.dot(vb.reshape(-1), vb.reshape(-1)))
+        del sub
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
 # ----------------------------------------------------------------------------- compare
@@ -282,9 +276,6 @@ def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_elem
                      probes, lam, canonical_a=ca, canonical_b=cb)
     if ok and with_element:
         el, _ = element_a_to_b(ca, cb)
-        mapped = _float64(params_a)
-        for action, step in composite.steps(el):   # = ACTIONS["composite"].apply, in place
-            apply_in_place(cfg, mapped, action, step)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
-        out.element_residual = relative_distances(params_b, mapped)[0]
+        out.element_residual = element_residual(cfg, params_a, params_b, el)
     return out

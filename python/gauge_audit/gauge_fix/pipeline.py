@@ -183,13 +183,17 @@ def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None
 
 
 def canonicalize_owned(cfg: Config, p64: Params, *, reference: Params | None, storage_dtype: torch.dtype,
-                       frozen: Canonical | None = None, whole: bool = False) -> Canonical:
+                       frozen: Canonical | None = None, whole: bool = False,
+                       keep: dict[str, Element] | None = None) -> Canonical:
     """:func:`canonicalize` of validated float64 parameters in a dict the caller hands over: the
     steps replace its tensors in place, block by block (:func:`.base.apply_in_place`), so the
     input is not kept beside the result.  ``whole``: each step with the whole-model rule instead
-    (a new dict per step; the same result, kept to check the in-place path against)."""
+    (a new dict per step; the same result, kept to check the in-place path against).  ``keep``:
+    elements applied as given instead of computed, by family (``frozen``'s permutations, the
+    stream rotation of a run of blocks: :mod:`.response`)."""
     with one_thread():
-        keep = {r.family: r.element for r in frozen.records if r.family in PERMUTATIONS} if frozen else None
+        if frozen is not None:
+            keep = {r.family: r.element for r in frozen.records if r.family in PERMUTATIONS}
         ctx = Context(cfg, p64, reference, eps(storage_dtype) / 2, keep, whole)
         for _, fix, _ in STEPS:
             fix(ctx)

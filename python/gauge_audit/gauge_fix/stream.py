@@ -321,7 +321,7 @@ def fix_stream_rotation(ctx: Context) -> None:
     later step.  With a reference the rotation is instead the orthogonal Procrustes fit of W_E·U
     to the reference's."""
     cfg, p = ctx.cfg, ctx.params
-    if not rotates(cfg):
+    if not rotates(cfg) or ctx.reuse("stream-rotation"):
         return
     u = _rotation_basis(cfg)
     x = p["embed.W_E"] @ u

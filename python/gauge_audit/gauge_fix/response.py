@@ -1,0 +1,165 @@
+"""compare's rounding response, one run of blocks at a time.
+
+The response of a model's canonical form to a simulated rounding δ = u·|θ|⊙z of its parameters
+(:func:`gauge_audit.gauge_fix.comparison.rounding_response_recanonicalised` is its plain
+definition: the whole perturbed model canonicalised again) is computed here without ever holding a
+perturbed float64 copy of the whole model.  Every gauge-fixing step but two acts inside one block
+(its element for block i is computed from block i's tensors and changes only them); the stream
+rotation is computed from the embeddings alone and applied to every block; the bias chain's
+stretches join consecutive blocks.  So, without bias-chain stretches, the canonical form of block
+i's tensors depends only on block i's tensors and the rotation:
+
+* run 0 canonicalises the embeddings, the final norm and head together with the first blocks
+  (all perturbed), and records the rotation it computed from the perturbed embeddings;
+* every further run canonicalises a sub-model of a few consecutive blocks (perturbed; the
+  embeddings and head unperturbed, taken along only because the steps look them up, their result
+  ignored) with that rotation and the unperturbed run's permutations reused.
+
+Each run is the same arithmetic the whole-model probe performs on those tensors, so per group the
+squared responses agree with the plain definition to the rounding of summing them
+(``tests/test_gauge_fix.py``); a model with stretches is probed whole.  The draws: each tensor's z
+from its own seeded generator (:func:`probe_seed`), so a run can draw its tensors in any order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..actions import ACTIONS, Element
+from ..actions.blockwise import block_of
+from ..actions.offsets import segments
+from ..models.config import Config
+from ..runtime import generator
+from .base import Params, _renumbered, _span_element
+from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
+
+RUN_ENTRIES = 1 << 23   # a run holds about this many parameters (64 MiB in float64), at least one block
+ROTATION = "stream-rotation"
+
+
+def group_of(name: str) -> str:
+    """The tensor group of a parameter (embeddings, attention score / output side, norms, FFN,
+    router, unembedding), over which compare measures distances."""
+    leaf = name.rsplit(".", 1)[-1]
+    if name.startswith("embed."):
+        return "embeddings"
+    if name.startswith("unembed."):
+        return "unembedding"
+    if ".ln" in name or name.startswith("ln_"):
+        return "norms"
+    if ".attn." in name:
+        return "attention.qk" if leaf[-1] in "QK" else "attention.vo"
+    if leaf == "W_router":
+        return "router"
+    return "ffn"
+
+
+def sq_by_group(a: Params, b: Params | None = None, out: dict[str, float] | None = None) -> dict[str, float]:
+    """Σ‖a − b‖² (or Σ‖a‖²) per tensor group, in float64, one tensor at a time (added to ``out``)."""
+    out = {} if out is None else out
+    for k, v in a.items():
+        v = v.to(torch.float64)
+        d = v if b is None else v - b[k].to(torch.float64)
+        out[group_of(k)] = out.get(group_of(k), 0.0) + float(torch.dot(d.reshape(-1), d.reshape(-1)))
+    return out
+
+
+def probe_seed(seed: int, probe: int, index: int) -> int:
+    """The seed of tensor ``index``'s draw (its position in the parameter order) in probe
+    ``probe``: distinct for every (probe, tensor) of one seed while probes < 1000 and tensors < 10⁶."""
+    return (seed * 1000 + probe) * 1_000_000 + index
+
+
+def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
+    """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor: z = 2w − 1
+    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact), in
+    four passes over the tensor."""
+    v = v.detach().to("cpu", torch.float64)
+    w = torch.rand(v.shape, generator=generator(seed), dtype=torch.float64).sub_(0.5)
+    return torch.addcmul(v, v.abs(), w, value=2.0 * u)
+
+
+def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
+    """The whole perturbed model of probe ``probe`` (the plain definition's input)."""
+    return {k: perturbed(v, u, probe_seed(seed, probe, i)) for i, (k, v) in enumerate(params.items())}
+
+
+def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
+    sizes = [0] * cfg.n_layers
+    for k, v in params.items():
+        b = block_of(k)
+        if b is not None:
+            sizes[b] += v.numel()
+    runs, lo = [], 0
+    while lo < cfg.n_layers:
+        n, total = 0, 0
+        while lo + n < cfg.n_layers and (n == 0 or total + sizes[lo + n] <= RUN_ENTRIES):
+            total += sizes[lo + n]
+            n += 1
+        runs.append((lo, n))
+        lo += n
+    return runs
+
+
+def _sub(source: Params, names: list[str], lo: int) -> Params:
+    return {_renumbered(k, block_of(k), block_of(k) - lo): source[k] for k in names}
+
+
+def _kept(cfg: Config, canonical: Canonical, lo: int, n: int) -> dict[str, Element]:
+    out = {}
+    for r in canonical.records:
+        if r.family in PERMUTATIONS:
+            part = _span_element(ACTIONS[r.action], cfg, r.element, lo, n)
+            if part is not None:
+                out[r.family] = part
+    return out
+
+
+def blockwise(cfg: Config, params: Params) -> bool:
+    """Can the response be computed one run of blocks at a time (no bias-chain stretch joins two
+    blocks)?"""
+    return cfg.n_layers > 1 and not segments(cfg, params)
+
+
+def response_by_runs(cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int,
+                     seed: int, u: float) -> dict[str, float]:
+    """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
+    one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
+    index = {k: i for i, k in enumerate(params)}
+    blocks: dict[int | None, list[str]] = {}
+    for k in params:
+        blocks.setdefault(block_of(k), []).append(k)
+    outer = blocks.get(None, [])
+    outer64 = {k: params[k].detach().to("cpu", torch.float64) for k in outer}
+    ref_outer = {k: reference[k] for k in outer}
+    base_outer = {k: canonical.params[k] for k in outer}
+    runs = _block_runs(cfg, params)
+    totals: list[dict[str, float]] = [{} for _ in range(probes)]
+    rotations: list[Element | None] = [None] * probes
+    # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
+    for j, (lo, n) in enumerate(runs):
+        names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
+        here = {k: params[k] for k in names + (outer if j == 0 else [])}
+        ref = {**_sub(reference, names, lo), **ref_outer}
+        sub_names = [_renumbered(k, block_of(k), block_of(k) - lo) for k in names]
+        base = _sub(canonical.params, names, lo)
+        for p in range(probes):
+            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
+            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0
+                       else outer64)
+            keep = _kept(cfg, canonical, lo, n)
+            if rotations[p] is not None:
+                keep[ROTATION] = rotations[p]
+            c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype,
+                                   keep=keep)
+            if j == 0:
+                rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                sq_by_group({k: c.params[k] for k in outer}, base_outer, totals[p])
+            sq_by_group({k: c.params[k] for k in sub_names}, base, totals[p])
+            del c, sub
+        del here
+    worst: dict[str, float] = {}
+    for total in totals:
+        for k, v in total.items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    return worst
