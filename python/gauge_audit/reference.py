@@ -83,11 +83,47 @@ def _rmsnorm64(self, x):
 def _rope64(self, x, position_ids):
     cfg = self.config
     base = cfg.rope_parameters["rope_theta"]
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head * cfg.rope_parameters.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    return _angles64(self, x, position_ids, inv_freq, self.attention_scaling)
+
+
+def _angles64(self, x, position_ids, inv_freq, scaling):
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+    return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+
+
+class _Float64Torch:
+    """``torch`` as seen by transformers' RoPE initialisers, with float32 read as float64: their
+    own formulas (linear, dynamic, yarn, llama3) evaluated in float64."""
+
+    float = float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _rope64_scaled(self, x, position_ids):
+    """A scaled RoPE table (transformers' ROPE_INIT_FUNCTIONS) in float64, at this input's length
+    (dynamic and longrope tables depend on it, as in transformers' ``dynamic_rope_update``)."""
+    from transformers import modeling_rope_utils as mru
+
+    n = int(position_ids.max()) + 1
+    mru.torch = _Float64Torch()
+    try:
+        inv_freq, scaling = mru.ROPE_INIT_FUNCTIONS[self.rope_type](self.config, x.device, seq_len=n)
+    finally:
+        mru.torch = torch
+    if self.rope_type == "longrope":  # its exponent is taken with Tensor.float(): the same formula in float64
+        rp = self.config.rope_parameters
+        head = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        dim = int(head * rp.get("partial_rotary_factor", 1.0))
+        ext = rp["long_factor"] if n > rp["original_max_position_embeddings"] else rp["short_factor"]
+        inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float64)
+                          * rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    return _angles64(self, x, position_ids, inv_freq, scaling)
 
 
 def _router64(self, hidden_states):
@@ -110,6 +146,8 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _rmsnorm64
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
+        elif name.endswith("RotaryEmbedding") and module.rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope"):
+            forward = _rope64_scaled
         elif name.endswith("TopKRouter"):
             forward = _router64
         else:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from ..errors import GaugeAuditError
+from .rope import scaling_problem
 
 NORMS = ("layernorm", "layernorm-noaffine", "rmsnorm", "rmsnorm-noweight", "none")
+QK_NORMS = ("none", "head")
 ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; gelu-tanh: GPT-2's tanh approximation
 
 
@@ -31,6 +33,11 @@ class Config:
     pos: str = "learned"        # learned | rope | none
     rope_style: str = "half"    # half: planes (i, i + d/2) (GPT-NeoX/LLaMA-HF); interleaved: (2i, 2i+1) (original RoFormer/Meta)
     rope_base: float = 10000.0
+    rope_type: str = "default"  # frequency table: default | linear | dynamic | yarn | llama3 | longrope (models/rope.py)
+    rope_params: tuple = ()     # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
+    rotary_dim: int = 0         # coordinates of each head RoPE rotates (the first ones); 0: the whole head
+    window: int = 0             # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
+    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared by the heads, before RoPE (Qwen3)
     causal: bool = True
     tied: bool = False          # W_U = W_Eᵀ
     unembed: bool = True        # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
@@ -70,6 +77,16 @@ def validate(cfg: Config) -> Config:
     need(cfg.pos in ("learned", "rope", "none"), "pos must be learned, rope or none")
     need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
     need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")
+    need(isinstance(cfg.rotary_dim, int) and 0 <= cfg.rotary_dim <= cfg.d_head and cfg.rotary_dim % 2 == 0,
+         "rotary_dim must be an even number in 0..d_head (0: the whole head)")
+    need(cfg.pos == "rope" or (cfg.rope_type == "default" and not cfg.rope_params and cfg.rotary_dim == 0),
+         "RoPE options given without pos=rope")
+    problem = scaling_problem(cfg.rope_type, cfg.rope_params, cfg.rotary_dim or cfg.d_head)
+    need(problem is None, f"RoPE scaling: {problem}")
+    need(isinstance(cfg.window, int) and cfg.window >= 0, "window must be a non-negative integer (0: none)")
+    need(cfg.window == 0 or cfg.causal, "a sliding window needs causal attention")
+    need(cfg.qk_norm in QK_NORMS, f"qk_norm must be one of {', '.join(QK_NORMS)}")
+    need(cfg.qk_norm == "none" or cfg.norm.startswith("rmsnorm"), "a QK-norm needs an RMSNorm model")
     need(not cfg.tied or cfg.family not in ("attn", "bert"), "--tied needs token embeddings and an unembedding")
     need(cfg.unembed or not (cfg.tied or cfg.unembed_bias), "tied embeddings / an unembedding bias need an unembedding")
     need(cfg.experts == 0 or 1 <= cfg.top_k <= cfg.experts, "top_k must be in 1..experts")

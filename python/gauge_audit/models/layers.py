@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import Config
+from .rope import inverse_frequencies
 
 Params = dict[str, torch.Tensor]
 
@@ -46,6 +47,8 @@ def attention_shapes(cfg: Config, prefix: str) -> dict:
                     f"{prefix}.b_V": ((g, e), "bias")})
     if cfg.out_bias:
         out[f"{prefix}.b_O"] = ((d,), "bias")
+    if cfg.qk_norm == "head":
+        out.update({f"{prefix}.q_norm": ((e,), "norm_w"), f"{prefix}.k_norm": ((e,), "norm_w")})
     return out
 
 
@@ -104,35 +107,45 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_angles(cfg: Config, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    half = cfg.d_head // 2
-    inv_freq = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / cfg.d_head)
-    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, half)
-    return ang.cos().to(device, dtype), ang.sin().to(device, dtype)
+    """a·cos(p·θ_i), a·sin(p·θ_i) for positions p < n: θ_i and the factor a from the scaling type."""
+    inv_freq, factor = inverse_frequencies(cfg, n)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, R/2)
+    return (factor * ang.cos()).to(device, dtype), (factor * ang.sin()).to(device, dtype)
 
 
 def rope_planes(cfg: Config) -> list[tuple[int, int]]:
     """The coordinate pairs (i, j) that RoPE rotates together, by frequency index."""
-    half = cfg.d_head // 2
+    half = (cfg.rotary_dim or cfg.d_head) // 2
     if cfg.rope_style == "half":
         return [(i, i + half) for i in range(half)]
     return [(2 * i, 2 * i + 1) for i in range(half)]
 
 
 def rope(cfg: Config, x: torch.Tensor) -> torch.Tensor:
-    """Rotate each frequency plane (x1, x2) of position p by the angle p·θ_i.
+    """Rotate each frequency plane (x1, x2) of position p by the angle p·θ_i (the first
+    ``rotary_dim`` coordinates of each head; the rest pass unrotated).
 
     Because R(pθ)ᵀR(sθ) = R((s−p)θ), scores then depend only on relative position.
     """
     n = x.shape[-2]
     cos, sin = rope_angles(cfg, n, x.device, x.dtype)
+    R = cfg.rotary_dim or cfg.d_head
+    x, rest = x[..., :R], x[..., R:]
     if cfg.rope_style == "half":
         x1, x2 = x.chunk(2, dim=-1)
     else:
         x1, x2 = x[..., 0::2], x[..., 1::2]
     y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
     if cfg.rope_style == "half":
-        return torch.cat([y1, y2], dim=-1)
-    return torch.stack([y1, y2], dim=-1).flatten(-2)
+        y = torch.cat([y1, y2], dim=-1)
+    else:
+        y = torch.stack([y1, y2], dim=-1).flatten(-2)
+    return torch.cat([y, rest], dim=-1)
+
+
+def head_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.Tensor:
+    """QK-norm (Qwen3): y/rms(y)·γ over each head's d_head coordinates, one γ for every head."""
+    return y * torch.rsqrt((y * y).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
 
 
 def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +157,8 @@ def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torc
         return y
 
     q, k, v = proj("Q"), proj("K"), proj("V")
+    if cfg.qk_norm == "head":
+        q, k = head_norm(params, f"{prefix}.q_norm", cfg, q), head_norm(params, f"{prefix}.k_norm", cfg, k)
     if cfg.pos == "rope":
         q, k = rope(cfg, q), rope(cfg, k)
     # Each KV head serves group_size consecutive query heads (GQA/MQA).
@@ -153,6 +168,8 @@ def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torc
     if cfg.causal:
         n = x.shape[1]
         future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+        if cfg.window:  # sliding window: key s is visible from query p only if p − s < window
+            future = future | torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-cfg.window)
         scores = scores.masked_fill(future, float("-inf"))
     z = torch.softmax(scores, dim=-1) @ v
     out = torch.einsum("bhne,hed->bnd", z, params[f"{prefix}.W_O"])
