@@ -130,7 +130,9 @@ def _router64(self, hidden_states):
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
     logits = F.linear(hidden_states, self.weight)
     top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-    return logits, top / top.sum(dim=-1, keepdim=True), index
+    if getattr(self, "norm_topk_prob", True):  # Mixtral always; Qwen3-MoE as configured
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, index
 
 
 def float64_internals(model: torch.nn.Module) -> int:
@@ -195,23 +197,27 @@ def _set(obj, path: str, value) -> None:
 
 
 def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One layer's file tensors → transformers' module names.  Identical except Mixtral, whose
-    per-expert w1/w3/w2 files become the fused ``experts.gate_up_proj = [gate | up]`` and
-    ``experts.down_proj`` parameters (what transformers' own loader does)."""
-    if arch.name != "MixtralForCausalLM":
+    """One layer's file tensors → transformers' module names.  Identical except the MoE files
+    (Mixtral's per-expert w1/w3/w2, Qwen3-MoE's per-expert gate/up/down_proj), whose experts
+    become the fused ``experts.gate_up_proj = [gate | up]`` and ``experts.down_proj`` parameters
+    (what transformers' own loader does)."""
+    names = {"MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
+             "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj")}
+    if arch.name not in names:
         return sd
+    pre, gate, up, down = names[arch.name]
     out, w = {}, {}
     for k, t in sd.items():
-        if k.startswith("block_sparse_moe.experts."):
-            _, _, e, which, _ = k.split(".")
+        if k.startswith(f"{pre}experts."):
+            e, which = k[len(pre):].split(".")[1:3]
             w.setdefault(which, {})[int(e)] = t
-        elif k.startswith("block_sparse_moe.gate."):
+        elif k.startswith(f"{pre}gate."):
             out["mlp.gate." + k.rsplit(".", 1)[1]] = t
         else:
             out[k] = t
-    n = len(w["w1"])
-    out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w["w1"][e], w["w3"][e]]) for e in range(n)])
-    out["mlp.experts.down_proj"] = torch.stack([w["w2"][e] for e in range(n)])
+    n = len(w[gate])
+    out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w[gate][e], w[up][e]]) for e in range(n)])
+    out["mlp.experts.down_proj"] = torch.stack([w[down][e] for e in range(n)])
     return out
 
 

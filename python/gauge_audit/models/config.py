@@ -46,6 +46,7 @@ class Config:
     embed_norm: bool = False    # BERT LayerNorm after the embedding sum
     experts: int = 0            # > 0: the FFN is a top-k softmax-gated mixture of experts
     top_k: int = 0
+    router_renorm: bool = True  # the k kept gates renormalised to sum 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
 
     @property
     def group_size(self) -> int:

@@ -200,14 +200,14 @@ def mlp(params: Params, prefix: str, cfg: Config, x: torch.Tensor, e: int | None
 
 
 def moe(params: Params, prefix: str, cfg: Config, x: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
-    """Top-k softmax gating: p = softmax(x W_router); keep the k largest, renormalise,
-    and mix those experts' outputs.  (Experts are evaluated densely: the reference
+    """Top-k softmax gating: p = softmax(x W_router); keep the k largest, renormalise (unless
+    ``router_renorm`` is off), and mix those experts' outputs.  (Experts are evaluated densely: the reference
     models are tiny and this keeps the code equal to the equation.)"""
     W = params[f"{prefix}.W_router"]
     logits = x @ W
     probs = torch.softmax(logits, dim=-1)
     top_p, top_i = probs.topk(cfg.top_k, dim=-1)
-    gates = top_p / top_p.sum(-1, keepdim=True)
+    gates = top_p / top_p.sum(-1, keepdim=True) if cfg.router_renorm else top_p
     if trace is not None:
         trace.setdefault("routing", []).append(top_i.detach().cpu())
         # How far each token's top-k choice is from a tie: the gap between the k-th and (k+1)-th

@@ -31,11 +31,14 @@ from ...errors import GaugeAuditError
 from ..config import Config
 from ..lazy import LazyParams
 from . import gguf as gguf_io
-from .hf import ARCHS, Arch, Link, arch_of
+from .hf import ARCHS as _HF_ARCHS
+from .hf import Arch, Link, arch_of
+from .hf_qknorm import QK_NORM_ARCHS
 from .safetensors_file import SafetensorsFile
 
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
+ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS}
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
 
 
@@ -305,7 +308,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         if not (path / "config.json").is_file():
             raise GaugeAuditError(f"{path}: no config.json (a Hugging Face checkpoint directory needs one)")
         hf = _json(path / "config.json")
-        arch = arch_of(hf)
+        arch = arch_of(hf, ARCHS)
         try:
             cfg = arch.config(arch.name, hf)
         except GaugeAuditError as exc:

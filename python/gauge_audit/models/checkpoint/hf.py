@@ -397,10 +397,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
 )}
 
 
-def arch_of(hf: dict) -> Arch:
+def arch_of(hf: dict, archs: dict[str, Arch] = ARCHS) -> Arch:
     names = hf.get("architectures")
     if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str):
         raise GaugeAuditError(f"config.json must name exactly one architecture (architectures = {names!r})")
-    if names[0] not in ARCHS:
-        raise GaugeAuditError(f"unknown architecture {names[0]} (supported: {', '.join(ARCHS)})")
-    return ARCHS[names[0]]
+    if names[0] not in archs:
+        raise GaugeAuditError(f"unknown architecture {names[0]} (supported: {', '.join(archs)})")
+    return archs[names[0]]
