@@ -78,6 +78,16 @@ def _inv_t(m: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- qk-gl
 def _qk_gl_applies(cfg: Config) -> str | None:
+    if cfg.qk_norm != "none":
+        return ("the QK-norm n(x W_Q M) ≠ n(x W_Q)·M for a generic M: per-head GL(d_k) is not a symmetry; what "
+                "survives is the scaling of the norm weights per RoPE plane (qk-norm-scale)")
+    return _partial_rotary(cfg)
+
+
+def _partial_rotary(cfg: Config) -> str | None:
+    if cfg.pos == "rope" and cfg.rotary_dim:
+        return ("partial rotary: the commutant is the plane blocks on the rotated coordinates times GL on the "
+                "unrotated ones, which this action does not sample")
     return None
 
 
@@ -275,7 +285,9 @@ def qk_gl_rope_generic(cfg: Config, params: Params, el: Element) -> Params:
 
 
 def _untied_applies(cfg: Config) -> str | None:
-    return None if cfg.group_size > 1 else "every KV head serves a single query head (MHA)"
+    if cfg.group_size == 1:
+        return "every KV head serves a single query head (MHA)"
+    return _partial_rotary(cfg)
 
 
 def _untied_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
