@@ -154,12 +154,13 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _router64
         else:
             continue
-        module.__class__ = _SUBCLASSES.setdefault(cls, type(f"{name}Float64", (cls,), {"forward": forward}))
+        # one subclass per (class, float64 forward): a RoPE class has one per table type
+        module.__class__ = _SUBCLASSES.setdefault((cls, forward), type(f"{name}Float64", (cls,), {"forward": forward}))
         n += 1
     return n
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple, type] = {}
 
 
 # ----------------------------------------------------------------------------- streamed model

@@ -167,7 +167,9 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
     is re-indexed consistently.
 
     Why: the output is a sum over heads Σ_h z_h W_O[h], and each query head's result
-    depends only on its own W_Q/W_O rows and the shared K/V of its group.
+    depends only on its own W_Q/W_O rows and the shared K/V of its group.  A full-width QK-norm
+    (OLMo 2) takes its rms over all heads, which a permutation leaves alone; its per-head weight
+    chunks are re-indexed with the heads.
     """
     kv, qp = el.parts["kv_perm"], el.parts["q_perm"]
     require_shape("kv_perm", kv.double(), (cfg.n_layers, cfg.n_kv_heads))
@@ -183,6 +185,10 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
                 key = f"{pre}.{kind}_{name}"
                 if key in params and not (name == "O" and kind == "b"):
                     changes[key] = params[key][index.to(params[key].device)].clone()
+        if cfg.qk_norm == "full":  # the full-width QK-norm weights are per head: re-indexed with their heads
+            for key, index in ((f"{pre}.q_norm", q_index), (f"{pre}.k_norm", kv[l])):
+                w = params[key].reshape(-1, cfg.d_head)
+                changes[key] = w[index.to(w.device)].reshape(-1).clone()
     return updated(params, changes)
 
 

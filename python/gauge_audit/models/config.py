@@ -8,7 +8,7 @@ from ..errors import GaugeAuditError
 from .rope import scaling_problem
 
 NORMS = ("layernorm", "layernorm-noaffine", "rmsnorm", "rmsnorm-noweight", "none")
-QK_NORMS = ("none", "head")
+QK_NORMS = ("none", "head", "full")
 ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; gelu-tanh: GPT-2's tanh approximation
 
 
@@ -24,7 +24,7 @@ class Config:
     n_ctx: int = 16             # maximum sequence length (learned positions) / default input length
     vocab: int = 64
     norm: str = "layernorm"
-    norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT)
+    norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT); output: x + norm(f(x)) (OLMo 2)
     norm_eps: float = 1e-5
     act: str = "gelu"
     attn_bias: bool = True      # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
@@ -37,7 +37,8 @@ class Config:
     rope_params: tuple = ()     # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
     rotary_dim: int = 0         # coordinates of each head RoPE rotates (the first ones); 0: the whole head
     window: int = 0             # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
-    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared by the heads, before RoPE (Qwen3)
+    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared by the heads (Qwen3)
+    #                             | full: one RMSNorm over all query (all key) heads jointly (OLMo 2); both before RoPE
     causal: bool = True
     tied: bool = False          # W_U = W_Eᵀ
     unembed: bool = True        # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
@@ -74,7 +75,7 @@ def validate(cfg: Config) -> Config:
          f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
     need(cfg.norm in NORMS, f"norm must be one of {', '.join(NORMS)}")
     need(cfg.act in ACTS, f"act must be one of {', '.join(ACTS)}")
-    need(cfg.norm_placement in ("pre", "post"), "norm_placement must be pre or post")
+    need(cfg.norm_placement in ("pre", "post", "output"), "norm_placement must be pre, post or output")
     need(cfg.pos in ("learned", "rope", "none"), "pos must be learned, rope or none")
     need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
     need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")

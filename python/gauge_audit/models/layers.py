@@ -49,6 +49,8 @@ def attention_shapes(cfg: Config, prefix: str) -> dict:
         out[f"{prefix}.b_O"] = ((d,), "bias")
     if cfg.qk_norm == "head":
         out.update({f"{prefix}.q_norm": ((e,), "norm_w"), f"{prefix}.k_norm": ((e,), "norm_w")})
+    if cfg.qk_norm == "full":
+        out.update({f"{prefix}.q_norm": ((h * e,), "norm_w"), f"{prefix}.k_norm": ((g * e,), "norm_w")})
     return out
 
 
@@ -148,6 +150,14 @@ def head_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.T
     return y * torch.rsqrt((y * y).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
 
 
+def full_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.Tensor:
+    """QK-norm (OLMo 2): one RMSNorm over the concatenation of all heads, y/rms(y)·γ, γ of length heads·d_head."""
+    b, h, n, e = y.shape
+    flat = y.transpose(1, 2).reshape(b, n, h * e)   # (B, n, heads·d_head), head-major as in the projection
+    flat = flat * torch.rsqrt((flat * flat).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
+    return flat.reshape(b, n, h, e).transpose(1, 2)
+
+
 def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ/√d_head + mask) v per head, then Σ_h z_h W_O[h] + b_O."""
     def proj(name: str) -> torch.Tensor:  # (B, heads, n, d_head)
@@ -157,8 +167,9 @@ def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torc
         return y
 
     q, k, v = proj("Q"), proj("K"), proj("V")
-    if cfg.qk_norm == "head":
-        q, k = head_norm(params, f"{prefix}.q_norm", cfg, q), head_norm(params, f"{prefix}.k_norm", cfg, k)
+    if cfg.qk_norm != "none":
+        qk_norm = head_norm if cfg.qk_norm == "head" else full_norm
+        q, k = qk_norm(params, f"{prefix}.q_norm", cfg, q), qk_norm(params, f"{prefix}.k_norm", cfg, k)
     if cfg.pos == "rope":
         q, k = rope(cfg, q), rope(cfg, k)
     # Each KV head serves group_size consecutive query heads (GQA/MQA).
@@ -232,11 +243,14 @@ def ffn(params: Params, block: str, cfg: Config, x: torch.Tensor, trace: dict | 
 
 
 def block(params: Params, cfg: Config, i: int, x: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
-    """One transformer block; the norm placement decides pre-LN or post-LN."""
+    """One transformer block; the norm placement decides pre-LN, post-LN or normed sublayer outputs."""
     p = f"blocks.{i}"
     if cfg.norm_placement == "pre":
         x = x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
         return x + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace)
+    if cfg.norm_placement == "output":  # the sublayers read the raw stream; their outputs are normed
+        x = x + normalize(params, f"{p}.ln1", cfg, attention(params, f"{p}.attn", cfg, x))
+        return x + normalize(params, f"{p}.ln2", cfg, ffn(params, p, cfg, x, trace))
     x = normalize(params, f"{p}.ln1", cfg, x + attention(params, f"{p}.attn", cfg, x))
     return normalize(params, f"{p}.ln2", cfg, x + ffn(params, p, cfg, x, trace))
 

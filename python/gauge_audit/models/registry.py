@@ -9,13 +9,13 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..runtime import generator, resolve_device
-from . import attn, bert, gpt2, llama, minilm, moe, qwen, qwen3, smollm2
+from . import attn, bert, gpt2, llama, minilm, moe, olmo2, qwen, qwen3, smollm2
 from .config import Config
 from .lazy import params_device, params_dtype
 from .params import init_params, untie
 
 FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
-                                   "attn": attn, "qwen3": qwen3}
+                                   "attn": attn, "qwen3": qwen3, "olmo2": olmo2}
 
 # Tiny configs: d_model 16, 4 heads of size 4, 2 layers — small enough for exact
 # Jacobians, big enough that every symmetry family is non-trivial.
