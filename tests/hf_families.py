@@ -42,6 +42,11 @@ KINDS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _QWEN3),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_QWEN3, **_MOE, norm_topk_prob=True)),
     "qwen3-moe-unnormed": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_QWEN3, **_MOE, norm_topk_prob=False)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {k: v for k, v in _QWEN3.items() if k != "head_dim"}),
+    "olmo2-bias-yarn": ("Olmo2Config", "Olmo2ForCausalLM",
+                        dict(_LLAMA, attention_bias=True, rope_parameters={"rope_type": "yarn", "factor": 2.0,
+                                                                           "rope_theta": 500.0,
+                                                                           "original_max_position_embeddings": 4})),
 }
 
 

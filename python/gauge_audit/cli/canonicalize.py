@@ -46,8 +46,9 @@ class Source:
 def _gauge_fixable(cfg: Config) -> Config:
     """The configuration, or a one-line refusal naming a feature whose gauge group gauge fixing
     does not yet know (its conditions would be the wrong ones)."""
-    for feature, used in (("a QK-norm (qk_norm=head)", cfg.qk_norm != "none"),
-                          ("a partial rotary (rotary_dim)", cfg.rotary_dim)):
+    for feature, used in ((f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
+                          ("a partial rotary (rotary_dim)", cfg.rotary_dim),
+                          ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output")):
         if used:
             raise GaugeAuditError(f"gauge fixing does not support {feature} yet")
     return cfg

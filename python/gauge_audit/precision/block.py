@@ -369,7 +369,8 @@ def forward(cfg: Config, P: dict, inputs: dict, ctx=MP,
     if cfg.experts and ctx is IV:
         raise GaugeAuditError("interval evaluation of top-k routing is not supported")
     for feature, used in (("scaled RoPE", cfg.rope_type != "default"), ("partial rotary", cfg.rotary_dim),
-                          ("sliding-window attention", cfg.window), ("QK-norm", cfg.qk_norm != "none")):
+                          ("sliding-window attention", cfg.window), ("QK-norm", cfg.qk_norm != "none"),
+                          ("normed sublayer outputs", cfg.norm_placement == "output")):
         if used:
             raise GaugeAuditError(f"exact evaluation does not implement {feature}")
     inputs = plain_inputs(inputs)
