@@ -51,3 +51,29 @@ def test_the_qk_norm_scale_count_per_feature(analyzed):
     # measured on LLaMA of the same size (no QK-norm): qk-gl's L·n_kv·d_k = 8 replaces the 2
     plain = analyzed(llama.config(**B, n_layers=1), seed=0)
     assert plain.measured_nullity - analyzed(CONFIGS["qwen3-B"](), seed=0).measured_nullity == 8 - 2
+
+
+@pytest.mark.parametrize("args", [
+    ["--family", "qwen3", "--d-model", "8", "--n-heads", "2", "--d-head", "4", "--d-ff", "7", "--n-ctx", "4",
+     "--vocab", "11", "--layers", "1", "--rotary-dim", "2"],
+    ["--family", "llama", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--d-ff", "6", "--n-ctx", "5",
+     "--vocab", "8", "--layers", "1", "--qk-norm", "full", "--norm-placement", "output"],
+])
+def test_nullity_cli_takes_the_new_features(args, capsys):
+    import json
+
+    from gauge_audit.cli import main
+
+    assert main(["nullity", *args, "--quiet", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["measured_nullity"] == r["explained"] and r["unexplained"] == 0 and "qk-norm-scale" in r["families"]
+
+
+@pytest.mark.parametrize("args,match", [(["--family", "qwen3", "--rotary-dim", "3"], "rotary_dim"),
+                                        (["--family", "llama", "--qk-norm", "head", "--norm", "layernorm"], "QK-norm")])
+def test_nullity_cli_refuses_bad_features_in_one_line(args, match, capsys):
+    from gauge_audit.cli import main
+
+    assert main(["nullity", *args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err
