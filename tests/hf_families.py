@@ -47,6 +47,14 @@ KINDS = {
                         dict(_LLAMA, attention_bias=True, rope_parameters={"rope_type": "yarn", "factor": 2.0,
                                                                            "rope_theta": 500.0,
                                                                            "original_max_position_embeddings": 4})),
+    "phi3-partial": ("Phi3Config", "Phi3ForCausalLM",
+                     dict(_LLAMA, max_position_embeddings=32, partial_rotary_factor=0.5, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2)),
+    "phi3-longrope-window": ("Phi3Config", "Phi3ForCausalLM",
+                             dict(_LLAMA, original_max_position_embeddings=6, sliding_window=5, pad_token_id=0,
+                                  bos_token_id=1, eos_token_id=2,
+                                  rope_parameters={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                                                   "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
 }
 
 

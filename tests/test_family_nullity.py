@@ -1,5 +1,5 @@
-"""The nullity theory of the QK-norm (Qwen3: per head, shared weights; OLMo 2: full width) and of
-normed sublayer outputs without pre-norms (OLMo 2): at generic points the measured nullity of the
+"""The nullity theory of the QK-norm (Qwen3: per head, shared weights; OLMo 2: full width), of
+normed sublayer outputs without pre-norms (OLMo 2) and of a partial rotary (Phi-3): at generic points the measured nullity of the
 Jacobian equals the explained dimension, family by family, on several configurations of each
 feature — and the pre-QK-norm theory (qk-gl) would over-count by a wide margin."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gauge_audit.models import llama, olmo2, qwen3
+from gauge_audit.models import llama, olmo2, phi3, qwen3
 
 A = dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8)
 B = dict(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, d_ff=7, n_ctx=4, vocab=11)
@@ -19,6 +19,9 @@ CONFIGS = {
     "olmo2-A": lambda: olmo2.config(**A, n_layers=1),
     "olmo2-A-2layers": lambda: olmo2.config(**A, n_layers=2),
     "olmo2-A-mqa": lambda: olmo2.config(**{**A, "n_kv_heads": 1}, n_layers=1),
+    # partial rotary without a QK-norm: qk-gl's commutant gains GL on the unrotated coordinates
+    "llama-B-partial-rotary": lambda: llama.config(**B, n_layers=1, rotary_dim=2),
+    "phi3-B-gqa-2layers-partial-rotary": lambda: phi3.config(**{**B, "n_heads": 4}, n_layers=2, rotary_dim=2),
 }
 
 
@@ -35,7 +38,11 @@ def test_measured_equals_explained(analyzed, name):
     for f in r.families:
         assert f.rank == f.expected, (f.name, f.rank, f.expected)
     names = {f.name for f in r.families if f.flat}
-    assert "qk-norm-scale" in names and "qk-gl" not in names
+    if cfg.qk_norm != "none":
+        assert "qk-norm-scale" in names and "qk-gl" not in names
+    else:   # per KV head: R rotated coordinates (R/2 planes × 2) + (d_k − R)² on the unrotated ones
+        e, rot = cfg.d_head, cfg.rotary_dim
+        assert {f.name: f.rank for f in r.families}["qk-gl"] == cfg.n_layers * cfg.n_kv_heads * (rot + (e - rot) ** 2)
     if cfg.norm_placement == "output":
         assert "stream-rotation" not in names and "norm-scale" not in names
 

@@ -22,22 +22,31 @@ def _group_elements(cfg: Config, el: Element, key: str, heads: int) -> torch.Ten
     return as64(m)
 
 
+def _rotary_split(cfg: Config) -> int:
+    """R: the coordinates RoPE rotates (the first R of a head); the rest pass unrotated."""
+    return (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
+
+
 def commutant_distance(cfg: Config, m: torch.Tensor) -> float:
     """Relative distance of each d_head×d_head block from the RoPE commutant
-    {per frequency plane a·I + b·J} (largest over the stack)."""
+    {per frequency plane a·I + b·J} ⊕ GL(d_head − R) on the unrotated coordinates (largest over the stack)."""
     p = torch.zeros_like(m)
     for i, j in rope_planes(cfg):
         a = (m[..., i, i] + m[..., j, j]) / 2
         b = (m[..., i, j] - m[..., j, i]) / 2
         p[..., i, i], p[..., j, j], p[..., i, j], p[..., j, i] = a, a, b, -b
+    r = _rotary_split(cfg)
+    p[..., r:, r:] = m[..., r:, r:]
     num = torch.linalg.matrix_norm(m - p).flatten()
     den = torch.linalg.matrix_norm(m).flatten()
     return float((num / den).max())
 
 
 def random_commutant(cfg: Config, g: torch.Generator, kappa: float, lead: tuple) -> torch.Tensor:
-    """Per plane r·(cos φ·I + sin φ·J): the commutant of RoPE, with κ = max r / min r."""
-    half = cfg.d_head // 2
+    """Per plane r·(cos φ·I + sin φ·J): the commutant of RoPE, with κ = max r / min r; a partial rotary's
+    unrotated block gets a GL element of condition number κ."""
+    half = len(rope_planes(cfg))
+    r0 = _rotary_split(cfg)
     m = torch.zeros(*lead, cfg.d_head, cfg.d_head, dtype=torch.float64)
     for idx in torch.cartesian_prod(*[torch.arange(n) for n in lead]).reshape(-1, len(lead)).tolist():
         r = torch.logspace(-0.5, 0.5, half, base=kappa, dtype=torch.float64)[torch.randperm(half, generator=g)]
@@ -45,6 +54,8 @@ def random_commutant(cfg: Config, g: torch.Generator, kappa: float, lead: tuple)
         for (i, j), rr, ph in zip(rope_planes(cfg), r, phi):
             a, b = rr * torch.cos(ph), rr * torch.sin(ph)
             m[(*idx, i, i)], m[(*idx, j, j)], m[(*idx, i, j)], m[(*idx, j, i)] = a, a, b, -b
+        if r0 < cfg.d_head:
+            m[tuple(idx)][r0:, r0:] = random_gl(cfg.d_head - r0, g, kappa)
     return m
 
 
@@ -81,13 +92,13 @@ def _qk_gl_applies(cfg: Config) -> str | None:
     if cfg.qk_norm != "none":
         return ("the QK-norm n(x W_Q M) ≠ n(x W_Q)·M for a generic M: per-head GL(d_k) is not a symmetry; what "
                 "survives is the scaling of the norm weights per RoPE plane (qk-norm-scale)")
-    return _partial_rotary(cfg)
+    return None
 
 
 def _partial_rotary(cfg: Config) -> str | None:
     if cfg.pos == "rope" and cfg.rotary_dim:
-        return ("partial rotary: the commutant is the plane blocks on the rotated coordinates times GL on the "
-                "unrotated ones, which this action does not sample")
+        return ("partial rotary: this contrast's special points are derived for a rotary over the whole head; "
+                "qk-gl samples the partial commutant (planes ⊕ GL on the unrotated coordinates)")
     return None
 
 
@@ -105,7 +116,8 @@ def qk_gl(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: every score is q·kᵀ = (x W_Q + b_Q)(y W_K + b_K)ᵀ, and (q M)(k M⁻ᵀ)ᵀ = q M M⁻¹ kᵀ = q kᵀ.
     Under RoPE, q ↦ q·R_p: (q M R_p)(k M⁻ᵀ R_s)ᵀ = q kᵀ needs M R_p = R_p M for all positions,
-    i.e. M in the commutant (per frequency plane a·I + b·J); then M⁻ᵀ is in it too.
+    i.e. M in the commutant (per frequency plane a·I + b·J; with a partial rotary, any GL block on the
+    unrotated coordinates, which R_p fixes); then M⁻ᵀ is in it too.
     """
     m = _group_elements(cfg, el, "M", cfg.n_kv_heads)
     if cfg.pos == "rope":
