@@ -55,6 +55,15 @@ KINDS = {
                                   bos_token_id=1, eos_token_id=2,
                                   rope_parameters={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
                                                    "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+             dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24, vocab_size=40,
+                  max_position_embeddings=32)),
+    "neox-sequential-linear": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+                                    vocab_size=40, max_position_embeddings=32, use_parallel_residual=False,
+                                    hidden_act="gelu_new",
+                                    rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0,
+                                                     "partial_rotary_factor": 0.5})),
 }
 
 

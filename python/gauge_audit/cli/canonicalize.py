@@ -48,7 +48,8 @@ def _gauge_fixable(cfg: Config) -> Config:
     does not yet know (its conditions would be the wrong ones)."""
     for feature, used in ((f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
                           ("a partial rotary (rotary_dim)", cfg.rotary_dim),
-                          ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output")):
+                          ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output"),
+                          ("a parallel residual", cfg.parallel_residual)):
         if used:
             raise GaugeAuditError(f"gauge fixing does not support {feature} yet")
     return cfg

@@ -37,6 +37,7 @@ class Config:
     rope_params: tuple = ()     # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
     rotary_dim: int = 0         # coordinates of each head RoPE rotates (the first ones); 0: the whole head
     window: int = 0             # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
+    parallel_residual: bool = False  # pre-norm x + Attn(n₁(x)) + FFN(n₂(x)) (GPT-NeoX/Pythia) instead of in sequence
     qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared by the heads (Qwen3)
     #                             | full: one RMSNorm over all query (all key) heads jointly (OLMo 2); both before RoPE
     causal: bool = True
@@ -87,6 +88,8 @@ def validate(cfg: Config) -> Config:
     need(problem is None, f"RoPE scaling: {problem}")
     need(isinstance(cfg.window, int) and cfg.window >= 0, "window must be a non-negative integer (0: none)")
     need(cfg.window == 0 or cfg.causal, "a sliding window needs causal attention")
+    need(not cfg.parallel_residual or (cfg.norm_placement == "pre" and cfg.family != "attn"),
+         "a parallel residual needs pre-norm blocks with an FFN")
     need(cfg.qk_norm in QK_NORMS, f"qk_norm must be one of {', '.join(QK_NORMS)}")
     need(cfg.qk_norm == "none" or cfg.norm.startswith("rmsnorm"), "a QK-norm needs an RMSNorm model")
     need(not cfg.tied or cfg.family not in ("attn", "bert"), "--tied needs token embeddings and an unembedding")

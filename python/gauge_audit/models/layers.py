@@ -245,6 +245,9 @@ def ffn(params: Params, block: str, cfg: Config, x: torch.Tensor, trace: dict | 
 def block(params: Params, cfg: Config, i: int, x: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
     """One transformer block; the norm placement decides pre-LN, post-LN or normed sublayer outputs."""
     p = f"blocks.{i}"
+    if cfg.norm_placement == "pre" and cfg.parallel_residual:  # both sublayers read the same stream
+        return (x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
+                + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace))
     if cfg.norm_placement == "pre":
         x = x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
         return x + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace)
