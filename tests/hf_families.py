@@ -87,8 +87,8 @@ def hf_logits(path, ckpt, x, exact: bool) -> torch.Tensor:
 
     from gauge_audit.reference import float64_internals, hf_kwargs
 
-    m = getattr(transformers, ckpt.arch.auto).from_pretrained(str(path), dtype=torch.float64, attn_implementation="sdpa",
-                                                              **hf_kwargs(ckpt.cfg)).eval()
+    cls = getattr(transformers, ckpt.arch.auto)
+    m = cls.from_pretrained(str(path), dtype=torch.float64, attn_implementation="sdpa", **hf_kwargs(ckpt.cfg)).eval()
     if exact:
         assert float64_internals(m) > 0
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """The nullity theory of the QK-norm (Qwen3: per head, shared weights; OLMo 2: full width), of
-normed sublayer outputs without pre-norms (OLMo 2) and of a partial rotary (Phi-3): at generic points the measured nullity of the
-Jacobian equals the explained dimension, family by family, on several configurations of each
-feature — and the pre-QK-norm theory (qk-gl) would over-count by a wide margin."""
+normed sublayer outputs without pre-norms (OLMo 2) and of a partial rotary (Phi-3): at generic points
+the measured nullity of the Jacobian equals the explained dimension, family by family, on several
+configurations of each feature — and the pre-QK-norm theory (qk-gl) would over-count by a wide margin."""
 
 from __future__ import annotations
 

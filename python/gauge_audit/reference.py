@@ -8,6 +8,8 @@ Mixtral's router takes its softmax in float32.  That limits the reference to ~1e
 six orders above the float64 rounding the project's checks resolve.  :func:`float64_internals`
 evaluates exactly those four steps with the same formulas in float64 (attention: transformers'
 ``sdpa`` path, which stays in the input dtype); everything else is transformers' code as shipped.
+Scaled RoPE tables (linear, dynamic, yarn, llama3, longrope) are transformers' own initialisers run with
+float32 read as float64.
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
@@ -148,7 +150,7 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _rmsnorm64
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
-        elif name.endswith("RotaryEmbedding") and module.rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope"):
+        elif name.endswith("RotaryEmbedding") and module.rope_type in _SCALED:
             forward = _rope64_scaled
         elif name.endswith("TopKRouter"):
             forward = _router64
@@ -161,6 +163,7 @@ def float64_internals(model: torch.nn.Module) -> int:
 
 
 _SUBCLASSES: dict[tuple, type] = {}
+_SCALED = ("linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 # ----------------------------------------------------------------------------- streamed model

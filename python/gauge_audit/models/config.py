@@ -24,7 +24,8 @@ class Config:
     n_ctx: int = 16             # maximum sequence length (learned positions) / default input length
     vocab: int = 64
     norm: str = "layernorm"
-    norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT); output: x + norm(f(x)) (OLMo 2)
+    norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT);
+    #                              output: x + norm(f(x)) with no pre-norm (OLMo 2)
     norm_eps: float = 1e-5
     act: str = "gelu"
     attn_bias: bool = True      # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
@@ -33,12 +34,13 @@ class Config:
     pos: str = "learned"        # learned | rope | none
     rope_style: str = "half"    # half: planes (i, i + d/2) (GPT-NeoX/LLaMA-HF); interleaved: (2i, 2i+1) (original RoFormer/Meta)
     rope_base: float = 10000.0
-    rope_type: str = "default"  # frequency table: default | linear | dynamic | yarn | llama3 | longrope (models/rope.py)
+    rope_type: str = "default"  # frequency table (models/rope.py): default | linear | dynamic | yarn | llama3 | longrope
     rope_params: tuple = ()     # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
     rotary_dim: int = 0         # coordinates of each head RoPE rotates (the first ones); 0: the whole head
     window: int = 0             # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
-    parallel_residual: bool = False  # pre-norm x + Attn(n₁(x)) + FFN(n₂(x)) (GPT-NeoX/Pythia) instead of in sequence
-    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared by the heads (Qwen3)
+    parallel_residual: bool = False  # pre-norm x + Attn(n₁(x)) + FFN(n₂(x)) (GPT-NeoX/Pythia), not in sequence
+    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared
+    #                             by the heads (Qwen3)
     #                             | full: one RMSNorm over all query (all key) heads jointly (OLMo 2); both before RoPE
     causal: bool = True
     tied: bool = False          # W_U = W_Eᵀ

@@ -75,13 +75,15 @@ def neox_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
                 neox_qkv(f"{s}.attention.query_key_value.weight", (f"{p}.attn.W_Q", f"{p}.attn.W_K", f"{p}.attn.W_V"),
                          cfg.n_heads),
                 linear_out_heads(f"{s}.attention.dense.weight", f"{p}.attn.W_O", cfg.n_heads),
-                linear(f"{s}.mlp.dense_h_to_4h.weight", f"{p}.mlp.W_in"), same(f"{s}.mlp.dense_h_to_4h.bias", f"{p}.mlp.b_in"),
+                linear(f"{s}.mlp.dense_h_to_4h.weight", f"{p}.mlp.W_in"),
+                same(f"{s}.mlp.dense_h_to_4h.bias", f"{p}.mlp.b_in"),
                 linear(f"{s}.mlp.dense_4h_to_h.weight", f"{p}.mlp.W_out"),
                 same(f"{s}.mlp.dense_4h_to_h.bias", f"{p}.mlp.b_out")]
         if cfg.attn_bias:
             out += [neox_qkv(f"{s}.attention.query_key_value.bias", (f"{p}.attn.b_Q", f"{p}.attn.b_K", f"{p}.attn.b_V"),
                              cfg.n_heads), same(f"{s}.attention.dense.bias", f"{p}.attn.b_O")]
-    out += [same("gpt_neox.final_layer_norm.weight", "ln_final.w"), same("gpt_neox.final_layer_norm.bias", "ln_final.b")]
+    out += [same("gpt_neox.final_layer_norm.weight", "ln_final.w"),
+            same("gpt_neox.final_layer_norm.bias", "ln_final.b")]
     if not cfg.tied:
         out.append(linear("embed_out.weight" if has("embed_out.weight") else "lm_head.weight", "unembed.W_U"))
     return out

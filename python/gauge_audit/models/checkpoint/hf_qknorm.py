@@ -1,5 +1,6 @@
 """Hugging Face architectures with a QK-norm: Qwen3 and Qwen3-MoE (one RMSNorm over d_head shared
-by the heads) and OLMo 2 (one RMSNorm over all heads jointly; no pre-norms, normed sublayer outputs).  Config reading and tensor links in the style of :mod:`.hf`, whose helpers they use.
+by the heads) and OLMo 2 (one RMSNorm over all heads jointly; no pre-norms, normed sublayer outputs).
+Config reading and tensor links in the style of :mod:`.hf`, whose helpers they use.
 
 Qwen3-MoE files store expert e's SwiGLU as ``mlp.experts.{e}.gate_proj / up_proj / down_proj`` and
 the router as ``mlp.gate.weight (E, d)``; every layer must be sparse (``decoder_sparse_step`` 1, no
