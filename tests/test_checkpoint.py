@@ -357,7 +357,7 @@ def _edited(src, tmp_path, **changes):
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
     ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
-    ("llama", {"architectures": ["GPTNeoXForCausalLM"]}, "unknown architecture"),
+    ("llama", {"architectures": ["FalconForCausalLM"]}, "unknown architecture"),
     ("llama", {"hidden_size": 20}, "shape mismatch"),
     ("llama", {"vocab_size": 41}, "shape mismatch"),
     ("llama", {"num_hidden_layers": 3}, "lacks tensor"),
