@@ -47,6 +47,7 @@ _FILE_GROUPS = {
     "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
     "tests/test_rules_fuzz_budget.py": "rules-fuzz",   # fuzz_results: 300 random rules, every checker
+    "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
 }
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B

@@ -8,6 +8,8 @@ Mixtral's router takes its softmax in float32.  That limits the reference to ~1e
 six orders above the float64 rounding the project's checks resolve.  :func:`float64_internals`
 evaluates exactly those four steps with the same formulas in float64 (attention: transformers'
 ``sdpa`` path, which stays in the input dtype); everything else is transformers' code as shipped.
+Scaled RoPE tables (linear, dynamic, yarn, llama3, longrope) are transformers' own initialisers run with
+float32 read as float64.
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
@@ -83,18 +85,56 @@ def _rmsnorm64(self, x):
 def _rope64(self, x, position_ids):
     cfg = self.config
     base = cfg.rope_parameters["rope_theta"]
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head * cfg.rope_parameters.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    return _angles64(self, x, position_ids, inv_freq, self.attention_scaling)
+
+
+def _angles64(self, x, position_ids, inv_freq, scaling):
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+    return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+
+
+class _Float64Torch:
+    """``torch`` as seen by transformers' RoPE initialisers, with float32 read as float64: their
+    own formulas (linear, dynamic, yarn, llama3) evaluated in float64."""
+
+    float = float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _rope64_scaled(self, x, position_ids):
+    """A scaled RoPE table (transformers' ROPE_INIT_FUNCTIONS) in float64, at this input's length
+    (dynamic and longrope tables depend on it, as in transformers' ``dynamic_rope_update``)."""
+    from transformers import modeling_rope_utils as mru
+
+    n = int(position_ids.max()) + 1
+    mru.torch = _Float64Torch()
+    try:
+        inv_freq, scaling = mru.ROPE_INIT_FUNCTIONS[self.rope_type](self.config, x.device, seq_len=n)
+    finally:
+        mru.torch = torch
+    if self.rope_type == "longrope":  # its exponent is taken with Tensor.float(): the same formula in float64
+        rp = self.config.rope_parameters
+        head = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        dim = int(head * rp.get("partial_rotary_factor", 1.0))
+        ext = rp["long_factor"] if n > rp["original_max_position_embeddings"] else rp["short_factor"]
+        inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float64)
+                          * rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    return _angles64(self, x, position_ids, inv_freq, scaling)
 
 
 def _router64(self, hidden_states):
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
     logits = F.linear(hidden_states, self.weight)
     top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-    return logits, top / top.sum(dim=-1, keepdim=True), index
+    if getattr(self, "norm_topk_prob", True):  # Mixtral always; Qwen3-MoE as configured
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, index
 
 
 def float64_internals(model: torch.nn.Module) -> int:
@@ -110,16 +150,20 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _rmsnorm64
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
+        elif name.endswith("RotaryEmbedding") and module.rope_type in _SCALED:
+            forward = _rope64_scaled
         elif name.endswith("TopKRouter"):
             forward = _router64
         else:
             continue
-        module.__class__ = _SUBCLASSES.setdefault(cls, type(f"{name}Float64", (cls,), {"forward": forward}))
+        # one subclass per (class, float64 forward): a RoPE class has one per table type
+        module.__class__ = _SUBCLASSES.setdefault((cls, forward), type(f"{name}Float64", (cls,), {"forward": forward}))
         n += 1
     return n
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple, type] = {}
+_SCALED = ("linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 # ----------------------------------------------------------------------------- streamed model
@@ -157,23 +201,27 @@ def _set(obj, path: str, value) -> None:
 
 
 def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One layer's file tensors → transformers' module names.  Identical except Mixtral, whose
-    per-expert w1/w3/w2 files become the fused ``experts.gate_up_proj = [gate | up]`` and
-    ``experts.down_proj`` parameters (what transformers' own loader does)."""
-    if arch.name != "MixtralForCausalLM":
+    """One layer's file tensors → transformers' module names.  Identical except the MoE files
+    (Mixtral's per-expert w1/w3/w2, Qwen3-MoE's per-expert gate/up/down_proj), whose experts
+    become the fused ``experts.gate_up_proj = [gate | up]`` and ``experts.down_proj`` parameters
+    (what transformers' own loader does)."""
+    names = {"MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
+             "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj")}
+    if arch.name not in names:
         return sd
+    pre, gate, up, down = names[arch.name]
     out, w = {}, {}
     for k, t in sd.items():
-        if k.startswith("block_sparse_moe.experts."):
-            _, _, e, which, _ = k.split(".")
+        if k.startswith(f"{pre}experts."):
+            e, which = k[len(pre):].split(".")[1:3]
             w.setdefault(which, {})[int(e)] = t
-        elif k.startswith("block_sparse_moe.gate."):
+        elif k.startswith(f"{pre}gate."):
             out["mlp.gate." + k.rsplit(".", 1)[1]] = t
         else:
             out[k] = t
-    n = len(w["w1"])
-    out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w["w1"][e], w["w3"][e]]) for e in range(n)])
-    out["mlp.experts.down_proj"] = torch.stack([w["w2"][e] for e in range(n)])
+    n = len(w[gate])
+    out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w[gate][e], w[up][e]]) for e in range(n)])
+    out["mlp.experts.down_proj"] = torch.stack([w[down][e] for e in range(n)])
     return out
 
 

@@ -31,11 +31,11 @@ from .actions import get_action
 from .actions.base import load_element
 from .actions.blockwise import transformed
 from .errors import GaugeAuditError
+from .models import FAMILIES, Model
 from .models.checkpoint import open_checkpoint
 from .models.checkpoint.safetensors_file import SafetensorsFile
 from .models.checkpoint.writer import atomic_dir, write_hf
 from .models.params import untie as untie_params
-from .models.registry import FAMILIES, Model
 from .numeric import tolerance
 from .progress import ticker
 from .runtime import eps, generator

@@ -22,22 +22,31 @@ def _group_elements(cfg: Config, el: Element, key: str, heads: int) -> torch.Ten
     return as64(m)
 
 
+def _rotary_split(cfg: Config) -> int:
+    """R: the coordinates RoPE rotates (the first R of a head); the rest pass unrotated."""
+    return (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
+
+
 def commutant_distance(cfg: Config, m: torch.Tensor) -> float:
     """Relative distance of each d_head×d_head block from the RoPE commutant
-    {per frequency plane a·I + b·J} (largest over the stack)."""
+    {per frequency plane a·I + b·J} ⊕ GL(d_head − R) on the unrotated coordinates (largest over the stack)."""
     p = torch.zeros_like(m)
     for i, j in rope_planes(cfg):
         a = (m[..., i, i] + m[..., j, j]) / 2
         b = (m[..., i, j] - m[..., j, i]) / 2
         p[..., i, i], p[..., j, j], p[..., i, j], p[..., j, i] = a, a, b, -b
+    r = _rotary_split(cfg)
+    p[..., r:, r:] = m[..., r:, r:]
     num = torch.linalg.matrix_norm(m - p).flatten()
     den = torch.linalg.matrix_norm(m).flatten()
     return float((num / den).max())
 
 
 def random_commutant(cfg: Config, g: torch.Generator, kappa: float, lead: tuple) -> torch.Tensor:
-    """Per plane r·(cos φ·I + sin φ·J): the commutant of RoPE, with κ = max r / min r."""
-    half = cfg.d_head // 2
+    """Per plane r·(cos φ·I + sin φ·J): the commutant of RoPE, with κ = max r / min r; a partial rotary's
+    unrotated block gets a GL element of condition number κ."""
+    half = len(rope_planes(cfg))
+    r0 = _rotary_split(cfg)
     m = torch.zeros(*lead, cfg.d_head, cfg.d_head, dtype=torch.float64)
     for idx in torch.cartesian_prod(*[torch.arange(n) for n in lead]).reshape(-1, len(lead)).tolist():
         r = torch.logspace(-0.5, 0.5, half, base=kappa, dtype=torch.float64)[torch.randperm(half, generator=g)]
@@ -45,6 +54,8 @@ def random_commutant(cfg: Config, g: torch.Generator, kappa: float, lead: tuple)
         for (i, j), rr, ph in zip(rope_planes(cfg), r, phi):
             a, b = rr * torch.cos(ph), rr * torch.sin(ph)
             m[(*idx, i, i)], m[(*idx, j, j)], m[(*idx, i, j)], m[(*idx, j, i)] = a, a, b, -b
+        if r0 < cfg.d_head:
+            m[tuple(idx)][r0:, r0:] = random_gl(cfg.d_head - r0, g, kappa)
     return m
 
 
@@ -78,6 +89,16 @@ def _inv_t(m: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- qk-gl
 def _qk_gl_applies(cfg: Config) -> str | None:
+    if cfg.qk_norm != "none":
+        return ("the QK-norm n(x W_Q M) ≠ n(x W_Q)·M for a generic M: per-head GL(d_k) is not a symmetry; what "
+                "survives is the scaling of the norm weights per RoPE plane (qk-norm-scale)")
+    return None
+
+
+def _partial_rotary(cfg: Config) -> str | None:
+    if cfg.pos == "rope" and cfg.rotary_dim:
+        return ("partial rotary: this contrast's special points are derived for a rotary over the whole head; "
+                "qk-gl samples the partial commutant (planes ⊕ GL on the unrotated coordinates)")
     return None
 
 
@@ -95,7 +116,8 @@ def qk_gl(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: every score is q·kᵀ = (x W_Q + b_Q)(y W_K + b_K)ᵀ, and (q M)(k M⁻ᵀ)ᵀ = q M M⁻¹ kᵀ = q kᵀ.
     Under RoPE, q ↦ q·R_p: (q M R_p)(k M⁻ᵀ R_s)ᵀ = q kᵀ needs M R_p = R_p M for all positions,
-    i.e. M in the commutant (per frequency plane a·I + b·J); then M⁻ᵀ is in it too.
+    i.e. M in the commutant (per frequency plane a·I + b·J; with a partial rotary, any GL block on the
+    unrotated coordinates, which R_p fixes); then M⁻ᵀ is in it too.
     """
     m = _group_elements(cfg, el, "M", cfg.n_kv_heads)
     if cfg.pos == "rope":
@@ -157,7 +179,9 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
     is re-indexed consistently.
 
     Why: the output is a sum over heads Σ_h z_h W_O[h], and each query head's result
-    depends only on its own W_Q/W_O rows and the shared K/V of its group.
+    depends only on its own W_Q/W_O rows and the shared K/V of its group.  A full-width QK-norm
+    (OLMo 2) takes its rms over all heads, which a permutation leaves alone; its per-head weight
+    chunks are re-indexed with the heads.
     """
     kv, qp = el.parts["kv_perm"], el.parts["q_perm"]
     require_shape("kv_perm", kv.double(), (cfg.n_layers, cfg.n_kv_heads))
@@ -173,6 +197,10 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
                 key = f"{pre}.{kind}_{name}"
                 if key in params and not (name == "O" and kind == "b"):
                     changes[key] = params[key][index.to(params[key].device)].clone()
+        if cfg.qk_norm == "full":  # the full-width QK-norm weights are per head: re-indexed with their heads
+            for key, index in ((f"{pre}.q_norm", q_index), (f"{pre}.k_norm", kv[l])):
+                w = params[key].reshape(-1, cfg.d_head)
+                changes[key] = w[index.to(w.device)].reshape(-1).clone()
     return updated(params, changes)
 
 
@@ -275,7 +303,9 @@ def qk_gl_rope_generic(cfg: Config, params: Params, el: Element) -> Params:
 
 
 def _untied_applies(cfg: Config) -> str | None:
-    return None if cfg.group_size > 1 else "every KV head serves a single query head (MHA)"
+    if cfg.group_size == 1:
+        return "every KV head serves a single query head (MHA)"
+    return _partial_rotary(cfg)
 
 
 def _untied_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:

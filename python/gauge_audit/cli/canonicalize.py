@@ -60,6 +60,18 @@ class Source:
     checkpoint: Checkpoint | None = None
 
 
+def _gauge_fixable(cfg: Config) -> Config:
+    """The configuration, or a one-line refusal naming a feature whose gauge group gauge fixing
+    does not yet know (its conditions would be the wrong ones)."""
+    for feature, used in ((f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
+                          ("a partial rotary (rotary_dim)", cfg.rotary_dim),
+                          ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output"),
+                          ("a parallel residual", cfg.parallel_residual)):
+        if used:
+            raise GaugeAuditError(f"gauge fixing does not support {feature} yet")
+    return cfg
+
+
 def load_source(name: str, seed: int = 0, checkpoint: bool = False, native: bool = False,
                 resident: bool = True) -> Source:
     """A built-in model (the tiny families by name and seed) or a checkpoint (a path, or the
@@ -74,7 +86,8 @@ def load_source(name: str, seed: int = 0, checkpoint: bool = False, native: bool
     else:
         config_of(name)  # unknown names: one line
         m = build(name, seed=seed, device="cpu")
-        return Source(f"{name} (seed {seed})", m.cfg, m.params, torch.float64)
+        return Source(f"{name} (seed {seed})", _gauge_fixable(m.cfg), m.params, torch.float64)
+    _gauge_fixable(ckpt.cfg)
     lazy = StoredParams(ckpt) if native else ckpt.params()
     if native and not resident:
         return Source(ckpt.describe(), ckpt.cfg, lazy, ckpt.storage_dtype, ckpt)

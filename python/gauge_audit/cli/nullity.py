@@ -7,7 +7,7 @@ import math
 
 from ..errors import GaugeAuditError
 from ..models import FAMILIES
-from ..models.config import ACTS, NORMS
+from ..models.config import ACTS, NORMS, QK_NORMS
 
 LM = ("gpt2", "llama", "qwen", "moe")
 
@@ -30,6 +30,11 @@ def register(sub) -> None:
     p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k")
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", type=int)
+    p.add_argument("--qk-norm", choices=QK_NORMS, help="RMSNorm on q and k before RoPE: per head with weights shared "
+                   "by the heads (Qwen3), or over all heads jointly (OLMo 2)")
+    p.add_argument("--rotary-dim", type=int, metavar="R", help="RoPE rotates the first R coordinates of each head")
+    p.add_argument("--norm-placement", choices=("pre", "post", "output"),
+                   help="pre: x + f(n(x)); post: n(x + f(x)); output: x + n(f(x)) (OLMo 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
     p.add_argument("--method", choices=("dense", "matrix-free"), default="dense",
                    help="dense SVD of the Jacobian, or the matrix-free sketch with a Cholesky certificate")
@@ -76,6 +81,12 @@ def build_cfg(args):
         o["tied"] = True
     if args.rope:
         o["pos"] = "rope"
+    if args.qk_norm:
+        o["qk_norm"] = args.qk_norm
+    if args.rotary_dim is not None:
+        o["rotary_dim"] = args.rotary_dim
+    if args.norm_placement:
+        o["norm_placement"] = args.norm_placement
     if args.family == "attn" and (args.act or args.d_ff or args.vocab):
         raise GaugeAuditError("the attn family takes continuous inputs and has no FFN (--act/--d-ff/--vocab)")
     if (args.experts or args.top_k) and args.family == "attn":

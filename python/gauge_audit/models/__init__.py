@@ -5,7 +5,9 @@ Parameters are plain ``dict[str, Tensor]`` with per-head W_Q, W_K, W_V, W_O
 """
 
 from .config import ACTS, NORMS, Config, validate
-from .registry import FAMILIES, NAMED, Model, build, build_config, config_of, model_names
+from .families import FAMILIES
+from .model import Model
+from .registry import NAMED, build, build_config, config_of, model_names
 
 __all__ = ["ACTS", "NORMS", "Config", "validate", "FAMILIES", "NAMED", "Model", "build", "build_config", "config_of",
            "model_names"]

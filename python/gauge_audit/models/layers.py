@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import Config
+from .rope import inverse_frequencies
 
 Params = dict[str, torch.Tensor]
 
@@ -46,6 +47,10 @@ def attention_shapes(cfg: Config, prefix: str) -> dict:
                     f"{prefix}.b_V": ((g, e), "bias")})
     if cfg.out_bias:
         out[f"{prefix}.b_O"] = ((d,), "bias")
+    if cfg.qk_norm == "head":
+        out.update({f"{prefix}.q_norm": ((e,), "norm_w"), f"{prefix}.k_norm": ((e,), "norm_w")})
+    if cfg.qk_norm == "full":
+        out.update({f"{prefix}.q_norm": ((h * e,), "norm_w"), f"{prefix}.k_norm": ((g * e,), "norm_w")})
     return out
 
 
@@ -104,35 +109,53 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_angles(cfg: Config, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    half = cfg.d_head // 2
-    inv_freq = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / cfg.d_head)
-    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, half)
-    return ang.cos().to(device, dtype), ang.sin().to(device, dtype)
+    """a·cos(p·θ_i), a·sin(p·θ_i) for positions p < n: θ_i and the factor a from the scaling type."""
+    inv_freq, factor = inverse_frequencies(cfg, n)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, R/2)
+    return (factor * ang.cos()).to(device, dtype), (factor * ang.sin()).to(device, dtype)
 
 
 def rope_planes(cfg: Config) -> list[tuple[int, int]]:
     """The coordinate pairs (i, j) that RoPE rotates together, by frequency index."""
-    half = cfg.d_head // 2
+    half = (cfg.rotary_dim or cfg.d_head) // 2
     if cfg.rope_style == "half":
         return [(i, i + half) for i in range(half)]
     return [(2 * i, 2 * i + 1) for i in range(half)]
 
 
 def rope(cfg: Config, x: torch.Tensor) -> torch.Tensor:
-    """Rotate each frequency plane (x1, x2) of position p by the angle p·θ_i.
+    """Rotate each frequency plane (x1, x2) of position p by the angle p·θ_i (the first
+    ``rotary_dim`` coordinates of each head; the rest pass unrotated).
 
     Because R(pθ)ᵀR(sθ) = R((s−p)θ), scores then depend only on relative position.
     """
     n = x.shape[-2]
     cos, sin = rope_angles(cfg, n, x.device, x.dtype)
+    R = cfg.rotary_dim or cfg.d_head
+    x, rest = x[..., :R], x[..., R:]
     if cfg.rope_style == "half":
         x1, x2 = x.chunk(2, dim=-1)
     else:
         x1, x2 = x[..., 0::2], x[..., 1::2]
     y1, y2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
     if cfg.rope_style == "half":
-        return torch.cat([y1, y2], dim=-1)
-    return torch.stack([y1, y2], dim=-1).flatten(-2)
+        y = torch.cat([y1, y2], dim=-1)
+    else:
+        y = torch.stack([y1, y2], dim=-1).flatten(-2)
+    return torch.cat([y, rest], dim=-1)
+
+
+def head_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.Tensor:
+    """QK-norm (Qwen3): y/rms(y)·γ over each head's d_head coordinates, one γ for every head."""
+    return y * torch.rsqrt((y * y).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
+
+
+def full_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.Tensor:
+    """QK-norm (OLMo 2): one RMSNorm over the concatenation of all heads, y/rms(y)·γ, γ of length heads·d_head."""
+    b, h, n, e = y.shape
+    flat = y.transpose(1, 2).reshape(b, n, h * e)   # (B, n, heads·d_head), head-major as in the projection
+    flat = flat * torch.rsqrt((flat * flat).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
+    return flat.reshape(b, n, h, e).transpose(1, 2)
 
 
 def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +167,9 @@ def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torc
         return y
 
     q, k, v = proj("Q"), proj("K"), proj("V")
+    if cfg.qk_norm != "none":
+        qk_norm = head_norm if cfg.qk_norm == "head" else full_norm
+        q, k = qk_norm(params, f"{prefix}.q_norm", cfg, q), qk_norm(params, f"{prefix}.k_norm", cfg, k)
     if cfg.pos == "rope":
         q, k = rope(cfg, q), rope(cfg, k)
     # Each KV head serves group_size consecutive query heads (GQA/MQA).
@@ -153,6 +179,8 @@ def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torc
     if cfg.causal:
         n = x.shape[1]
         future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+        if cfg.window:  # sliding window: key s is visible from query p only if p − s < window
+            future = future | torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-cfg.window)
         scores = scores.masked_fill(future, float("-inf"))
     z = torch.softmax(scores, dim=-1) @ v
     out = torch.einsum("bhne,hed->bnd", z, params[f"{prefix}.W_O"])
@@ -183,14 +211,14 @@ def mlp(params: Params, prefix: str, cfg: Config, x: torch.Tensor, e: int | None
 
 
 def moe(params: Params, prefix: str, cfg: Config, x: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
-    """Top-k softmax gating: p = softmax(x W_router); keep the k largest, renormalise,
-    and mix those experts' outputs.  (Experts are evaluated densely: the reference
+    """Top-k softmax gating: p = softmax(x W_router); keep the k largest, renormalise (unless
+    ``router_renorm`` is off), and mix those experts' outputs.  (Experts are evaluated densely: the reference
     models are tiny and this keeps the code equal to the equation.)"""
     W = params[f"{prefix}.W_router"]
     logits = x @ W
     probs = torch.softmax(logits, dim=-1)
     top_p, top_i = probs.topk(cfg.top_k, dim=-1)
-    gates = top_p / top_p.sum(-1, keepdim=True)
+    gates = top_p / top_p.sum(-1, keepdim=True) if cfg.router_renorm else top_p
     if trace is not None:
         trace.setdefault("routing", []).append(top_i.detach().cpu())
         trace.setdefault("router_logits", []).append(logits.detach().cpu())  # auxiliary router losses
@@ -216,11 +244,17 @@ def ffn(params: Params, block: str, cfg: Config, x: torch.Tensor, trace: dict | 
 
 
 def block(params: Params, cfg: Config, i: int, x: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
-    """One transformer block; the norm placement decides pre-LN or post-LN."""
+    """One transformer block; the norm placement decides pre-LN, post-LN or normed sublayer outputs."""
     p = f"blocks.{i}"
+    if cfg.norm_placement == "pre" and cfg.parallel_residual:  # both sublayers read the same stream
+        return (x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
+                + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace))
     if cfg.norm_placement == "pre":
         x = x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
         return x + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace)
+    if cfg.norm_placement == "output":  # the sublayers read the raw stream; their outputs are normed
+        x = x + normalize(params, f"{p}.ln1", cfg, attention(params, f"{p}.attn", cfg, x))
+        return x + normalize(params, f"{p}.ln2", cfg, ffn(params, p, cfg, x, trace))
     x = normalize(params, f"{p}.ln1", cfg, x + attention(params, f"{p}.attn", cfg, x))
     return normalize(params, f"{p}.ln2", cfg, x + ffn(params, p, cfg, x, trace))
 

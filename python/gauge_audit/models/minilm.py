@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GaugeAuditError
+from .checkpoint import Checkpoint, open_checkpoint
 from .config import Config
 
 
@@ -26,9 +27,7 @@ def model_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def checkpoint():
-    from .checkpoint import open_checkpoint
-
+def checkpoint() -> Checkpoint:
     return open_checkpoint(model_dir())
 
 

@@ -1,21 +1,16 @@
-"""Named model configurations and the :class:`Model` handle the checkers use."""
+"""Named model configurations and :func:`build`, which makes the :class:`~.model.Model` of one."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 
 from ..errors import GaugeAuditError
-from ..runtime import generator, resolve_device
+from ..runtime import resolve_device
 from . import attn, bert, gpt2, llama, minilm, moe, qwen, smollm2
 from .config import Config
-from .lazy import params_device, params_dtype
+from .families import FAMILIES
+from .model import Model
 from .params import init_params, untie
-
-FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
-                                   "attn": attn}
 
 # Tiny configs: d_model 16, 4 heads of size 4, 2 layers — small enough for exact
 # Jacobians, big enough that every symmetry family is non-trivial.
@@ -44,36 +39,6 @@ UNTIED = {"smollm2-untied": "smollm2"}
 
 def model_names() -> list[str]:
     return [*NAMED, *REAL, *UNTIED]
-
-
-@dataclass
-class Model:
-    """A configuration plus one parameter point.  ``forward`` never mutates ``params``."""
-
-    name: str
-    cfg: Config
-    params: dict[str, torch.Tensor]
-    family: ModuleType
-
-    @property
-    def device(self) -> torch.device:
-        return params_device(self.params)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return params_dtype(self.params)
-
-    def forward(self, params: dict[str, torch.Tensor], inputs: dict, trace: dict | None = None) -> torch.Tensor:
-        dtype = params_dtype(params)
-        moved = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
-                 for k, v in inputs.items()}
-        return self.family.forward(params, self.cfg, moved, trace)
-
-    def sample_inputs(self, seed: int, batch: int = 4, n: int | None = None) -> dict:
-        n = min(self.cfg.n_ctx, 16) if n is None else n
-        if n > self.cfg.n_ctx and self.cfg.pos == "learned":
-            raise GaugeAuditError(f"sequence length {n} exceeds n_ctx {self.cfg.n_ctx}")
-        return self.family.sample_inputs(self.cfg, generator(seed), batch, n)
 
 
 def build_config(cfg: Config, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64,

@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import GaugeAuditError
+from .checkpoint import Checkpoint, open_checkpoint
 
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -30,7 +31,5 @@ def path() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def checkpoint():
-    from .checkpoint import open_checkpoint
-
+def checkpoint() -> Checkpoint:
     return open_checkpoint(path())

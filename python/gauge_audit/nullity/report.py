@@ -159,14 +159,16 @@ def describe(cfg: Config) -> str:
     parts = [f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads}/{cfg.n_kv_heads} d_k={cfg.d_head}"]
     if cfg.family != "attn":
         parts.append(f"d_ff={cfg.d_ff} V={cfg.vocab} n={cfg.n_ctx} {cfg.act} {cfg.norm}"
-                     f"{'-post' if cfg.norm_placement == 'post' else ''}")
+                     f"{'' if cfg.norm_placement == 'pre' else '-' + cfg.norm_placement}")
         if cfg.experts:
             parts.append(f"E={cfg.experts} k={cfg.top_k}")
         if cfg.tied:
             parts.append("tied")
     parts.append("bias" if cfg.attn_bias else "no-bias")
     if cfg.pos == "rope":
-        parts.append("rope")
+        parts.append(f"rope R={cfg.rotary_dim}" if cfg.rotary_dim else "rope")
+    if cfg.qk_norm != "none":
+        parts.append(f"qk-norm={cfg.qk_norm}")
     if cfg.norm_eps == 0 and cfg.norm != "none":
         parts.append("ε=0")
     return " ".join(parts)

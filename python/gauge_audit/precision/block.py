@@ -368,6 +368,12 @@ def forward(cfg: Config, P: dict, inputs: dict, ctx=MP,
     (BERT), or x + Attn(x) (the attention-only family).  Shape (batch, n, features)."""
     if cfg.experts and ctx is IV:
         raise GaugeAuditError("interval evaluation of top-k routing is not supported")
+    for feature, used in (("scaled RoPE", cfg.rope_type != "default"), ("partial rotary", cfg.rotary_dim),
+                          ("sliding-window attention", cfg.window), ("QK-norm", cfg.qk_norm != "none"),
+                          ("normed sublayer outputs", cfg.norm_placement == "output"),
+                          ("a parallel residual", cfg.parallel_residual)):
+        if used:
+            raise GaugeAuditError(f"exact evaluation does not implement {feature}")
     inputs = plain_inputs(inputs)
     batch = len(next(iter(inputs.values())))
     outs = []

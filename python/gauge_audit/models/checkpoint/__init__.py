@@ -28,14 +28,21 @@ from pathlib import Path
 import torch
 
 from ...errors import GaugeAuditError
+from ...runtime import resolve_device
 from ..config import Config
+from ..families import FAMILIES
 from ..lazy import LazyParams
+from ..model import Model
 from . import gguf as gguf_io
-from .hf import ARCHS, Arch, Link, arch_of
+from .hf import ARCHS as _HF_ARCHS
+from .hf import Arch, Link, arch_of
+from .hf_fused import FUSED_ARCHS
+from .hf_qknorm import QK_NORM_ARCHS
 from .safetensors_file import SafetensorsFile
 
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
+ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS}
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
 
 
@@ -119,8 +126,6 @@ class Checkpoint:
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
-        from ..registry import FAMILIES
-
         entries = self.source.entries
         want = {name: shape for name, (shape, _) in FAMILIES[self.cfg.family].param_shapes(self.cfg).items()}
         linked = set()
@@ -190,8 +195,6 @@ class Checkpoint:
         memory after its first read (shared by every resident view of this checkpoint) — for
         repeated checks of a model that fits; otherwise at most a few stored tensors are cached
         and memory does not grow with the depth."""
-        from ..registry import FAMILIES
-
         shapes = {n: s for n, (s, _) in FAMILIES[self.cfg.family].param_shapes(self.cfg).items()}
         cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
@@ -247,8 +250,6 @@ class Checkpoint:
         return out
 
     def float64_bytes(self) -> int:
-        from ..registry import FAMILIES
-
         return 8 * sum(math.prod(s) for s, _ in FAMILIES[self.cfg.family].param_shapes(self.cfg).values())
 
     def fits_in_memory(self, fraction: float = 0.25) -> bool:
@@ -260,11 +261,8 @@ class Checkpoint:
             return False
         return self.float64_bytes() < fraction * avail
 
-    def model(self, name: str | None = None, device: str = "cpu", resident: bool = False):
+    def model(self, name: str | None = None, device: str = "cpu", resident: bool = False) -> Model:
         """A :class:`~gauge_audit.models.Model` whose parameters are read on access."""
-        from ..registry import FAMILIES, Model
-        from ...runtime import resolve_device
-
         m = Model(name or self.name, self.cfg, self.params(resident, resolve_device(device)),
                   FAMILIES[self.cfg.family])
         m._finite = True  # every stored tensor is checked for NaN / ∞ as it is read
@@ -305,7 +303,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         if not (path / "config.json").is_file():
             raise GaugeAuditError(f"{path}: no config.json (a Hugging Face checkpoint directory needs one)")
         hf = _json(path / "config.json")
-        arch = arch_of(hf)
+        arch = arch_of(hf, ARCHS)
         try:
             cfg = arch.config(arch.name, hf)
         except GaugeAuditError as exc:

@@ -27,6 +27,7 @@ import torch
 from ...errors import GaugeAuditError
 from .. import bert, gpt2, llama, moe, qwen
 from ..config import Config
+from ..rope import ROPE_TYPES, scaling_problem
 
 
 # ----------------------------------------------------------------------------- links
@@ -155,40 +156,65 @@ def _heads(arch: str, hf: dict, d: int, h: int) -> int:
     return _int(arch, {"head_dim": e}, "head_dim")
 
 
-def _rope_theta(arch: str, hf: dict) -> float:
-    """RoPE base; any scaling / partial rotation is refused (the family rotates every plane by p·θ_i)."""
+def _rope(arch: str, hf: dict, rotary_ok: bool = False) -> dict:
+    """RoPE base, scaling type and its options (models/rope.py), and the rotated width of a head."""
     rp = hf.get("rope_parameters")
     if isinstance(rp, dict) and rp:
         if "rope_type" not in rp and all(isinstance(v, dict) for v in rp.values()):
             raise refuse(arch, "rope_parameters", sorted(rp), "per-layer-type RoPE parameters")
-        kind = rp.get("rope_type", rp.get("type", "default"))
-        if kind != "default":
-            raise refuse(arch, "rope_parameters.rope_type", kind, "RoPE scaling changes the rotation angles")
+        where, scaling = "rope_parameters", dict(rp)
         theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
         partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     else:
-        scaling = hf.get("rope_scaling")
-        if scaling:
-            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-            if kind not in (None, "default"):
-                raise refuse(arch, "rope_scaling", kind, "RoPE scaling changes the rotation angles")
+        where, scaling = "rope_scaling", hf.get("rope_scaling") or {}
+        if not isinstance(scaling, dict):
+            raise refuse(arch, "rope_scaling", scaling, "not a dictionary of RoPE scaling options")
+        scaling = dict(scaling)
         theta = hf.get("rope_theta", 10000.0)
         partial = hf.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
+    kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+    for key in ("rope_theta", "partial_rotary_factor"):
+        scaling.pop(key, None)
+    if kind == "longrope" and "original_max_position_embeddings" not in scaling and \
+            "original_max_position_embeddings" in hf:  # Phi-3 keeps it at the top level
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    if kind not in ROPE_TYPES:
+        raise refuse(arch, f"{where}.rope_type", kind, f"unknown RoPE scaling (supported: {', '.join(ROPE_TYPES)})")
+    params = []
+    for key, v in sorted(scaling.items()):
+        if v is None:
+            continue
+        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            params.append((key, tuple(float(x) for x in v)))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, bool) and key == "truncate":
+            params.append((key, float(v)))
+        else:
+            raise refuse(arch, f"{where}.{key}", v, "not a number")
+    d_head = _heads(arch, hf, _int(arch, hf, "hidden_size"), _int(arch, hf, "num_attention_heads"))
+    if not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise refuse(arch, "partial_rotary_factor", partial, "must be in (0, 1]")
+    rotary = int(d_head * partial)
+    if rotary != d_head and not rotary_ok:
         raise refuse(arch, "partial_rotary_factor", partial, "the family rotates the whole head")
-    return _float(arch, {"rope_theta": theta}, "rope_theta")
+    problem = scaling_problem(kind, tuple(params), rotary)
+    if problem:
+        raise refuse(arch, where, kind, problem)
+    return dict(rope_base=_float(arch, {"rope_theta": theta}, "rope_theta"), rope_type=kind,
+                rope_params=tuple(params), rotary_dim=0 if rotary == d_head else rotary)
 
 
-def _no_sliding(arch: str, hf: dict, always: bool) -> None:
-    """Mistral/Mixtral use sliding_window whenever it is set; Qwen2 only with use_sliding_window."""
+def _window(arch: str, hf: dict, always: bool) -> int:
+    """Mistral/Mixtral use sliding_window whenever it is set (every layer the same window); Qwen2 only
+    with use_sliding_window, and then on some layers only, which the family cannot represent."""
     window = hf.get("sliding_window")
     types = hf.get("layer_types") or []
-    if "sliding_attention" in types:
-        raise refuse(arch, "layer_types", "sliding_attention", "sliding-window attention (the family attends to "
-                     "every earlier position)")
-    if window is not None and (always or hf.get("use_sliding_window")):
-        raise refuse(arch, "sliding_window", window, "sliding-window attention (the family attends to every "
-                     "earlier position)")
+    if "sliding_attention" in types and not always:
+        raise refuse(arch, "layer_types", "sliding_attention", "per-layer sliding-window attention")
+    if window is None or not (always or hf.get("use_sliding_window")):
+        return 0
+    if not always:
+        raise refuse(arch, "sliding_window", window, "sliding-window attention on some layers only")
+    return _int(arch, hf, "sliding_window")
 
 
 def gpt2_config(arch: str, hf: dict) -> Config:
@@ -225,15 +251,15 @@ def bert_config(arch: str, hf: dict) -> Config:
 def llama_like_config(arch: str, hf: dict) -> Config:
     """LLaMA, Mistral, Qwen2 and Mixtral: RMSNorm, half-split RoPE, GQA, SwiGLU."""
     _common(arch, hf)
-    _no_sliding(arch, hf, always=arch in ("MistralForCausalLM", "MixtralForCausalLM"))
+    window = _window(arch, hf, always=arch in ("MistralForCausalLM", "MixtralForCausalLM"))
     _act(arch, hf, "hidden_act", "silu", ("silu",))  # SwiGLU's gate activation
     d, h = _int(arch, hf, "hidden_size"), _int(arch, hf, "num_attention_heads")
     kv = _int(arch, hf, "num_key_value_heads", h) if hf.get("num_key_value_heads") is not None else h
     common = dict(d_model=d, n_layers=_int(arch, hf, "num_hidden_layers"), n_heads=h, n_kv_heads=kv,
                   d_head=_heads(arch, hf, d, h), d_ff=_int(arch, hf, "intermediate_size"),
                   n_ctx=_int(arch, hf, "max_position_embeddings", 2048), vocab=_int(arch, hf, "vocab_size"),
-                  norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6), rope_base=_rope_theta(arch, hf), rope_style="half",
-                  tied=bool(hf.get("tie_word_embeddings", False)))
+                  norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6), **_rope(arch, hf), rope_style="half",
+                  tied=bool(hf.get("tie_word_embeddings", False)), window=window)
     if arch == "Qwen2ForCausalLM":
         return qwen.config(**common, attn_bias=True, out_bias=False)
     if arch == "MixtralForCausalLM":
@@ -371,10 +397,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
 )}
 
 
-def arch_of(hf: dict) -> Arch:
+def arch_of(hf: dict, archs: dict[str, Arch] = ARCHS) -> Arch:
     names = hf.get("architectures")
     if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str):
         raise GaugeAuditError(f"config.json must name exactly one architecture (architectures = {names!r})")
-    if names[0] not in ARCHS:
-        raise GaugeAuditError(f"unknown architecture {names[0]} (supported: {', '.join(ARCHS)})")
-    return ARCHS[names[0]]
+    if names[0] not in archs:
+        raise GaugeAuditError(f"unknown architecture {names[0]} (supported: {', '.join(archs)})")
+    return archs[names[0]]

@@ -24,6 +24,7 @@ import torch
 
 from ...errors import GaugeAuditError
 from ..config import Config
+from ..families import FAMILIES
 from . import Checkpoint
 from .hf import Arch, Link
 from .safetensors_file import SafetensorsWriter
@@ -76,8 +77,6 @@ def hf_config(ckpt: Checkpoint, cfg: Config, dtype: torch.dtype) -> dict:
 def plan(ckpt: Checkpoint, cfg: Config, dtype: torch.dtype | None) -> dict[str, tuple[torch.dtype, tuple]]:
     """Every tensor the output holds: name → (dtype, shape).  ``dtype=None`` keeps each tensor's
     stored dtype (float32 for tensors a GGUF file held quantized)."""
-    from ..registry import FAMILIES
-
     shapes = FAMILIES[cfg.family].param_shapes(cfg)
     out = {}
     for link in output_links(ckpt.arch, cfg):

@@ -33,6 +33,8 @@ Modules, by kind (imports point down this list):
   input-offset, tied-unembed-null);
 * :mod:`.stream` — norms and the residual stream of pre-norm models;
 * :mod:`.post_norm` — post-norm (BERT) segments;
+* :mod:`.output_norm` — normed sublayer outputs without pre-norms (OLMo 2);
+* :mod:`.qk_norm` — what a QK-norm leaves of qk-gl (Qwen3, OLMo 2);
 * :mod:`.data` — directions created by the sample, not the architecture.
 
 :func:`families` assembles them for one problem; :func:`theory` adds the sample's genericity.
@@ -46,7 +48,9 @@ from .base import AFFINE, LN, Family
 from .data import data_families
 from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
+from .output_norm import output_norm_families
 from .post_norm import post_norm_families
+from .qk_norm import qk_norm_input_family, qk_norm_scale_family
 from .readers import pre_norm_readers, pre_norm_writers
 from .stream import Segment, pre_norm_families, translation_family
 
@@ -54,8 +58,10 @@ from .stream import Segment, pre_norm_families, translation_family
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
-    out: list[Family | None] = [qk_family(problem), vo_family(problem), key_bias_family(problem),
-                                value_bias_family(problem)]
+    # a QK-norm replaces qk-gl by the rescaling of its weights (and an ε-broken input scale)
+    qk = [qk_family(problem)] if cfg.qk_norm == "none" else [qk_norm_scale_family(problem),
+                                                              qk_norm_input_family(problem)]
+    out: list[Family | None] = [*qk, vo_family(problem), key_bias_family(problem), value_bias_family(problem)]
     if cfg.family == "attn" and cfg.n_layers > 1:
         segs = [Segment([(f"blocks.{i}.attn.b_O", "bias")],
                         [(f"blocks.{i + 1}.attn.W_{n}", f"blocks.{i + 1}.attn.b_{n}") for n in "QKV"],
@@ -65,6 +71,8 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
         if cfg.norm_placement == "pre":
             out += pre_norm_families(problem) + first_block_families(problem)
+        elif cfg.norm_placement == "output":
+            out += output_norm_families(problem)
         else:
             out += post_norm_families(problem)
     out += data_families(problem, gen)

@@ -13,7 +13,8 @@ from .base import Family, Rows, attn_prefixes, make_family
 
 
 def _qk_basis(cfg: Config) -> list[torch.Tensor]:
-    """A basis of gl(d_k), or of the RoPE commutant's Lie algebra (per plane I and J)."""
+    """A basis of gl(d_k), or of the RoPE commutant's Lie algebra (per plane I and J; with a partial
+    rotary, gl of the unrotated coordinates too, which every position rotation fixes)."""
     e = cfg.d_head
     out = []
     if cfg.pos == "rope":
@@ -23,6 +24,12 @@ def _qk_basis(cfg: Config) -> list[torch.Tensor]:
             b = torch.zeros(e, e, dtype=torch.float64)
             b[i, j], b[j, i] = 1.0, -1.0
             out += [a, b]
+        r = cfg.rotary_dim or e
+        for i in range(r, e):
+            for j in range(r, e):
+                a = torch.zeros(e, e, dtype=torch.float64)
+                a[i, j] = 1.0
+                out.append(a)
         return out
     for i in range(e):
         for j in range(e):
@@ -47,8 +54,10 @@ def qk_family(problem: Problem) -> Family:
                 if f"{pre}.b_K" in p:
                     R.at(v, f"{pre}.b_K")[j] = -p[f"{pre}.b_K"][j] @ a.T
     rope = cfg.pos == "rope"
-    return make_family(problem.layout, "qk-gl", "L·n_kv·d_k" if rope else "L·n_kv·d_k²",
-                cfg.n_layers * cfg.n_kv_heads * (cfg.d_head if rope else cfg.d_head ** 2), R,
+    rest = cfg.d_head - (cfg.rotary_dim or cfg.d_head)     # unrotated coordinates of a partial rotary
+    formula = ("L·n_kv·(R + (d_k − R)²)" if rest else "L·n_kv·d_k") if rope else "L·n_kv·d_k²"
+    per = (cfg.d_head - rest + rest * rest) if rope else cfg.d_head ** 2
+    return make_family(problem.layout, "qk-gl", formula, cfg.n_layers * cfg.n_kv_heads * per, R,
                 """Per KV group j: W_Q[h]·M, b_Q[h]·M for its query heads, W_K[j]·M⁻ᵀ, b_K[j]·M⁻ᵀ keep
                 every score q·kᵀ.  Generator for A ∈ gl(d_k): dW_Q = W_Q·A, dW_K = −W_K·Aᵀ.  Under RoPE
                 M must commute with every position rotation R_Δ: per frequency plane a·I + b·J

@@ -1,0 +1,16 @@
+"""The architecture families by name: the table a :class:`~.config.Config`'s ``family`` selects
+its ``param_shapes`` / ``forward`` / ``sample_inputs`` from.
+
+Its own module, below both the checkpoint reader (which checks shapes against a family) and the
+registry of named models (which loads real checkpoints), so neither imports the other to get it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import attn, bert, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
+
+FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
+                                   "attn": attn, "qwen3": qwen3, "olmo2": olmo2,
+                                   "phi3": phi3, "neox": neox}
