@@ -78,6 +78,11 @@ def _inv_t(m: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- qk-gl
 def _qk_gl_applies(cfg: Config) -> str | None:
+    if getattr(cfg, "qk_norm", "none") != "none":
+        # q = RoPE(n(x W_Q)⊙γ_q): n passes only orthogonal M, and then M must commute with diag(γ_q),
+        # diag(γ_k) and every rotation — per RoPE plane ±I unless γ_q and γ_k are constant on the plane
+        return ("the query/key RMSNorm over d_head passes only orthogonal M, which must then commute with the "
+                "shared weights diag(γ_q), diag(γ_k) and RoPE: generically only ±1 per plane (a finite group)")
     return None
 
 

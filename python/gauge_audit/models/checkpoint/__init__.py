@@ -30,9 +30,18 @@ import torch
 from ...errors import GaugeAuditError
 from ..config import Config
 from ..lazy import LazyParams
+from . import gemma as gemma_io
 from . import gguf as gguf_io
 from .hf import ARCHS, Arch, Link, arch_of
 from .safetensors_file import SafetensorsFile
+
+for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
+    _layers = "model.language_model.layers" if _name == gemma_io.MULTIMODAL else "model.layers"
+    ARCHS[_name] = Arch(_name, gemma_io.gemma_config, gemma_io.links_for(_name), _layers, _layers + ".{i}.",
+                        "AutoModelForCausalLM", ignore=r".*rotary_emb\..*inv_freq$",
+                        passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
+                        notes=(("the vision tower and projector are copied unchanged and not checked",)
+                               if _name == gemma_io.MULTIMODAL else ()))
 
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
@@ -321,5 +330,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     hf = gguf_io.hf_config(g)
     cfg = gguf_io.config(g, hf)
     quants = ", ".join(f"{k} ×{v}" for k, v in sorted(g.quant_types().items()))
+    if hf["architectures"][0] == "Gemma3ForCausalLM":
+        return Checkpoint(path, "gguf", ARCHS["Gemma3ForCausalLM"], hf, cfg, g, gemma_io.gguf_links(cfg),
+                          [f"GGUF tensors {quants}, dequantized to float32; norm weights stored as 1 + w"])
     return Checkpoint(path, "gguf", ARCHS["LlamaForCausalLM"], hf, cfg, g, gguf_io.links(cfg),
                       [f"GGUF tensors {quants}, dequantized to float32; Q/K rows un-permuted from llama.cpp's order"])
