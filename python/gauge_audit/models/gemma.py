@@ -61,6 +61,11 @@ class GemmaConfig(Config):
         return FULL
 
     def with_(self, **changes) -> "GemmaConfig":
+        # fewer layers (a one-block view, a shallower copy) keep the first layers' types
+        n = changes.get("n_layers", self.n_layers)
+        types = changes.get("layer_types", self.layer_types)
+        if types and n < len(types):
+            changes["layer_types"] = tuple(types[:n])
         return check(super().with_(**changes))
 
 

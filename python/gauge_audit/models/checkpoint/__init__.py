@@ -36,8 +36,10 @@ from .hf import ARCHS, Arch, Link, arch_of
 from .safetensors_file import SafetensorsFile
 
 for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
-    _layers = "model.language_model.layers" if _name == gemma_io.MULTIMODAL else "model.layers"
-    ARCHS[_name] = Arch(_name, gemma_io.gemma_config, gemma_io.links_for(_name), _layers, _layers + ".{i}.",
+    _mm = _name == gemma_io.MULTIMODAL  # transformers' module path / the file names of its layers differ
+    ARCHS[_name] = Arch(_name, gemma_io.gemma_config, gemma_io.links_for(_name),
+                        "model.language_model.layers" if _mm else "model.layers",
+                        "language_model.model.layers.{i}." if _mm else "model.layers.{i}.",
                         "AutoModelForCausalLM", ignore=r".*rotary_emb\..*inv_freq$",
                         passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
                         notes=(("the vision tower and projector are copied unchanged and not checked",)

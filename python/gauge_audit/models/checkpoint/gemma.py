@@ -96,6 +96,9 @@ def gemma_config(arch: str, hf: dict) -> Config:
     if g3 and hf.get("attn_logit_softcapping") is not None:
         raise refuse(arch, "attn_logit_softcapping", hf["attn_logit_softcapping"],
                      "transformers' Gemma 3 attention does not apply it (ambiguous)")
+    if arch == MULTIMODAL and hf.get("final_logit_softcapping") is not None:
+        raise refuse(arch, "text_config.final_logit_softcapping", hf["final_logit_softcapping"],
+                     "transformers' Gemma3ForConditionalGeneration does not apply it (ambiguous)")
     act = _act(arch, hf, "hidden_activation", "gelu_pytorch_tanh", ("gelu-tanh", "gelu"))
     d, h = _int(arch, hf, "hidden_size", 2304), _int(arch, hf, "num_attention_heads", 8)
     n = _int(arch, hf, "num_hidden_layers", 26)
@@ -126,8 +129,9 @@ def gemma_config(arch: str, hf: dict) -> Config:
 def _prefix(arch: str, has: Callable[[str], bool]) -> str:
     if arch != MULTIMODAL:
         return "model."
-    # transformers ≥ 5 saves model.language_model.*; the original uploads language_model.model.*
-    return "language_model.model." if has("language_model.model.embed_tokens.weight") else "model.language_model."
+    # the original uploads and transformers' save_pretrained write language_model.model.* (head
+    # language_model.lm_head); transformers' in-memory names, model.language_model.*, are read too
+    return "model.language_model." if has("model.language_model.embed_tokens.weight") else "language_model.model."
 
 
 def links_for(arch: str) -> Callable[[Config, Callable[[str], bool]], list[Link]]:
@@ -153,7 +157,8 @@ def links_for(arch: str) -> Callable[[Config, Callable[[str], bool]], list[Link]
                         offset_norm(f"{a}.k_norm.weight", f"{p}.attn.k_norm.w")]
         out.append(offset_norm(f"{m}norm.weight", "ln_final.w"))
         if not cfg.tied:
-            out.append(linear("lm_head.weight", "unembed.W_U"))
+            head = "language_model.lm_head.weight" if m == "language_model.model." else "lm_head.weight"
+            out.append(linear(head, "unembed.W_U"))
         return out
     return links
 
