@@ -222,3 +222,63 @@ def test_gemma3_270m_checks_agree_with_theory(gemma3_270m, action):
     r = check(gemma3_270m, action, {"tokens": torch.tensor([PROMPT])}, seed=0, dtype=torch.float64, kappa=10.0)
     print(f"gemma3 {action}: {r.max_rel_error:.3g} relative, {r.residual_eps:.3g} ε, tol {r.tolerance_eps:.3g} ε")
     assert r.agrees and r.holds == (action != "qk-same-action")
+
+
+# ----------------------------------------------------------------------------- nullity: measured = explained
+_SMALL = dict(d_model=6, n_heads=2, n_kv_heads=1, d_head=4, d_ff=6, n_ctx=5, vocab=8, n_layers=1, window=3)
+NULLITY = {
+    "gemma3-1layer": gemma.config(**_SMALL, sliding_pattern=2),
+    "gemma3-2layers-untied-eps0": gemma.config(**{**_SMALL, "n_layers": 2, "n_kv_heads": 2, "d_head": 2, "d_ff": 4,
+                                                 "vocab": 7}, sliding_pattern=2, tied=False, norm_eps=0.0),
+    "gemma2-1layer": gemma.gemma2_config(**_SMALL),
+    "gemma2-2layers-gqa-untied": gemma.gemma2_config(**{**_SMALL, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                                                        "d_head": 2, "d_ff": 4, "d_model": 4}, tied=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NULLITY))
+def test_gemma_nullity_measured_equals_explained(name):
+    from gauge_audit.nullity import analyze
+
+    cfg = NULLITY[name]
+    r = analyze(cfg)
+    fams = {f.name: f for f in r.families}
+    print(f"{name}: P={cost_P(cfg)} measured {r.measured_nullity}, explained {r.explained}, "
+          + ", ".join(f"{f.name} {f.expected}{'' if f.flat else ' (not flat)'}" for f in r.families))
+    assert r.measured_nullity == r.explained and r.unexplained == 0
+    assert "stream-rotation-special" not in fams and "qk-plane-rotation-special" not in fams  # generic weights
+    assert ("qk-norm-trade" in fams) == (cfg.qk_norm == "head") and ("qk-gl" in fams) == (cfg.qk_norm == "none")
+    # the ε-broken scales are flat exactly when ε = 0
+    for f in ("post-norm-scale", "stream-scale") + (("qk-norm-scale",) if cfg.qk_norm == "head" else ()):
+        assert fams[f].flat == (cfg.norm_eps == 0), f
+
+
+def cost_P(cfg):
+    from gauge_audit.nullity.cost import parameter_count
+
+    return parameter_count(cfg)
+
+
+def test_gemma_special_point_w0_is_recognised():
+    """Every post-norm, final and QK-norm weight at γ = 1 (Gemma's w = 0, Hugging Face's initialisation):
+    the stream rotation so(d) and a rotation per RoPE plane and KV group appear, and are counted."""
+    from gauge_audit.nullity.analysis import _analyze_dense
+    from gauge_audit.nullity.families import theory
+    from gauge_audit.nullity.measure import make_problem
+
+    cfg = NULLITY["gemma3-1layer"]
+    pr = make_problem(cfg, 0)
+    p = pr.params()
+    for k in p:
+        if k.endswith(("_post.w", "q_norm.w", "k_norm.w")) or k == "ln_final.w":
+            p[k] = torch.ones_like(p[k])
+    pr.theta = pr.layout.flatten(p)
+    gen, fams = theory(pr, True)
+    r = _analyze_dense(pr, gen, fams, {}, True)
+    by = {f.name: f for f in r.families}
+    generic = __import__("gauge_audit.nullity", fromlist=["analyze"]).analyze(cfg).measured_nullity
+    d, planes = cfg.d_model, cfg.d_head // 2
+    print(f"w = 0: measured {r.measured_nullity} (generic {generic}), explained {r.explained}")
+    assert by["stream-rotation-special"].expected == d * (d - 1) // 2
+    assert by["qk-plane-rotation-special"].expected == cfg.n_kv_heads * planes
+    assert r.measured_nullity == r.explained == generic + d * (d - 1) // 2 + cfg.n_kv_heads * planes

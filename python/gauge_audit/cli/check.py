@@ -85,7 +85,7 @@ def _text_inputs(args, model, ckpt) -> tuple[dict | None, object]:
     if args.text is None:
         return None, None
     if ckpt is None:
-        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2")
+        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2 / gemma3")
     from ..reference import tokenizer
 
     tok = tokenizer(ckpt)
@@ -180,8 +180,9 @@ def run(args) -> int:
 
 def _real_checkpoint(name: str):
     """The checkpoint behind a named real model (for its tokenizer), else None."""
-    from ..models import minilm, smollm2
+    from ..models import gemma3, minilm, smollm2
     from ..models.registry import UNTIED
 
     base = UNTIED.get(name, name)
-    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint}.get(base, lambda: None)()
+    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint,
+            "gemma3": gemma3.checkpoint}.get(base, lambda: None)()

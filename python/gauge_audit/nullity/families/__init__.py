@@ -33,6 +33,7 @@ Modules, by kind (imports point down this list):
   input-offset, tied-unembed-null);
 * :mod:`.stream` — norms and the residual stream of pre-norm models;
 * :mod:`.post_norm` — post-norm (BERT) segments;
+* :mod:`.gemma` — sandwich norms, QK-norm and their special points (Gemma 2/3);
 * :mod:`.data` — directions created by the sample, not the architecture.
 
 :func:`families` assembles them for one problem; :func:`theory` adds the sample's genericity.
@@ -46,6 +47,7 @@ from .base import AFFINE, LN, Family
 from .data import data_families
 from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
+from .gemma import gemma_families
 from .post_norm import post_norm_families
 from .readers import pre_norm_readers, pre_norm_writers
 from .stream import Segment, pre_norm_families, translation_family
@@ -54,6 +56,9 @@ from .stream import Segment, pre_norm_families, translation_family
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
+    if cfg.norm_placement == "sandwich":   # Gemma: its own stream, norms and QK (see .gemma)
+        out = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
+        return [f for f in out if f is not None and f.k > 0]
     out: list[Family | None] = [qk_family(problem), vo_family(problem), key_bias_family(problem),
                                 value_bias_family(problem)]
     if cfg.family == "attn" and cfg.n_layers > 1:
