@@ -8,6 +8,10 @@ Mixtral's router takes its softmax in float32.  That limits the reference to ~1e
 six orders above the float64 rounding the project's checks resolve.  :func:`float64_internals`
 evaluates exactly those four steps with the same formulas in float64 (attention: transformers'
 ``sdpa`` path, which stays in the input dtype); everything else is transformers' code as shipped.
+Gemma adds three: its (1 + w) RMSNorms (float32 too), Gemma 3's per-layer-type RoPE tables
+(inverse frequencies built in float32) and Gemma 2's attention, which has no sdpa path (soft-capped
+scores) — an eager attention with the softmax in the input dtype is registered for it
+(:func:`exact_attention`).
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward

@@ -32,7 +32,7 @@ def _refuse_unhandled(cfg: Config, label: str) -> None:
     would silently mis-handle is refused before any weight is read."""
     feats = gemma.features(cfg)
     if feats:
-        raise GaugeAuditError(f"{label}: gauge fixing does not handle {feats[0]} (the gemma family) yet")
+        raise GaugeAuditError(f"{label}: gauge fixing does not handle the gemma family's {feats[0]} yet")
 
 
 def looks_like_path(name: str) -> bool:
