@@ -127,6 +127,7 @@ def test_gemma3_multimodal_text_part_matches_transformers(multimodal):
                           "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}}, "yarn"),
     ({"layer_types": ["sliding_attention"]}, "layer_types"),
     ({"hidden_activation": "relu"}, "hidden_activation"),
+    ({"sliding_window": "wide"}, "sliding_window"),
 ])
 def test_unsupported_gemma_options_are_refused_in_one_line(tiny_hf, tmp_path, change, needle):
     src = tiny_hf("gemma3")
@@ -143,7 +144,7 @@ def test_unsupported_gemma_options_are_refused_in_one_line(tiny_hf, tmp_path, ch
 # vo-gl acts inside a head (W_V·N, N⁻¹·W_O: the sublayer output, the post-norm's input, is unchanged),
 # so the post-attention norm does not touch it; qk-gl needs M to pass the QK-norm (Gemma 3: refused);
 # the stream rotation must commute with every post-norm weight (refused under sandwich norms).
-HOLD = {"gemma3-tiny": {"vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite"},
+HOLD = {"gemma3-tiny": {"vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite", "qk-norm-trade"},
         "gemma2-tiny": {"qk-gl", "vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite"}}
 
 
@@ -151,6 +152,7 @@ HOLD = {"gemma3-tiny": {"vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-
 def test_gemma_action_verdicts_follow_the_theory(model, name):
     m = model(name)
     applicable = {a for a in ("qk-gl", "vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite",
+                              "qk-norm-trade",
                               "qk-same-action", "qk-gl-rope-generic", "qk-gl-untied-gqa", "stream-rotation")
                   if get_action(a).applies(m.cfg) is None}
     assert HOLD[name] <= applicable and "stream-rotation" not in applicable
@@ -160,6 +162,35 @@ def test_gemma_action_verdicts_follow_the_theory(model, name):
         assert r.holds == (a in HOLD[name]), (a, r.verdict)
         if not r.holds:
             assert r.max_rel_error > 1e6 * r.tolerance_eps * EPS64
+
+
+def test_qk_norm_trade_needs_one_factor_per_rope_plane(model):
+    """The trade with s constant on each RoPE plane keeps the function (and has its group law); the
+    same weights scaled by a factor that differs inside a plane change it by a wide margin."""
+    from gauge_audit.actions.algebra import compose, inverse
+    from gauge_audit.runtime import generator
+
+    m = model("gemma3-tiny")
+    act = get_action("qk-norm-trade")
+    assert "no query/key RMSNorm" in act.applies(config_of("gemma2-tiny"))
+    x, y = act.sample(m.cfg, m.params, generator(1), 10.0), act.sample(m.cfg, m.params, generator(2), 10.0)
+    back = act.apply(m.cfg, act.apply(m.cfg, m.params, x), inverse(act.name, x))
+    assert all(torch.allclose(back[k], m.params[k], rtol=1e-14, atol=0) for k in m.params)
+    both = act.apply(m.cfg, act.apply(m.cfg, m.params, x), y)
+    once = act.apply(m.cfg, m.params, compose(act.name, x, y))
+    assert all(torch.allclose(both[k], once[k], rtol=1e-14, atol=0) for k in m.params)
+    tokens = m.sample_inputs(0)
+    y0 = m.forward(m.params, tokens)
+    kept = _rel(m.forward(act.apply(m.cfg, m.params, x), tokens), y0)
+    p = dict(m.params)
+    inside = torch.linspace(0.5, 2.0, m.cfg.d_head, dtype=torch.float64)   # differs within every plane
+    for l in range(m.cfg.n_layers):
+        p[f"blocks.{l}.attn.q_norm.w"] = p[f"blocks.{l}.attn.q_norm.w"] * inside
+        p[f"blocks.{l}.attn.k_norm.w"] = p[f"blocks.{l}.attn.k_norm.w"] / inside
+    broken = _rel(m.forward(p, tokens), y0)
+    tol = _tol(m.cfg, tokens["tokens"].shape[1]) * x.kappa
+    print(f"qk-norm-trade: per plane {kept / EPS64:.3g} ε (tol {tol / EPS64:.3g} ε), within a plane {broken:.3g}")
+    assert kept <= tol and broken > 1e6 * tol
 
 
 def test_gemma_refusals_name_the_feature():
@@ -202,7 +233,12 @@ def gemma3_270m():
 
 
 def test_gemma3_270m_norm_weights_are_stored_with_the_one_folded_in(gemma3_270m):
+    from gauge_audit.models import gemma3
+
     m = gemma3_270m
+    # Q4_K (and Q5_0, Q6_K, Q8_0) blocks, dequantized by the gguf package: a wrong dequantization would
+    # not leave the prediction below intact
+    assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= set(gemma3.checkpoint().source.quant_types())
     assert m.cfg.qk_norm == "head" and m.cfg.window == 512
     assert [m.cfg.layer_type(i) for i in range(6)] == ["sliding"] * 5 + ["full"]
     x = {"tokens": torch.tensor([PROMPT])}

@@ -48,8 +48,9 @@ def _list() -> int:
     for name in model_names():
         cfg = config_of(name)
         real = "  (real weights)" if name in REAL or name in UNTIED else ""
+        act = f"gated {cfg.gate_act}" if hasattr(cfg, "gate_act") else cfg.act   # Gemma: GeGLU
         print(f"  {name:24s} {cfg.family:5s} d={cfg.d_model} L={cfg.n_layers} h={cfg.n_heads} "
-              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={cfg.act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
+              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
     print("actions:")
     for a in ACTIONS.values():
         kind = "symmetry" if a.symmetry is True else ("contrast" if a.symmetry is False else "depends")

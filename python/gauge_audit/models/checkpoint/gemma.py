@@ -108,6 +108,7 @@ def gemma_config(arch: str, hf: dict) -> Config:
     window = hf.get("sliding_window", 4096)
     if window is None and gemma.SLIDING in types:
         raise refuse(arch, "sliding_window", None, "sliding layers without a window")
+    window = 0 if window is None else _int(arch, hf, "sliding_window")
     caps = {}
     for key, ours in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
         default = (50.0 if key.startswith("attn") else 30.0) if not g3 else None
@@ -120,7 +121,7 @@ def gemma_config(arch: str, hf: dict) -> Config:
         d_ff=_int(arch, hf, "intermediate_size", 9216), n_ctx=_int(arch, hf, "max_position_embeddings", 8192),
         vocab=_int(arch, hf, "vocab_size"), norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6),
         tied=bool(hf.get("tie_word_embeddings", True)), qk_norm="head" if g3 else "none", gate_act=act,
-        query_pre_attn_scalar=_float(arch, hf, "query_pre_attn_scalar", 256), window=int(window or 0),
+        query_pre_attn_scalar=_float(arch, hf, "query_pre_attn_scalar", 256), window=window,
         sliding_pattern=0, layer_types=types, **caps, **_rope(arch, hf, g3))
     return cfg
 
