@@ -75,7 +75,8 @@ def check(cfg: GemmaConfig) -> GemmaConfig:
             raise GaugeAuditError(f"invalid gemma config: {msg}")
 
     validate(cfg)
-    need(cfg.norm == "rmsnorm" and cfg.norm_placement == "sandwich", "Gemma has weighted RMSNorms in sandwich placement")
+    need(cfg.norm == "rmsnorm" and cfg.norm_placement == "sandwich",
+         "Gemma has weighted RMSNorms in sandwich placement")
     need(cfg.act == "swiglu" and cfg.gate_act in ("gelu-tanh", "gelu"), "the FFN is GeGLU (gate_act gelu-tanh or gelu)")
     need(cfg.pos == "rope" and cfg.rope_style == "half", "Gemma uses half-split RoPE")
     need(not (cfg.attn_bias or cfg.out_bias or cfg.mlp_bias or cfg.unembed_bias), "Gemma has no biases")
@@ -189,8 +190,10 @@ def geglu(params: Params, prefix: str, cfg: GemmaConfig, x: torch.Tensor) -> tor
 
 def block(params: Params, cfg: GemmaConfig, i: int, x: torch.Tensor) -> torch.Tensor:
     p = f"blocks.{i}"
-    x = x + normalize(params, f"{p}.ln1_post", cfg, attention(params, cfg, i, normalize(params, f"{p}.ln1", cfg, x)))
-    return x + normalize(params, f"{p}.ln2_post", cfg, geglu(params, f"{p}.mlp", cfg, normalize(params, f"{p}.ln2", cfg, x)))
+    a = attention(params, cfg, i, normalize(params, f"{p}.ln1", cfg, x))
+    x = x + normalize(params, f"{p}.ln1_post", cfg, a)
+    f = geglu(params, f"{p}.mlp", cfg, normalize(params, f"{p}.ln2", cfg, x))
+    return x + normalize(params, f"{p}.ln2_post", cfg, f)
 
 
 def forward(params: Params, cfg: GemmaConfig, inputs: dict, trace: dict | None = None) -> torch.Tensor:

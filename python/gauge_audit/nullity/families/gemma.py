@@ -70,7 +70,8 @@ def norm_scale_family(problem: Problem) -> Family:
             R.at(v, f"{n}.w")[i] = p[f"{n}.w"][i]
             for w, axis in rs:
                 R.at(v, w).select(axis, i).copy_(-p[w].select(axis, i))
-    return make_family(problem.layout, "norm-scale", "2L·d" if cfg.tied else "(2L+1)·d", len(readers) * cfg.d_model, R,
+    formula = "2L·d" if cfg.tied else "(2L+1)·d"
+    return make_family(problem.layout, "norm-scale", formula, len(readers) * cfg.d_model, R,
                        """Per pre-norm: γ⊙s and its readers diag(s)⁻¹·W.  The post-norms write into the stream,
                        which only norms read, so their weights have no such partner.""")
 
