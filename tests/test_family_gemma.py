@@ -253,7 +253,8 @@ def test_gemma3_270m_norm_weights_are_stored_with_the_one_folded_in(gemma3_270m)
     assert float(as_stored[PARIS] - plus_one[PARIS]) > 5.0  # e⁵ ≈ 150× likelier
 
 
-@pytest.mark.parametrize("action", ["vo-gl", "head-perm", "swiglu-scaling", "qk-same-action"])
+# one symmetry and one contrast on the real weights (every action's verdict is tested on the tiny models)
+@pytest.mark.parametrize("action", ["vo-gl", "qk-same-action"])
 def test_gemma3_270m_checks_agree_with_theory(gemma3_270m, action):
     r = check(gemma3_270m, action, {"tokens": torch.tensor([PROMPT])}, seed=0, dtype=torch.float64, kappa=10.0)
     print(f"gemma3 {action}: {r.max_rel_error:.3g} relative, {r.residual_eps:.3g} ε, tol {r.tolerance_eps:.3g} ε")
