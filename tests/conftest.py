@@ -48,6 +48,7 @@ _FILE_GROUPS = {
     "tests/test_rules_checkers.py": "rule-checkers",
     "tests/test_rules_fuzz_budget.py": "rules-fuzz",   # fuzz_results: 300 random rules, every checker
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
+    "tests/test_family_gemma.py": "gemma3-270m",   # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
 }
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B
@@ -159,6 +160,19 @@ HF_TINY = {
                                                             num_attention_heads=4, num_key_value_heads=2,
                                                             intermediate_size=24, vocab_size=40, num_local_experts=4,
                                                             num_experts_per_tok=2)),
+    # Gemma: small soft-caps (scores and logits reach the tanh's curved part), a window shorter than
+    # the inputs, a query_pre_attn_scalar ≠ d_head, two RoPE bases with linear scaling on the full layers
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
+                                                         num_key_value_heads=2, head_dim=6, intermediate_size=24,
+                                                         vocab_size=40, sliding_window=5, query_pre_attn_scalar=10,
+                                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+        intermediate_size=24, vocab_size=40, sliding_window=5, query_pre_attn_scalar=10, tie_word_embeddings=False,
+        final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                         "full_attention": {"rope_type": "linear", "factor": 3.0, "rope_theta": 700.0}})),
 }
 
 

@@ -31,7 +31,8 @@ from gauge_audit.runtime import generator
 
 from test_nullity import CONFIGS
 
-TINY = [m for m in model_names() if m != "minilm"]
+# gauge fixing does not handle the gemma family (sandwich norms, QK-norm): the CLI refuses it
+TINY = [m for m in model_names() if m != "minilm" and not m.startswith("gemma")]
 SURVIVORS = ["gpt2-tiny", "llama-tiny-gqa", "qwen-tiny", "moe-tiny", "bert-tiny"]
 UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}
 

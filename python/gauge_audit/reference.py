@@ -10,6 +10,10 @@ evaluates exactly those four steps with the same formulas in float64 (attention:
 ``sdpa`` path, which stays in the input dtype); everything else is transformers' code as shipped.
 Scaled RoPE tables (linear, dynamic, yarn, llama3, longrope) are transformers' own initialisers run with
 float32 read as float64.
+Gemma adds three: its (1 + w) RMSNorms (float32 too), Gemma 3's per-layer-type RoPE tables
+(inverse frequencies built in float32) and Gemma 2's attention, which has no sdpa path (soft-capped
+scores) — an eager attention with the softmax in the input dtype is registered for it
+(:func:`exact_attention`).
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
@@ -128,6 +132,57 @@ def _rope64_scaled(self, x, position_ids):
     return _angles64(self, x, position_ids, inv_freq, scaling)
 
 
+def _gemma_rmsnorm64(self, x):
+    """Gemma's RMSNorm n(x)·(1 + w), which transformers evaluates in float32."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+def _gemma3_rope64(self, x, position_ids, layer_type):
+    """Gemma 3's per-layer-type RoPE tables (base per type; linear scaling divides the frequencies),
+    whose inverse frequencies transformers builds in float32."""
+    rp = self.config.rope_parameters[layer_type]
+    dim = self.config.head_dim
+    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
+    if rp.get("rope_type", "default") == "linear":
+        inv_freq = inv_freq / rp["factor"]
+    elif rp.get("rope_type", "default") != "default":  # pragma: no cover - refused when reading the config
+        raise GaugeAuditError(f"no float64 RoPE for rope_type {rp['rope_type']}")
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def _eager_attention64(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kw):
+    """transformers' eager attention (with Gemma 2's soft-capping), the softmax in the input dtype
+    instead of float32 — for the architectures without an sdpa path (soft-capping)."""
+    groups = module.num_key_value_groups
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    w = query @ key.transpose(2, 3) * (module.head_dim ** -0.5 if scaling is None else scaling)
+    if softcap is not None:
+        w = softcap * torch.tanh(w / softcap)
+    if attention_mask is not None:
+        w = w + attention_mask
+    w = torch.softmax(w, dim=-1)
+    return (w @ value).transpose(1, 2).contiguous(), w
+
+
+EAGER64 = "gauge_audit_eager64"
+NO_SDPA = ("Gemma2ForCausalLM",)  # soft-capped scores: transformers refuses sdpa
+
+
+def exact_attention(arch_name: str) -> str:
+    """The attention implementation that keeps every step in the model's dtype."""
+    if arch_name not in NO_SDPA:
+        return "sdpa"
+    T = require_transformers()
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    T.AttentionInterface.register(EAGER64, _eager_attention64)
+    AttentionMaskInterface.register(EAGER64, eager_mask)
+    return EAGER64
+
+
 def _router64(self, hidden_states):
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
     logits = F.linear(hidden_states, self.weight)
@@ -148,6 +203,10 @@ def float64_internals(model: torch.nn.Module) -> int:
         name = cls.__name__
         if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
             forward = _rmsnorm64
+        elif name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
+            forward = _gemma_rmsnorm64
+        elif name == "Gemma3RotaryEmbedding":
+            forward = _gemma3_rope64
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
         elif name.endswith("RotaryEmbedding") and module.rope_type in _SCALED:
@@ -236,7 +295,7 @@ class Reference:
         small_dict.pop("layer_types", None)
         small_dict["num_hidden_layers" if "num_hidden_layers" in hf else "n_layer"] = 0
         small = hf_config(small_dict)
-        impl = "sdpa" if exact else None
+        impl = exact_attention(arch.name) if exact else None
         cls = getattr(T, arch.name)
         kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
         with torch.device("meta"):

@@ -16,7 +16,7 @@ from .base import Element, cond
 ADDITIVE = ("key-bias-shift", "value-bias-fold", "norm-shift", "norm-shift-absorbed", "writer-ones", "reader-ones",
             "embed-offset", "router-offset", "segment-shift")
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
-DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling")
+DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale")
 # Stacks of invertible matrices acting on the right (W·M): inverse M⁻¹, product M₁·M₂.
 # (The rotation's κ is that of D_γ⁻¹·R·D_γ, which depends on γ, not on R alone.)
 MATRIX = ("qk-gl", "vo-gl", "stream-rotation")

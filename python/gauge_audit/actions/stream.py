@@ -52,6 +52,10 @@ def stream_writers(cfg: Config, params: Params) -> list[str]:
 def _pre_norm_reason(cfg: Config) -> str | None:
     if cfg.family in ("attn",):
         return "the single attention layer has no norms"
+    if cfg.norm_placement == "sandwich":
+        return ("a norm after every sublayer writes γ'⊙n(·) into the stream, so a rotation R would need "
+                "R·D_γ' = D_γ'·R for every post-norm weight γ' (generically only diagonal ±1; all of O(d) "
+                "only where every γ' ∝ 1, for Gemma's (1 + w) norms w = 0)")
     if cfg.norm_placement != "pre":
         return ("post-LN writes γ⊙n(x)+β into the stream itself, so a rotation R would need "
                 "D_γ·R = R·D_γ' (generically impossible), and the model's output is the stream")
@@ -64,7 +68,10 @@ def _scalable_norms(cfg: Config, params: Params) -> list[str]:
 
 
 def _norm_scale_applies(cfg: Config) -> str | None:
-    return _pre_norm_reason(cfg) or (None if cfg.norm in AFFINE else "the norms have no weight γ")
+    # sandwich norms: the pre-norms still have only the readers norm_readers lists (the post-norms,
+    # which write into the stream, are not among them), so their scale is absorbed as in a pre-norm model
+    reason = None if cfg.norm_placement == "sandwich" else _pre_norm_reason(cfg)
+    return reason or (None if cfg.norm in AFFINE else "the norms have no weight γ")
 
 
 def _norm_scale_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:

@@ -15,7 +15,7 @@ import torch
 from ..actions.base import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
-from ..models import Config, build, config_of, minilm, smollm2
+from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.lazy import LazyParams
 from ..models.checkpoint.writer import atomic_dir
@@ -25,7 +25,15 @@ from ..runtime import resolve_dtype
 _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
 # Built-in names that are real checkpoints: canonicalised and compared as such (their storage
 # dtype, written back in their own file format).
-_PACKAGED = {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint}
+_PACKAGED = {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint, "gemma3": gemma3.checkpoint}
+
+
+def _refuse_unhandled(cfg: Config, label: str) -> None:
+    """The gauge-fixing pipeline knows the pre- and post-norm stacks only; a Gemma feature it
+    would silently mis-handle is refused before any weight is read."""
+    feats = gemma.features(cfg)
+    if feats:
+        raise GaugeAuditError(f"{label}: gauge fixing does not handle the gemma family's {feats[0]} yet")
 
 
 def keep_freed_memory() -> None:
@@ -84,9 +92,10 @@ def load_source(name: str, seed: int = 0, checkpoint: bool = False, native: bool
     elif name in _PACKAGED:
         ckpt = _PACKAGED[name]()
     else:
-        config_of(name)  # unknown names: one line
+        _refuse_unhandled(config_of(name), name)  # unknown names: one line
         m = build(name, seed=seed, device="cpu")
         return Source(f"{name} (seed {seed})", _gauge_fixable(m.cfg), m.params, torch.float64)
+    _refuse_unhandled(ckpt.cfg, ckpt.name)
     _gauge_fixable(ckpt.cfg)
     lazy = StoredParams(ckpt) if native else ckpt.params()
     if native and not resident:

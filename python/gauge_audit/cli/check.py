@@ -48,8 +48,9 @@ def _list() -> int:
     for name in model_names():
         cfg = config_of(name)
         real = "  (real weights)" if name in REAL or name in UNTIED else ""
+        act = f"gated {cfg.gate_act}" if hasattr(cfg, "gate_act") else cfg.act   # Gemma: GeGLU
         print(f"  {name:24s} {cfg.family:5s} d={cfg.d_model} L={cfg.n_layers} h={cfg.n_heads} "
-              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={cfg.act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
+              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
     print("actions:")
     for a in ACTIONS.values():
         kind = "symmetry" if a.symmetry is True else ("contrast" if a.symmetry is False else "depends")
@@ -85,7 +86,7 @@ def _text_inputs(args, model, ckpt) -> tuple[dict | None, object]:
     if args.text is None:
         return None, None
     if ckpt is None:
-        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2")
+        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2 / gemma3")
     from ..reference import tokenizer
 
     tok = tokenizer(ckpt)
@@ -180,8 +181,9 @@ def run(args) -> int:
 
 def _real_checkpoint(name: str):
     """The checkpoint behind a named real model (for its tokenizer), else None."""
-    from ..models import minilm, smollm2
+    from ..models import gemma3, minilm, smollm2
     from ..models.registry import UNTIED
 
     base = UNTIED.get(name, name)
-    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint}.get(base, lambda: None)()
+    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint,
+            "gemma3": gemma3.checkpoint}.get(base, lambda: None)()

@@ -14,7 +14,7 @@ ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; 
 
 @dataclass(frozen=True)
 class Config:
-    family: str                 # gpt2 | bert | llama | qwen | moe | attn
+    family: str                 # gpt2 | bert | llama | qwen | moe | attn | gemma
     d_model: int = 16
     n_layers: int = 2
     n_heads: int = 4
@@ -26,6 +26,7 @@ class Config:
     norm: str = "layernorm"
     norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT);
     #                              output: x + norm(f(x)) with no pre-norm (OLMo 2)
+    #                              sandwich: x + norm'(f(norm(x))) (Gemma 2/3, models/gemma.py)
     norm_eps: float = 1e-5
     act: str = "gelu"
     attn_bias: bool = True      # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
@@ -78,7 +79,9 @@ def validate(cfg: Config) -> Config:
          f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
     need(cfg.norm in NORMS, f"norm must be one of {', '.join(NORMS)}")
     need(cfg.act in ACTS, f"act must be one of {', '.join(ACTS)}")
-    need(cfg.norm_placement in ("pre", "post", "output"), "norm_placement must be pre, post or output")
+    need(cfg.norm_placement in ("pre", "post", "output", "sandwich"),
+         "norm_placement must be pre, post, output or sandwich")
+    need(cfg.norm_placement != "sandwich" or cfg.family == "gemma", "sandwich norms are the gemma family's")
     need(cfg.pos in ("learned", "rope", "none"), "pos must be learned, rope or none")
     need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
     need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import GaugeAuditError
-from ..runtime import resolve_device
-from . import attn, bert, gpt2, llama, minilm, moe, qwen, smollm2
+from ..runtime import generator, resolve_device
+from . import attn, bert, gemma, gemma3, gpt2, llama, minilm, moe, qwen, smollm2
 from .config import Config
 from .families import FAMILIES
 from .model import Model
@@ -30,8 +30,12 @@ NAMED: dict[str, Config] = {
     "attn-tiny": attn.config(),
     "attn-tiny-gqa": attn.config(n_kv_heads=2),
     "attn-tiny-rope": attn.config(pos="rope", attn_bias=False),
+    # Gemma 3: QK-norm, sliding layers (window 8 of 16 positions) and a full last layer, two RoPE
+    # bases; Gemma 2: soft-capped scores and logits, alternating sliding and full layers, GQA.
+    "gemma3-tiny": gemma.config(n_kv_heads=2, window=5, sliding_pattern=2),
+    "gemma2-tiny": gemma.gemma2_config(n_kv_heads=2, window=5),
 }
-REAL = ("minilm", "smollm2")
+REAL = ("minilm", "smollm2", "gemma3")
 # Untied copies of tied real checkpoints (QuaRot's first step): the same function, with W_U its own
 # tensor, so that the stream rotation applies.  Used for claims about untied models.
 UNTIED = {"smollm2-untied": "smollm2"}
@@ -55,6 +59,8 @@ def config_of(name: str) -> Config:
         return minilm.config()
     if name == "smollm2":
         return smollm2.checkpoint().cfg
+    if name == "gemma3":
+        return gemma3.checkpoint().cfg
     if name in UNTIED:
         return config_of(UNTIED[name]).with_(tied=False)
     if name not in NAMED:
@@ -68,8 +74,8 @@ def build(name: str, seed: int = 0, device: str = "auto", dtype: torch.dtype = t
     if name == "minilm":
         cfg = minilm.config()
         return Model(name, cfg, minilm.load_params(cfg, resolve_device(device), dtype), bert)
-    if name == "smollm2":
-        m = smollm2.checkpoint().model(name, device=device, resident=True)
+    if name in ("smollm2", "gemma3"):
+        m = {"smollm2": smollm2, "gemma3": gemma3}[name].checkpoint().model(name, device=device, resident=True)
         m.params = m.params.cast(dtype=dtype)
         return m
     if name in UNTIED:

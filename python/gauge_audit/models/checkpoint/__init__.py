@@ -33,6 +33,7 @@ from ..config import Config
 from ..families import FAMILIES
 from ..lazy import LazyParams
 from ..model import Model
+from . import gemma as gemma_io
 from . import gguf as gguf_io
 from .hf import ARCHS as _HF_ARCHS
 from .hf import Arch, Link, arch_of
@@ -40,9 +41,20 @@ from .hf_fused import FUSED_ARCHS
 from .hf_qknorm import QK_NORM_ARCHS
 from .safetensors_file import SafetensorsFile
 
+_GEMMA_ARCHS: dict[str, Arch] = {}
+for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
+    _mm = _name == gemma_io.MULTIMODAL  # transformers' module path / the file names of its layers differ
+    _GEMMA_ARCHS[_name] = Arch(_name, gemma_io.gemma_config, gemma_io.links_for(_name),
+                               "model.language_model.layers" if _mm else "model.layers",
+                               "language_model.model.layers.{i}." if _mm else "model.layers.{i}.",
+                               "AutoModelForCausalLM", ignore=r".*rotary_emb\..*inv_freq$",
+                               passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
+                               notes=(("the vision tower and projector are copied unchanged and not checked",)
+                                      if _name == gemma_io.MULTIMODAL else ()))
+
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
-ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS}
+ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS, **_GEMMA_ARCHS}
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
 
 
@@ -319,5 +331,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     hf = gguf_io.hf_config(g)
     cfg = gguf_io.config(g, hf)
     quants = ", ".join(f"{k} ×{v}" for k, v in sorted(g.quant_types().items()))
+    if hf["architectures"][0] == "Gemma3ForCausalLM":
+        return Checkpoint(path, "gguf", ARCHS["Gemma3ForCausalLM"], hf, cfg, g, gemma_io.gguf_links(cfg),
+                          [f"GGUF tensors {quants}, dequantized to float32; norm weights stored as 1 + w"])
     return Checkpoint(path, "gguf", ARCHS["LlamaForCausalLM"], hf, cfg, g, gguf_io.links(cfg),
                       [f"GGUF tensors {quants}, dequantized to float32; Q/K rows un-permuted from llama.cpp's order"])

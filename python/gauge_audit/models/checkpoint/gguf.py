@@ -1,4 +1,4 @@
-"""GGUF checkpoints of the llama architecture (llama.cpp's format), read with the ``gguf``
+"""GGUF checkpoints of the llama architecture (and llama.cpp's gemma3, see gemma.py) (llama.cpp's format), read with the ``gguf``
 package: metadata → the HF ``LlamaForCausalLM`` config, tensors dequantized (Q4_0, Q4_1, Q8_0,
 K-quants, F16, …) to float32 one at a time.
 
@@ -28,6 +28,7 @@ import torch
 
 from ...errors import GaugeAuditError
 from ..config import Config
+from .gemma import gemma_config, gguf_hf_config
 from .hf import Link, linear, linear_heads, linear_out_heads, llama_like_config, same
 
 ARCH = "llama"
@@ -200,8 +201,10 @@ def hf_config(g: GGUFFile) -> dict:
     """The ``LlamaForCausalLM`` config.json that the GGUF metadata describes; options the llama
     family cannot represent are refused with the GGUF key."""
     arch = g.field("general.architecture")
+    if arch == "gemma3":
+        return gguf_hf_config(g, _short)
     if arch != ARCH:
-        raise GaugeAuditError(f"{g.path}: GGUF architecture {arch!r} is not supported (only {ARCH!r})")
+        raise GaugeAuditError(f"{g.path}: GGUF architecture {arch!r} is not supported (only {ARCH!r} and 'gemma3')")
 
     def key(k, default=None):
         return g.field(f"{ARCH}.{k}", default)
@@ -244,6 +247,8 @@ def hf_config(g: GGUFFile) -> dict:
 
 def config(g: GGUFFile, hf: dict) -> Config:
     try:
+        if hf["architectures"][0] == "Gemma3ForCausalLM":
+            return gemma_config("Gemma3ForCausalLM", hf)
         return llama_like_config("LlamaForCausalLM", hf)
     except GaugeAuditError as exc:
         raise GaugeAuditError(f"{g.path}: {exc}") from None

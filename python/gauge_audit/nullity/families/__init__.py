@@ -35,6 +35,7 @@ Modules, by kind (imports point down this list):
 * :mod:`.post_norm` — post-norm (BERT) segments;
 * :mod:`.output_norm` — normed sublayer outputs without pre-norms (OLMo 2);
 * :mod:`.qk_norm` — what a QK-norm leaves of qk-gl (Qwen3, OLMo 2);
+* :mod:`.gemma` — sandwich norms, QK-norm and their special points (Gemma 2/3);
 * :mod:`.data` — directions created by the sample, not the architecture.
 
 :func:`families` assembles them for one problem; :func:`theory` adds the sample's genericity.
@@ -49,6 +50,7 @@ from .data import data_families
 from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
 from .output_norm import output_norm_families
+from .gemma import gemma_families
 from .post_norm import post_norm_families
 from .qk_norm import qk_norm_input_family, qk_norm_scale_family
 from .readers import pre_norm_readers, pre_norm_writers
@@ -58,6 +60,9 @@ from .stream import Segment, pre_norm_families, translation_family
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
+    if cfg.norm_placement == "sandwich":   # Gemma: its own stream, norms and QK (see .gemma)
+        sandwich = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
+        return [f for f in sandwich if f is not None and f.k > 0]
     # a QK-norm replaces qk-gl by the rescaling of its weights (and an ε-broken input scale)
     qk = [qk_family(problem)] if cfg.qk_norm == "none" else [qk_norm_scale_family(problem),
                                                               qk_norm_input_family(problem)]
