@@ -46,8 +46,10 @@ _FILE_GROUPS = {
     "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
     "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
-    "tests/test_rules_fuzz_budget.py": "rules-fuzz",   # fuzz_results: 300 random rules, every checker
 }
+# fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
+# ending in [half0] / [half1]), so each half can go to its own worker
+_FUZZ = re.compile(r"tests/test_rules_fuzz_budget\.py::.*\[(half\d+)\]$")
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B
 _NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
@@ -61,6 +63,9 @@ def xdist_group(nodeid: str) -> str | None:
         return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
     if path in _FILE_GROUPS:
         return _FILE_GROUPS[path]
+    m = _FUZZ.match(nodeid)
+    if m:
+        return f"rules-fuzz-{m.group(1)}"
     m = _NULLITY.match(nodeid)
     return f"nullity-{m.group(1)}" if m else None
 
