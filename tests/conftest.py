@@ -40,10 +40,15 @@ if _THREADS is not None:
 # Tests that share an expensive session- or module-scoped result run on one worker, so it is
 # built once per run, not once per worker.  The scheduler sees test ids only (it runs in the
 # controlling process, which collects nothing), so the groups are named by file and test name.
+# In the files of _FIXTURE_GROUPS only the tests whose names match use the shared fixture (the
+# others, e.g. a CLI audit of a small claim file, are scheduled on their own).
+_FIXTURE_GROUPS = {
+    "tests/test_audit.py": ("catalog-audit", re.compile(r"test_catalog_audit_")),   # catalog_report
+    "tests/test_proofs_md.py": ("catalog-audit", re.compile(r"test_proofs_md_is_up_to_date_and_agrees")),
+    # rules_report (the catalog as rules, in catalog_report's context), compared with catalog_report
+    "tests/test_rules_audit.py": ("catalog-audit", re.compile(r"(?!test_rule_claims_example_paper_verdicts)")),
+}
 _FILE_GROUPS = {
-    "tests/test_audit.py": "catalog-audit",        # catalog_report: the default audit of the catalog
-    "tests/test_proofs_md.py": "catalog-audit",
-    "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
     "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
 }
@@ -63,6 +68,9 @@ def xdist_group(nodeid: str) -> str | None:
         return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
     if path in _FILE_GROUPS:
         return _FILE_GROUPS[path]
+    if path in _FIXTURE_GROUPS:
+        group, users = _FIXTURE_GROUPS[path]
+        return group if users.match(name) else None
     m = _FUZZ.match(nodeid)
     if m:
         return f"rules-fuzz-{m.group(1)}"

@@ -218,8 +218,9 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
     ``dtype``, on ``inputs``.  Every check of a model compares against this same output, so it is
     kept on the model per dtype and reused while the inputs are equal and every parameter is the
     same tensor at the same in-place version (a changed parameter recomputes it).  A lazily read
-    checkpoint (not a plain dict) is not cached: listing its tensors would read them all."""
-    cached = type(model.params) is dict
+    checkpoint is cached only when resident (every access the same tensor): listing the tensors
+    of any other would read them all."""
+    cached = type(model.params) is dict or getattr(model.params, "stable", False)
     store = model.__dict__.setdefault("_reference_outputs", {}) if cached else {}
     hit = store.get(dtype)
     if hit is not None and _same_params(hit[0], model.params) and hit[1].keys() == inputs.keys() \
