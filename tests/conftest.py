@@ -92,6 +92,7 @@ GROUP_SECONDS = {
     "rule-checkers": 25.0,
     "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,   # three audits
     "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 9.0,
+    "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 30.0,
 }
 DEFAULT_SECONDS = 0.3
 
