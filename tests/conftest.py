@@ -79,8 +79,8 @@ def xdist_group(nodeid: str) -> str | None:
 
 
 # CPU seconds of the groups that dominate the run (measured per worker process in a full run, one
-# torch thread each, on a busy 2-core machine: only their ratios matter).  The scheduler hands out the most expensive unit first, so the two
-# workers each start on a heavy group and the short tests fill in behind them (longest first
+# torch thread each, on a busy 2-core machine: only their ratios matter).  The scheduler hands
+# out the most expensive unit first, so the two workers each start on a heavy group and the short tests fill in behind them (longest first
 # keeps the workers' totals within about one unit of each other); a unit not listed counts
 # DEFAULT_SECONDS per test.  Only the order depends on these numbers, never what runs.
 GROUP_SECONDS = {

@@ -185,6 +185,7 @@ def test_fuzz_report_numbers(fuzz_results, capsys, request):
     per_checker = PER_CHECKER[_half(request)]
     with capsys.disabled():
         print(f"\nfuzz, half {_half(request)}: {len(fuzz_results)} rules, "
-              f"max {max(r[2] for r in fuzz_results):.2f} s per rule, total {sum(r[2] for r in fuzz_results):.1f} s, budget cut {cut}; seconds per checker "
+              f"max {max(r[2] for r in fuzz_results):.2f} s per rule, "
+              f"total {sum(r[2] for r in fuzz_results):.1f} s, budget cut {cut}; seconds per checker "
               + ", ".join(f"{k} {v:.1f}" for k, v in per_checker.items()) + "; "
               + ", ".join(f"{c} {o} {n}" for (c, o), n in sorted(counts.items())))
