@@ -40,16 +40,23 @@ if _THREADS is not None:
 # Tests that share an expensive session- or module-scoped result run on one worker, so it is
 # built once per run, not once per worker.  The scheduler sees test ids only (it runs in the
 # controlling process, which collects nothing), so the groups are named by file and test name.
+# In the files of _FIXTURE_GROUPS only the tests whose names match use the shared fixture (the
+# others, e.g. a CLI audit of a small claim file, are scheduled on their own).
+_FIXTURE_GROUPS = {
+    "tests/test_audit.py": ("catalog-audit", re.compile(r"test_catalog_audit_")),   # catalog_report
+    "tests/test_proofs_md.py": ("catalog-audit", re.compile(r"test_proofs_md_is_up_to_date_and_agrees")),
+    # rules_report (the catalog as rules, in catalog_report's context), compared with catalog_report
+    "tests/test_rules_audit.py": ("catalog-audit", re.compile(r"(?!test_rule_claims_example_paper_verdicts)")),
+}
 _FILE_GROUPS = {
-    "tests/test_audit.py": "catalog-audit",        # catalog_report: the default audit of the catalog
-    "tests/test_proofs_md.py": "catalog-audit",
-    "tests/test_rules_audit.py": "catalog-audit",  # rules_report, compared with catalog_report
     "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
-    "tests/test_rules_fuzz_budget.py": "rules-fuzz",   # fuzz_results: 300 random rules, every checker
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
     "tests/test_family_gemma.py": "gemma3-270m",   # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
 }
+# fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
+# ending in [half0] / [half1]), so each half can go to its own worker
+_FUZZ = re.compile(r"tests/test_rules_fuzz_budget\.py::.*\[(half\d+)\]$")
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B
 _NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
@@ -65,15 +72,47 @@ def xdist_group(nodeid: str) -> str | None:
         return "catalog-audit" if name.startswith("test_docs_catalog") else "docs"
     if path in _FILE_GROUPS:
         return _FILE_GROUPS[path]
+    if path in _FIXTURE_GROUPS:
+        group, users = _FIXTURE_GROUPS[path]
+        return group if users.match(name) else None
+    m = _FUZZ.match(nodeid)
+    if m:
+        return f"rules-fuzz-{m.group(1)}"
     m = _NULLITY.match(nodeid)
     return f"nullity-{m.group(1)}" if m else None
+
+
+# CPU seconds of the groups that dominate the run (measured per worker process in a full run, one
+# torch thread each, on a busy 2-core machine: only their ratios matter).  The scheduler hands
+# out the most expensive unit first, so the two workers each start on a heavy group and the short tests fill in behind them (longest first
+# keeps the workers' totals within about one unit of each other); a unit not listed counts
+# DEFAULT_SECONDS per test.  Only the order depends on these numbers, never what runs.
+GROUP_SECONDS = {
+    "smollm2": 250.0,
+    "catalog-audit": 120.0,
+    "rules-fuzz-half0": 80.0,
+    "rules-fuzz-half1": 80.0,
+    "precision": 25.0,
+    "rule-checkers": 25.0,
+    "gemma3-270m": 60.0,
+    "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,   # three audits
+    "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 9.0,
+    "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 30.0,
+}
+DEFAULT_SECONDS = 0.3
+
+
+def unit_seconds(scope: str, tests: int) -> float:
+    """The expected CPU seconds of one unit of work (a group, or a single test)."""
+    return GROUP_SECONDS.get(scope, DEFAULT_SECONDS * tests)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with the groups above: each group is one unit of work, every other
-    test its own; units with more tests are handed out first.  (xdist's own loadgroup reads
-    ``xdist_group`` marks through a node-id suffix that this pytest no longer carries.)"""
+    test its own; the most expensive unit left is handed out first (:func:`unit_seconds`).
+    (xdist's own loadgroup reads ``xdist_group`` marks through a node-id suffix that this pytest
+    no longer carries.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -81,6 +120,12 @@ def pytest_xdist_make_scheduler(config, log):
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid) or nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            # move the most expensive unit to the front; the base class then takes the first
+            heaviest = max(self.workqueue, key=lambda scope: unit_seconds(scope, len(self.workqueue[scope])))
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
@@ -114,16 +159,30 @@ def analyzed():
 
 
 @pytest.fixture(scope="session")
-def catalog_report(tmp_path_factory):
+def audit_context():
+    """One audit context (seed 0) for the session's default audits (the catalog, the catalog as
+    rules): the models, nullity measurements and reference outputs they have in common are built
+    once.  Everything it caches is deterministic in the seed, so an audit's verdicts and numbers
+    do not depend on what ran before it in the same context.  Its models are the ``model``
+    fixture's (the same read-only objects)."""
+    from gauge_audit.audit.checkers import Context
+
+    class SharedModels(Context):
+        def model(self, name: str):
+            return _model(name, self.seed)
+    return SharedModels(seed=0)
+
+
+@pytest.fixture(scope="session")
+def catalog_report(tmp_path_factory, audit_context):
     """The default audit of the built-in catalog (seed 0), run once per session,
     with its report files written to a temporary directory."""
-    from gauge_audit.audit.checkers import Context
     from gauge_audit.audit.run import audit
     from gauge_audit.claims import load_catalog
     from gauge_audit.report import write
 
     catalog = load_catalog()
-    report = audit(list(catalog.values()), Context(seed=0), progress=None)
+    report = audit(list(catalog.values()), audit_context, progress=None)
     out = tmp_path_factory.mktemp("report")
     write(report, out)
     return report, out

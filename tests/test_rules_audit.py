@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from gauge_audit.audit.checkers import Context
 from gauge_audit.audit.evidence import CORRECTED, FAILS, HOLDS
 from gauge_audit.audit.run import audit
 from gauge_audit.claims import CATALOG_DIR, load_file
@@ -21,9 +20,11 @@ EXAMPLE = CATALOG_DIR / "examples" / "example_paper.toml"
 
 
 @pytest.fixture(scope="module")
-def rules_report():
+def rules_report(audit_context):
+    """The catalog restated as rules, audited in the catalog audit's context (seed 0): the models
+    and nullity measurements both audits use are built once."""
     _, claims = load_file(RULES)
-    report = audit(claims, Context(seed=0))
+    report = audit(claims, audit_context)
     return {r.claim.id: r for r in report.results}
 
 

@@ -7,7 +7,11 @@ d_k = d_v = 2, or 3 for SO1): an element of a random group on d_k or d_v (or a t
 to three maps built from the templates of the grammar (a factor X, Xᵀ, X⁻¹, X⁻ᵀ, diag(s),
 diag(s)⁻¹ on either side, a bias increment ±c or −c·W_O).  The symbolic searches run under a
 reduced per-claim budget so the whole test stays short; every rule's time is asserted against
-that budget plus the stated rule's own, size-bounded decision."""
+that budget plus the stated rule's own, size-bounded decision.
+
+The rules are checked in two halves (every other rule), each one module fixture, so that the two
+test workers share the work (tests/conftest.py gives each half its own group); every assertion
+holds for each half, so it holds for the whole set."""
 
 from __future__ import annotations
 
@@ -91,18 +95,22 @@ def _claims(n: int) -> list[Claim]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fuzz_results():
+HALVES = 2
+
+
+@pytest.fixture(scope="module", params=range(HALVES), ids=lambda i: f"half{i}")
+def fuzz_results(request):
     ctx = Context(seed=0)
     ctx.cache[rc.SECONDS_KEY] = SEARCH_SECONDS
     rows = []
-    for claim in _claims(N_RULES):
+    per_checker = PER_CHECKER.setdefault(request.param, {})
+    for claim in _claims(N_RULES)[request.param::HALVES]:
         t = time.process_time()
         evidence = []
         for name in CHECKERS:
             t0 = time.process_time()
             evidence.append(rc.run(name, claim, ctx))
-            PER_CHECKER[name] = PER_CHECKER.get(name, 0.0) + time.process_time() - t0
+            per_checker[name] = per_checker.get(name, 0.0) + time.process_time() - t0
         rows.append((claim, evidence, time.process_time() - t, rc.derivation(claim, ctx)))
     return rows
 
@@ -110,8 +118,15 @@ def fuzz_results():
 PER_CHECKER: dict = {}
 
 
-def test_fuzz_generates_enough_distinct_rules_many_false(fuzz_results):
-    assert len(fuzz_results) >= 300
+def _half(request) -> int:
+    return request.node.callspec.params["fuzz_results"]
+
+
+def test_fuzz_generates_enough_distinct_rules_many_false(fuzz_results, request):
+    """≥ 300 distinct rules (the generator skips repeats), each in one half; most of each half false."""
+    claims = _claims(N_RULES)
+    assert len(claims) >= 300
+    assert [c.id for c, *_ in fuzz_results] == [c.id for c in claims[_half(request)::HALVES]]
     false = [c for c, ev, _, _ in fuzz_results if next(e for e in ev if e.checker == "torch").outcome != "HOLDS"]
     assert len(false) >= len(fuzz_results) // 2, len(false)
 
@@ -160,15 +175,17 @@ def test_fuzz_symbolic_never_holds_where_torch_fails(fuzz_results):
             assert tor.outcome == "HOLDS", (claim.rule.text(), sym.summary, tor.summary)
 
 
-def test_fuzz_report_numbers(fuzz_results, capsys):
+def test_fuzz_report_numbers(fuzz_results, capsys, request):
     """Not an assertion about speed: prints rules, verdict counts and the slowest rule for the log."""
     counts: dict = {}
     for _, evidence, _, _ in fuzz_results:
         for e in evidence:
             counts[(e.checker, e.outcome)] = counts.get((e.checker, e.outcome), 0) + 1
     cut = sum(1 for *_, d in fuzz_results if d is not None and d.budget_cut)
+    per_checker = PER_CHECKER[_half(request)]
     with capsys.disabled():
-        print(f"\nfuzz: {len(fuzz_results)} rules, max {max(r[2] for r in fuzz_results):.2f} s per rule, "
+        print(f"\nfuzz, half {_half(request)}: {len(fuzz_results)} rules, "
+              f"max {max(r[2] for r in fuzz_results):.2f} s per rule, "
               f"total {sum(r[2] for r in fuzz_results):.1f} s, budget cut {cut}; seconds per checker "
-              + ", ".join(f"{k} {v:.1f}" for k, v in PER_CHECKER.items()) + "; "
+              + ", ".join(f"{k} {v:.1f}" for k, v in per_checker.items()) + "; "
               + ", ".join(f"{c} {o} {n}" for (c, o), n in sorted(counts.items())))

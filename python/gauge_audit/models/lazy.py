@@ -24,11 +24,14 @@ class LazyParams(Mapping):
     produced by ``load(name)`` on every access."""
 
     def __init__(self, shapes: Shapes, load: Callable[[str], torch.Tensor], dtype: torch.dtype = torch.float64,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", stable: bool = False):
         self.shapes = dict(shapes)
         self._load = load
         self.dtype = dtype
         self.device = torch.device(device)
+        # every access returns the same tensor object (a resident checkpoint), so a result
+        # computed from these tensors may be kept while they are unchanged
+        self.stable = stable
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.shapes:
@@ -47,7 +50,9 @@ class LazyParams(Mapping):
 
     def cast(self, dtype: torch.dtype | None = None, device=None) -> "LazyParams":
         """The same tensors, converted to ``dtype`` / ``device`` on access."""
-        return LazyParams(self.shapes, self.__getitem__, dtype or self.dtype, device or self.device)
+        same = (dtype or self.dtype, torch.device(device or self.device)) == (self.dtype, self.device)
+        return LazyParams(self.shapes, self.__getitem__, dtype or self.dtype, device or self.device,
+                          stable=self.stable and same)
 
     def extended(self, extra: dict[str, tuple[tuple, Callable[["LazyParams"], torch.Tensor]]]) -> "LazyParams":
         """These tensors plus ``extra``: name → (shape, fn(params) -> tensor), computed on access."""

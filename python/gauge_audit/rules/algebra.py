@@ -68,6 +68,18 @@ class Diag:
         return torch.diag(self.v)
 
 
+def _signed_permutation(a: torch.Tensor) -> bool:
+    """Is ``a`` a permutation matrix up to signs: entries 0 and ±1 only, one ±1 in every row and
+    column?  (A permutation of the rule's group, or a product of them: its SVD on d_ff = 1536 takes
+    a second, once per layer.)"""
+    nz = a != 0
+    n = a.shape[0]
+    # n non-zeros with one in every row and every column: one per row and column; then only those n
+    # entries need to be ±1
+    return (int(nz.sum()) == n and bool(nz.any(0).all()) and bool(nz.any(1).all())
+            and bool((a[nz].abs() == 1).all()))
+
+
 class TorchOps(Ops):
     """float64 tensors.  ``check_singular``: refuse an inverse of a numerically singular matrix
     (off inside forward-mode differentiation, where the primal was checked already)."""
@@ -124,6 +136,8 @@ class TorchOps(Ops):
             return float(m.max() / m.min()) if float(m.min()) > 0 else float("inf")
         if a.shape[0] != a.shape[1] or a.shape[0] == 1:
             return 1.0
+        if _signed_permutation(a.detach()):
+            return 1.0   # orthogonal: every singular value is exactly 1 (what svdvals returns too), O(n²)
         sv = torch.linalg.svdvals(a.detach())
         return float(sv[0] / sv[-1]) if float(sv[-1]) > 0 else float("inf")
 

@@ -396,6 +396,10 @@ def sandwich_kappa(rule: Rule, view: View, elements: dict) -> float:
     unit's element (as the built-in actions' κ(M), κ(s), κ(D_γ⁻¹·R·D_γ))."""
     shape = view.shape
     best = 1.0
+    # a factor is the same at every context that agrees on the units it reads: its elements' unit
+    # and its parameters' (a layer's norm weight is one per layer), and the same for every map
+    # with that factor (W_in @ P, b_in @ P, W_gate @ P): one condition number per distinct value
+    seen: dict = {}
     for m in rule.maps:
         fs = factors(m.node)
         idx = [i for i, f in enumerate(fs) if f.op == "name" and f.name == m.param]
@@ -405,18 +409,14 @@ def sandwich_kappa(rule: Rule, view: View, elements: dict) -> float:
         if not view.has(m.param):
             continue
         ffn_ctx = bool(shape.experts) and _touches_ffn(m)
-        sides = [side for side in (fs[:i], fs[i + 1:]) if side]
-        seen: dict = {}
+        sides = [(_chain(side), _side_level(rule, side)) for side in (fs[:i], fs[i + 1:]) if side]
         for c in shape.contexts(m.context_level):
             env = _env(rule, view, replace(c, expert=0) if ffn_ctx else c, m, ffn_ctx, elements)
             k = 1.0
-            for j, side in enumerate(sides):
-                # a factor is the same at every context that agrees on the units it reads: its
-                # elements' unit and its parameters' (a layer's norm weight is one per layer), so
-                # one SVD per distinct value instead of one per head and layer
-                key = (j, c.at(_side_level(rule, side)))
+            for node, level in sides:
+                key = (node.text(), c.at(level))
                 if key not in seen:
-                    seen[key] = view.ops.cond(evaluate(_chain(side), env, view.ops, shape.dims))
+                    seen[key] = view.ops.cond(evaluate(node, env, view.ops, shape.dims))
                 k *= seen[key]
             best = max(best, k)
     return best

@@ -105,22 +105,33 @@ def check(rule: Rule, report, seed: int = 0) -> RuleNullity:
     flat_rows = V[res <= tol]
     rank = span_rank([V]).rank
     flat = bool((res <= tol).all())
-    fams = [f for f in report.families if f.flat]
-    theory = span_rank([f.vectors for f in fams] or [torch.zeros(0, problem.P, dtype=torch.float64)])
+    fams, theory, spans = _theory(report, problem.P)
     new = 0
     contained = []
     if flat_rows.shape[0]:
         unit = flat_rows / torch.linalg.vector_norm(flat_rows, dim=1, keepdim=True)
         new = int((torch.linalg.svdvals(theory.project_out(unit)) > math.sqrt(EPS64)).sum())
-        contained = [f.name for f in fams if f.vectors.shape[0] and _inside(unit, f.vectors)]
+        contained = [f.name for f in fams if f.vectors.shape[0] and _inside(unit, spans[f.name])]
     return RuleNullity(f"{report.cfg.family} {describe(report.cfg)}", int(V.shape[0]), rank, flat, worst / j_fro,
                        tol / j_fro, formula, new, report.measured_nullity, report.explained, report.unexplained,
                        max(0, report.unexplained - new), contained)
 
 
-def _inside(unit: torch.Tensor, fam: torch.Tensor) -> bool:
+def _theory(report, P: int) -> tuple[list, object, dict]:
+    """The report's flat families, the span of all of them, and each one's span: the same for
+    every rule checked against this report, so computed once and kept on it."""
+    got = report.__dict__.get("_rule_theory")
+    if got is None:
+        fams = [f for f in report.families if f.flat]
+        theory = span_rank([f.vectors for f in fams] or [torch.zeros(0, P, dtype=torch.float64)])
+        got = (fams, theory, {f.name: span_rank([f.vectors]) for f in fams if f.vectors.shape[0]})
+        report.__dict__["_rule_theory"] = got
+    return got
+
+
+def _inside(unit: torch.Tensor, span) -> bool:
     """Does the family's span hold every (unit) generator to within √ε?"""
-    out = span_rank([fam]).project_out(unit)
+    out = span.project_out(unit)
     return bool((torch.linalg.vector_norm(out, dim=1) <= math.sqrt(EPS64)).all())
 
 

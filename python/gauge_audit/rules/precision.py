@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 import torch
 
@@ -81,21 +82,19 @@ def check(rule: Rule, model: str | None = None, dps=DEFAULT_DPS, seed: int = 0, 
     name = model or default_model(rule)
     if name == "minilm":
         raise GaugeAuditError("the mpmath reference runs on the tiny models only")
-    cfg = config_of(name).with_(n_layers=1)
-    m = build_config(cfg, seed, "cpu", torch.float64, name=f"{name} (1 layer)")
+    cfg, m, inputs = _one_layer(name, seed)
     why = reason(rule, cfg, m.params)
     if why:
         raise NotApplicable(f"the rule does not apply to {name}: {why}")
     d = draw(rule, Shape.of(cfg), seed + 1, kappa)
     _, k = transform(cfg, m.params, rule, d)
-    inputs = m.sample_inputs(seed, batch=BATCH, n=SEQ)
     K, k_text = path_length(cfg, SEQ)
     rows = []
     for i, dd in enumerate(sorted(set(dps))):
         with workdps(dd):
-            P = exact_params(m.params, MP)
+            P, y0 = _reference(name, seed, dd)
             Q = _apply_lists(rule, cfg, P, _exact_elements(rule, d.elements, MP.num), MP.num)
-            r = relative(forward(cfg, P, inputs, MP), forward(cfg, Q, inputs, MP))
+            r = relative(y0, forward(cfg, Q, inputs, MP))
             res = float(r)
         bound = k * K * unit_roundoff(dd)
         rows.append(DpsResidual(dd, res, None if res == 0 else math.log10(res), bound, res <= bound))
@@ -107,6 +106,24 @@ def check(rule: Rule, model: str | None = None, dps=DEFAULT_DPS, seed: int = 0, 
         cert = certificate(rule, cfg, seed, corrected)
         out.certificate = cert.to_json() if cert else None
     return out
+
+
+@lru_cache(maxsize=16)
+def _one_layer(name: str, seed: int):
+    """The one-layer copy of a tiny model and its inputs (deterministic in the seed; read-only)."""
+    cfg = config_of(name).with_(n_layers=1)
+    m = build_config(cfg, seed, "cpu", torch.float64, name=f"{name} (1 layer)")
+    return cfg, m, m.sample_inputs(seed, batch=BATCH, n=SEQ)
+
+
+@lru_cache(maxsize=32)
+def _reference(name: str, seed: int, dps: int) -> tuple[dict, list]:
+    """The one-layer model's exact parameters and its mpmath output at ``dps`` digits (call inside
+    ``workdps(dps)``): the same for every rule checked on it, so computed once per process.  Both
+    are nested lists of immutable numbers that the rule engine copies, never changes."""
+    cfg, m, inputs = _one_layer(name, seed)
+    P = exact_params(m.params, MP)
+    return P, forward(cfg, P, inputs, MP)
 
 
 def certificate_config(cfg: Config) -> Config:

@@ -12,6 +12,7 @@ than the largest element's κ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -35,13 +36,21 @@ class Draw:
 
 
 def draw(rule: Rule, shape: Shape, seed: int, kappa: float = 10.0) -> Draw:
-    """Elements for every unit in unit order, then declaration order: the same seed gives the same draw."""
+    """Elements for every unit in unit order, then declaration order: the same seed gives the same draw.
+    The draw depends on the elements, the units and the dimensions alone, so the checkers of one
+    rule (and its corrected rule, which keeps the group) share it (read-only)."""
+    return _draw(tuple(rule.elements), tuple(units(rule, shape)), tuple(sorted(shape.dims.items())), seed, kappa)
+
+
+@lru_cache(maxsize=64)
+def _draw(elements: tuple, unit_list: tuple, dims: tuple, seed: int, kappa: float) -> Draw:
     g = generator(seed)
     out, worst = {}, 1.0
-    for u in units(rule, shape):
+    shape_dims = dict(dims)
+    for u in unit_list:
         out[u] = {}
-        for el in rule.elements:
-            value, k = sample(el, shape.dims, g, kappa)
+        for el in elements:
+            value, k = sample(el, shape_dims, g, kappa)
             out[u][el.symbol] = value
             worst = max(worst, k)
     return Draw(out, worst)

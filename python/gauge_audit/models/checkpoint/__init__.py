@@ -235,7 +235,8 @@ class Checkpoint:
                 self._resident[name] = t
             return t
 
-        return LazyParams(shapes, load, torch.float64, device)
+        # resident tensors live on the CPU: on another device every access is a fresh copy
+        return LazyParams(shapes, load, torch.float64, device, stable=resident and torch.device(device).type == "cpu")
 
     def _read_direct(self, link: Link, shape: tuple) -> torch.Tensor | None:
         """A large one-file, one-tensor link read straight into its float64 result: the result is
