@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from .actions import get_action
-from .actions.base import load_element
 from .actions.blockwise import transformed
+from .actions.elements import load_element
 from .errors import GaugeAuditError
 from .models import FAMILIES, Model
 from .models.checkpoint import open_checkpoint

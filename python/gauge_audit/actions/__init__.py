@@ -4,11 +4,11 @@ its input), with its group, its preconditions and a seeded sampler."""
 from __future__ import annotations
 
 from ..errors import GaugeAuditError
-from . import attention, composite, ffn, offsets, stream
+from . import composite
+from .atomic import ATOMIC
 from .base import Action, Element
 
-ACTIONS: dict[str, Action] = {a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS,
-                                                  *composite.ACTIONS)}
+ACTIONS: dict[str, Action] = {**ATOMIC, **{a.name: a for a in composite.ACTIONS}}
 
 
 def get_action(name: str) -> Action:

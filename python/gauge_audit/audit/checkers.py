@@ -12,10 +12,10 @@ from .. import formal
 from ..actions import get_action
 from ..claims import Claim
 from ..models import Model, build, config_of, model_names
-from ..models.config import Config
 from ..models.registry import REAL, UNTIED
 from ..numeric import HOLDS_WORST_CASE_ONLY, check
 from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .selection import matches_params
 
 
 @dataclass
@@ -88,30 +88,6 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- torch
-def _one_of(value, allowed) -> bool:
-    return value in (allowed if isinstance(allowed, (list, tuple)) else (allowed,))
-
-
-def matches_params(cfg: Config, params) -> bool:
-    """Does a reference architecture have the features the claim's params name?  (``family``,
-    ``pos`` and ``norm_placement`` take a name or a list of names.)"""
-    for key in ("family", "pos", "norm_placement"):
-        if key in params and not _one_of(getattr(cfg, key), params[key]):
-            return False
-    norm, affine = params.get("norm"), params.get("norm_affine")
-    if norm is not None and not cfg.norm.startswith(norm):
-        return False
-    if affine is not None and (cfg.norm in ("layernorm", "rmsnorm")) != bool(affine):
-        return False
-    if "tied" in params and cfg.tied != bool(params["tied"]):
-        return False
-    if "activation" in params and cfg.act != params["activation"]:
-        return False
-    if "n_experts" in params and not cfg.experts:
-        return False
-    return True
-
-
 def _candidates(claim: Claim) -> list[str]:
     """The claim's models, or every model; untied copies of real checkpoints (smollm2-untied) only
     for claims about untied models — elsewhere they would repeat the tied original."""
@@ -241,19 +217,3 @@ def nullity(claim: Claim, ctx: Context) -> Evidence:
     """Jacobian nullity of small models, explained by symmetry families (see nullity_checks)."""
     from .nullity_checks import nullity as run
     return run(claim, ctx)
-
-
-def _dispatch(name: str, fn):
-    """A claim with a [claim.rule] goes to the rule checkers (audit.rule_checks)."""
-    def run(claim: Claim, ctx: Context) -> Evidence:
-        if claim.rule is not None:
-            from . import rule_checks
-            return rule_checks.run(name, claim, ctx)
-        return fn(claim, ctx)
-    run.__name__ = fn.__name__
-    return run
-
-
-CHECKER_FUNCTIONS = {name: _dispatch(name, fn) for name, fn in
-                     {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision,
-                      "nullity": nullity}.items()}

@@ -23,8 +23,8 @@ from ..rules import symbolic as rsym
 from ..rules.budget import SYMBOLIC_SECONDS, Budget
 from ..rules.engine import NotApplicable
 from ..rules.torch_check import check_rule, models_for
-from .checkers import matches_params as _matches
 from .evidence import CORRECTED, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .selection import matches_params as _matches
 
 
 def rule_models(claim: Claim) -> tuple[list[str], dict[str, str]]:

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..actions import ACTIONS
-from ..actions.base import save_element
+from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
