@@ -57,7 +57,6 @@ from .models import Config, Model, config_of
 from .models.params import cast
 from .runtime import eps, generator, resolve_dtype
 
-
 HOLDS, FAILS = "HOLDS", "FAILS"
 HOLDS_WORST_CASE_ONLY = "HOLDS (worst-case bound only)"
 UNRESOLVED = "UNDECIDED (tolerance ≥ 1)"

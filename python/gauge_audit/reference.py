@@ -23,8 +23,8 @@ import contextlib
 import functools
 import math
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F

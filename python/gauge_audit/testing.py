@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 

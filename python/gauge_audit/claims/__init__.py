@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..actions import ACTIONS
 from ..errors import GaugeAuditError

@@ -21,7 +21,7 @@ Grammar (``^`` and ``**`` are the same operator, right-associative)::
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import sympy as sp
 

@@ -32,14 +32,14 @@ products, zero).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Mapping, Union
 
 from .tokens import Token, TokenParser
 from .tokens import tokenize as tokenize_text
 
-Dim = Union[int, str]
+Dim = int | str
 Shape = tuple  # (rows: Dim, cols: Dim)
 
 DIM_NAMES = ("d_model", "d_k", "d_v", "d_ff", "n_heads", "n_kv_heads", "vocab", "n_ctx", "n_experts")

@@ -43,7 +43,7 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import generator, one_thread
 from .base import Params, StepRecord, apply_in_place
-from .pipeline import Canonical, canonicalize, canonicalize_owned, storage_dtype_of, validate
+from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"

@@ -67,8 +67,7 @@ from ..runtime import generator
 from . import explain as ex
 from .cost import matmul_gflops
 from .families import Family, theory
-from .measure import (EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress,
-                      project_outputs)
+from .measure import EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress, project_outputs
 from .report import make_report
 
 U64 = EPS64 / 2     # unit roundoff of float64

@@ -13,8 +13,8 @@ operation, so a rule whose numeric dimension does not fit a model fails with one
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Callable, Mapping
 
 import sympy as sp
 import torch

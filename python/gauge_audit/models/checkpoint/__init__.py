@@ -144,7 +144,7 @@ class Checkpoint:
         missing = sorted(set(want) - set(self.by_param))
         if missing:  # pragma: no cover - a mapping bug, not a user error
             raise GaugeAuditError(f"internal: no file tensor maps to {missing[0]}")
-        for name, (dtype, _) in entries.items():
+        for name in entries:
             if name in linked or self._ignored(name) or self._passthrough(name):
                 continue
             raise GaugeAuditError(f"{self.path}: tensor {name} is not part of the {self.arch.name} layout the "

@@ -5,7 +5,7 @@ reader constants, segment translations and the ε-broken segment scale.
 from __future__ import annotations
 
 from ..measure import Problem
-from .base import Family, LN, Rows, make_family
+from .base import LN, Family, Rows, make_family
 from .readers import reader_ones, writer_rows
 from .stream import Segment, embed_offset_family, translation_family
 

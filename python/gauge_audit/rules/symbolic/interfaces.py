@@ -115,7 +115,7 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
         c = Ctx(0, h // g, h)
         ck = c.at(2)
 
-        def score(view, uq, uk):
+        def score(view, uq, uk, c=c, ck=ck):
             q = uq * view.value("W_Q", c) + view.value("b_Q", c)
             k = uk * view.value("W_K", ck) + view.value("b_K", ck)
             return (q * R * k.T)[0, 0]

@@ -113,7 +113,7 @@ def _symbolic_params(cfg: Config) -> dict:
         base = _short(key)
         kw = {"positive": True} if role == "norm_w" else {"real": True}
 
-        def tree(prefix, dims):
+        def tree(prefix, dims, kw=kw):
             if len(dims) == 1:
                 return [sp.Symbol(f"{prefix}_{i}", **kw) for i in range(dims[0])]
             return [tree(f"{prefix}{i}", dims[1:]) for i in range(dims[0])]
