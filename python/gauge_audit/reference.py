@@ -162,7 +162,8 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     ``experts.down_proj`` parameters (what transformers' own loader does)."""
     if arch.name != "MixtralForCausalLM":
         return sd
-    out, w = {}, {}
+    out: dict = {}
+    w: dict = {}
     for k, t in sd.items():
         if k.startswith("block_sparse_moe.experts."):
             _, _, e, which, _ = k.split(".")

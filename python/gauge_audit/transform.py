@@ -106,7 +106,7 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
                               f"gauge-audit check shows by how much): {(act.doc.splitlines() or [''])[0]}")
     if element:
         el = load_element(element)
-        el_info = {"file": str(element), "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest()}
+        el_info: dict[str, object] = {"file": str(element), "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest()}
     else:
         el = act.sample(cfg, params, generator(seed + 1), kappa)
         el_info = {"seed": seed}

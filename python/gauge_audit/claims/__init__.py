@@ -289,7 +289,8 @@ class _Problems:
     """Collects every ``FILE:LINE: message`` of one file, so a user fixes them all in one pass."""
 
     def __init__(self, shown: str):
-        self.shown, self.items = shown, []
+        self.shown = shown
+        self.items: list = []
 
     def __call__(self, line: int, msg: str) -> None:
         self.items.append((int(line), f"{self.shown}:{line}: {msg}"))

@@ -193,7 +193,7 @@ class _Images:
     split into the certificate's coordinates (``cols``) and the pivots' (``piv``)."""
 
     def __init__(self, fams: list[Family], cols: torch.Tensor, piv: torch.Tensor):
-        self.parts = [(_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), [])
+        self.parts: list = [(_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), [])
                       for f in fams]
 
     def add(self, A: torch.Tensor, Bp: torch.Tensor) -> None:

@@ -52,6 +52,31 @@ class Ops:
         """The entries of a 1×n or n×1 value."""
         raise NotImplementedError
 
+    # The arithmetic every number system provides (each subclass implements all of them).
+    def num(self, q: Fraction):
+        raise NotImplementedError
+
+    def mul(self, a, b):
+        raise NotImplementedError
+
+    def add(self, a, b):
+        raise NotImplementedError
+
+    def transpose(self, a):
+        raise NotImplementedError
+
+    def diag(self, v):
+        raise NotImplementedError
+
+    def ones(self, n: int):
+        raise NotImplementedError
+
+    def eye(self, n: int):
+        raise NotImplementedError
+
+    def cond(self, a) -> float:
+        raise NotImplementedError
+
 
 class Diag:
     """A diagonal matrix kept as its diagonal (torch): diag(s) of a 1536-wide FFN costs a vector,

@@ -117,6 +117,10 @@ class View:
         """The value of an existing instance as a 2-D matrix."""
         raise NotImplementedError
 
+    def same(self, a, b) -> bool:
+        """Are two values of this view's number system equal (exactly, or within its tolerance)?"""
+        raise NotImplementedError
+
     def updated(self, changes: dict):
         """A new parameter set in the view's layout with ``changes[(name, ctx)]`` written in."""
         raise NotImplementedError

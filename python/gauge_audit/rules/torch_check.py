@@ -37,7 +37,8 @@ class Draw:
 def draw(rule: Rule, shape: Shape, seed: int, kappa: float = 10.0) -> Draw:
     """Elements for every unit in unit order, then declaration order: the same seed gives the same draw."""
     g = generator(seed)
-    out, worst = {}, 1.0
+    out: dict = {}
+    worst = 1.0
     for u in units(rule, shape):
         out[u] = {}
         for el in rule.elements:

@@ -111,7 +111,7 @@ class Checkpoint:
     arch: Arch                        # the HF architecture (a GGUF llama file: LlamaForCausalLM)
     hf_config: dict                   # its config.json (synthesised from the metadata for GGUF)
     cfg: Config
-    source: object                    # HFDir | gguf_io.GGUFFile: .entries, .get(name)
+    source: HFDir | gguf_io.GGUFFile  # .entries, .get(name)
     links: list[Link]                 # file tensors → project tensors
     notes: list[str] = field(default_factory=list)
 

@@ -85,7 +85,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
         if count:
             fams.append(make_family(layout, "ln-reader-ones", "Σ over LN readers of their output width"
                              + (" (readers that can absorb a constant)" if norm == "layernorm" else ""), count, R,
-                             reader_ones.__doc__))
+                             reader_ones.__doc__ or ""))
 
     # ---------------------------------------------------------------- writer ones (LayerNorm)
     if norm in LN:
@@ -351,4 +351,4 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
     if not count:
         return None
     return make_family(layout, "stream-translation", "Σ over stream stretches of dim{allowed (c, w)} ("
-                + ", ".join(parts) + ")", count, R, translation_family.__doc__)
+                + ", ".join(parts) + ")", count, R, translation_family.__doc__ or "")

@@ -238,7 +238,7 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
     d = cfg.d_model
     if S is None or S == sp.eye(d):
         return None
-    changes = {}
+    changes: dict[str, str] = {}
     notes = []
     for norm, readers in _READERS.items():
         before = len(changes)

@@ -189,7 +189,7 @@ def _solve_linear_image(m: SymModel, z0: sp.Matrix, z1: sp.Matrix, f: int):
     """T with z1 ≡ z0·T identically in the data and parameters (unique), or (None, why)."""
     T = sp.Matrix(f, f, lambda i, j: sp.Symbol(f"T_{i}{j}"))
     generic = set(m.data_symbols()) | set(m.param_symbols())
-    eqs = []
+    eqs: list = []
     for e in numerators(list(z1 - z0 * T)):
         gens = [s for s in e.free_symbols if s in generic]
         eqs += sp.Poly(e, *gens).coeffs() if gens else [e]
@@ -306,7 +306,7 @@ def solve_stream_map(m: SymModel, P: SymView, Q: SymView) -> tuple[sp.Matrix | N
         return sp.eye(d), "W_E is not mapped"
     S = sp.Matrix(d, d, lambda i, j: sp.Symbol(f"S_{i}{j}"))
     gens = set(w0)
-    eqs = []
+    eqs: list = []
     for e in numerators(list(w1 - w0 * S)):
         gs = [s for s in e.free_symbols if s in gens]
         eqs += sp.Poly(e, *gs).coeffs() if gs else [e]
