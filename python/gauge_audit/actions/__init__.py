@@ -11,11 +11,10 @@ from .base import Action, Element
 ACTIONS: dict[str, Action] = {**ATOMIC, **{a.name: a for a in composite.ACTIONS}}
 
 
-def get_action(name: str) -> Action:
-    try:
-        return ACTIONS[name]
-    except KeyError:
-        raise GaugeAuditError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}") from None
+def get_action(name: str | None) -> Action:
+    if name is None or name not in ACTIONS:
+        raise GaugeAuditError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}")
+    return ACTIONS[name]
 
 
 __all__ = ["ACTIONS", "Action", "Element", "get_action"]

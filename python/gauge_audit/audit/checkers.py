@@ -7,6 +7,7 @@ states it*; none of them looks at another checker's outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import formal
 from ..actions import get_action
@@ -41,7 +42,7 @@ def lean(claim: Claim, ctx: Context) -> Evidence:
     if not thms:
         return Evidence("lean", NOT_RUN, "no Lean theorem names this claim")
     names = ", ".join(t.name.split(".")[-1] for t in thms)
-    details = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
+    details: dict[str, Any] = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
     if formal.lake_path() is None:
         return Evidence("lean", NOT_RUN, f"{len(thms)} theorem(s) ({names}); not machine-checked here: "
                         "`lake` is not on PATH (CI workflow .github/workflows/lean.yml checks them)", details)
@@ -124,7 +125,7 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
     worst = max(results, key=lambda r: r.max_rel_error)
-    details = {"action": claim.action, "expected_by_source": want, "results": rows,
+    details: dict[str, Any] = {"action": claim.action, "expected_by_source": want, "results": rows,
                "real_weights": [m for m in models if m in REAL or m in UNTIED]}
     excluded = _real_excluded(claim, models)
     if excluded:
