@@ -118,8 +118,12 @@ def probes_against_plain(b_dir: Path) -> None:
     import math
 
     from gauge_audit.cli.canonicalize import load_source
-    from gauge_audit.gauge_fix.comparison import (FAILURE_PROBABILITY, _sq_by_group, rounding_response,
-                                                  rounding_response_recanonicalised)
+    from gauge_audit.gauge_fix.comparison import (
+        FAILURE_PROBABILITY,
+        _sq_by_group,
+        rounding_response,
+        rounding_response_recanonicalised,
+    )
 
     a = load_source("smollm2", native=True)
     b = load_source(str(b_dir), native=True)

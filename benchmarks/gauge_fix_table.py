@@ -27,7 +27,7 @@ import torch
 from gauge_audit.actions import ACTIONS, Element
 from gauge_audit.gauge_fix import EQUIVALENT, compare, prepare
 from gauge_audit.gauge_fix.base import match
-from gauge_audit.models import build, bert, gpt2, layers
+from gauge_audit.models import bert, build, gpt2, layers
 from gauge_audit.progress import bar
 from gauge_audit.runtime import generator
 

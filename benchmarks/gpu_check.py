@@ -28,8 +28,8 @@ from gauge_audit.cli.canonicalize import load_source
 from gauge_audit.gauge_fix import canonicalize, compare, function_check
 from gauge_audit.models import build, config_of, gpt2
 from gauge_audit.nullity import analyze
-from gauge_audit.numeric import check
 from gauge_audit.nullity.cost import parameter_count
+from gauge_audit.numeric import check
 from gauge_audit.runtime import generator, model_threads
 
 DTYPES = ("float64", "float32", "bfloat16")
@@ -100,7 +100,7 @@ def step_checks(table: Table, model_name: str, device: torch.device, min_left: f
                 table.add(Row(f"check {model_name} {a}", dtype, str(device), None, "skipped: budget spent"))
                 continue
             with model_threads(parameter_count(model.cfg)):   # the CPU path: as `gauge-audit check` chooses
-                r, secs = timed(lambda: check(model, a, seed=0, dtype=dtype), device)
+                r, secs = timed(lambda m=model, a=a, dtype=dtype: check(m, a, seed=0, dtype=dtype), device)
             note = "" if r.agrees else "  <-- differs from theory"
             table.add(Row(f"check {model_name} {a}", dtype, str(device), secs,
                           f"{r.residual_eps:.3g} ε vs {r.tolerance_statistical_eps:.4g} ε statistical, "

@@ -130,7 +130,7 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupScheduling(config, log)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name: str, seed: int = 0):
     return build(name, seed=seed, device="cpu")
 

@@ -16,19 +16,26 @@ from torch.func import jvp
 
 from gauge_audit.actions import ACTIONS
 from gauge_audit.actions.algebra import compose, inverse
-from gauge_audit.actions.base import element_from_arrays
+from gauge_audit.actions.elements import element_from_arrays
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
-from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, prepare, unfixed
-from gauge_audit.gauge_fix import response
-from gauge_audit.gauge_fix.comparison import (relative_distances, rounding_response,
-                                              rounding_response_recanonicalised)
+from gauge_audit.gauge_fix import (
+    DIFFERENT,
+    EQUIVALENT,
+    canonicalize,
+    compare,
+    conditions,
+    function_check,
+    prepare,
+    response,
+    unfixed,
+)
+from gauge_audit.gauge_fix.comparison import relative_distances, rounding_response, rounding_response_recanonicalised
 from gauge_audit.models import attn, build, build_config, model_names
 from gauge_audit.nullity.families import families
 from gauge_audit.nullity.measure import EPS64, genericity, make_problem
 from gauge_audit.numeric import HOLDS, check, tolerance
 from gauge_audit.runtime import generator
-
 from test_nullity import CONFIGS
 
 # gauge fixing does not handle the gemma family (sandwich norms, QK-norm): the CLI refuses it

@@ -126,8 +126,9 @@ def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
     assert main(["compare", str(tiny_hf("llama")), str(tiny_hf("gpt2"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "different architectures" in err[0]
-    from safetensors.torch import load_file, save_file
     import shutil
+
+    from safetensors.torch import load_file, save_file
     bad = tmp_path / "nan"
     shutil.copytree(tiny_hf("llama"), bad)
     t = load_file(str(bad / "model.safetensors"))

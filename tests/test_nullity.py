@@ -5,6 +5,7 @@ compared, and the error paths are one line with exit 2."""
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
@@ -14,9 +15,17 @@ from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import attn, bert, gpt2, llama, moe, qwen
 from gauge_audit.nullity import analyze, maximality_verdicts
 from gauge_audit.nullity import explain as ex
-from gauge_audit.nullity.families import families, first_block_families, qk_family
 from gauge_audit.nullity import matrixfree as mf
-from gauge_audit.nullity.measure import EPS64, MIN_GAP, dense_jacobian, genericity, jacobian_rows, make_problem, numerical_rank
+from gauge_audit.nullity.families import families, first_block_families, qk_family
+from gauge_audit.nullity.measure import (
+    EPS64,
+    MIN_GAP,
+    dense_jacobian,
+    genericity,
+    jacobian_rows,
+    make_problem,
+    numerical_rank,
+)
 from gauge_audit.symbolic import counts
 
 # Two sizes per configuration.  Vocabularies exceed d_model (real models have V ≫ d; V ≤ d

@@ -16,8 +16,16 @@ from gauge_audit.actions.base import Element
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import NAMED, config_of, model_names
-from gauge_audit.numeric import (FAILS, HOLDS, HOLDS_WORST_CASE_ONLY, UNRESOLVED, check, pairs, path_length,
-                                 statistical_tolerance)
+from gauge_audit.numeric import (
+    FAILS,
+    HOLDS,
+    HOLDS_WORST_CASE_ONLY,
+    UNRESOLVED,
+    check,
+    pairs,
+    path_length,
+    statistical_tolerance,
+)
 
 EPS64 = torch.finfo(torch.float64).eps
 # A false rule must change the output by at least this much (issue acceptance) ...
@@ -390,7 +398,7 @@ def test_check_cli_list(capsys):
 
 
 def test_invalid_configs_are_one_line_errors():
-    from gauge_audit.models import llama, bert
+    from gauge_audit.models import bert, llama
     with pytest.raises(GaugeAuditError, match="divisible"):
         llama.config(n_heads=4, n_kv_heads=3)
     with pytest.raises(GaugeAuditError, match="tied"):

@@ -21,9 +21,21 @@ from mpmath import iv, mp
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
 from gauge_audit.models import build_config, config_of
-from gauge_audit.precision import (CERTIFIABLE, check_action, certify_rule, claim_verdict, eps24_verdict,
-                                   plot_study, referee_test, run_study, torch_agreement, true_actions,
-                                   value_g3_residuals, wiki_1e12_verdict, workdps)
+from gauge_audit.precision import (
+    CERTIFIABLE,
+    certify_rule,
+    check_action,
+    claim_verdict,
+    eps24_verdict,
+    plot_study,
+    referee_test,
+    run_study,
+    torch_agreement,
+    true_actions,
+    value_g3_residuals,
+    wiki_1e12_verdict,
+    workdps,
+)
 from gauge_audit.precision.block import MP, exact_params, forward
 from gauge_audit.precision.error_study import Point, fit_points, least_squares
 from gauge_audit.precision.residual import unit_roundoff

@@ -58,6 +58,7 @@ def test_qk_orthogonal_only_orthogonal_case_matches_builtin_evidence(rules_repor
     """The claim's orthogonal case holds: the built-in qk-same-action derivation's condition is
     M·Mᵀ = I, and the built-in qk-gl action with an orthogonal element (M⁻ᵀ = M) holds."""
     import torch
+
     from gauge_audit.actions.base import Element, random_orthogonal
     assert rules_report["rule-qk-orthogonal-case"].verdict.verdict == HOLDS
     assert "M·Mᵀ = I" in DERIVATIONS["qk-same-action"]().derived

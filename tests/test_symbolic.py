@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import sympy as sp
 
-from gauge_audit.symbolic import (DERIVATIONS, FAILS, HOLDS, HOLDS_WITH_CORRECTION, counts, derive)
-from gauge_audit.symbolic import attention, nierop
+from gauge_audit.symbolic import DERIVATIONS, FAILS, HOLDS, HOLDS_WITH_CORRECTION, attention, counts, derive, nierop
 from gauge_audit.symbolic.lie import PYTHAGOREAN, attention_symmetry_dim, commutant_dim, rope_matrix
 from gauge_audit.symbolic.registry import coefficient_equations, sym_matrix
 
@@ -14,6 +13,14 @@ from gauge_audit.symbolic.registry import coefficient_equations, sym_matrix
 def test_registry_names_match_ids():
     for cid, fn in DERIVATIONS.items():
         assert fn.__name__ == cid.replace("-", "_")
+
+
+def test_package_exports_every_derivation():
+    import gauge_audit.symbolic as package
+
+    for cid, fn in DERIVATIONS.items():
+        name = cid.replace("-", "_")
+        assert name in package.__all__ and getattr(package, name) is fn, cid
 
 
 def test_qk_gl_identity_and_solved_partner():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ class LeanTheorem:
     claims: tuple[str, ...]
     file: str          # relative to the repository root
     line: int
-    roles: dict = None  # claim id -> role (see the module docstring)
+    roles: dict = field(default_factory=dict)  # claim id -> role (see the module docstring)
 
 
 def lean_files(lean_dir: Path = LEAN_DIR) -> list[Path]:

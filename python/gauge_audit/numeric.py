@@ -58,7 +58,6 @@ from .models import Config, Model, config_of
 from .models.params import cast
 from .runtime import eps, generator, resolve_dtype
 
-
 HOLDS, FAILS = "HOLDS", "FAILS"
 HOLDS_WORST_CASE_ONLY = "HOLDS (worst-case bound only)"
 UNRESOLVED = "UNDECIDED (tolerance ≥ 1)"
@@ -259,7 +258,7 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
     prediction is HOLDS here (``expected_holds``), or, off it by a relative defect within the
     tolerance, why the predicted failure cannot be resolved."""
     y0, trace0 = reference_output(model, inputs, dtype)
-    trace1 = {} if model.cfg.experts else None
+    trace1: dict | None = {} if model.cfg.experts else None   # the router records its choices here
     with torch.no_grad():
         y1 = model.forward(cast(new, dtype=dtype), inputs, trace1).to(torch.float64)
     if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
@@ -269,7 +268,7 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
     tol, formula = tolerance(model, kappa, dtype, n)
     e = eps(dtype)
     routing, ties = None, 0
-    if trace0 is not None:
+    if trace0 is not None and trace1 is not None:
         # A token whose top-k experts change counts against the transformation — unless its k-th
         # and (k+1)-th router logits were within the tolerance of each other (relative to their
         # rounding scale): such a choice is decided by rounding, like a comparison at a tie, and
@@ -283,7 +282,7 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
             ties += int((changed & tie).sum())
     tol_stat, stat_formula = statistical_tolerance(model, kappa, dtype, n, y0.numel())
     verdict = verdict_for(err, tol_stat, tol, routing)
-    extra = {"routing_ties": ties} if trace0 is not None else {}
+    extra: dict[str, object] = {"routing_ties": ties} if trace0 is not None else {}
     if model.cfg.unembed:  # logits: is the greedy next token kept?
         before, after = y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)
         extra.update(next_token=before.tolist(), next_token_unchanged=bool(torch.equal(before, after)))

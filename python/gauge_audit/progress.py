@@ -22,7 +22,8 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from tqdm import tqdm
 

@@ -29,8 +29,8 @@ import contextlib
 import functools
 import math
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -269,7 +269,8 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     if arch.name not in names:
         return sd
     pre, gate, up, down = names[arch.name]
-    out, w = {}, {}
+    out: dict = {}
+    w: dict = {}
     for k, t in sd.items():
         if k.startswith(f"{pre}experts."):
             e, which = k[len(pre):].split(".")[1:3]

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 
@@ -158,7 +158,7 @@ class UserView(View):
         return t
 
     def _heads(self) -> tuple[int, int]:
-        counts = {HEAD: [], KV: []}
+        counts: dict[int, list] = {HEAD: [], KV: []}
         for name in self.specs:
             p = PARAMS[name]
             if p.level in counts and self.has(name):

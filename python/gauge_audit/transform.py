@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from .actions import get_action
-from .actions.base import load_element
 from .actions.blockwise import transformed
+from .actions.elements import load_element
 from .errors import GaugeAuditError
 from .models import FAMILIES, Model
 from .models.checkpoint import open_checkpoint
@@ -106,7 +106,7 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
                               f"gauge-audit check shows by how much): {(act.doc.splitlines() or [''])[0]}")
     if element:
         el = load_element(element)
-        el_info = {"file": str(element), "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest()}
+        el_info: dict[str, object] = {"file": str(element), "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest()}
     else:
         el = act.sample(cfg, params, generator(seed + 1), kappa)
         el_info = {"seed": seed}

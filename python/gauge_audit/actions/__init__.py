@@ -4,18 +4,17 @@ its input), with its group, its preconditions and a seeded sampler."""
 from __future__ import annotations
 
 from ..errors import GaugeAuditError
-from . import attention, composite, ffn, offsets, qk_norm, stream
+from . import composite
+from .atomic import ATOMIC
 from .base import Action, Element
 
-ACTIONS: dict[str, Action] = {a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS,
-                                                  *qk_norm.ACTIONS, *composite.ACTIONS)}
+ACTIONS: dict[str, Action] = {**ATOMIC, **{a.name: a for a in composite.ACTIONS}}
 
 
-def get_action(name: str) -> Action:
-    try:
-        return ACTIONS[name]
-    except KeyError:
-        raise GaugeAuditError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}") from None
+def get_action(name: str | None) -> Action:
+    if name is None or name not in ACTIONS:
+        raise GaugeAuditError(f"unknown action {name!r}; known: {', '.join(ACTIONS)}")
+    return ACTIONS[name]
 
 
 __all__ = ["ACTIONS", "Action", "Element", "get_action"]

@@ -10,8 +10,20 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.layers import rope_planes
 from . import strata
-from .base import (Action, Element, Params, Special, as64, attn_prefixes, cond, put, random_gl, require_invertible,
-                   require_shape, updated)
+from .base import (
+    Action,
+    Element,
+    Params,
+    Special,
+    as64,
+    attn_prefixes,
+    cond,
+    put,
+    random_gl,
+    require_invertible,
+    require_shape,
+    updated,
+)
 
 
 # ----------------------------------------------------------------------------- helpers

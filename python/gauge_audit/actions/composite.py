@@ -20,6 +20,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from .algebra import kappa_of
+from .atomic import ATOMIC
 from .base import Action, Element, Params
 
 NAME = "composite"
@@ -63,13 +64,8 @@ def kappa(parts: dict) -> float:
     return math.prod(e.kappa for _, e in steps(Element(parts, 1.0)))
 
 
-def _actions() -> dict:
-    from . import ACTIONS   # the registry imports this module
-    return ACTIONS
-
-
 def _members(cfg: Config) -> list[Action]:
-    return [a for a in _actions().values() if a.name != NAME and a.applies(cfg) is None and a.expected_holds(cfg)]
+    return [a for a in ATOMIC.values() if a.applies(cfg) is None and a.expected_holds(cfg)]
 
 
 def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
@@ -93,11 +89,10 @@ def apply(cfg: Config, params: Params, el: Element) -> Params:
     Why: each step preserves the function, so their composition does.  Sampled, it is one random
     element of every true action that applies (each with the requested κ where it has one).
     """
-    acts = _actions()
     for action, step in steps(el):
-        if action not in acts or action == NAME:
+        if action not in ATOMIC:
             raise GaugeAuditError(f"composite step names unknown action {action!r}")
-        act = acts[action]
+        act = ATOMIC[action]
         reason = act.applies(cfg)
         if reason:
             raise GaugeAuditError(f"composite step {action} does not apply here: {reason}")

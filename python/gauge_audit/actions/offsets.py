@@ -45,7 +45,7 @@ def _attn_readers(i: int) -> Readers:
 
 def _ffn_readers(cfg: Config, i: int) -> Readers:
     pre = _ffn(cfg, i)
-    out = [(f"{pre}.W_in", f"{pre}.b_in")]
+    out: Readers = [(f"{pre}.W_in", f"{pre}.b_in")]
     if cfg.act == "swiglu":
         out.append((f"{pre}.W_gate", f"{pre}.b_gate"))
     if cfg.experts:

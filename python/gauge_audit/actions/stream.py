@@ -13,8 +13,19 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from . import strata
-from .base import (Action, Element, Params, Special, as64, cond, put, random_orthogonal, require_shape,
-                   rotation_fixing_ones, updated)
+from .base import (
+    Action,
+    Element,
+    Params,
+    Special,
+    as64,
+    cond,
+    put,
+    random_orthogonal,
+    require_shape,
+    rotation_fixing_ones,
+    updated,
+)
 
 AFFINE = ("layernorm", "rmsnorm")
 

@@ -7,16 +7,17 @@ states it*; none of them looks at another checker's outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import formal
 from ..actions import get_action
 from ..claims import Claim
 from ..experiments import EXPERIMENTS
 from ..models import Model, build, config_of, model_names
-from ..models.config import Config
 from ..models.registry import REAL, UNTIED
 from ..numeric import HOLDS_WORST_CASE_ONLY, check
 from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .selection import matches_params
 
 
 @dataclass
@@ -42,7 +43,7 @@ def lean(claim: Claim, ctx: Context) -> Evidence:
     if not thms:
         return Evidence("lean", NOT_RUN, "no Lean theorem names this claim")
     names = ", ".join(t.name.split(".")[-1] for t in thms)
-    details = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
+    details: dict[str, Any] = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
     if formal.lake_path() is None:
         return Evidence("lean", NOT_RUN, f"{len(thms)} theorem(s) ({names}); not machine-checked here: "
                         "`lake` is not on PATH (CI workflow .github/workflows/lean.yml checks them)", details)
@@ -89,30 +90,6 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- torch
-def _one_of(value, allowed) -> bool:
-    return value in (allowed if isinstance(allowed, (list, tuple)) else (allowed,))
-
-
-def matches_params(cfg: Config, params) -> bool:
-    """Does a reference architecture have the features the claim's params name?  (``family``,
-    ``pos`` and ``norm_placement`` take a name or a list of names.)"""
-    for key in ("family", "pos", "norm_placement"):
-        if key in params and not _one_of(getattr(cfg, key), params[key]):
-            return False
-    norm, affine = params.get("norm"), params.get("norm_affine")
-    if norm is not None and not cfg.norm.startswith(norm):
-        return False
-    if affine is not None and (cfg.norm in ("layernorm", "rmsnorm")) != bool(affine):
-        return False
-    if "tied" in params and cfg.tied != bool(params["tied"]):
-        return False
-    if "activation" in params and cfg.act != params["activation"]:
-        return False
-    if "n_experts" in params and not cfg.experts:
-        return False
-    return True
-
-
 def _candidates(claim: Claim) -> list[str]:
     """The claim's models, or every model; untied copies of real checkpoints (smollm2-untied) only
     for claims about untied models — elsewhere they would repeat the tied original."""
@@ -156,7 +133,7 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
     worst = max(results, key=lambda r: r.max_rel_error)
-    details = {"action": claim.action, "expected_by_source": want, "results": rows,
+    details: dict[str, Any] = {"action": claim.action, "expected_by_source": want, "results": rows,
                "real_weights": [m for m in models if m in REAL or m in UNTIED]}
     excluded = _real_excluded(claim, models)
     if excluded:
@@ -249,19 +226,3 @@ def nullity(claim: Claim, ctx: Context) -> Evidence:
     """Jacobian nullity of small models, explained by symmetry families (see nullity_checks)."""
     from .nullity_checks import nullity as run
     return run(claim, ctx)
-
-
-def _dispatch(name: str, fn):
-    """A claim with a [claim.rule] goes to the rule checkers (audit.rule_checks)."""
-    def run(claim: Claim, ctx: Context) -> Evidence:
-        if claim.rule is not None:
-            from . import rule_checks
-            return rule_checks.run(name, claim, ctx)
-        return fn(claim, ctx)
-    run.__name__ = fn.__name__
-    return run
-
-
-CHECKER_FUNCTIONS = {name: _dispatch(name, fn) for name, fn in
-                     {"lean": lean, "symbolic": symbolic, "torch": torch, "precision": precision,
-                      "nullity": nullity}.items()}

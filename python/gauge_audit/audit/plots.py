@@ -96,7 +96,7 @@ def counts_table() -> dict:
     from ..symbolic import counts
 
     rows = []
-    for key, a in counts.ARCHITECTURES.items():
+    for a in counts.ARCHITECTURES.values():
         b = counts.corrected_count(a)
         dv = a.d_v or a.d_k
         g = a.n_kv_heads or a.n_heads

@@ -17,21 +17,30 @@ with the corrected rule reported) — as the catalog's qk-same-action and value-
 from __future__ import annotations
 
 from ..claims import Claim
+from ..claims.rule import Rule
+from ..errors import GaugeAuditError
 from ..models import config_of, model_names
 from ..numeric import HOLDS_WORST_CASE_ONLY
 from ..rules import symbolic as rsym
 from ..rules.budget import SYMBOLIC_SECONDS, Budget
 from ..rules.engine import NotApplicable
 from ..rules.torch_check import check_rule, models_for
-from .checkers import matches_params as _matches
 from .evidence import CORRECTED, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .selection import matches_params as _matches
+
+
+def _rule(claim: Claim) -> Rule:
+    """The claim's rule: these checkers only see claims that carry one (see :mod:`.dispatch`)."""
+    if claim.rule is None:  # pragma: no cover - the dispatch sends only rule claims here
+        raise GaugeAuditError(f"internal: claim {claim.id} has no [claim.rule]")
+    return claim.rule
 
 
 def rule_models(claim: Claim) -> tuple[list[str], dict[str, str]]:
     """The reference models the rule is checked on, and why each other candidate is not."""
     names = list(claim.models) if claim.models else model_names()
     matching = [m for m in names if _matches(config_of(m), claim.params)]
-    ok, skipped = models_for(claim.rule, matching)
+    ok, skipped = models_for(_rule(claim), matching)
     return ok, skipped
 
 
@@ -75,7 +84,7 @@ def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
     if key not in ctx.cache:
         models, _ = rule_models(claim)
         try:
-            ctx.cache[key] = rsym.check(claim.rule, [config_of(m) for m in models], search_budget(ctx)) \
+            ctx.cache[key] = rsym.check(_rule(claim), [config_of(m) for m in models], search_budget(ctx)) \
                 if models else None
         except NotApplicable:
             ctx.cache[key] = None
@@ -180,7 +189,7 @@ def precision(claim: Claim, ctx) -> Evidence:
     if not tiny:
         return Evidence("precision", NOT_APPLICABLE, "the rule applies to no tiny reference model")
     corr, text = _corrected(claim, ctx)
-    r = rp.check(claim.rule, rp.default_model(claim.rule, tiny), seed=ctx.seed, corrected=corr)
+    r = rp.check(_rule(claim), rp.default_model(_rule(claim), tiny), seed=ctx.seed, corrected=corr)
     if r.verdict == "INCONCLUSIVE":
         return Evidence("precision", UNDECIDED, f"residuals neither within κ·L·K·u nor O(1) on {r.model}",
                         r.to_json())
@@ -210,18 +219,18 @@ def precision(claim: Claim, ctx) -> Evidence:
 def nullity(claim: Claim, ctx) -> Evidence:
     from ..rules import nullity as rn
     from .nullity_checks import DEFAULT, FULL_ONLY, _analyze, configs
-    if not any(e.continuous for e in claim.rule.elements):
+    if not any(e.continuous for e in _rule(claim).elements):
         return Evidence("nullity", NOT_APPLICABLE, "a finite group (permutations) has no generators")
     cands = [(n, c) for n, c in configs().items() if n in DEFAULT + (FULL_ONLY if ctx.full else ())]
     from ..models import FAMILIES
     from ..rules.torch_check import reason
     pick = next(((n, c) for n, c in cands if _matches(c, claim.params)
-                 and reason(claim.rule, c, FAMILIES[c.family].param_shapes(c)) is None), None)
+                 and reason(_rule(claim), c, FAMILIES[c.family].param_shapes(c)) is None), None)
     if pick is None:
         return Evidence("nullity", NOT_APPLICABLE, "no small nullity configuration matches the claim and the rule")
     report = _analyze(ctx, pick[0])
     try:
-        r = rn.check(claim.rule, report, seed=ctx.seed)
+        r = rn.check(_rule(claim), report, seed=ctx.seed)
     except NotApplicable as exc:
         return Evidence("nullity", NOT_APPLICABLE, str(exc))
     where = ", ".join(r.contained_in) if r.contained_in else "the union of the explained families"

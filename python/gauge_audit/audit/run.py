@@ -9,9 +9,10 @@ from typing import Protocol
 from ..claims import Claim
 from ..errors import GaugeAuditError
 from ..runtime import reproducible
-from .checkers import CHECKER_FUNCTIONS, Context
-from .rule_checks import DEADLINE_KEY
+from .checkers import Context
+from .dispatch import CHECKER_FUNCTIONS
 from .evidence import ERROR, NOT_RUN, Evidence, Verdict, combine
+from .rule_checks import DEADLINE_KEY
 
 
 @dataclass

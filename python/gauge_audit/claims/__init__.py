@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..actions import ACTIONS
 from ..errors import GaugeAuditError
@@ -288,7 +289,8 @@ class _Problems:
     """Collects every ``FILE:LINE: message`` of one file, so a user fixes them all in one pass."""
 
     def __init__(self, shown: str):
-        self.shown, self.items = shown, []
+        self.shown = shown
+        self.items: list = []
 
     def __call__(self, line: int, msg: str) -> None:
         self.items.append((int(line), f"{self.shown}:{line}: {msg}"))
@@ -418,7 +420,7 @@ class Unchecked:
     reason: str
 
 
-def _validate_unchecked(rows, text: str, fail: "_Problems") -> None:
+def _validate_unchecked(rows, text: str, fail: _Problems) -> None:
     if not isinstance(rows, list):
         fail(_section_line(text, "unchecked"), "field unchecked: use [[unchecked]] array-of-tables")
         return

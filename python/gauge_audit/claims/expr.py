@@ -21,7 +21,7 @@ Grammar (``^`` and ``**`` are the same operator, right-associative)::
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 import sympy as sp
 
@@ -194,7 +194,7 @@ def formula_symbols(expr: sp.Expr) -> dict[str, sp.Symbol]:
     return {s.name: s for s in expr.free_symbols}
 
 
-def evaluate_formula(text: str, values: dict[str, object]) -> sp.Expr:
+def evaluate_formula(text: str, values: Mapping[str, object]) -> sp.Expr:
     """Parse and substitute numeric parameter values (ints/floats from the claim file)."""
     expr = parse_formula(text, names=values.keys())
     subs = {}

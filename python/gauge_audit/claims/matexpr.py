@@ -32,14 +32,14 @@ products, zero).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Mapping, Union
 
 from .tokens import Token, TokenParser
 from .tokens import tokenize as tokenize_text
 
-Dim = Union[int, str]
+Dim = int | str
 Shape = tuple  # (rows: Dim, cols: Dim)
 
 DIM_NAMES = ("d_model", "d_k", "d_v", "d_ff", "n_heads", "n_kv_heads", "vocab", "n_ctx", "n_experts")
@@ -75,7 +75,7 @@ class Node:
 
     def names(self) -> set[str]:
         """Every name the expression refers to."""
-        out = {self.name} if self.op == "name" else set()
+        out = {self.name} if self.op == "name" and self.name is not None else set()
         for a in self.args:
             out |= a.names()
         return out
@@ -120,7 +120,8 @@ def dims_compatible(a: Dim, b: Dim) -> bool:
         return True
     if isinstance(a, int) == isinstance(b, int):
         return False
-    return (a if isinstance(a, int) else b) > 1
+    n = a if isinstance(a, int) else b
+    return isinstance(n, int) and n > 1
 
 
 def _join(a: Dim, b: Dim) -> Dim:
@@ -179,7 +180,7 @@ class _Parser(TokenParser):
         return node
 
     def product(self, tok: Token, a: Node, b: Node) -> Node:
-        inv = min(a.inv, b.inv, key=_RANK.get)
+        inv = min(a.inv, b.inv, key=_RANK.__getitem__)
         if tok.text == "@":
             if not dims_compatible(a.shape[1], b.shape[0]):
                 self.error(f"'@' needs inner dimensions to agree, got {shape_text(a.shape)} @ "

@@ -30,13 +30,24 @@ reference model has — each problem one ``FILE:LINE: field rule...`` line.  Not
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ..errors import GaugeAuditError
 from ..models.naming import HEAD, KV, LAYER, LEVEL_NAMES, MODEL, PARAMS
-from .matexpr import (DIM_NAMES, FUNCTIONS, GENERIC, GROUP, NONE, Dim, Node, Symbol, dims_compatible,
-                      parse_expression, shape_text)
+from .matexpr import (
+    DIM_NAMES,
+    FUNCTIONS,
+    GENERIC,
+    GROUP,
+    NONE,
+    Dim,
+    Node,
+    Symbol,
+    dims_compatible,
+    parse_expression,
+    shape_text,
+)
 
 SCOPES = {"model": MODEL, "layer": LAYER, "kv-group": KV, "head": HEAD}
 # group -> (value kind, invertibility of the value (a vector's: of diag(value)), description)
@@ -134,7 +145,7 @@ class Rule:
         els = ", ".join(f"{e.symbol} ∈ {e.text()}" for e in self.elements)
         return f"per {self.scope}, {els}: " + "; ".join(f"{m.param} ↦ {m.text}" for m in self.maps)
 
-    def with_maps(self, changes: dict[str, str]) -> "Rule":
+    def with_maps(self, changes: dict[str, str]) -> Rule:
         """A new rule with some maps replaced (or added) — e.g. a derived correction."""
         table = self.to_table()
         table["maps"] = {**table["maps"], **changes}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NoReturn
 
 from ..errors import GaugeAuditError
 
@@ -46,7 +47,7 @@ def tokenize(text: str, noun: str, name: re.Pattern, ops: str, aliases: dict[str
             continue
         alias = next((a for a in (aliases or {}) if text.startswith(a, i)), None)
         if alias:
-            out.append(Token("OP", aliases[alias], i))
+            out.append(Token("OP", (aliases or {})[alias], i))
             i += len(alias)
             continue
         if c in ops:
@@ -76,7 +77,7 @@ class TokenParser:
         self.i += 1
         return tok
 
-    def error(self, msg: str, tok: Token | None = None):
+    def error(self, msg: str, tok: Token | None = None) -> NoReturn:
         tok = tok or self.peek()
         where = f"end of {self.noun}" if tok.kind == "END" else f"position {tok.pos}"
         raise GaugeAuditError(f"{self.noun} {self.text!r}: {msg} at {where}")

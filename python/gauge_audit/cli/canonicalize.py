@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from ..actions.base import save_element
+from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
-from ..models.lazy import LazyParams
 from ..models.checkpoint.writer import atomic_dir
+from ..models.lazy import LazyParams
 from ..progress import echo, ticker
 from ..runtime import resolve_dtype
 

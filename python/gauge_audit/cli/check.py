@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..actions import ACTIONS, get_action
-from ..actions.base import load_element
+from ..actions.elements import load_element
 from ..errors import GaugeAuditError
 from ..models import build, config_of, model_names
 from ..models.checkpoint import open_checkpoint

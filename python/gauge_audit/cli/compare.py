@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..actions import ACTIONS
-from ..actions.base import save_element
+from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
@@ -94,8 +94,9 @@ def run(args) -> int:
     report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e,
               "eps": e}
     files = {"report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float))}
-    if r.element is not None:
-        files["element.npz"] = lambda p: save_element(p, r.element)
+    element = r.element
+    if element is not None:
+        files["element.npz"] = lambda p: save_element(p, element)
     if args.out:
         write_atomically(args.out, files)
     if args.json:

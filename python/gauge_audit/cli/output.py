@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import GaugeAuditError
 from ..models.checkpoint.writer import atomic_dir

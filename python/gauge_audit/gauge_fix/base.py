@@ -40,7 +40,7 @@ class Decision:
     n_ties: int = 0    # choices with margin ≤ threshold: not unique
 
     @classmethod
-    def of(cls, kind: str, where: str, margins, threshold: float) -> "Decision":
+    def of(cls, kind: str, where: str, margins, threshold: float) -> Decision:
         m = torch.as_tensor(margins, dtype=torch.float64).reshape(-1)
         if m.numel() == 0:
             return cls(kind, where, 1.0, threshold, 0, 0)

@@ -44,7 +44,7 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import one_thread
 from .base import Params, StepRecord, apply_in_place
-from .pipeline import Canonical, canonicalize, canonicalize_owned, storage_dtype_of, validate
+from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
 from .response import blockwise, probe_params, response_by_runs, sq_by_group
 
 FAILURE_PROBABILITY = 1e-6

@@ -92,7 +92,7 @@ def fix_ffn_perm(ctx: Context) -> None:
             continue
         per = []
         for e in range(cfg.experts or 1):
-            def sel(q, name):
+            def sel(q, name, pre=pre, e=e):
                 t = q[f"{pre}.{name}"]
                 return t[e] if cfg.experts else t
             sim = _cosines(_up(p, pre)[e] if cfg.experts else _up(p, pre),

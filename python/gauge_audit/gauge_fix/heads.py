@@ -113,7 +113,7 @@ def _plane_fix(ctx: Context, zq: torch.Tensor, zk: torch.Tensor, ref: tuple | No
     r = (nk / nq) ** 0.5
     if ref is not None:
         s = complex((ref[0] * (r * zq).conj()).sum() + (ref[1] * (zk / r).conj()).sum())
-        scale = float((ref[0].abs().norm() * r * nq + ref[1].abs().norm() * nk / r))
+        scale = float(ref[0].abs().norm() * r * nq + ref[1].abs().norm() * nk / r)
         w = r * s / abs(s) if abs(s) > 0 else complex(r)
         return w, abs(s) / scale if scale > 0 else 0.0, 1.0
     s2 = complex((zq * zq).sum())

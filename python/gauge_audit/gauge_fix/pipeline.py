@@ -29,7 +29,7 @@ from . import ffn, heads, stream
 from .base import Context, Params, StepRecord, rounding_kappa
 
 # (step, the fix, {nullity family: its condition function}) in pipeline order
-STEPS = (
+STEPS: tuple = (
     ("norm-scale", stream.fix_norm_scale, {"norm-scale": stream.cond_norm_scale}),
     ("norm-shift", stream.fix_norm_shift, {"norm-shift": stream.cond_norm_shift}),
     ("ln-reader-ones", stream.fix_reader_ones, {"ln-reader-ones": stream.cond_reader_ones}),

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..actions import ACTIONS, Element
-from ..actions.offsets import (LN, absorbed_shift_norms, ln_writers, offset_tables, reader_ones_columns,
-                               segments)
+from ..actions.offsets import LN, absorbed_shift_norms, ln_writers, offset_tables, reader_ones_columns, segments
 from ..actions.stream import norm_readers
 from ..models.config import Config
 from .base import SIGN_SENSITIVITY, Context, Decision, Params, ones_basis, procrustes, signs
@@ -125,7 +124,7 @@ def fix_reader_ones(ctx: Context) -> None:
         return
     parts = {w: -s / cfg.d_model for w, s in _reader_sums(cfg, ctx.params).items()}
     reads = set()
-    for w, (norm, b, mode) in cols.items():
+    for w, (norm, _b, mode) in cols.items():
         reads |= {f"{norm}.w", f"{norm}.b"}
         if mode == "fold":
             reads.add(w.rsplit(".", 1)[0] + ".W_O")

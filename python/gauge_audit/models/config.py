@@ -58,7 +58,7 @@ class Config:
         """Query heads per KV head."""
         return self.n_heads // self.n_kv_heads
 
-    def with_(self, **changes) -> "Config":
+    def with_(self, **changes) -> Config:
         names = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - names)
         if unknown:

@@ -60,7 +60,7 @@ class GemmaConfig(Config):
             return SLIDING
         return FULL
 
-    def with_(self, **changes) -> "GemmaConfig":
+    def with_(self, **changes) -> GemmaConfig:
         # fewer layers (a one-block view, a shallower copy) keep the first layers' types
         n = changes.get("n_layers", self.n_layers)
         types = changes.get("layer_types", self.layer_types)

@@ -17,7 +17,7 @@ def config(**overrides) -> Config:
 
 
 def param_shapes(cfg: Config) -> dict:
-    shapes = {"embed.W_E": ((cfg.vocab, cfg.d_model), "embed")}
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {"embed.W_E": ((cfg.vocab, cfg.d_model), "embed")}
     if cfg.pos == "learned":
         shapes["embed.W_pos"] = ((cfg.n_ctx, cfg.d_model), "pos")
     for i in range(cfg.n_layers):

@@ -36,7 +36,7 @@ def norm_shapes(cfg: Config, prefix: str) -> dict:
 
 def attention_shapes(cfg: Config, prefix: str) -> dict:
     d, h, g, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-    out = {
+    out: dict[str, tuple[tuple[int, ...], str]] = {
         f"{prefix}.W_Q": ((h, d, e), "weight"),
         f"{prefix}.W_K": ((g, d, e), "weight"),
         f"{prefix}.W_V": ((g, d, e), "weight"),

@@ -11,8 +11,7 @@ float32 or bfloat16 without materialising a copy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -48,13 +47,13 @@ class LazyParams(Mapping):
     def __len__(self) -> int:
         return len(self.shapes)
 
-    def cast(self, dtype: torch.dtype | None = None, device=None) -> "LazyParams":
+    def cast(self, dtype: torch.dtype | None = None, device=None) -> LazyParams:
         """The same tensors, converted to ``dtype`` / ``device`` on access."""
         same = (dtype or self.dtype, torch.device(device or self.device)) == (self.dtype, self.device)
         return LazyParams(self.shapes, self.__getitem__, dtype or self.dtype, device or self.device,
                           stable=self.stable and same)
 
-    def extended(self, extra: dict[str, tuple[tuple, Callable[["LazyParams"], torch.Tensor]]]) -> "LazyParams":
+    def extended(self, extra: dict[str, tuple[tuple, Callable[[LazyParams], torch.Tensor]]]) -> LazyParams:
         """These tensors plus ``extra``: name → (shape, fn(params) -> tensor), computed on access."""
         def load(name: str) -> torch.Tensor:
             return extra[name][1](self) if name in extra else self[name]

@@ -6,7 +6,7 @@ named models (whose ``build`` returns one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -25,6 +25,9 @@ class Model:
     cfg: Config
     params: dict[str, torch.Tensor]
     family: ModuleType
+    # Set once every parameter is known to be finite (checked when read from a checkpoint, or by
+    # numeric.require_finite), so the check is not repeated.
+    _finite: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:

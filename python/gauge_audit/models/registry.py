@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import GaugeAuditError
-from ..runtime import generator, resolve_device
+from ..runtime import resolve_device
 from . import attn, bert, gemma, gemma3, gpt2, llama, minilm, moe, qwen, smollm2
 from .config import Config
 from .families import FAMILIES

@@ -17,8 +17,18 @@ from . import cost
 from . import explain as ex
 from .families import Family, theory
 from .matrixfree import analyze_matrix_free
-from .measure import (Genericity, Problem, Spectrum, dense_jacobian, jvp_rows, make_problem, null_basis,
-                      numerical_rank, progress, singular_values)
+from .measure import (
+    Genericity,
+    Problem,
+    Spectrum,
+    dense_jacobian,
+    jvp_rows,
+    make_problem,
+    null_basis,
+    numerical_rank,
+    progress,
+    singular_values,
+)
 from .report import MaximalityVerdict, NullityReport, describe, gmax_dimension, make_report, paper_counts, verdict
 
 DENSE_LIMIT = 6000   # above this P the dense path is refused (memory and SVD time)

@@ -67,8 +67,7 @@ from ..runtime import generator
 from . import explain as ex
 from .cost import matmul_gflops
 from .families import Family, theory
-from .measure import (EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress,
-                      project_outputs)
+from .measure import EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress, project_outputs
 from .report import make_report
 
 U64 = EPS64 / 2     # unit roundoff of float64
@@ -194,7 +193,7 @@ class _Images:
     split into the certificate's coordinates (``cols``) and the pivots' (``piv``)."""
 
     def __init__(self, fams: list[Family], cols: torch.Tensor, piv: torch.Tensor):
-        self.parts = [(_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), [])
+        self.parts: list = [(_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), [])
                       for f in fams]
 
     def add(self, A: torch.Tensor, Bp: torch.Tensor) -> None:

@@ -51,7 +51,7 @@ class Layout:
     offsets: tuple[int, ...]
 
     @classmethod
-    def of(cls, params: dict[str, torch.Tensor]) -> "Layout":
+    def of(cls, params: dict[str, torch.Tensor]) -> Layout:
         names = tuple(params)
         shapes = tuple(tuple(params[n].shape) for n in names)
         offs, o = [], 0

@@ -18,9 +18,9 @@ Parameters are the plain ``dict[str, nested list]`` produced by :func:`exact_par
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
-from typing import Callable, Iterator
 
 import mpmath
 from mpmath import iv, mp
@@ -146,7 +146,7 @@ def iv_erf(x):
     the first omitted term, which is added as an interval [−T, T].  Every operation is
     itself an interval operation.
     """
-    def at(t) -> "iv.mpf":
+    def at(t) -> iv.mpf:
         t = iv.mpf(t)  # a point (an endpoint of x)
         if ends(t)[0] >= 6:  # 0 < erfc(6) < 2.2e-17
             return iv.mpf([1 - mpmath.mpf(2) ** -55, 1])

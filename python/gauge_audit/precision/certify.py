@@ -183,7 +183,7 @@ def _diff_intervals(cfg: Config, P: dict, Q: dict, inputs: dict) -> tuple[list, 
     return [[[u - v for u, v in zip(r1, r0)] for r1, r0 in zip(s1, s0)] for s1, s0 in zip(y1, y0)], float(scale)
 
 
-def _mig(x) -> "mp.mpf":
+def _mig(x) -> mp.mpf:
     """min |t| over the interval x (0 when x contains 0)."""
     lo, hi = ends(x)
     if lo > 0:
@@ -193,7 +193,7 @@ def _mig(x) -> "mp.mpf":
     return mp.mpf(0)
 
 
-def _mag(x) -> "mp.mpf":
+def _mag(x) -> mp.mpf:
     return max(abs(e) for e in ends(x))
 
 
@@ -352,7 +352,7 @@ def value_g3_residuals(dps_list=(30, 50, 100), seed: int = 0) -> list[dict]:
             base = matmul(v, e)
             scale = max(abs(x) for x in flatten(base))
 
-            def rel(g3):
+            def rel(g3, v=v, e=e, g0=g0, base=base, scale=scale):
                 y = matmul(matmul(matmul(v, g3), g0), e)
                 return max(abs(a - b) for a, b in zip(flatten(y), flatten(base))) / scale
             out.append({"dps": dps, "paper": float(rel(g0)), "corrected": float(rel(inverse(g0)))})

@@ -91,7 +91,7 @@ class ErrorStudy:
     def render(self) -> str:
         lines = [f"Floating-point error study: models {', '.join(self.models)}; seeds {self.seeds}; device {self.device}",
                  "  worst relative output error over seeds, in units of ε(dtype)   (24 ε line: claim eps-24)"]
-        head = f"  {'action':8s} {'dtype':9s} " + " ".join(f"{'κ=%.0e' % k:>9s}" for k in self.kappas)
+        head = f"  {'action':8s} {'dtype':9s} " + " ".join(f"{f'κ={k:.0e}':>9s}" for k in self.kappas)
         lines.append(head)
         for a in self.actions:
             for d in self.dtypes:
@@ -219,8 +219,9 @@ def plot_study(study: ErrorStudy, path) -> str:
     as stars, and the 24 ε line."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from pathlib import Path
+
+    import matplotlib.pyplot as plt
 
     out = Path(path)
     if out.suffix.lower() != ".png":

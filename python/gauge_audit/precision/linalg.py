@@ -138,5 +138,5 @@ def cayley(a: list) -> list:
     return matmul(sub(eye, a), inverse(add(eye, a)))
 
 
-def mp_matrix(a: list) -> "mpmath.matrix":  # pragma: no cover - convenience for interactive use
+def mp_matrix(a: list) -> mpmath.matrix:  # pragma: no cover - convenience for interactive use
     return mp.matrix(a)

@@ -18,7 +18,7 @@ exactly in rationals and to the working precision in mpf.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import GaugeAuditError
 from ..models.config import Config

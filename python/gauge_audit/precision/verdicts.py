@@ -10,9 +10,8 @@ substance (the same symmetry, realised by a corrected rule): HOLDS-WITH-CORRECTI
 from __future__ import annotations
 
 import functools
-
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from ..errors import GaugeAuditError
 from .certify import certify_rule, value_g3_residuals

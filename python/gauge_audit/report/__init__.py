@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..audit.plots import FIGURE_TITLES
@@ -77,7 +78,7 @@ def _md_cell(s: str) -> str:
     return " ".join(str(s).split()).replace("|", "\\|")
 
 
-def markdown(report: AuditReport, plot_names: list[str] = ()) -> str:
+def markdown(report: AuditReport, plot_names: Sequence[str] = ()) -> str:
     data = report.to_json()
     out = ["# gauge-audit report", "",
            f"Seed {report.seed}{' (full)' if report.full else ''}. Verdicts: "

@@ -13,8 +13,8 @@ operation, so a rule whose numeric dimension does not fit a model fails with one
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Callable, Mapping
 
 import sympy as sp
 import torch
@@ -50,6 +50,31 @@ class Ops:
 
     def vector(self, v) -> list:
         """The entries of a 1×n or n×1 value."""
+        raise NotImplementedError
+
+    # The arithmetic every number system provides (each subclass implements all of them).
+    def num(self, q: Fraction):
+        raise NotImplementedError
+
+    def mul(self, a, b):
+        raise NotImplementedError
+
+    def add(self, a, b):
+        raise NotImplementedError
+
+    def transpose(self, a):
+        raise NotImplementedError
+
+    def diag(self, v):
+        raise NotImplementedError
+
+    def ones(self, n: int):
+        raise NotImplementedError
+
+    def eye(self, n: int):
+        raise NotImplementedError
+
+    def cond(self, a) -> float:
         raise NotImplementedError
 
 

@@ -60,7 +60,7 @@ class Budget:
         if self.spent():
             raise BudgetSpent()
 
-    def part(self, share: float, reserve: float = 0.0) -> "Budget":
+    def part(self, share: float, reserve: float = 0.0) -> Budget:
         """A sub-budget: at most ``share`` of the whole budget and what is left of it once a
         ``reserve`` share is kept for later steps; the same wall deadline; its cuts are recorded
         here too."""

@@ -19,9 +19,9 @@ maps an absent bias to zero (``b_V @ diag(s)``) applies.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Callable, Iterable
 
 import torch
 
@@ -29,7 +29,8 @@ from ..claims.matexpr import Node
 from ..claims.rule import Map, Rule, vanishes_at_zero
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..models.naming import FFN_NAMES, HEAD, KV, LAYER, MODEL, PARAMS, dims as config_dims, locate, present
+from ..models.naming import FFN_NAMES, HEAD, KV, LAYER, MODEL, PARAMS, locate, present
+from ..models.naming import dims as config_dims
 from ..precision import linalg as la
 from .algebra import ListOps, Ops, TorchOps, evaluate
 
@@ -47,7 +48,7 @@ class Ctx:
     head: int | None = None
     expert: int | None = None
 
-    def at(self, level: int, expert: bool = False) -> "Ctx":
+    def at(self, level: int, expert: bool = False) -> Ctx:
         """The coarser context of a parameter (or unit) at ``level``; the expert kept when asked."""
         return Ctx(self.layer if level >= LAYER else None, self.kv if level >= KV else None,
                    self.head if level >= HEAD else None, self.expert if expert else None)
@@ -81,7 +82,7 @@ class Shape:
         return self.n_heads // self.n_kv
 
     @classmethod
-    def of(cls, cfg: Config) -> "Shape":
+    def of(cls, cfg: Config) -> Shape:
         return cls(config_dims(cfg), cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.experts, cfg.tied)
 
     def contexts(self, level: int, experts: bool = False) -> list[Ctx]:
@@ -114,6 +115,10 @@ class View:
 
     def raw(self, name: str, ctx: Ctx):
         """The value of an existing instance as a 2-D matrix."""
+        raise NotImplementedError
+
+    def same(self, a, b) -> bool:
+        """Are two values of this view's number system equal (exactly, or within its tolerance)?"""
         raise NotImplementedError
 
     def updated(self, changes: dict):

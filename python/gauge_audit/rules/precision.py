@@ -32,8 +32,15 @@ from ..models import NAMED, build_config, config_of
 from ..models.config import Config
 from ..numeric import path_length
 from ..precision.block import MP, exact_params, forward, workdps
-from ..precision.certify import (CERT_DPS, ELEMENT_GRID, Certificate, attach_control, certificate_inputs,
-                                 certify_transform, rational_params)
+from ..precision.certify import (
+    CERT_DPS,
+    ELEMENT_GRID,
+    Certificate,
+    attach_control,
+    certificate_inputs,
+    certify_transform,
+    rational_params,
+)
 from ..precision.residual import BATCH, DEFAULT_DPS, SEQ, DpsResidual, dps_verdict, relative, unit_roundoff
 from .algebra import ListOps
 from .engine import NotApplicable, ProjectView, Shape, apply

@@ -45,7 +45,8 @@ def draw(rule: Rule, shape: Shape, seed: int, kappa: float = 10.0) -> Draw:
 @lru_cache(maxsize=64)
 def _draw(elements: tuple, unit_list: tuple, dims: tuple, seed: int, kappa: float) -> Draw:
     g = generator(seed)
-    out, worst = {}, 1.0
+    out: dict = {}
+    worst = 1.0
     shape_dims = dict(dims)
     for u in unit_list:
         out[u] = {}

@@ -128,7 +128,7 @@ class ArchConfig:
     unembed_bias: bool = False
 
     @classmethod
-    def from_model(cls, cfg) -> "ArchConfig":
+    def from_model(cls, cfg) -> ArchConfig:
         """The count's view of a reference-model :class:`~gauge_audit.models.Config` (no MoE)."""
         base = {"layernorm-noaffine": "layernorm", "rmsnorm-noweight": "rmsnorm"}.get(cfg.norm, cfg.norm)
         return cls(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_head,
@@ -151,7 +151,7 @@ class ArchConfig:
     def n_kv(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
-    def with_(self, **kw) -> "ArchConfig":
+    def with_(self, **kw) -> ArchConfig:
         return replace(self, **kw)
 
 

@@ -108,7 +108,7 @@ def attention_symmetry_dim(n_q: int, n_kv: int, d_model: int, d_k: int, d_v: int
 
     def image(name, idx, a, b):
         """The first-order change of every (B_{i,r}, C_i) when entry (a,b) of δW_name^idx is 1."""
-        out = []
+        out: list = []
         for i in range(n_q):
             g = group[i]
             for R in rots:

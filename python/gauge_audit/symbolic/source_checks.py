@@ -10,10 +10,10 @@ import sympy as sp
 from ..models import attn
 from ..models.layers import attention_shapes
 from . import counts
+from .lie import PYTHAGOREAN, commutant_dim, rope_matrix
 from .nierop import CYCLIC, ROT17, nierop_eq14_transpose, value_g3_eq_g0
 from .registry import claim, coefficient_equations, derivation, sym_matrix
 from .result import Derivation, decide
-from .lie import PYTHAGOREAN, commutant_dim, rope_matrix
 
 
 @derivation("nierop-linear-layer-condition")
@@ -170,7 +170,7 @@ def pith_ln_sphere() -> Derivation:
              "gives S^{d_e−2}, and the stabiliser of 1 in SO(d_e) acts on it either way."]
     return Derivation(claim="pith-ln-sphere", title="LayerNorm maps onto S^{d_e−2}", claimed=c.statement,
                       verdict=decide(unit and total == 0, radius_d and total == 0, substance_kept=True),
-                      derived=f"Σz = 0, Σz² = d_e", residual=sp.sstr(sq - 1),
+                      derived="Σz = 0, Σz² = d_e", residual=sp.sstr(sq - 1),
                       corrected_rule="the normalised embeddings lie on the sphere of radius √d_e (not 1) in the "
                                      "hyperplane ⟂ (1,…,1); ε in the denominator shrinks it slightly",
                       steps=steps, data={"sum": sp.sstr(total), "sum_of_squares": sp.sstr(sq)})

@@ -127,7 +127,7 @@ class Checkpoint:
     arch: Arch                        # the HF architecture (a GGUF llama file: LlamaForCausalLM)
     hf_config: dict                   # its config.json (synthesised from the metadata for GGUF)
     cfg: Config
-    source: object                    # HFDir | gguf_io.GGUFFile: .entries, .get(name)
+    source: HFDir | gguf_io.GGUFFile  # .entries, .get(name)
     links: list[Link]                 # file tensors → project tensors
     notes: list[str] = field(default_factory=list)
 
@@ -160,7 +160,7 @@ class Checkpoint:
         missing = sorted(set(want) - set(self.by_param))
         if missing:  # pragma: no cover - a mapping bug, not a user error
             raise GaugeAuditError(f"internal: no file tensor maps to {missing[0]}")
-        for name, (dtype, _) in entries.items():
+        for name in entries:
             if name in linked or self._ignored(name) or self._passthrough(name):
                 continue
             raise GaugeAuditError(f"{self.path}: tensor {name} is not part of the {self.arch.name} layout the "

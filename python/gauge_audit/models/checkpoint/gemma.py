@@ -14,12 +14,12 @@ its llama files — the Q/K rows are stored unpermuted.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ...errors import GaugeAuditError
 from .. import gemma
 from ..config import Config
-from .hf import (Link, _act, _common, _float, _heads, _int, linear, linear_heads, linear_out_heads, refuse, same)
+from .hf import Link, _act, _common, _float, _heads, _int, linear, linear_heads, linear_out_heads, refuse, same
 
 CAUSAL = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MULTIMODAL = "Gemma3ForConditionalGeneration"

@@ -19,8 +19,8 @@ Conventions on the file side (checked against transformers' modules by the tests
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

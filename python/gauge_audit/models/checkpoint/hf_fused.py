@@ -6,14 +6,28 @@ Config reading and links in the style of :mod:`.hf`, whose helpers they use."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from .. import neox, phi3
 from ..config import Config
-from .hf import _LLAMA_IGNORE, Arch, Link, _act, _common, _float, _heads, _int, _rope, _window, \
-    linear, linear_out_heads, refuse, same
+from .hf import (
+    _LLAMA_IGNORE,
+    Arch,
+    Link,
+    _act,
+    _common,
+    _float,
+    _heads,
+    _int,
+    _rope,
+    _window,
+    linear,
+    linear_out_heads,
+    refuse,
+    same,
+)
 
 
 def fused_qkv(f: str, ps: tuple[str, str, str], h: int, kv: int, e: int) -> Link:

@@ -9,12 +9,27 @@ the router as ``mlp.gate.weight (E, d)``; every layer must be sparse (``decoder_
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .. import olmo2, qwen3
 from ..config import Config
-from .hf import _LLAMA_IGNORE, Arch, Link, _act, _attn_linear, _common, _float, _heads, _int, _rope, _window, \
-    experts, linear, refuse, same
+from .hf import (
+    _LLAMA_IGNORE,
+    Arch,
+    Link,
+    _act,
+    _attn_linear,
+    _common,
+    _float,
+    _heads,
+    _int,
+    _rope,
+    _window,
+    experts,
+    linear,
+    refuse,
+    same,
+)
 
 
 def qk_norm_config(arch: str, hf: dict) -> Config:

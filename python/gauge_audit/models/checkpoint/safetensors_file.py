@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -142,7 +142,7 @@ def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.
         if spans is not None:
             spans[name] = (8 + n + begin, 8 + n + end)
     ranges.sort()
-    for (b0, e0, n0), (b1, _, n1) in zip(ranges, ranges[1:]):
+    for (_, e0, n0), (b1, _, n1) in zip(ranges, ranges[1:]):
         if b1 < e0:
             raise GaugeAuditError(f"{path}: header gives tensors {n0} and {n1} overlapping byte ranges")
     return out
@@ -194,7 +194,7 @@ class SafetensorsWriter:
         if missing:
             raise GaugeAuditError(f"{self.path}: {len(missing)} planned tensor(s) never written, e.g. {missing[0]}")
 
-    def __enter__(self) -> "SafetensorsWriter":
+    def __enter__(self) -> SafetensorsWriter:
         return self
 
     def __exit__(self, kind, value, tb) -> None:

@@ -16,9 +16,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 

@@ -49,8 +49,8 @@ from .base import AFFINE, LN, Family
 from .data import data_families
 from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
-from .output_norm import output_norm_families
 from .gemma import gemma_families
+from .output_norm import output_norm_families
 from .post_norm import post_norm_families
 from .qk_norm import qk_norm_input_family, qk_norm_scale_family
 from .readers import pre_norm_readers, pre_norm_writers

@@ -11,7 +11,6 @@ import torch
 from ...models.config import Config
 from ..measure import Layout
 
-
 LN = ("layernorm", "layernorm-noaffine")
 
 

@@ -22,7 +22,7 @@ def data_families(problem: Problem, gen: Genericity) -> list[Family]:
         if gen.unrouted.get(pre) and e in gen.unrouted[pre]:
             continue
         for i in gen.dead.get(key, []):
-            for name, idx in ((f"{pre}.W_in", (slice(None), i)), (f"{pre}.W_out", (i, slice(None)))):
+            for name in (f"{pre}.W_in", f"{pre}.W_out"):
                 for r in range(cfg.d_model):
                     v = R.new()
                     sl = select_expert(R.at(v, name), e)

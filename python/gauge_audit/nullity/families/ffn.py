@@ -13,7 +13,7 @@ from .base import Family, Rows, complement_of_ones, make_family
 
 def ffn_units(cfg: Config) -> list[tuple[str, int | None]]:
     """(prefix, expert index or None) for every FFN / expert."""
-    out = []
+    out: list[tuple[str, int | None]] = []
     for i in range(cfg.n_layers):
         if cfg.experts:
             out += [(f"blocks.{i}.moe", e) for e in range(cfg.experts)]

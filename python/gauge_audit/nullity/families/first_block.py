@@ -6,14 +6,14 @@ on W_E's rows, which adds tied-unembed-null.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import functools
+from dataclasses import dataclass
 
 import torch
 
 from ...models.layers import normalize
 from ..measure import Problem
-from .base import AFFINE, Family, LN, Rows, complement_of_ones, make_family
+from .base import AFFINE, LN, Family, Rows, complement_of_ones, make_family
 from .readers import pre_norm_readers, reader_rows, reader_value, set_reader_column, stream_map_vector
 
 

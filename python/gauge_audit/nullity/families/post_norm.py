@@ -5,7 +5,7 @@ reader constants, segment translations and the ε-broken segment scale.
 from __future__ import annotations
 
 from ..measure import Problem
-from .base import Family, LN, Rows, make_family
+from .base import LN, Family, Rows, make_family
 from .readers import reader_ones, writer_rows
 from .stream import Segment, embed_offset_family, translation_family
 
@@ -35,7 +35,9 @@ def post_norm_families(problem: Problem) -> list[Family]:
 
     def mlp_readers(i):
         pre = ffn_prefix(i)
-        rs = [(f"{pre}.W_in", f"{pre}.b_in")] + ([(f"{pre}.W_gate", f"{pre}.b_gate")] if cfg.act == "swiglu" else [])
+        rs: list[tuple[str, str | None]] = [(f"{pre}.W_in", f"{pre}.b_in")]
+        if cfg.act == "swiglu":
+            rs.append((f"{pre}.W_gate", f"{pre}.b_gate"))
         if cfg.experts:
             rs.append((f"{pre}.W_router", None))
         return rs
@@ -85,7 +87,7 @@ def post_norm_families(problem: Problem) -> list[Family]:
                 count += reader_ones(problem, R, n, rs)
         if count:
             fams.append(make_family(layout, "ln-reader-ones", "output width of every reader of a LayerNorm output "
-                             "that can absorb a constant", count, R, reader_ones.__doc__))
+                             "that can absorb a constant", count, R, reader_ones.__doc__ or ""))
 
     # ------------------------------------------------------------ segment scales (eps-broken)
     if norm != "none":

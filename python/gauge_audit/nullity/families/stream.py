@@ -10,9 +10,17 @@ from dataclasses import dataclass
 import torch
 
 from ..measure import Problem
-from .base import AFFINE, Family, LN, Rows, complement_of_ones, has_param, is_router, make_family, null_rows
+from .base import AFFINE, LN, Family, Rows, complement_of_ones, has_param, is_router, make_family, null_rows
 from .first_block import tied_unembed_family
-from .readers import pre_norm_readers, pre_norm_writers, reader_ones, reader_rows, reader_value, stream_map_vector, writer_rows
+from .readers import (
+    pre_norm_readers,
+    pre_norm_writers,
+    reader_ones,
+    reader_rows,
+    reader_value,
+    stream_map_vector,
+    writer_rows,
+)
 
 
 def pre_norm_families(problem: Problem) -> list[Family]:
@@ -77,7 +85,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
         if count:
             fams.append(make_family(layout, "ln-reader-ones", "Σ over LN readers of their output width"
                              + (" (readers that can absorb a constant)" if norm == "layernorm" else ""), count, R,
-                             reader_ones.__doc__))
+                             reader_ones.__doc__ or ""))
 
     # ---------------------------------------------------------------- writer ones (LayerNorm)
     if norm in LN:
@@ -268,7 +276,7 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
         ln = seg.ln if (seg.ln is not None and f"{seg.ln}.b" in p and f"{seg.ln}.w" in p) else None
         closing = seg.closing if (seg.closing is not None and seg.closing in p) else None
 
-        def absorbs(w, b):
+        def absorbs(w, b, ln=ln):
             return b is not None or ln is not None
         v_reader = next(((w, b) for w, b in readers if w.endswith(".W_V")), None)
         with_w = v_reader is not None and absorbs(*v_reader) and closing is None and not seg.final
@@ -310,11 +318,11 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
         for x in basis:
             c, wfree = x[:d], x[d:]
             v = R.new()
-            for name, kind in seg.opening:
+            for name, _kind in seg.opening:
                 R.at(v, name)[...] = c
             const = c.clone()
 
-            def absorb(w, b, shift):
+            def absorb(w, b, shift, v=v, gamma_inv=gamma_inv, bg=bg):
                 if b is not None:
                     R.at(v, b)[...] += shift
                 else:   # through the reader's weights: W + γ⁻¹⊗u adds (β·γ⁻¹)·u
@@ -343,4 +351,4 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
     if not count:
         return None
     return make_family(layout, "stream-translation", "Σ over stream stretches of dim{allowed (c, w)} ("
-                + ", ".join(parts) + ")", count, R, translation_family.__doc__)
+                + ", ".join(parts) + ")", count, R, translation_family.__doc__ or "")

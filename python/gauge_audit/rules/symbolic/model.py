@@ -1,0 +1,213 @@
+"""The symbolic block the rule checker decides on: one block of an architecture class at the
+least size at which every declared group is non-trivial (:func:`arch_config`), every parameter and
+every datum an independent SymPy symbol (:class:`SymModel`), read through the project layout
+(:class:`SymView`); and the exact zero test every identity is decided with (:func:`is_zero`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from ...claims.rule import Element, Rule
+from ...models import FAMILIES
+from ...models.config import Config
+from ...models.naming import PARAMS
+from ..algebra import SympyOps
+from ..engine import ProjectView, Shape
+from .elements import SPREAD
+
+SYM = dict(d_model=3, d_head=2, d_ff=2, vocab=3, n_ctx=2)
+
+
+# The smallest size at which a group is neither trivial nor special: SO1(n) ≅ SO(n−1) is {I} for n ≤ 2,
+# SO(1) = {1}; permutation(2) = {I, swap} is non-trivial but every element is a symmetric involution, so a
+# rule needing M² = I or Mᵀ = M would hold there vacuously — permutations need n ≥ 3.  GL, O, diagonals,
+# translations and scalars are non-trivial at n = 1.
+LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 3}
+_DIM_FIELD = {"d_model": "d_model", "d_k": "d_head", "d_v": "d_head", "d_ff": "d_ff", "vocab": "vocab",
+              "n_ctx": "n_ctx", "n_experts": "experts"}
+
+
+def trivial_group(el: Element, n: int) -> bool:
+    """Is the group {e} at size n (a rule on it is the identity map)?"""
+    return el.dim is not None and n < {"SO1": 3, "SO": 2, "permutation": 2}.get(el.group, 1)
+
+
+def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
+    """The architecture class of ``cfg`` at symbolic size: one block, d_model 3, d_k = d_v = 2,
+    d_ff 2 — each dimension raised to the least size at which the rule's groups on it are not
+    trivial (d_k = d_v = 3 for SO1(d_v): at 2 it is {I}, and a rule would hold vacuously)."""
+    g = 2 if cfg.n_kv_heads < cfg.n_heads else 1
+    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g, n_kv_heads=1, d_head=SYM["d_head"],
+                n_ctx=SYM["n_ctx"])
+    if cfg.family != "attn":
+        over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
+    if cfg.experts:
+        over.update(experts=2, top_k=1)
+    for el in (rule.elements if rule is not None else ()):
+        need = LEAST_SIZE.get(el.group, 1)
+        if el.dim in _DIM_FIELD and _DIM_FIELD[el.dim] in over:
+            f = _DIM_FIELD[el.dim]
+            over[f] = max(over[f], need)
+        elif el.dim in ("n_heads", "n_kv_heads"):
+            kv = max(over["n_kv_heads"], -(-need // (g if el.dim == "n_heads" else 1)))
+            over.update(n_kv_heads=kv, n_heads=g * kv)
+    if cfg.pos == "rope" and over["d_head"] % 2:
+        over["d_head"] += 1         # rotary planes pair the head's coordinates
+    return cfg.with_(**over)
+
+
+def arch_label(cfg: Config) -> str:
+    bits = [cfg.family]
+    if cfg.family != "attn":
+        bits += [cfg.norm + ("-post" if cfg.norm_placement == "post" else ""), cfg.act]
+    if cfg.attn_bias:
+        bits.append("qkv-bias")
+    if cfg.pos == "rope":
+        bits.append(f"rope-{cfg.rope_style}")
+    if cfg.n_kv_heads < cfg.n_heads:
+        bits.append("gqa")
+    if cfg.tied:
+        bits.append("tied")
+    if cfg.experts:
+        bits.append("moe")
+    return " ".join(bits)
+
+
+_ATTN_ONLY = {"W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"}
+_FFN_ONLY = {"W_in", "b_in", "W_gate", "W_out", "b_out"}
+_NOT_FOR_ATTN = ("act", "mlp_bias", "experts", "top_k", "d_ff", "tied", "unembed_bias", "n_types", "embed_norm",
+                 "vocab", "rope_base", "norm_eps")
+_NOT_FOR_FFN = ("attn_bias", "out_bias", "pos", "rope_style", "rope_base", "n_heads", "n_kv_heads", "tied",
+                "unembed_bias", "n_types", "embed_norm", "norm_eps")
+
+
+def arch_key(cfg: Config, rule: Rule | None = None) -> tuple:
+    """What distinguishes two architectures for this rule: a rule inside attention does not see the
+    FFN or the embeddings, a rule inside the FFN does not see attention (both still see the norm
+    feeding them); a rule on the stream sees everything.  (RoPE's half/interleaved pairing is the
+    same single plane at d_k = 2, and only there.)"""
+    c = arch_config(cfg, rule).__dict__.copy()
+    if c["d_head"] == 2:
+        c["rope_style"] = "half"
+    touched = rule.referenced if rule is not None else set(PARAMS)
+    drop = _NOT_FOR_ATTN if touched <= _ATTN_ONLY else _NOT_FOR_FFN if touched <= _FFN_ONLY else ("norm_eps",)
+    for k in drop:
+        c.pop(k, None)
+    if touched <= _ATTN_ONLY or touched <= _FFN_ONLY:
+        c["family"] = "attn" if cfg.family == "attn" else "block"
+    return tuple(sorted(c.items()))
+
+
+def _short(key: str) -> str:
+    tail = key.split(".", 2)[-1] if key.startswith("blocks.") else key
+    return "".join(ch for ch in tail.replace("ln_final", "lnf") if ch.isalnum())
+
+
+def _symbolic_params(cfg: Config) -> dict:
+    out = {}
+    for key, (shape, role) in FAMILIES[cfg.family].param_shapes(cfg).items():
+        base = _short(key)
+        kw = {"positive": True} if role == "norm_w" else {"real": True}
+
+        def tree(prefix, dims, kw=kw):
+            if len(dims) == 1:
+                return [sp.Symbol(f"{prefix}_{i}", **kw) for i in range(dims[0])]
+            return [tree(f"{prefix}{i}", dims[1:]) for i in range(dims[0])]
+        out[key] = tree(base, list(shape))
+    return out
+
+
+class SymView(ProjectView):
+    """The project layout with SymPy entries; values are ``sp.Matrix``."""
+
+    def __init__(self, cfg: Config, params: dict):
+        super().__init__(cfg, params, SympyOps())
+        self.lists = True
+
+    def raw(self, name, ctx):
+        return sp.Matrix(super().raw(name, ctx))
+
+    def same(self, a, b) -> bool:
+        return all(is_zero(x) for x in (a - b))
+
+    def updated(self, changes: dict) -> dict:
+        return super().updated({k: v.tolist() for k, v in changes.items()})
+
+
+_PROBE = random.Random(20260)
+
+
+def is_zero(expr) -> bool:
+    """Is the rational expression identically 0?  A random integer point first (a non-zero value
+    there settles it at once); then the exact expansion of the numerator decides."""
+    expr = sp.sympify(expr)
+    free = sorted(expr.free_symbols, key=str)
+    if free:
+        point = {x: sp.Integer(_PROBE.randint(1, SPREAD)) if x.is_positive else
+                 sp.Integer(_PROBE.randint(-SPREAD, SPREAD) or 1) for x in free}
+        try:
+            val = expr.xreplace(point)
+            if not val.has(sp.Max, sp.erf, sp.exp) and val.is_number and val != 0 and val.is_finite:
+                return False
+        except (ZeroDivisionError, TypeError):  # pragma: no cover - a pole at the probe point
+            pass
+    num, _ = sp.fraction(sp.together(expr))
+    return sp.expand(num) == 0
+
+
+def numerators(exprs) -> list:
+    out = []
+    for e in exprs:
+        num, _ = sp.fraction(sp.together(e))
+        num = sp.expand(num)
+        if num != 0:
+            out.append(num)
+    return out
+
+
+def _free_row(name: str, n: int) -> sp.Matrix:
+    return sp.Matrix(1, n, lambda i, j: sp.Symbol(f"{name}_{j}", real=True))
+
+
+@dataclass
+class SymModel:
+    cfg: Config
+    params: dict
+    data: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg: Config, rule: Rule | None = None) -> SymModel:
+        c = arch_config(cfg, rule)
+        return cls(c, _symbolic_params(c))
+
+    @property
+    def shape(self) -> Shape:
+        return Shape.of(self.cfg)
+
+    def row(self, name: str, n: int | None = None) -> sp.Matrix:
+        if name not in self.data:
+            self.data[name] = _free_row(name, n or self.cfg.d_model)
+        return self.data[name]
+
+    @property
+    def ln(self) -> bool:
+        return self.cfg.norm.startswith("layernorm")
+
+    def normed(self, name: str) -> sp.Matrix:
+        """A normalised stream row: x·P (mean removed) for LayerNorm, x otherwise."""
+        x = self.row(name)
+        if self.ln and self.cfg.norm != "none":
+            d = self.cfg.d_model
+            return x * (sp.eye(d) - sp.ones(d, d) / d)
+        return x
+
+    def data_symbols(self) -> list:
+        return [s for m in self.data.values() for s in m]
+
+    def param_symbols(self) -> list:
+        from ...precision.linalg import flatten
+        return [s for v in self.params.values() for s in flatten(v)]
