@@ -37,13 +37,17 @@ def run(full: bool) -> tuple[float, dict]:
 def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     t_default, per = run(full=False)
-    print(f"default audit: {t_default:.1f} s  (target 60 s: ratio {t_default / 60:.2f})  "
-          + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items())))
+    print(
+        f"default audit: {t_default:.1f} s  (target 60 s: ratio {t_default / 60:.2f})  "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items()))
+    )
     if "--no-full" not in sys.argv:
         t_full, per = run(full=True)
-        print(f"--full audit (same process: SymPy and torch warm): {t_full:.1f} s  "
-              f"(full / default = {t_full / t_default:.2f})  "
-              + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items())))
+        print(
+            f"--full audit (same process: SymPy and torch warm): {t_full:.1f} s  "
+            f"(full / default = {t_full / t_default:.2f})  "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(per.items()))
+        )
 
 
 if __name__ == "__main__":

@@ -83,20 +83,34 @@ def main() -> None:
 
     keep = Path(sys.argv[sys.argv.index("--keep") + 1]) if "--keep" in sys.argv else None
     src = smollm2.path()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {src.name} ({src.stat().st_size / 2**20:.0f} MiB); "
-          f"load average {os.getloadavg()[0]:.1f} (other processes on these cores slow every number down)")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; {src.name} ({src.stat().st_size / 2**20:.0f} MiB); "
+        f"load average {os.getloadavg()[0]:.1f} (other processes on these cores slow every number down)"
+    )
     with tempfile.TemporaryDirectory(dir=keep) as tmp:
         tmp = Path(tmp)
         deep = tmp / "smollm2-x2.gguf"
         t = time.perf_counter()
         deeper_copy(src, deep)
-        print(f"synthetic 2×-deeper copy (60 layers, {deep.stat().st_size / 2**20:.0f} MiB) written in "
-              f"{time.perf_counter() - t:.1f} s")
+        print(
+            f"synthetic 2×-deeper copy (60 layers, {deep.stat().st_size / 2**20:.0f} MiB) written in "
+            f"{time.perf_counter() - t:.1f} s"
+        )
         rows = {}
         for name, path in (("SmolLM2 (30 layers)", src), ("2×-deeper copy (60 layers)", deep)):
             rows[name, "check"] = run(["check", "--checkpoint", str(path), "--action", "qk-gl", "--json"])
-            rows[name, "transform"] = run(["transform", "--checkpoint", str(path), "--action", "qk-gl",
-                                           "--out", str(tmp / f"out-{path.stem}"), "--json"])
+            rows[name, "transform"] = run(
+                [
+                    "transform",
+                    "--checkpoint",
+                    str(path),
+                    "--action",
+                    "qk-gl",
+                    "--out",
+                    str(tmp / f"out-{path.stem}"),
+                    "--json",
+                ]
+            )
         print(f"\n{'':28s} {'step':24s} {'seconds':>8s} {'CPU s':>7s} {'peak MiB':>9s}")
         for (name, step), r in rows.items():
             label = "load + qk-gl check f64" if step == "check" else "transform + certificate"
@@ -107,8 +121,10 @@ def main() -> None:
         peak = max(r["peak_mib"] for r in rows.values())
         print(f"largest peak / 4 GB target:             {peak / 4096:.2f}")
         for step in ("check", "transform"):
-            print(f"peak memory 2×-deeper / SmolLM2 ({step}): {rows[d, step]['peak_mib'] / rows[s, step]['peak_mib']:.3f}"
-                  f"   (time ratio {rows[d, step]['seconds'] / rows[s, step]['seconds']:.2f})")
+            print(
+                f"peak memory 2×-deeper / SmolLM2 ({step}): {rows[d, step]['peak_mib'] / rows[s, step]['peak_mib']:.3f}"
+                f"   (time ratio {rows[d, step]['seconds'] / rows[s, step]['seconds']:.2f})"
+            )
 
 
 if __name__ == "__main__":

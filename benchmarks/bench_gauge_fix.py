@@ -69,9 +69,13 @@ def command(argv: list[str]) -> tuple[float, str]:
     seconds (user + sys), peak resident memory and the load average are left in LAST."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-c", "import sys; from gauge_audit.cli import main; sys.exit(main())",
-                              *argv], stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(p.pid, 0)   # the child's own rusage (not the maximum over all children)
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from gauge_audit.cli import main; sys.exit(main())", *argv],
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        _, status, usage = os.wait4(p.pid, 0)  # the child's own rusage (not the maximum over all children)
         secs = time.perf_counter() - t
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -80,7 +84,7 @@ def command(argv: list[str]) -> tuple[float, str]:
     if p.returncode not in (0, 1):
         raise SystemExit(f"gauge-audit {' '.join(argv)} failed: {errors.strip()}")
     LAST.clear()
-    LAST.update(load=os.getloadavg()[0], cpu=usage.ru_utime + usage.ru_stime, rss_gb=usage.ru_maxrss / 2 ** 20)
+    LAST.update(load=os.getloadavg()[0], cpu=usage.ru_utime + usage.ru_stime, rss_gb=usage.ru_maxrss / 2**20)
     return secs, (text.strip().splitlines() or [""])[-1]
 
 
@@ -92,8 +96,21 @@ def bench_smollm2(repeat: int, old_path: bool) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-gauge-fix-"))
     try:
         gguf = str(smollm2.path())
-        t_b, _ = command(["transform", "--checkpoint", gguf, "--action", "composite", "--seed", "3", "--kappa", "4",
-                          "--out", str(work / "B")])
+        t_b, _ = command(
+            [
+                "transform",
+                "--checkpoint",
+                gguf,
+                "--action",
+                "composite",
+                "--seed",
+                "3",
+                "--kappa",
+                "4",
+                "--out",
+                str(work / "B"),
+            ]
+        )
         print(f"SmolLM2: transformed float32 copy B written by transform in {t_b:.1f} s (not part of the targets)")
         canon, cmp = [], []
         for i in range(repeat):
@@ -165,19 +182,25 @@ def main() -> None:
     with default_threads():
         _, t_canon_mt = timed(lambda: canonicalize(mini.cfg, mini.params), args.repeat)
     print(f"MiniLM canonicalize, one thread:      {fmt(t_canon)}")
-    print(f"MiniLM canonicalize, default threads: {fmt(t_canon_mt)}   "
-          f"(ratio default/one thread {statistics.median(t_canon_mt) / statistics.median(t_canon):.2f})")
+    print(
+        f"MiniLM canonicalize, default threads: {fmt(t_canon_mt)}   "
+        f"(ratio default/one thread {statistics.median(t_canon_mt) / statistics.median(t_canon):.2f})"
+    )
 
     act = ACTIONS["composite"]
     b = act.apply(mini.cfg, mini.params, act.sample(mini.cfg, mini.params, generator(1), 4.0))
     b16 = {k: v.to(torch.bfloat16) for k, v in b.items()}
     r, t_cmp = timed(lambda: compare(mini.cfg, mini.params, mini.cfg, b16), args.repeat)
-    print(f"MiniLM compare with a transformed bfloat16 copy (3 probes per model, element): {fmt(t_cmp)} "
-          f"→ {r.verdict}, invariant {r.invariant_distance:.2e} ≤ {r.tolerance:.2e}")
+    print(
+        f"MiniLM compare with a transformed bfloat16 copy (3 probes per model, element): {fmt(t_cmp)} "
+        f"→ {r.verdict}, invariant {r.invariant_distance:.2e} ≤ {r.tolerance:.2e}"
+    )
     _, t_cmp1 = timed(lambda: compare(mini.cfg, mini.params, mini.cfg, b16, probes=1, with_element=False), args.repeat)
     print(f"MiniLM compare, 1 probe per model, no element: {fmt(t_cmp1)}")
-    print(f"ratio compare / canonicalize: {statistics.median(t_cmp) / statistics.median(t_canon):.1f} "
-          f"(2 canonicalisations + 2×3 probes + element)")
+    print(
+        f"ratio compare / canonicalize: {statistics.median(t_cmp) / statistics.median(t_canon):.1f} "
+        f"(2 canonicalisations + 2×3 probes + element)"
+    )
 
 
 if __name__ == "__main__":

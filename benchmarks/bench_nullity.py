@@ -43,10 +43,12 @@ def rates(r, peak: float) -> str:
     x = r.extra
     g = x["gram_flops"] / max(x["gram_seconds"], 1e-9) / 1e9
     c = x["cholesky_flops"] / max(x["cholesky_seconds"], 1e-9) / 1e9
-    return (f"Gram {x['gram_flops']:.3g} flops in {x['gram_seconds']:.1f} s = {g:.0f} GFLOP/s, Cholesky "
-            f"{x['cholesky_flops']:.3g} flops in {x['cholesky_seconds']:.1f} s = {c:.0f} GFLOP/s; matmul peak "
-            f"{peak:.0f} GFLOP/s (Gram at {g / peak:.0%}, Cholesky at {c / peak:.0%} of it); floor of these two "
-            f"at the peak: {(x['gram_flops'] + x['cholesky_flops']) / peak / 1e9:.0f} s")
+    return (
+        f"Gram {x['gram_flops']:.3g} flops in {x['gram_seconds']:.1f} s = {g:.0f} GFLOP/s, Cholesky "
+        f"{x['cholesky_flops']:.3g} flops in {x['cholesky_seconds']:.1f} s = {c:.0f} GFLOP/s; matmul peak "
+        f"{peak:.0f} GFLOP/s (Gram at {g / peak:.0%}, Cholesky at {c / peak:.0%} of it); floor of these two "
+        f"at the peak: {(x['gram_flops'] + x['cholesky_flops']) / peak / 1e9:.0f} s"
+    )
 
 
 def float32_gram_resolution(cfg, seed: int = 0) -> str:
@@ -76,13 +78,15 @@ def float32_gram_resolution(cfg, seed: int = 0) -> str:
     n, m = G.shape[0], sk.rows
     c64 = mf.rounding_bound(n, m, G * d[:, None] * d[None, :], "statistical")
     u32 = float(torch.finfo(torch.float32).eps) / 2
-    g32 = math.expm1(mf.LAMBDA * math.sqrt(m) * u32)         # Higham–Mary γ̃_m with float32's unit roundoff
+    g32 = math.expm1(mf.LAMBDA * math.sqrt(m) * u32)  # Higham–Mary γ̃_m with float32's unit roundoff
     c32 = 2.0 * g32 * math.sqrt(n) * float(torch.diagonal(G * d[:, None] * d[None, :]).max()) + c64
     below = lambda t: int((lam < t).sum())  # noqa: E731
-    return (f"sketch Gram n = {n}, m = {m}: eigenvalues {float(lam[0]):.2e} … {float(lam[-1]):.2e} (unit diagonal; "
-            f"the ε-broken direction(s) lowest); float64 shift 2c = {2 * c64:.1e} leaves {below(2 * c64)} below it, "
-            f"a float32 Gram's 2c = {2 * c32:.1e} would leave {below(2 * c32)} of {n} — each to be measured by "
-            f"exact products instead of certified")
+    return (
+        f"sketch Gram n = {n}, m = {m}: eigenvalues {float(lam[0]):.2e} … {float(lam[-1]):.2e} (unit diagonal; "
+        f"the ε-broken direction(s) lowest); float64 shift 2c = {2 * c64:.1e} leaves {below(2 * c64)} below it, "
+        f"a float32 Gram's 2c = {2 * c32:.1e} would leave {below(2 * c32)} of {n} — each to be measured by "
+        f"exact products instead of certified"
+    )
 
 
 def main(argv=None) -> int:
@@ -102,14 +106,18 @@ def main(argv=None) -> int:
     rd, td = run(p5, "dense")
     rm, tm = run(p5, "matrix-free")
     agree = (rd.measured_nullity, rd.unexplained) == (rm.measured_nullity, rm.unexplained)
-    print(f"P = {rd.params}: dense {td:.1f} s (nullity {rd.measured_nullity}, gap {rd.gap_ratio:.2g}); "
-          f"matrix-free {tm:.1f} s (nullity {rm.measured_nullity}, gap {rm.gap_ratio:.2g}); "
-          f"speed-up ×{td / tm:.1f} (target ≥ 5); agree: {agree}")
+    print(
+        f"P = {rd.params}: dense {td:.1f} s (nullity {rd.measured_nullity}, gap {rd.gap_ratio:.2g}); "
+        f"matrix-free {tm:.1f} s (nullity {rm.measured_nullity}, gap {rm.gap_ratio:.2g}); "
+        f"speed-up ×{td / tm:.1f} (target ≥ 5); agree: {agree}"
+    )
     fmt = lambda t: ", ".join(f"{k} {v:.1f}" for k, v in t.items())  # noqa: E731
     print(f"  dense: {fmt(rd.timings)} s")
-    print(f"  matrix-free: {fmt(rm.timings)} s; sketch {rm.extra['sketch_rows']} rows × "
-          f"{rm.params - rm.extra['eliminated_coordinates']} coordinates, {rm.extra['low_directions']} low "
-          f"direction(s) measured exactly, σ certified ≥ {rm.extra['sigma_min_complement']:.2e}")
+    print(
+        f"  matrix-free: {fmt(rm.timings)} s; sketch {rm.extra['sketch_rows']} rows × "
+        f"{rm.params - rm.extra['eliminated_coordinates']} coordinates, {rm.extra['low_directions']} low "
+        f"direction(s) measured exactly, σ certified ≥ {rm.extra['sigma_min_complement']:.2e}"
+    )
     print(f"  matrix-free rates: {rates(rm, peak)}")
     print(f"  float32 Gram? {float32_gram_resolution(p5)}")
     ok = agree
@@ -117,17 +125,23 @@ def main(argv=None) -> int:
         p20 = gpt2.config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_head=8, d_ff=64, n_ctx=12, vocab=40)
         est = estimate(p20, "matrix-free", gflops=peak)
         r2, t2 = run(p20, "matrix-free", quiet=False)
-        print(f"P = {r2.params}: matrix-free {t2:.1f} s ({r2.extra['rounding_model']} rounding model; "
-              f"nullity {r2.measured_nullity} = explained "
-              f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}, "
-              f"within 60 s: {t2 <= 60}; cost-model estimate (n ≤ P) {est.seconds:.0f} s")
+        print(
+            f"P = {r2.params}: matrix-free {t2:.1f} s ({r2.extra['rounding_model']} rounding model; "
+            f"nullity {r2.measured_nullity} = explained "
+            f"{r2.explained}, unexplained {r2.unexplained}, gap {r2.gap_ratio:.2g}); within 120 s: {t2 <= 120}, "
+            f"within 60 s: {t2 <= 60}; cost-model estimate (n ≤ P) {est.seconds:.0f} s"
+        )
         print(f"  rates: {rates(r2, peak)}")
         floor = (r2.extra["gram_flops"] + r2.extra["cholesky_flops"]) / (peak * 1e9)
-        print(f"  time / floor (Gram + Cholesky flops at the measured float64 peak, {floor:.1f} s): "
-              f"{t2 / floor:.2f} (target ≤ 1.5)")
-        print(f"  {fmt(r2.timings)} s; sketch {r2.extra['sketch_rows']} rows × "
-              f"{r2.params - r2.extra['eliminated_coordinates']} coordinates, {r2.extra['low_directions']} low "
-              f"direction(s) measured exactly")
+        print(
+            f"  time / floor (Gram + Cholesky flops at the measured float64 peak, {floor:.1f} s): "
+            f"{t2 / floor:.2f} (target ≤ 1.5)"
+        )
+        print(
+            f"  {fmt(r2.timings)} s; sketch {r2.extra['sketch_rows']} rows × "
+            f"{r2.params - r2.extra['eliminated_coordinates']} coordinates, {r2.extra['low_directions']} low "
+            f"direction(s) measured exactly"
+        )
     return 0 if ok else 1
 
 

@@ -31,14 +31,22 @@ def main() -> None:
     three, t_three = timed(lambda: check_action("qk-gl", dps=(30, 50, 100)))
     certs, t_cert = timed(certify_all)
     study, t_study = timed(lambda: run_study(device="cpu"))
-    print(f"referee test (100 × 4 tokens, dps 50):      {t_ref:6.2f} s   ratio to {TARGET_S:.0f} s target: "
-          f"{t_ref / TARGET_S:.2f}   (paper max|Δy| {ref.paper_max_abs:.3g}, corrected {ref.corrected_rel:.1e})")
-    print(f"one dps=50 block check (qk-gl, gpt2-tiny):  {t_one:6.2f} s   ratio to {TARGET_S:.0f} s target: "
-          f"{t_one / TARGET_S:.3f}   (residual {one.residuals[0].residual:.2e})")
-    print(f"qk-gl at dps 30/50/100:                     {t_three:6.2f} s   ratio (30/50/100 run) / (dps-50 run): "
-          f"{t_three / t_one:.2f}")
-    print(f"six certified counterexamples (iv, dps 30): {t_cert:6.2f} s   (all exclude 0: "
-          f"{all(c.excludes_zero for c in certs)})")
+    print(
+        f"referee test (100 × 4 tokens, dps 50):      {t_ref:6.2f} s   ratio to {TARGET_S:.0f} s target: "
+        f"{t_ref / TARGET_S:.2f}   (paper max|Δy| {ref.paper_max_abs:.3g}, corrected {ref.corrected_rel:.1e})"
+    )
+    print(
+        f"one dps=50 block check (qk-gl, gpt2-tiny):  {t_one:6.2f} s   ratio to {TARGET_S:.0f} s target: "
+        f"{t_one / TARGET_S:.3f}   (residual {one.residuals[0].residual:.2e})"
+    )
+    print(
+        f"qk-gl at dps 30/50/100:                     {t_three:6.2f} s   ratio (30/50/100 run) / (dps-50 run): "
+        f"{t_three / t_one:.2f}"
+    )
+    print(
+        f"six certified counterexamples (iv, dps 30): {t_cert:6.2f} s   (all exclude 0: "
+        f"{all(c.excludes_zero for c in certs)})"
+    )
     print(f"default error study (84 torch checks + 12 MiniLM): {t_study:6.2f} s")
 
 

@@ -85,8 +85,12 @@ def rss_kib(pid: int) -> int:
 
 def run(code: str, args: list[str], max_rss_gb: float, timeout: float, log: Path) -> dict:
     """One step in a fresh process: wall, CPU, peak RSS; killed above ``max_rss_gb`` or ``timeout``."""
-    env = dict(os.environ, PYTHONPATH=f"{HERE.parent / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{HERE.parent / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     with open(log, "w") as out:
         t0 = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -96,13 +100,19 @@ def run(code: str, args: list[str], max_rss_gb: float, timeout: float, log: Path
             while p.returncode is None:
                 r = rss_kib(p.pid)
                 watch["max"] = max(watch["max"], r)
-                why = (f"killed: resident set {r / 2**20:.2f} GiB > {max_rss_gb} GiB" if r > max_rss_gb * 2**20 else
-                       f"killed: over {timeout:.0f} s" if time.perf_counter() - t0 > timeout else None)
+                why = (
+                    f"killed: resident set {r / 2**20:.2f} GiB > {max_rss_gb} GiB"
+                    if r > max_rss_gb * 2**20
+                    else f"killed: over {timeout:.0f} s"
+                    if time.perf_counter() - t0 > timeout
+                    else None
+                )
                 if why:
                     killed.append(why)
                     p.kill()
                     return
                 time.sleep(0.05)
+
         th = threading.Thread(target=watchdog, daemon=True)
         th.start()
         _, status, ru = os.wait4(p.pid, 0)
@@ -110,8 +120,14 @@ def run(code: str, args: list[str], max_rss_gb: float, timeout: float, log: Path
         wall = time.perf_counter() - t0
         th.join()
     text = log.read_text(errors="replace")
-    res = {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "peak_gib": ru.ru_maxrss / 2**20, "rc": p.returncode,
-           "killed": killed[0] if killed else None, "log": str(log)}
+    res = {
+        "wall": wall,
+        "cpu": ru.ru_utime + ru.ru_stime,
+        "peak_gib": ru.ru_maxrss / 2**20,
+        "rc": p.returncode,
+        "killed": killed[0] if killed else None,
+        "log": str(log),
+    }
     for line in reversed(text.splitlines()):
         if line.startswith("{") and line.endswith("}"):
             try:
@@ -125,23 +141,24 @@ def run(code: str, args: list[str], max_rss_gb: float, timeout: float, log: Path
 def flops(cfg, step: str, probes: int = 3) -> tuple[float, str]:
     """Dominant float64 flops of a step (documented terms; small factorisations left out)."""
     d, L, h, kv, e, f, V = cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_ff, cfg.vocab
-    layer = d * e * (2 * h + 2 * kv) + 3 * d * f          # weights of one layer (matrices)
+    layer = d * e * (2 * h + 2 * kv) + 3 * d * f  # weights of one layer (matrices)
     P = L * layer + V * d * (1 if cfg.tied else 2)
 
     def forward(batch: int, n: int) -> float:
         T = batch * n
         return 2 * T * (L * layer + V * d) + L * 4 * batch * n * n * h * e
 
-    gl = 2 * d * e * e * (h + kv) * L                     # an M or N applied to every head of every layer
-    rotation = 2 * d * P + 4 * V * d * d                  # R applied to every stream-side matrix; W_E Gram
-    canon = rotation + 2 * gl + forward(4, 16) * 2        # + qk/vo balancing, the canonical form's function check
+    gl = 2 * d * e * e * (h + kv) * L  # an M or N applied to every head of every layer
+    rotation = 2 * d * P + 4 * V * d * d  # R applied to every stream-side matrix; W_E Gram
+    canon = rotation + 2 * gl + forward(4, 16) * 2  # + qk/vo balancing, the canonical form's function check
     if step == "check":
         return 2 * forward(4, 16) + gl, "2 forwards of 4×16 tokens + N on every head"
     if step == "transform":
         return 2 * forward(2, 16) + gl, "2 transformers forwards of 2×16 tokens + M on every head"
     if step == "canonicalize":
-        return canon + 2 * forward(2, 16), ("2·d·P (stream rotation) + 4·V·d² (Gram) + qk/vo + 2 forwards "
-                                            "4×16 + certificate 2 forwards 2×16")
+        return canon + 2 * forward(2, 16), (
+            "2·d·P (stream rotation) + 4·V·d² (Gram) + qk/vo + 2 forwards 4×16 + certificate 2 forwards 2×16"
+        )
     if step == "compare":
         return 2 * (1 + probes) * canon, f"2 models × (1 + {probes} probes) canonicalisations"
     return 0.0, ""
@@ -156,8 +173,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--steps", default="read,check,transform,canonicalize,compare")
-    ap.add_argument("--work", type=Path, help="where the outputs go (default: a temporary directory next to "
-                                               "the checkpoint, removed at the end)")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="where the outputs go (default: a temporary directory next to the checkpoint, removed at the end)",
+    )
     ap.add_argument("--max-rss-gb", type=float, default=6.0)
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--warm", action="store_true", help="do not drop the checkpoint from the page cache")
@@ -167,19 +187,24 @@ def main() -> None:
     cfg = ckpt.cfg
     nbytes = sum(p.stat().st_size for p in a.checkpoint.glob("*.safetensors"))
     import torch
+
     peak = peak_gflops(2048)
-    print(f"{ckpt.describe()}\n{ckpt.float64_bytes() / 8 / 1e9:.3f} G parameters, {nbytes / 1e9:.2f} GB on disk; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64 matmul peak {peak:.0f} GFLOP/s; "
-          f"load average {os.getloadavg()[0]:.1f}; page cache {'kept' if a.warm else 'dropped before each step'}",
-          flush=True)
+    print(
+        f"{ckpt.describe()}\n{ckpt.float64_bytes() / 8 / 1e9:.3f} G parameters, {nbytes / 1e9:.2f} GB on disk; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64 matmul peak {peak:.0f} GFLOP/s; "
+        f"load average {os.getloadavg()[0]:.1f}; page cache {'kept' if a.warm else 'dropped before each step'}",
+        flush=True,
+    )
     work = a.work or Path(tempfile.mkdtemp(prefix=".bench-scale.", dir=a.checkpoint.parent))
     work.mkdir(parents=True, exist_ok=True)
     c = str(a.checkpoint)
     commands = {
         "read": (READ, [c]),
         "check": (CHILD, ["check", "--checkpoint", c, "--action", "vo-gl", "--json"]),
-        "transform": (CHILD, ["transform", "--checkpoint", c, "--action", "qk-gl", "--out", str(work / "qk"),
-                              "--json"]),
+        "transform": (
+            CHILD,
+            ["transform", "--checkpoint", c, "--action", "qk-gl", "--out", str(work / "qk"), "--json"],
+        ),
         "canonicalize": (CHILD, ["canonicalize", "--checkpoint", c, "--out", str(work / "canon"), "--json"]),
         "compare": (CHILD, ["compare", c, str(work / "qk"), "--json"]),
     }
@@ -194,21 +219,27 @@ def main() -> None:
             r = run(*commands[s], a.max_rss_gb, a.timeout, work / f"{s}.log")
             rows[s] = r
             state = r["killed"] or ("ok" if r["rc"] in (0,) else f"exit {r['rc']} (see {r['log']})")
-            print(f"{s:13s} {r['wall']:8.1f} s wall {r['cpu']:8.1f} s CPU  peak {r['peak_gib']:6.2f} GiB  {state}",
-                  flush=True)
+            print(
+                f"{s:13s} {r['wall']:8.1f} s wall {r['cpu']:8.1f} s CPU  peak {r['peak_gib']:6.2f} GiB  {state}",
+                flush=True,
+            )
     finally:
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
     R = rows["read"].get("child", {}).get("seconds") if "read" in rows else None
-    print(f"\n{'step':13s} {'wall s':>8s} {'CPU s':>8s} {'peak GiB':>9s} {'reads':>5s} {'GFLOP':>9s} "
-          f"{'floor s':>8s} {'time/floor':>10s}  peak/6 GB  flops counted")
+    print(
+        f"\n{'step':13s} {'wall s':>8s} {'CPU s':>8s} {'peak GiB':>9s} {'reads':>5s} {'GFLOP':>9s} "
+        f"{'floor s':>8s} {'time/floor':>10s}  peak/6 GB  flops counted"
+    )
     for s, r in rows.items():
         F, what = flops(cfg, s)
         floor = (R * reads[s] if R else 0.0) + F / (peak * 1e9)
         ratio = f"{r['wall'] / floor:10.2f}" if floor and not r["killed"] and r["rc"] == 0 else f"{'—':>10s}"
-        print(f"{s:13s} {r['wall']:8.1f} {r['cpu']:8.1f} {r['peak_gib']:9.2f} {reads[s]:5d} {F / 1e9:9.0f} "
-              f"{floor:8.1f} {ratio}  {r['peak_gib'] * 2**30 / 6e9:9.2f}  {what}"
-              f"{'  ' + r['killed'] if r['killed'] else ''}")
+        print(
+            f"{s:13s} {r['wall']:8.1f} {r['cpu']:8.1f} {r['peak_gib']:9.2f} {reads[s]:5d} {F / 1e9:9.0f} "
+            f"{floor:8.1f} {ratio}  {r['peak_gib'] * 2**30 / 6e9:9.2f}  {what}"
+            f"{'  ' + r['killed'] if r['killed'] else ''}"
+        )
 
 
 if __name__ == "__main__":

@@ -62,24 +62,36 @@ def separation(name: str, seeds: int, probes: int) -> list[dict]:
         cells = {"transformed": []} | {rel: [] for rel in SIZES}
         for s in bar(range(seeds), desc=f"{name} {dname}", unit="seed"):
             b = transform(model, model.params, s)
-            for label, params in [("transformed", b)] + [(rel, transform(model, perturb(model.params, s, rel), s))
-                                                         for rel in SIZES]:
-                r = compare(model.cfg, model.params, model.cfg, {k: v.to(dtype) for k, v in params.items()},
-                            probes=probes, prepared=prep, with_element=False)
+            for label, params in [("transformed", b)] + [
+                (rel, transform(model, perturb(model.params, s, rel), s)) for rel in SIZES
+            ]:
+                r = compare(
+                    model.cfg,
+                    model.params,
+                    model.cfg,
+                    {k: v.to(dtype) for k, v in params.items()},
+                    probes=probes,
+                    prepared=prep,
+                    with_element=False,
+                )
                 cells[label].append((r.invariant_distance, r.tolerance, r.verdict))
         rows.append({"model": name, "storage": dname, "cells": cells})
     return rows
 
 
 def _fmt_sep(rows: list[dict], seeds: int) -> str:
-    head = ("| model | storage | transformed: invariant distance, median (max) | tolerance, median | EQUIVALENT |"
-            + "".join(f" perturbed {rel:g}: median (min), DIFFERENT |" for rel in SIZES))
+    head = (
+        "| model | storage | transformed: invariant distance, median (max) | tolerance, median | EQUIVALENT |"
+        + "".join(f" perturbed {rel:g}: median (min), DIFFERENT |" for rel in SIZES)
+    )
     out = [head, "|" + "---|" * (5 + len(SIZES))]
     for r in rows:
         t = r["cells"]["transformed"]
         inv = [x[0] for x in t]
-        line = (f"| {r['model']} | {r['storage']} | {statistics.median(inv):.1e} ({max(inv):.1e}) | "
-                f"{statistics.median(x[1] for x in t):.1e} | {sum(x[2] == EQUIVALENT for x in t)}/{seeds} |")
+        line = (
+            f"| {r['model']} | {r['storage']} | {statistics.median(inv):.1e} ({max(inv):.1e}) | "
+            f"{statistics.median(x[1] for x in t):.1e} | {sum(x[2] == EQUIVALENT for x in t)}/{seeds} |"
+        )
         for rel in SIZES:
             c = r["cells"][rel]
             v = [x[0] for x in c]
@@ -126,7 +138,7 @@ def awm(cfg, pa, pb) -> float:
     then the mean linear CKA of W_Q and W_K (rows = the aligned model dimension)."""
     ea, eb = pa["embed.W_E"], pb["embed.W_E"]
     corr = ea.T @ eb
-    perm, _ = match(-corr.abs().T)                                # B's column matched to each A column
+    perm, _ = match(-corr.abs().T)  # B's column matched to each A column
     sign = torch.sign(corr[torch.arange(cfg.d_model), perm])
     sims = []
     for i in _blocks(cfg):
@@ -171,16 +183,20 @@ def _hidden(cfg, p, prefix, x):
 def reef(model, pa, pb, inputs) -> tuple[float, float | None]:
     """REEF: mean linear CKA of the hidden states (every block's output) of A and B on the same
     inputs; and of the FFN hidden units (dense FFNs)."""
+
     def run(p):
         with capture() as seen, torch.no_grad():
             model.forward(p, inputs)
         return seen
+
     sa, sb = run(pa), run(pb)
     stream = sum(_cka(a, b) for a, b in zip(sa["stream"], sb["stream"])) / len(sa["stream"])
     if not sa["ffn_in"]:
         return stream, None
-    units = [_cka(_hidden(model.cfg, pa, pre, xa), _hidden(model.cfg, pb, pre, xb))
-             for (pre, xa), (_, xb) in zip(sa["ffn_in"], sb["ffn_in"])]
+    units = [
+        _cka(_hidden(model.cfg, pa, pre, xa), _hidden(model.cfg, pb, pre, xb))
+        for (pre, xa), (_, xb) in zip(sa["ffn_in"], sb["ffn_in"])
+    ]
     return stream, sum(units) / len(units)
 
 
@@ -193,8 +209,18 @@ TRANSFORMS = [
     ("vo-gl", ("vo-gl",)),
     ("head + FFN permutations", ("head-perm", "ffn-perm")),
     ("ReLU / SwiGLU scaling", ("relu-scaling", "swiglu-scaling")),
-    ("writer/reader ones, offsets, bias shifts", ("writer-ones", "reader-ones", "embed-offset", "segment-shift",
-                                                  "key-bias-shift", "value-bias-fold", "norm-shift")),
+    (
+        "writer/reader ones, offsets, bias shifts",
+        (
+            "writer-ones",
+            "reader-ones",
+            "embed-offset",
+            "segment-shift",
+            "key-bias-shift",
+            "value-bias-fold",
+            "norm-shift",
+        ),
+    ),
     ("everything (composite)", ("composite",)),
 ]
 
@@ -238,15 +264,25 @@ def anchors(name: str, seeds: int, only: tuple[str, ...] | None = None) -> list[
                 pb = _special(model, pb, a, s) if a in SPECIAL else transform(model, pb, s, (a,))
             r_stream, r_ffn = reef(model, pa, pb, inputs)
             hb = huref(cfg, pb, tokens)
-            gaps = {"huref": 1 - sum(_cos(a, b) for a, b in zip(ha, hb)) / len(ha), "awm": 1 - awm(cfg, pa, pb),
-                    "reef": 1 - r_stream, "reef_ffn": (1 - r_ffn) if r_ffn is not None else float("nan")}
+            gaps = {
+                "huref": 1 - sum(_cos(a, b) for a, b in zip(ha, hb)) / len(ha),
+                "awm": 1 - awm(cfg, pa, pb),
+                "reef": 1 - r_stream,
+                "reef_ffn": (1 - r_ffn) if r_ffn is not None else float("nan"),
+            }
             for k, v in gaps.items():
                 worst[k] = max(worst[k], abs(v)) if v == v else float("nan")
             r = compare(cfg, pa, cfg, pb, probes=2, prepared=prep, with_element=False)
             verdicts.append((r.verdict, r.invariant_distance))
-        rows.append({"model": name, "transformation": label, **worst,
-                     "compare": f"{sum(v == EQUIVALENT for v, _ in verdicts)}/{seeds} EQUIVALENT",
-                     "compare_invariant_max": max(d for _, d in verdicts)})
+        rows.append(
+            {
+                "model": name,
+                "transformation": label,
+                **worst,
+                "compare": f"{sum(v == EQUIVALENT for v, _ in verdicts)}/{seeds} EQUIVALENT",
+                "compare_invariant_max": max(d for _, d in verdicts),
+            }
+        )
     return rows
 
 
@@ -257,12 +293,16 @@ def _mark(x: float) -> str:
 
 
 def _fmt_anchors(rows: list[dict]) -> str:
-    out = ["| model | transformation | HuRef 1−cos | AWM 1−CKA | REEF stream 1−CKA | REEF FFN units 1−CKA | compare |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | transformation | HuRef 1−cos | AWM 1−CKA | REEF stream 1−CKA | REEF FFN units 1−CKA | compare |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['model']} | {r['transformation']} | {_mark(r['huref'])} | {_mark(r['awm'])} | "
-                   f"{_mark(r['reef'])} | {_mark(r['reef_ffn'])} | {r['compare']} "
-                   f"(invariant ≤ {r['compare_invariant_max']:.0e}) |")
+        out.append(
+            f"| {r['model']} | {r['transformation']} | {_mark(r['huref'])} | {_mark(r['awm'])} | "
+            f"{_mark(r['reef'])} | {_mark(r['reef_ffn'])} | {r['compare']} "
+            f"(invariant ≤ {r['compare_invariant_max']:.0e}) |"
+        )
     return "\n".join(out)
 
 
@@ -272,8 +312,11 @@ def main() -> None:
     ap.add_argument("--anchor-seeds", type=int, default=5)
     ap.add_argument("--probes", type=int, default=2)
     ap.add_argument("--models", default="gpt2-tiny,llama-tiny-gqa,qwen-tiny,moe-tiny,bert-tiny,minilm")
-    ap.add_argument("--anchor-models", default="llama-tiny,llama-tiny-noweight,gpt2-tiny,minilm",
-                    help="llama-tiny-noweight runs the two stream rows only (HuRef with unit norm weights)")
+    ap.add_argument(
+        "--anchor-models",
+        default="llama-tiny,llama-tiny-noweight,gpt2-tiny,minilm",
+        help="llama-tiny-noweight runs the two stream rows only (HuRef with unit norm weights)",
+    )
     ap.add_argument("--skip-separation", action="store_true")
     ap.add_argument("--skip-anchors", action="store_true")
     ap.add_argument("--json", help="also write the raw numbers here")
@@ -287,8 +330,11 @@ def main() -> None:
         print(_fmt_sep(sep, args.seeds))
     if not args.skip_anchors:
         stream_rows = (TRANSFORMS[0][0], TRANSFORMS[1][0])
-        anc = [row for m in args.anchor_models.split(",")
-               for row in anchors(m, args.anchor_seeds, stream_rows if m.endswith("-noweight") else None)]
+        anc = [
+            row
+            for m in args.anchor_models.split(",")
+            for row in anchors(m, args.anchor_seeds, stream_rows if m.endswith("-noweight") else None)
+        ]
         result["anchors"] = anc
         print(f"\n## Anchors ({args.anchor_seeds} seeds; worst over seeds; ✓: identical up to rounding, ≤ 1e-9)\n")
         print(_fmt_anchors(anc))

@@ -66,8 +66,9 @@ class Table:
 
     def print(self) -> None:
         head = ("step", "dtype", "device", "time", "residual / tolerance")
-        body = [(r.step, r.dtype, r.device, "-" if r.seconds is None else f"{r.seconds:.2f} s", r.result)
-                for r in self.rows]
+        body = [
+            (r.step, r.dtype, r.device, "-" if r.seconds is None else f"{r.seconds:.2f} s", r.result) for r in self.rows
+        ]
         w = [max(len(x[i]) for x in [head, *body]) for i in range(4)]
         print()
         for line in [head, tuple("-" * n for n in w) + ("-" * 20,), *body]:
@@ -99,12 +100,19 @@ def step_checks(table: Table, model_name: str, device: torch.device, min_left: f
             if table.left() < min_left:
                 table.add(Row(f"check {model_name} {a}", dtype, str(device), None, "skipped: budget spent"))
                 continue
-            with model_threads(parameter_count(model.cfg)):   # the CPU path: as `gauge-audit check` chooses
+            with model_threads(parameter_count(model.cfg)):  # the CPU path: as `gauge-audit check` chooses
                 r, secs = timed(lambda m=model, a=a, dtype=dtype: check(m, a, seed=0, dtype=dtype), device)
             note = "" if r.agrees else "  <-- differs from theory"
-            table.add(Row(f"check {model_name} {a}", dtype, str(device), secs,
-                          f"{r.residual_eps:.3g} ε vs {r.tolerance_statistical_eps:.4g} ε statistical, "
-                          f"{r.tolerance_eps:.4g} ε worst case: {r.verdict}{note}"))
+            table.add(
+                Row(
+                    f"check {model_name} {a}",
+                    dtype,
+                    str(device),
+                    secs,
+                    f"{r.residual_eps:.3g} ε vs {r.tolerance_statistical_eps:.4g} ε statistical, "
+                    f"{r.tolerance_eps:.4g} ε worst case: {r.verdict}{note}",
+                )
+            )
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -118,10 +126,17 @@ def step_nullity(table: Table, dims: dict, min_left: float) -> None:
         return
     r, secs = timed(lambda: analyze(cfg, seed=0, method="matrix-free", quiet=True), torch.device("cpu"))
     x = r.extra
-    table.add(Row(f"{label} P = {r.params}", "float64", "cpu", secs,
-                  f"nullity {r.measured_nullity} = explained {r.explained} (unexplained {r.unexplained}); gap "
-                  f"{r.gap_ratio:.3g}; σ certified ≥ {x['sigma_min_complement']:.3g}; Gram {x['gram_seconds']:.1f} s, "
-                  f"Cholesky {x['cholesky_seconds']:.1f} s"))
+    table.add(
+        Row(
+            f"{label} P = {r.params}",
+            "float64",
+            "cpu",
+            secs,
+            f"nullity {r.measured_nullity} = explained {r.explained} (unexplained {r.unexplained}); gap "
+            f"{r.gap_ratio:.3g}; σ certified ≥ {x['sigma_min_complement']:.3g}; Gram {x['gram_seconds']:.1f} s, "
+            f"Cholesky {x['cholesky_seconds']:.1f} s",
+        )
+    )
 
 
 def step_gauge_fix(table: Table, model_name: str, min_left: float) -> None:
@@ -134,9 +149,16 @@ def step_gauge_fix(table: Table, model_name: str, min_left: float) -> None:
     cpu = torch.device("cpu")
     canon, secs = timed(lambda: canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype), cpu)
     fn = function_check(src.cfg, src.params, canon.params, canon.rounding_kappa, element=canon.element())
-    table.add(Row(f"canonicalize {model_name}", str(src.storage_dtype).replace("torch.", ""), "cpu", secs,
-                  f"{fn['residual_eps']:.3g} ε vs {fn['tolerance_statistical_eps']:.4g} ε statistical, "
-                  f"{fn['tolerance_eps']:.4g} ε worst case: {fn['verdict']}"))
+    table.add(
+        Row(
+            f"canonicalize {model_name}",
+            str(src.storage_dtype).replace("torch.", ""),
+            "cpu",
+            secs,
+            f"{fn['residual_eps']:.3g} ε vs {fn['tolerance_statistical_eps']:.4g} ε statistical, "
+            f"{fn['tolerance_eps']:.4g} ε worst case: {fn['verdict']}",
+        )
+    )
     if table.left() < min_left:
         table.add(Row(f"compare {model_name}", "float32", "cpu", None, "skipped: budget spent"))
         return
@@ -144,16 +166,28 @@ def step_gauge_fix(table: Table, model_name: str, min_left: float) -> None:
     b = act.apply(src.cfg, src.params, act.sample(src.cfg, src.params, generator(3), 4.0))
     b32 = {k: v.to(torch.float32) for k, v in b.items()}
     res, secs = timed(lambda: compare(src.cfg, src.params, src.cfg, b32, storage_dtype_a=src.storage_dtype), cpu)
-    table.add(Row(f"compare {model_name} with g·A in float32", "float32", "cpu", secs,
-                  f"invariant distance {res.invariant_distance:.3g} vs tolerance {res.tolerance:.3g}: {res.verdict}"))
+    table.add(
+        Row(
+            f"compare {model_name} with g·A in float32",
+            "float32",
+            "cpu",
+            secs,
+            f"invariant distance {res.invariant_distance:.3g} vs tolerance {res.tolerance:.3g}: {res.verdict}",
+        )
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="every step at tiny sizes (a smoke run)")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                    help="where the checks run (auto: CUDA when visible; else the --quick path on the CPU)")
+    ap.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the checks run (auto: CUDA when visible; else the --quick path on the CPU)",
+    )
     ap.add_argument("--budget-minutes", type=float, default=10.0, help="no step starts after this")
     a = ap.parse_args(argv)
     has_cuda = torch.cuda.is_available()
@@ -166,8 +200,11 @@ def main(argv=None) -> int:
         a.quick = True
     device = torch.device("cuda" if a.device != "cpu" and has_cuda else "cpu")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"torch {torch.__version__}, {where}, CPU threads {torch.get_num_threads()}; "
-          f"{'quick (tiny sizes)' if a.quick else 'full'} run, budget {a.budget_minutes:g} min", flush=True)
+    print(
+        f"torch {torch.__version__}, {where}, CPU threads {torch.get_num_threads()}; "
+        f"{'quick (tiny sizes)' if a.quick else 'full'} run, budget {a.budget_minutes:g} min",
+        flush=True,
+    )
     table = Table(60.0 * a.budget_minutes)
     model = "llama-tiny-gqa" if a.quick else "smollm2"
     step_checks(table, model, device, min_left=5.0)

@@ -40,15 +40,36 @@ CHUNK = 1 << 24  # values per draw
 
 
 def hf_config(a) -> dict:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": a.hidden,
-           "intermediate_size": a.intermediate, "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
-           "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim, "vocab_size": a.vocab,
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
-           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "bos_token_id": 128000,
-           "eos_token_id": 128001, "initializer_range": 0.02, "torch_dtype": a.dtype}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": a.hidden,
+        "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": a.head_dim,
+        "vocab_size": a.vocab,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "initializer_range": 0.02,
+        "torch_dtype": a.dtype,
+    }
     if a.rope_scaling == "llama3":
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
         cfg["max_position_embeddings"] = 131072
     return cfg
 
@@ -56,19 +77,21 @@ def hf_config(a) -> dict:
 def tensors(a) -> list[tuple[str, tuple[int, ...], str, float]]:
     """(name, shape, kind, scale) in save_pretrained's order: kind 'normal' (std = scale) or 'norm'."""
     d, e, f = a.hidden, a.head_dim, a.intermediate
-    out = [("model.embed_tokens.weight", (a.vocab, d), "normal", d ** -0.5)]
+    out = [("model.embed_tokens.weight", (a.vocab, d), "normal", d**-0.5)]
     for i in range(a.layers):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (d,), "norm", 0.2),
-                (p + "self_attn.q_proj.weight", (a.heads * e, d), "normal", d ** -0.5),
-                (p + "self_attn.k_proj.weight", (a.kv_heads * e, d), "normal", d ** -0.5),
-                (p + "self_attn.v_proj.weight", (a.kv_heads * e, d), "normal", d ** -0.5),
-                (p + "self_attn.o_proj.weight", (d, a.heads * e), "normal", (a.heads * e) ** -0.5),
-                (p + "post_attention_layernorm.weight", (d,), "norm", 0.2),
-                (p + "mlp.gate_proj.weight", (f, d), "normal", d ** -0.5),
-                (p + "mlp.up_proj.weight", (f, d), "normal", d ** -0.5),
-                (p + "mlp.down_proj.weight", (d, f), "normal", f ** -0.5)]
-    out += [("model.norm.weight", (d,), "norm", 0.2), ("lm_head.weight", (a.vocab, d), "normal", d ** -0.5)]
+        out += [
+            (p + "input_layernorm.weight", (d,), "norm", 0.2),
+            (p + "self_attn.q_proj.weight", (a.heads * e, d), "normal", d**-0.5),
+            (p + "self_attn.k_proj.weight", (a.kv_heads * e, d), "normal", d**-0.5),
+            (p + "self_attn.v_proj.weight", (a.kv_heads * e, d), "normal", d**-0.5),
+            (p + "self_attn.o_proj.weight", (d, a.heads * e), "normal", (a.heads * e) ** -0.5),
+            (p + "post_attention_layernorm.weight", (d,), "norm", 0.2),
+            (p + "mlp.gate_proj.weight", (f, d), "normal", d**-0.5),
+            (p + "mlp.up_proj.weight", (f, d), "normal", d**-0.5),
+            (p + "mlp.down_proj.weight", (d, f), "normal", f**-0.5),
+        ]
+    out += [("model.norm.weight", (d,), "norm", 0.2), ("lm_head.weight", (a.vocab, d), "normal", d**-0.5)]
     return out
 
 
@@ -141,13 +164,17 @@ def main(argv=None) -> int:
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         total += write_shard(a.out / fname, group, a, dtype)
         weight_map.update({name: fname for name, *_ in group})
-        print(f"{fname}: {len(group)} tensors, {total / 1e9:.2f} GB so far, {time.perf_counter() - t0:.0f} s",
-              flush=True)
-    (a.out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        print(
+            f"{fname}: {len(group)} tensors, {total / 1e9:.2f} GB so far, {time.perf_counter() - t0:.0f} s", flush=True
+        )
+    (a.out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
     n = sum(math.prod(s) for _, s, *_ in items)
-    print(f"wrote {a.out}: {n / 1e9:.3f} G parameters, {total / 1e9:.2f} GB in {len(shards)} shard(s), "
-          f"{time.perf_counter() - t0:.0f} s")
+    print(
+        f"wrote {a.out}: {n / 1e9:.3f} G parameters, {total / 1e9:.2f} GB in {len(shards)} shard(s), "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     return 0
 
 

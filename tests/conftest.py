@@ -43,32 +43,34 @@ if _THREADS is not None:
 # In the files of _FIXTURE_GROUPS only the tests whose names match use the shared fixture (the
 # others, e.g. a CLI audit of a small claim file, are scheduled on their own).
 _FIXTURE_GROUPS = {
-    "tests/test_audit.py": ("catalog-audit", re.compile(r"test_catalog_audit_")),   # catalog_report
+    "tests/test_audit.py": ("catalog-audit", re.compile(r"test_catalog_audit_")),  # catalog_report
     "tests/test_proofs_md.py": ("catalog-audit", re.compile(r"test_proofs_md_is_up_to_date_and_agrees")),
     # rules_report (the catalog as rules, in catalog_report's context), compared with catalog_report
     "tests/test_rules_audit.py": ("catalog-audit", re.compile(r"(?!test_rule_claims_example_paper_verdicts)")),
 }
 _FILE_GROUPS = {
-    "tests/test_precision.py": "precision",        # the error study (MiniLM) and the referee test
+    "tests/test_precision.py": "precision",  # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
-    "tests/test_family_gemma.py": "gemma3-270m",   # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
+    "tests/test_family_gemma.py": "gemma3-270m",  # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
 }
 # fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
 # ending in [half0] / [half1]), so each half can go to its own worker
 _FUZZ = re.compile(r"tests/test_rules_fuzz_budget\.py::.*\[(half\d+)\]$")
 # the maximality tests that share one configuration's dense measurement (the `analyzed` fixture);
 # measured_equals_explained's ids end in the size, -A or -B
-_NULLITY = re.compile(r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
-                      r"small_vocab_first_block_families|matrix_free_agrees_on_small_vocab)\[(.+?)(?:-[AB])?\]$")
+_NULLITY = re.compile(
+    r"tests/test_nullity\.py::test_maximality_(?:measured_equals_explained|matrix_free_agrees_with_dense|"
+    r"small_vocab_first_block_families|matrix_free_agrees_on_small_vocab)\[(.+?)(?:-[AB])?\]$"
+)
 
 
 def xdist_group(nodeid: str) -> str | None:
     """The group of a test id, or None for a test that shares nothing expensive."""
     path, _, name = nodeid.partition("::")
-    if "smollm2" in name:   # in the test's name or its parameters (smollm2, smollm2-untied)
-        return "smollm2"       # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
-    if path == "tests/test_docs.py":   # the examples' shared run; the audit blocks read the catalog audit
+    if "smollm2" in name:  # in the test's name or its parameters (smollm2, smollm2-untied)
+        return "smollm2"  # the real SmolLM2 weights, dequantized once per process (~1 GB float64)
+    if path == "tests/test_docs.py":  # the examples' shared run; the audit blocks read the catalog audit
         return "catalog-audit" if name.startswith("test_docs_catalog") else "docs"
     if path in _FILE_GROUPS:
         return _FILE_GROUPS[path]
@@ -95,7 +97,7 @@ GROUP_SECONDS = {
     "precision": 25.0,
     "rule-checkers": 25.0,
     "gemma3-270m": 60.0,
-    "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,   # three audits
+    "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,  # three audits
     "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 9.0,
     "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 30.0,
 }
@@ -155,6 +157,7 @@ def analyzed():
         if key not in made:
             made[key] = analyze(cfg, **kw)
         return made[key]
+
     return get
 
 
@@ -170,6 +173,7 @@ def audit_context():
     class SharedModels(Context):
         def model(self, name: str):
             return _model(name, self.seed)
+
     return SharedModels(seed=0)
 
 
@@ -195,43 +199,144 @@ def catalog_report(tmp_path_factory, audit_context):
 # misplaces one of them must show).
 HF_TINY = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24, vocab_size=40)),
-    "gpt2-untied": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24,
-                                                          vocab_size=40, tie_word_embeddings=False,
-                                                          activation_function="gelu", layer_norm_epsilon=1e-6)),
+    "gpt2-untied": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            n_embd=16,
+            n_layer=2,
+            n_head=4,
+            n_positions=24,
+            vocab_size=40,
+            tie_word_embeddings=False,
+            activation_function="gelu",
+            layer_norm_epsilon=1e-6,
+        ),
+    ),
     "gpt2-bare": ("GPT2Config", "GPT2Model", dict(n_embd=16, n_layer=2, n_head=4, n_positions=24, vocab_size=40)),
-    "bert": ("BertConfig", "BertModel", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                             intermediate_size=32, vocab_size=40, max_position_embeddings=24)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                                      num_key_value_heads=2, intermediate_size=32, vocab_size=40,
-                                                      rms_norm_eps=1e-5,
-                                                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
-    "llama-bias-tied": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=16, num_hidden_layers=2,
-                                                                num_attention_heads=4, num_key_value_heads=1,
-                                                                head_dim=6, intermediate_size=24, vocab_size=40,
-                                                                attention_bias=True, mlp_bias=True,
-                                                                tie_word_embeddings=True)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                                            num_key_value_heads=2, intermediate_size=32, vocab_size=40,
-                                                            sliding_window=None)),
-    "qwen": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                                     num_key_value_heads=2, intermediate_size=32, vocab_size=40)),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(hidden_size=16, num_hidden_layers=2,
-                                                            num_attention_heads=4, num_key_value_heads=2,
-                                                            intermediate_size=24, vocab_size=40, num_local_experts=4,
-                                                            num_experts_per_tok=2)),
+    "bert": (
+        "BertConfig",
+        "BertModel",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=32,
+            vocab_size=40,
+            max_position_embeddings=24,
+        ),
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=32,
+            vocab_size=40,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        ),
+    ),
+    "llama-bias-tied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=6,
+            intermediate_size=24,
+            vocab_size=40,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=32,
+            vocab_size=40,
+            sliding_window=None,
+        ),
+    ),
+    "qwen": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=32,
+            vocab_size=40,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=24,
+            vocab_size=40,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     # Gemma: small soft-caps (scores and logits reach the tanh's curved part), a window shorter than
     # the inputs, a query_pre_attn_scalar ≠ d_head, two RoPE bases with linear scaling on the full layers
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
-                                                         num_key_value_heads=2, head_dim=6, intermediate_size=24,
-                                                         vocab_size=40, sliding_window=5, query_pre_attn_scalar=10,
-                                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
-                                                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
-        intermediate_size=24, vocab_size=40, sliding_window=5, query_pre_attn_scalar=10, tie_word_embeddings=False,
-        final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
-                         "full_attention": {"rope_type": "linear", "factor": 3.0, "rope_theta": 700.0}})),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=6,
+            intermediate_size=24,
+            vocab_size=40,
+            sliding_window=5,
+            query_pre_attn_scalar=10,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        ),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=8,
+            intermediate_size=24,
+            vocab_size=40,
+            sliding_window=5,
+            query_pre_attn_scalar=10,
+            tie_word_embeddings=False,
+            final_logit_softcapping=3.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                "full_attention": {"rope_type": "linear", "factor": 3.0, "rope_theta": 700.0},
+            },
+        ),
+    ),
 }
 
 
@@ -274,6 +379,7 @@ def tiny_hf(tmp_path_factory):
             # save_pretrained draws a "Writing model shards" bar on stderr: tests that read
             # stderr (one-line errors) must see only what gauge-audit printed.
             import transformers
+
             transformers.utils.logging.disable_progress_bar()
             if dtype is not None:
                 model = model.to(dtype)
@@ -281,6 +387,7 @@ def tiny_hf(tmp_path_factory):
             model.save_pretrained(str(out), **({"max_shard_size": "8KB"} if shard else {}))
             made[key] = out
         return made[key]
+
     return get
 
 

@@ -35,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
-_BLOCK = re.compile(r"^<!-- (run|run: slow|run: catalog|not-run: (?P<reason>[^>]*?)) -->\n```console\n(?P<body>.*?)^```$", re.M | re.S)
+_BLOCK = re.compile(
+    r"^<!-- (run|run: slow|run: catalog|not-run: (?P<reason>[^>]*?)) -->\n```console\n(?P<body>.*?)^```$", re.M | re.S
+)
 _ANY_CONSOLE = re.compile(r"^```console\n(?P<body>.*?)^```$", re.M | re.S)
 _FILE = re.compile(r"^<!-- file: (?P<name>[\w./-]+) -->\n```toml\n(?P<body>.*?)^```$", re.M | re.S)
 _TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|min)\b")
@@ -44,10 +46,10 @@ _TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|min)\b")
 @dataclass
 class Example:
     page: Path
-    mode: str                  # "run", "slow" or "not-run"
+    mode: str  # "run", "slow" or "not-run"
     reason: str
-    commands: list[tuple[str, str]] = field(default_factory=list)   # (command, shown output)
-    span: tuple[int, int] = (0, 0)                                  # the block body in the page text
+    commands: list[tuple[str, str]] = field(default_factory=list)  # (command, shown output)
+    span: tuple[int, int] = (0, 0)  # the block body in the page text
 
 
 def normalise(text: str, cwd: str | Path = "", times: bool = True) -> str:
@@ -82,8 +84,11 @@ def unmarked(page: Path) -> list[str]:
     """Console blocks that show output but carry no marker: each must be marked one way or the other."""
     text = page.read_text(encoding="utf-8")
     marked = {m.span("body") for m in _BLOCK.finditer(text)}
-    return [m.group("body").splitlines()[0] for m in _ANY_CONSOLE.finditer(text)
-            if m.span("body") not in marked and any(out.strip() for _, out in _parse(m.group("body")))]
+    return [
+        m.group("body").splitlines()[0]
+        for m in _ANY_CONSOLE.finditer(text)
+        if m.span("body") not in marked and any(out.strip() for _, out in _parse(m.group("body")))
+    ]
 
 
 def files(pages=PAGES) -> dict[str, str]:
@@ -143,9 +148,11 @@ def _write(cwd: Path, pages=PAGES) -> None:
         for ex in reversed(examples(page)):
             if ex.mode == "not-run":
                 continue
-            body = "".join(f"$ {cmd}\n" + (normalise(results[cmd][1], cwd, times=False) + "\n").lstrip("\n")
-                           for cmd, _ in ex.commands)
-            text = text[:ex.span[0]] + body + text[ex.span[1]:]
+            body = "".join(
+                f"$ {cmd}\n" + (normalise(results[cmd][1], cwd, times=False) + "\n").lstrip("\n")
+                for cmd, _ in ex.commands
+            )
+            text = text[: ex.span[0]] + body + text[ex.span[1] :]
         page.write_text(text, encoding="utf-8")
         print(f"wrote {page.relative_to(ROOT)}")
 
@@ -155,7 +162,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] != ["--write"]:
         sys.exit(__doc__)
-    chosen = [ROOT / a for a in sys.argv[2:]] or PAGES     # --write [PAGE ...]: only these pages
+    chosen = [ROOT / a for a in sys.argv[2:]] or PAGES  # --write [PAGE ...]: only these pages
     with tempfile.TemporaryDirectory() as tmp:
         prepare(Path(tmp))
         _write(Path(tmp), chosen)

@@ -13,57 +13,164 @@ from gauge_audit.models.registry import FAMILIES, Model
 from gauge_audit.numeric import tolerance
 
 EPS64, EPS32 = torch.finfo(torch.float64).eps, torch.finfo(torch.float32).eps
-_LLAMA = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-              vocab_size=40, rms_norm_eps=1e-5, max_position_embeddings=8)
-_QWEN3 = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-              vocab_size=40, head_dim=6, rms_norm_eps=1e-5)
+_LLAMA = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=32,
+    vocab_size=40,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8,
+)
+_QWEN3 = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=32,
+    vocab_size=40,
+    head_dim=6,
+    rms_norm_eps=1e-5,
+)
 _MOE = dict(moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2)
 # The inputs have 12 positions: beyond max_position_embeddings 8 (dynamic NTK rescales the base)
 # and beyond original_max_position_embeddings 6 (longrope switches to the long factors).
 KINDS = {
-    "llama-linear": ("LlamaConfig", "LlamaForCausalLM",
-                     dict(_LLAMA, rope_parameters={"rope_type": "linear", "factor": 2.5, "rope_theta": 500.0})),
-    "llama-dynamic": ("LlamaConfig", "LlamaForCausalLM",
-                      dict(_LLAMA, rope_parameters={"rope_type": "dynamic", "factor": 3.0, "rope_theta": 500.0})),
-    "llama-yarn": ("LlamaConfig", "LlamaForCausalLM",
-                   dict(_LLAMA, rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0,
-                                                 "original_max_position_embeddings": 4})),
+    "llama-linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(_LLAMA, rope_parameters={"rope_type": "linear", "factor": 2.5, "rope_theta": 500.0}),
+    ),
+    "llama-dynamic": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(_LLAMA, rope_parameters={"rope_type": "dynamic", "factor": 3.0, "rope_theta": 500.0}),
+    ),
+    "llama-yarn": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _LLAMA,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "rope_theta": 500.0,
+                "original_max_position_embeddings": 4,
+            },
+        ),
+    ),
     # original context 16: plane 0 (wavelength 2π) is medium (smoothed), plane 1 (≈140) low (divided)
-    "llama-llama3": ("LlamaConfig", "LlamaForCausalLM",
-                     dict(_LLAMA, rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
-                                                   "rope_theta": 500.0})),
-    "llama-longrope": ("LlamaConfig", "LlamaForCausalLM",
-                       dict(_LLAMA, rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.3],
-                                                     "long_factor": [1.5, 2.5], "original_max_position_embeddings": 6,
-                                                     "rope_theta": 500.0})),
-    "mistral-window": ("MistralConfig", "MistralForCausalLM",
-                       dict(_LLAMA, max_position_embeddings=32, sliding_window=5)),
+    "llama-llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _LLAMA,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 500.0,
+            },
+        ),
+    ),
+    "llama-longrope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _LLAMA,
+            rope_parameters={
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.3],
+                "long_factor": [1.5, 2.5],
+                "original_max_position_embeddings": 6,
+                "rope_theta": 500.0,
+            },
+        ),
+    ),
+    "mistral-window": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(_LLAMA, max_position_embeddings=32, sliding_window=5),
+    ),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _QWEN3),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_QWEN3, **_MOE, norm_topk_prob=True)),
     "qwen3-moe-unnormed": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_QWEN3, **_MOE, norm_topk_prob=False)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {k: v for k, v in _QWEN3.items() if k != "head_dim"}),
-    "olmo2-bias-yarn": ("Olmo2Config", "Olmo2ForCausalLM",
-                        dict(_LLAMA, attention_bias=True, rope_parameters={"rope_type": "yarn", "factor": 2.0,
-                                                                           "rope_theta": 500.0,
-                                                                           "original_max_position_embeddings": 4})),
-    "phi3-partial": ("Phi3Config", "Phi3ForCausalLM",
-                     dict(_LLAMA, max_position_embeddings=32, partial_rotary_factor=0.5, pad_token_id=0,
-                          bos_token_id=1, eos_token_id=2)),
-    "phi3-longrope-window": ("Phi3Config", "Phi3ForCausalLM",
-                             dict(_LLAMA, original_max_position_embeddings=6, sliding_window=5, pad_token_id=0,
-                                  bos_token_id=1, eos_token_id=2,
-                                  rope_parameters={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
-                                                   "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
-    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
-             dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24, vocab_size=40,
-                  max_position_embeddings=32)),
-    "neox-sequential-linear": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
-                               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
-                                    vocab_size=40, max_position_embeddings=32, use_parallel_residual=False,
-                                    hidden_act="gelu_new",
-                                    rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0,
-                                                     "partial_rotary_factor": 0.5})),
+    "olmo2-bias-yarn": (
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        dict(
+            _LLAMA,
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "rope_theta": 500.0,
+                "original_max_position_embeddings": 4,
+            },
+        ),
+    ),
+    "phi3-partial": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            _LLAMA,
+            max_position_embeddings=32,
+            partial_rotary_factor=0.5,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "phi3-longrope-window": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            _LLAMA,
+            original_max_position_embeddings=6,
+            sliding_window=5,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            rope_parameters={
+                "rope_type": "longrope",
+                "short_factor": [1.0],
+                "long_factor": [2.0],
+                "rope_theta": 500.0,
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+    ),
+    "neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=24,
+            vocab_size=40,
+            max_position_embeddings=32,
+        ),
+    ),
+    "neox-sequential-linear": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=24,
+            vocab_size=40,
+            max_position_embeddings=32,
+            use_parallel_residual=False,
+            hidden_act="gelu_new",
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+        ),
+    ),
 }
 
 
@@ -111,5 +218,9 @@ def compare(path) -> tuple[float, float, float, float]:
     x = inputs(ckpt.cfg)
     ours = model.forward(model.params, x)
     n = x["tokens"].shape[1]
-    return (rel(ours, hf_logits(path, ckpt, x, True)), tol(ckpt.cfg, n),
-            rel(ours, hf_logits(path, ckpt, x, False)), tol(ckpt.cfg, n, dtype=torch.float32))
+    return (
+        rel(ours, hf_logits(path, ckpt, x, True)),
+        tol(ckpt.cfg, n),
+        rel(ours, hf_logits(path, ckpt, x, False)),
+        tol(ckpt.cfg, n, dtype=torch.float32),
+    )

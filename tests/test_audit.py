@@ -24,8 +24,11 @@ def _run(argv, capsys):
 
 # ----------------------------------------------------------------------------- combination rule
 def test_combine_rules():
-    h, f, c = (Evidence("torch", HOLDS, "h"), Evidence("symbolic", FAILS, "f", counterexample="x"),
-               Evidence("precision", CORRECTED, "c", corrected_rule="rule"))
+    h, f, c = (
+        Evidence("torch", HOLDS, "h"),
+        Evidence("symbolic", FAILS, "f", counterexample="x"),
+        Evidence("precision", CORRECTED, "c", corrected_rule="rule"),
+    )
     assert combine([h, Evidence("lean", NOT_RUN, "n")]).verdict == HOLDS
     assert combine([f]).verdict == FAILS and combine([f]).counterexample == "x"
     v = combine([h, f])
@@ -104,43 +107,90 @@ ACTION_CLAIMS = "example-relu-rescaling,example-gelu-rescaling,example-stream-ro
 
 def test_audit_example_user_claim_file(tmp_path, capsys):
     """The example's claims that name actions and a formula (its rule claims: tests/test_rules_audit.py)."""
-    code, out, _ = _run(["audit", str(EXAMPLE), "--only", ACTION_CLAIMS, "--out", str(tmp_path / "r"), "--quiet"],
-                        capsys)
+    code, out, _ = _run(
+        ["audit", str(EXAMPLE), "--only", ACTION_CLAIMS, "--out", str(tmp_path / "r"), "--quiet"], capsys
+    )
     assert code == 0
     data = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
-    assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
-                   "example-stream-rotation": CORRECTED, "example-attention-dimension": FAILS}
+    assert got == {
+        "example-relu-rescaling": HOLDS,
+        "example-gelu-rescaling": FAILS,
+        "example-stream-rotation": CORRECTED,
+        "example-attention-dimension": FAILS,
+    }
     dim = next(c for c in data["claims"] if c["id"] == "example-attention-dimension")["evidence"]["nullity"]
     assert "measured symmetry dimension 16" in dim["summary"]  # h(d_k² + d_v²) = 2·(4 + 4), not 2·1 + 8
     assert "example-gelu-rescaling" in out and "FAILS" in out
 
 
 def test_audit_fail_on(tmp_path, capsys):
-    assert _run(["audit", str(EXAMPLE), "--only", "example-gelu-rescaling", "--out", str(tmp_path / "a"), "--quiet",
-                 "--fail-on", "FAILS"], capsys)[0] == 1
-    assert _run(["audit", str(EXAMPLE), "--only", "example-relu-rescaling", "--out", str(tmp_path / "b"), "--quiet",
-                 "--fail-on", "FAILS"], capsys)[0] == 0
+    assert (
+        _run(
+            [
+                "audit",
+                str(EXAMPLE),
+                "--only",
+                "example-gelu-rescaling",
+                "--out",
+                str(tmp_path / "a"),
+                "--quiet",
+                "--fail-on",
+                "FAILS",
+            ],
+            capsys,
+        )[0]
+        == 1
+    )
+    assert (
+        _run(
+            [
+                "audit",
+                str(EXAMPLE),
+                "--only",
+                "example-relu-rescaling",
+                "--out",
+                str(tmp_path / "b"),
+                "--quiet",
+                "--fail-on",
+                "FAILS",
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
 
 
 def test_audit_json_output(tmp_path, capsys):
-    code, out, _ = _run(["audit", "--only", "count-wiki-log-hfact", "--out", str(tmp_path / "r"), "--quiet", "--json"],
-                        capsys)
+    code, out, _ = _run(
+        ["audit", "--only", "count-wiki-log-hfact", "--out", str(tmp_path / "r"), "--quiet", "--json"], capsys
+    )
     assert code == 0 and json.loads(out)["claims"][0]["verdict"] == FAILS
 
 
 # ----------------------------------------------------------------------------- error paths
-@pytest.mark.parametrize("text,match,problems", [
-    # title mistyped, authors and reference missing: all three in one run
-    ("[document]\ntitle = 1\n", r"bad\.toml:2: field document\.title", 3),
-    # location, statement, kind and checkers missing
-    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\n", r"bad\.toml:5: field location", 4),
-    ("this is not toml", r"bad\.toml:1: TOML syntax error", 1),
-    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
-     "kind='symmetry'\ncheckers=['torch']\naction='no-such-action'\n", r"bad\.toml:11: field action", 1),
-    ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
-     "kind='count'\ncheckers=['symbolic']\nformula='__import__(\"os\")'\n", r"bad\.toml:11: field formula", 1),
-])
+@pytest.mark.parametrize(
+    "text,match,problems",
+    [
+        # title mistyped, authors and reference missing: all three in one run
+        ("[document]\ntitle = 1\n", r"bad\.toml:2: field document\.title", 3),
+        # location, statement, kind and checkers missing
+        ("[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\n", r"bad\.toml:5: field location", 4),
+        ("this is not toml", r"bad\.toml:1: TOML syntax error", 1),
+        (
+            "[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
+            "kind='symmetry'\ncheckers=['torch']\naction='no-such-action'\n",
+            r"bad\.toml:11: field action",
+            1,
+        ),
+        (
+            "[document]\ntitle='t'\nauthors=['a']\nreference='r'\n[[claim]]\nid='x'\nlocation='l'\nstatement='s'\n"
+            "kind='count'\ncheckers=['symbolic']\nformula='__import__(\"os\")'\n",
+            r"bad\.toml:11: field formula",
+            1,
+        ),
+    ],
+)
 def test_audit_malformed_claim_file_one_line_per_problem_exit_2(tmp_path, capsys, text, match, problems):
     bad = tmp_path / "bad.toml"
     bad.write_text(text, encoding="utf-8")
@@ -150,11 +200,14 @@ def test_audit_malformed_claim_file_one_line_per_problem_exit_2(tmp_path, capsys
     assert all(re.match(rf"gauge-audit: error: {re.escape(str(bad))}:\d+: ", ln) for ln in lines), err
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["audit", "--only", "no-such-claim"], "unknown claim id"),
-    (["audit", "--fail-on", "MAYBE"], "--fail-on"),
-    (["audit", "/nonexistent/claims.toml"], "cannot read claim file"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["audit", "--only", "no-such-claim"], "unknown claim id"),
+        (["audit", "--fail-on", "MAYBE"], "--fail-on"),
+        (["audit", "/nonexistent/claims.toml"], "cannot read claim file"),
+    ],
+)
 def test_audit_cli_errors_one_line_exit_2(tmp_path, capsys, argv, match):
     code, _, err = _run(argv + ["--out", str(tmp_path / "r")], capsys)
     assert code == 2 and err.count("\n") == 1 and match in err, err

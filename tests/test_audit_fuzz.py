@@ -46,6 +46,7 @@ def canary(tmp_path, monkeypatch):
             if isinstance(args[0] if args else None, (str, bytes)) and not caller.startswith("importlib"):
                 calls.append(_name)
             return _orig(*args, **kw)
+
         monkeypatch.setattr(builtins, name, spy)
     yield calls
     assert not marker.exists(), "a claim-file payload was executed"
@@ -53,19 +54,79 @@ def canary(tmp_path, monkeypatch):
 
 
 PAYLOADS = [
-    "__import__('ga_canary_mod')", "__import__(\"ga_canary_mod\").x", "eval(\"__import__('ga_canary_mod')\")",
-    "exec('import ga_canary_mod')", "lambda: __import__('ga_canary_mod')", "(lambda x: x)(1)", "os.system('true')",
-    "().__class__.__bases__[0].__subclasses__()", "Symbol('x')", "import ga_canary_mod", "${x}", "{{7*7}}",
-    "2**2**2**2**2", "9^9^9^9", "99999!", "factorial(10^9)", "1e999999", "0^-1", "log(0)", "x" * 3000,
+    "__import__('ga_canary_mod')",
+    '__import__("ga_canary_mod").x',
+    "eval(\"__import__('ga_canary_mod')\")",
+    "exec('import ga_canary_mod')",
+    "lambda: __import__('ga_canary_mod')",
+    "(lambda x: x)(1)",
+    "os.system('true')",
+    "().__class__.__bases__[0].__subclasses__()",
+    "Symbol('x')",
+    "import ga_canary_mod",
+    "${x}",
+    "{{7*7}}",
+    "2**2**2**2**2",
+    "9^9^9^9",
+    "99999!",
+    "factorial(10^9)",
+    "1e999999",
+    "0^-1",
+    "log(0)",
+    "x" * 3000,
     "((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((x"
     "))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))",
 ]
-VALUES = ['"x"', "1", "-3", "1.5e300", "true", "[]", "[1, \"a\"]", "{ a = 1 }", '"""multi\nline"""', "nan", "inf",
-          "1979-05-27", '"qk-gl"', '"holds"', '"fails"', '["lean", "nope"]', '["symbolic", "symbolic"]', "{",
-          '"unterminated', "[[", "0x10", "99999999999999999999999999"] + [repr(p).replace("'", '"') for p in PAYLOADS]
-KEYS = ["id", "source", "location", "statement", "kind", "checkers", "params", "formula", "claimed_value",
-        "claimed_percent", "relation", "action", "expected", "corrected_action", "models", "note", "evil",
-        "__class__", "títle", "document", "claim", "[claim]", "[[claim]]", "[document]"]
+VALUES = [
+    '"x"',
+    "1",
+    "-3",
+    "1.5e300",
+    "true",
+    "[]",
+    '[1, "a"]',
+    "{ a = 1 }",
+    '"""multi\nline"""',
+    "nan",
+    "inf",
+    "1979-05-27",
+    '"qk-gl"',
+    '"holds"',
+    '"fails"',
+    '["lean", "nope"]',
+    '["symbolic", "symbolic"]',
+    "{",
+    '"unterminated',
+    "[[",
+    "0x10",
+    "99999999999999999999999999",
+] + [repr(p).replace("'", '"') for p in PAYLOADS]
+KEYS = [
+    "id",
+    "source",
+    "location",
+    "statement",
+    "kind",
+    "checkers",
+    "params",
+    "formula",
+    "claimed_value",
+    "claimed_percent",
+    "relation",
+    "action",
+    "expected",
+    "corrected_action",
+    "models",
+    "note",
+    "evil",
+    "__class__",
+    "títle",
+    "document",
+    "claim",
+    "[claim]",
+    "[[claim]]",
+    "[document]",
+]
 
 
 def _base_texts() -> list[str]:
@@ -74,7 +135,7 @@ def _base_texts() -> list[str]:
         text = path.read_text(encoding="utf-8")
         head, *blocks = text.split("[[claim]]")
         for i in range(0, len(blocks), 2):  # small documents: header + up to two claims
-            texts.append(head + "".join("[[claim]]" + b for b in blocks[i:i + 2]))
+            texts.append(head + "".join("[[claim]]" + b for b in blocks[i : i + 2]))
     return texts
 
 
@@ -100,8 +161,11 @@ def _mutate(text: str, rng: random.Random) -> str:
             lines = "\n".join(lines)[:cut].split("\n")
         elif op == 6 and lines:
             pos = rng.randrange(len(lines[i]) + 1)
-            lines[i] = lines[i][:pos] + rng.choice(["\x00", "\ud7ff", "é", "'", '"', "\\", "]", "[", "#", "\t",
-                                                    "\u202e", "=", "{", "}"]) + lines[i][pos:]
+            lines[i] = (
+                lines[i][:pos]
+                + rng.choice(["\x00", "\ud7ff", "é", "'", '"', "\\", "]", "[", "#", "\t", "\u202e", "=", "{", "}"])
+                + lines[i][pos:]
+            )
         elif op == 7:
             lines.insert(i, rng.choice(["[[claim]]", "[document]", "[claim]", "[params]", "[[document]]"]))
         elif op == 8 and lines and "=" in lines[i]:
@@ -109,7 +173,7 @@ def _mutate(text: str, rng: random.Random) -> str:
             lines[i] = f"{key}= {rng.choice(PAYLOADS)!r}".replace("'", '"')
         elif op == 9:
             block = "\n".join(lines)
-            lines = (block + "\n" + block[block.find("[[claim]]"):]).split("\n")  # duplicate ids
+            lines = (block + "\n" + block[block.find("[[claim]]") :]).split("\n")  # duplicate ids
     return "\n".join(lines)
 
 
@@ -127,12 +191,42 @@ def test_fuzz_malformed_claim_files(canary):
             assert exc.lines and all(ln.startswith(f"fuzz{n}.toml:") and "\n" not in ln for ln in exc.lines), exc.lines
             outcomes["rejected"] += 1
     print(outcomes)
-    assert outcomes["rejected"] > N_FILES // 2   # the mutations really are malformed
+    assert outcomes["rejected"] > N_FILES // 2  # the mutations really are malformed
     assert canary == [], f"eval/exec/compile called while loading claim files: {set(canary)}"
 
 
-FORMULA_ATOMS = ["h", "d_k", "d_v", "n_t", "2", "0", "1.3", "1e3", "log(", "sqrt(", "factorial(", "binomial(",
-                 "min(", "+", "-", "*", "/", "^", "**", "!", "(", ")", ",", " ", "pi", "exp(", "__", ".", "'", ";"]
+FORMULA_ATOMS = [
+    "h",
+    "d_k",
+    "d_v",
+    "n_t",
+    "2",
+    "0",
+    "1.3",
+    "1e3",
+    "log(",
+    "sqrt(",
+    "factorial(",
+    "binomial(",
+    "min(",
+    "+",
+    "-",
+    "*",
+    "/",
+    "^",
+    "**",
+    "!",
+    "(",
+    ")",
+    ",",
+    " ",
+    "pi",
+    "exp(",
+    "__",
+    ".",
+    "'",
+    ";",
+]
 
 
 def _mutate_chars(rng: random.Random, text: str, atoms: list[str]) -> str:
@@ -149,8 +243,13 @@ def _mutate_chars(rng: random.Random, text: str, atoms: list[str]) -> str:
 
 def test_fuzz_formula_mutations(canary):
     rng = random.Random(7)
-    seeds = ["2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", "h*(d_k^2+d_v^2) + log(h!)", "L*h*(d_k^2 + d_v^2)",
-             "P/log(P)", "n_q*d_k^2 + n_kv*d_v^2"] + PAYLOADS
+    seeds = [
+        "2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2",
+        "h*(d_k^2+d_v^2) + log(h!)",
+        "L*h*(d_k^2 + d_v^2)",
+        "P/log(P)",
+        "n_q*d_k^2 + n_kv*d_v^2",
+    ] + PAYLOADS
     ok = bad = 0
     for _ in range(N_FORMULAS_MUTATED):
         try:
@@ -164,8 +263,12 @@ def test_fuzz_formula_mutations(canary):
     assert canary == [], f"eval/exec/compile called while parsing formulas: {set(canary)}"
 
 
-@settings(max_examples=N_FORMULAS_HYPOTHESIS, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=N_FORMULAS_HYPOTHESIS,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(st.sampled_from(FORMULA_ATOMS + PAYLOADS[:8]) | st.text(max_size=4), max_size=12))
 def test_fuzz_formula_hypothesis(canary, parts):
     text = "".join(parts)
@@ -197,15 +300,67 @@ def test_canary_would_fire_under_default_sympify(tmp_path, monkeypatch):
 N_RULE_MUTATED = 6_000
 N_RULE_HYPOTHESIS = 3_000
 N_RULE_FILES = 3_000
-RULE_SYMBOLS = symbols_for([Element("M", "GL", "d_k"), Element("s", "diagonal", "d_v"),
-                            Element("c", "translation", "d_v"), Element("R", "SO1", "d_model"),
-                            Element("k", "scalar", None)])
-RULE_SEEDS = ["W_K @ inv(transpose(M))", "inv(diag(s)) @ W_O", "b_O - c @ W_O", "transpose(R) @ W_Q",
-              "inv(diag(norm1.w)) @ transpose(R) @ diag(norm1.w) @ W_Q", "norm1.w * ones(d_model)",
-              "W_Q @ M + outer(ones(d_model), b_Q)", "k * W_V @ eye(d_v)", "-(b_V @ diag(s))"] + PAYLOADS
-RULE_ATOMS = ["W_Q", "W_K", "W_O", "b_O", "norm1.w", "M", "s", "c", "R", "k", "@", "*", "+", "-", "(", ")", ",",
-              "inv(", "transpose(", "diag(", "outer(", "ones(", "eye(", "d_k", "d_model", "2", "0", "1e400", ".",
-              "..", "'", ";", "__", "norm1.", " ", "eval(", "M.T", "M**2", "λ"]
+RULE_SYMBOLS = symbols_for(
+    [
+        Element("M", "GL", "d_k"),
+        Element("s", "diagonal", "d_v"),
+        Element("c", "translation", "d_v"),
+        Element("R", "SO1", "d_model"),
+        Element("k", "scalar", None),
+    ]
+)
+RULE_SEEDS = [
+    "W_K @ inv(transpose(M))",
+    "inv(diag(s)) @ W_O",
+    "b_O - c @ W_O",
+    "transpose(R) @ W_Q",
+    "inv(diag(norm1.w)) @ transpose(R) @ diag(norm1.w) @ W_Q",
+    "norm1.w * ones(d_model)",
+    "W_Q @ M + outer(ones(d_model), b_Q)",
+    "k * W_V @ eye(d_v)",
+    "-(b_V @ diag(s))",
+] + PAYLOADS
+RULE_ATOMS = [
+    "W_Q",
+    "W_K",
+    "W_O",
+    "b_O",
+    "norm1.w",
+    "M",
+    "s",
+    "c",
+    "R",
+    "k",
+    "@",
+    "*",
+    "+",
+    "-",
+    "(",
+    ")",
+    ",",
+    "inv(",
+    "transpose(",
+    "diag(",
+    "outer(",
+    "ones(",
+    "eye(",
+    "d_k",
+    "d_model",
+    "2",
+    "0",
+    "1e400",
+    ".",
+    "..",
+    "'",
+    ";",
+    "__",
+    "norm1.",
+    " ",
+    "eval(",
+    "M.T",
+    "M**2",
+    "λ",
+]
 
 
 def _check_rule_error(exc: GaugeAuditError) -> None:
@@ -227,7 +382,7 @@ def test_fuzz_rule_expression_mutations(canary):
     names = ["W_Q", "W_K", "W_V", "W_O", "b_O", "b_V", "M", "s", "c", "R", "k", "norm1.w", "d_k", "d_v", "d_model"]
     for _ in range(N_RULE_MUTATED):
         text = rng.choice(RULE_SEEDS)
-        if rng.random() < 0.4:   # swap names: well-formed text whose shapes or invertibility may not fit
+        if rng.random() < 0.4:  # swap names: well-formed text whose shapes or invertibility may not fit
             for _ in range(rng.randint(1, 2)):
                 old = rng.choice(names)
                 text = text.replace(old, rng.choice(names), 1)
@@ -243,8 +398,12 @@ def test_fuzz_rule_expression_mutations(canary):
     assert canary == [], f"eval/exec/compile called while parsing rule expressions: {set(canary)}"
 
 
-@settings(max_examples=N_RULE_HYPOTHESIS, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=N_RULE_HYPOTHESIS,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(st.sampled_from(RULE_ATOMS + PAYLOADS[:8]) | st.text(max_size=4), max_size=14))
 def test_fuzz_rule_expression_hypothesis(canary, parts):
     text = "".join(parts)
@@ -256,11 +415,42 @@ def test_fuzz_rule_expression_hypothesis(canary, parts):
     assert canary[before:] == [], f"eval/exec/compile called while parsing {text!r}"
 
 
-RULE_VALUES = ['"GL(d_k)"', '"SO1(d_model)"', '"diagonal(0)"', '"translation(d_q)"', '"scalar"', '"Foo(3)"', "3",
-               '{ w = "x" }', '"W_K @ inv(M)"', '"inv(diag(c)) @ W_O"', '"W_Q @ M @"', '"head"', '"heads"',
-               '"b_U"', '"W_Q @ W_Q"'] + [repr(p).replace("'", '"') for p in PAYLOADS]
-RULE_KEYS = ["scope", "elements", "maps", "M", "N", "s", "W_Q", "W_K", "b_K", "norm1.w", '"norm1.w"', "W_Z",
-             "[claim.rule]", "[claim.rule.maps]", "[claim.rule.elements]", "evil", "__class__"]
+RULE_VALUES = [
+    '"GL(d_k)"',
+    '"SO1(d_model)"',
+    '"diagonal(0)"',
+    '"translation(d_q)"',
+    '"scalar"',
+    '"Foo(3)"',
+    "3",
+    '{ w = "x" }',
+    '"W_K @ inv(M)"',
+    '"inv(diag(c)) @ W_O"',
+    '"W_Q @ M @"',
+    '"head"',
+    '"heads"',
+    '"b_U"',
+    '"W_Q @ W_Q"',
+] + [repr(p).replace("'", '"') for p in PAYLOADS]
+RULE_KEYS = [
+    "scope",
+    "elements",
+    "maps",
+    "M",
+    "N",
+    "s",
+    "W_Q",
+    "W_K",
+    "b_K",
+    "norm1.w",
+    '"norm1.w"',
+    "W_Z",
+    "[claim.rule]",
+    "[claim.rule.maps]",
+    "[claim.rule.elements]",
+    "evil",
+    "__class__",
+]
 
 
 def _rule_texts() -> list[str]:

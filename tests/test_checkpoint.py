@@ -52,8 +52,11 @@ def _auto(ckpt):
 
 def _from_pretrained(path, ckpt, exact=True):
     """transformers' own loader and model in float64 (exact: its float32 internals in float64)."""
-    m = _auto(ckpt).from_pretrained(str(path), dtype=torch.float64, attn_implementation="sdpa",
-                                    **hf_kwargs(ckpt.cfg)).eval()
+    m = (
+        _auto(ckpt)
+        .from_pretrained(str(path), dtype=torch.float64, attn_implementation="sdpa", **hf_kwargs(ckpt.cfg))
+        .eval()
+    )
     if exact:
         float64_internals(m)
     return m
@@ -77,16 +80,21 @@ def test_loader_matches_transformers_float64(tiny_hf, kind):
     ours = model.forward(model.params, x)
     want = _hf_forward(_from_pretrained(path, ckpt), ckpt.cfg, x)
     err, tol = _rel(ours, want), _tol(ckpt.cfg, x["tokens"].shape[1])
-    print(f"{kind}: project vs transformers (float64 internals) {err / EPS64:.2f} ε64, tol L·K·ε = {tol / EPS64:.0f} ε64")
+    print(
+        f"{kind}: project vs transformers (float64 internals) {err / EPS64:.2f} ε64, tol L·K·ε = {tol / EPS64:.0f} ε64"
+    )
     assert err <= tol
     # transformers exactly as shipped: LLaMA-family RMSNorm, RoPE angles and the Mixtral router run in
     # float32 inside the float64 model, so its own rounding is L·K·ε32 there.
-    shipped = _hf_forward(_auto(ckpt).from_pretrained(str(path), dtype=torch.float64, **hf_kwargs(ckpt.cfg)).eval(),
-                          ckpt.cfg, x)
+    shipped = _hf_forward(
+        _auto(ckpt).from_pretrained(str(path), dtype=torch.float64, **hf_kwargs(ckpt.cfg)).eval(), ckpt.cfg, x
+    )
     e_shipped = _rel(ours, shipped)
     tol_shipped = _tol(ckpt.cfg, x["tokens"].shape[1], dtype=torch.float32 if kind in LLAMA_LIKE else torch.float64)
-    print(f"{kind}: project vs transformers as shipped {e_shipped / EPS64:.3g} ε64 = {e_shipped / EPS32:.3g} ε32, "
-          f"tol {tol_shipped / EPS64:.3g} ε64")
+    print(
+        f"{kind}: project vs transformers as shipped {e_shipped / EPS64:.3g} ε64 = {e_shipped / EPS32:.3g} ε32, "
+        f"tol {tol_shipped / EPS64:.3g} ε64"
+    )
     assert e_shipped <= tol_shipped
 
 
@@ -119,7 +127,9 @@ def test_streamed_reference_equals_from_pretrained(tiny_hf, kind):
     print(f"{kind}: streamed reference vs from_pretrained {err / EPS64:.2f} ε64")
     assert err <= _tol(ckpt.cfg, x["tokens"].shape[1])
     # through the project layout (the GGUF path) the same tensors come back
-    via_layout = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt, params=ckpt.params()), x)
+    via_layout = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(
+        checkpoint_tensors(ckpt, params=ckpt.params()), x
+    )
     assert torch.equal(via_layout, streamed)
 
 
@@ -159,7 +169,9 @@ def test_unprefixed_gpt2_lm_head_checkpoint_reads_the_same(tiny_hf, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     from gauge_audit.models.checkpoint.writer import plan
 
-    assert all(n.startswith("transformer.") for n in plan(open_checkpoint(tmp_path), open_checkpoint(tmp_path).cfg, None))
+    assert all(
+        n.startswith("transformer.") for n in plan(open_checkpoint(tmp_path), open_checkpoint(tmp_path).cfg, None)
+    )
 
 
 def test_transform_with_an_element_file_records_its_hash(tiny_hf, tmp_path):
@@ -202,8 +214,15 @@ def test_blockwise_equals_whole_model_rule_for_every_action():
     assert count > 100
 
 
-@pytest.mark.parametrize("kind,action", [("llama", "stream-rotation"), ("gpt2-untied", "stream-rotation"),
-                                         ("mixtral", "expert-perm"), ("bert", "value-bias-fold")])
+@pytest.mark.parametrize(
+    "kind,action",
+    [
+        ("llama", "stream-rotation"),
+        ("gpt2-untied", "stream-rotation"),
+        ("mixtral", "expert-perm"),
+        ("bert", "value-bias-fold"),
+    ],
+)
 def test_lazy_check_equals_in_memory_check(tiny_hf, kind, action):
     ckpt = open_checkpoint(tiny_hf(kind))
     lazy = ckpt.model(name="x")
@@ -246,8 +265,24 @@ def test_check_checkpoint_table_and_element(tiny_hf, tmp_path, capsys):
     cfg = open_checkpoint(path).cfg
     q = torch.linalg.qr(torch.randn(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head, dtype=torch.float64)).Q
     np.savez(tmp_path / "n.npz", N=q.numpy())
-    assert main(["check", "--checkpoint", str(path), "--action", "vo-gl", "--element", str(tmp_path / "n.npz"),
-                 "--dtype", "float32", "--seed", "2"]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--checkpoint",
+                str(path),
+                "--action",
+                "vo-gl",
+                "--element",
+                str(tmp_path / "n.npz"),
+                "--dtype",
+                "float32",
+                "--seed",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "vo-gl" in out and "HOLDS" in out and "next token unchanged" in out
 
@@ -258,24 +293,48 @@ def test_check_text_needs_a_tokenizer(tiny_hf, capsys):
 
 
 # ----------------------------------------------------------------------------- transform round trips
-ROUND_TRIPS = [("gpt2", "qk-gl", []), ("gpt2-untied", "stream-rotation", []), ("gpt2-bare", "vo-gl", []),
-               ("bert", "value-bias-fold", []), ("llama", "stream-rotation", []),
-               ("llama-bias-tied", "stream-rotation", ["--untie"]), ("mistral", "swiglu-scaling", []),
-               ("qwen", "head-perm", []), ("mixtral", "expert-perm", [])]
+ROUND_TRIPS = [
+    ("gpt2", "qk-gl", []),
+    ("gpt2-untied", "stream-rotation", []),
+    ("gpt2-bare", "vo-gl", []),
+    ("bert", "value-bias-fold", []),
+    ("llama", "stream-rotation", []),
+    ("llama-bias-tied", "stream-rotation", ["--untie"]),
+    ("mistral", "swiglu-scaling", []),
+    ("qwen", "head-perm", []),
+    ("mixtral", "expert-perm", []),
+]
 
 
 @pytest.mark.parametrize("kind,action,extra", ROUND_TRIPS, ids=[f"{k}-{a}" for k, a, _ in ROUND_TRIPS])
 def test_transform_round_trip(tiny_hf, tmp_path, capsys, kind, action, extra):
     src = tiny_hf(kind)
     out = tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", action, "--out", str(out), "--seed", "1",
-                 "--json", *extra]) == 0
+    assert (
+        main(
+            [
+                "transform",
+                "--checkpoint",
+                str(src),
+                "--action",
+                action,
+                "--out",
+                str(out),
+                "--seed",
+                "1",
+                "--json",
+                *extra,
+            ]
+        )
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS" and (out / "certificate.json").is_file()
     assert json.loads((out / "certificate.json").read_text())["max_rel_change"] == cert["max_rel_change"]
     ckpt = open_checkpoint(src)
-    model, info = _auto(ckpt).from_pretrained(str(out), dtype=torch.float64, output_loading_info=True,
-                                              **hf_kwargs(ckpt.cfg))
+    model, info = _auto(ckpt).from_pretrained(
+        str(out), dtype=torch.float64, output_loading_info=True, **hf_kwargs(ckpt.cfg)
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     float64_internals(model)
     x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
@@ -284,10 +343,14 @@ def test_transform_round_trip(tiny_hf, tmp_path, capsys, kind, action, extra):
     err = _rel(after, before)
     # the written weights are float32: tol = κ·L·K·ε32
     tol = _tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
-    print(f"{kind} {action}: transformers' logits change {err / EPS32:.3g} ε32 (certificate "
-          f"{cert['residual_eps']:.3g}), tol {tol / EPS32:.3g} ε32")
+    print(
+        f"{kind} {action}: transformers' logits change {err / EPS32:.3g} ε32 (certificate "
+        f"{cert['residual_eps']:.3g}), tol {tol / EPS32:.3g} ε32"
+    )
     assert err <= tol and cert["tolerance"] == pytest.approx(tol)
-    assert abs(err - cert["max_rel_change"]) <= 4 * EPS64 * 1e3 or err == pytest.approx(cert["max_rel_change"], rel=1e-6)
+    assert abs(err - cert["max_rel_change"]) <= 4 * EPS64 * 1e3 or err == pytest.approx(
+        cert["max_rel_change"], rel=1e-6
+    )
     # ... and the weights really changed
     old = _from_pretrained(src, ckpt).state_dict()
     new = model.state_dict()
@@ -311,13 +374,16 @@ def test_transform_keeps_bfloat16_storage_and_derives_its_tolerance(tiny_hf, tmp
     assert cert64.dtype == "float64" and cert64.verdict == "HOLDS" and cert64.max_rel_change < 1e-12
 
 
-@pytest.mark.parametrize("kind,action,match", [
-    ("gpt2", "stream-rotation", "tied"),
-    ("gpt2-bare", "stream-rotation", "final norm's output"),
-    ("bert", "norm-scale", "post-LN"),
-    ("llama", "qk-same-action", "false rule"),
-    ("llama", "relu-scaling", "activation"),
-])
+@pytest.mark.parametrize(
+    "kind,action,match",
+    [
+        ("gpt2", "stream-rotation", "tied"),
+        ("gpt2-bare", "stream-rotation", "final norm's output"),
+        ("bert", "norm-scale", "post-LN"),
+        ("llama", "qk-same-action", "false rule"),
+        ("llama", "relu-scaling", "activation"),
+    ],
+)
 def test_transform_refuses_actions_without_a_rule(tiny_hf, tmp_path, capsys, kind, action, match):
     out = tmp_path / "out"
     assert main(["transform", "--checkpoint", str(tiny_hf(kind)), "--action", action, "--out", str(out)]) == 2
@@ -341,28 +407,31 @@ def _edited(src, tmp_path, **changes):
     return dst
 
 
-@pytest.mark.parametrize("kind,changes,match", [
-    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0}}, "rope_type"),
-    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "su", "factor": 2.0}}, "rope_scaling"),
-    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0}}, "original_max"),
-    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ("llama", {"hidden_act": "gelu"}, "hidden_act"),
-    ("llama", {"alibi": True}, "alibi"),
-    ("llama", {"use_parallel_residual": True}, "use_parallel_residual"),
-    ("llama", {"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
-    ("mistral", {"sliding_window": 0}, "sliding_window"),
-    ("qwen", {"use_sliding_window": True, "sliding_window": 8}, "sliding_window"),
-    ("mixtral", {"sliding_window": -3}, "sliding_window"),
-    ("gpt2", {"activation_function": "gelu_fast"}, "activation_function"),
-    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-    ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
-    ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
-    ("llama", {"architectures": ["FalconForCausalLM"]}, "unknown architecture"),
-    ("llama", {"hidden_size": 20}, "shape mismatch"),
-    ("llama", {"vocab_size": 41}, "shape mismatch"),
-    ("llama", {"num_hidden_layers": 3}, "lacks tensor"),
-    ("llama", {"num_hidden_layers": 1}, "not part of"),
-])
+@pytest.mark.parametrize(
+    "kind,changes,match",
+    [
+        ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0}}, "rope_type"),
+        ("llama", {"rope_parameters": None, "rope_scaling": {"type": "su", "factor": 2.0}}, "rope_scaling"),
+        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0}}, "original_max"),
+        ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+        ("llama", {"alibi": True}, "alibi"),
+        ("llama", {"use_parallel_residual": True}, "use_parallel_residual"),
+        ("llama", {"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+        ("mistral", {"sliding_window": 0}, "sliding_window"),
+        ("qwen", {"use_sliding_window": True, "sliding_window": 8}, "sliding_window"),
+        ("mixtral", {"sliding_window": -3}, "sliding_window"),
+        ("gpt2", {"activation_function": "gelu_fast"}, "activation_function"),
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
+        ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ("llama", {"architectures": ["FalconForCausalLM"]}, "unknown architecture"),
+        ("llama", {"hidden_size": 20}, "shape mismatch"),
+        ("llama", {"vocab_size": 41}, "shape mismatch"),
+        ("llama", {"num_hidden_layers": 3}, "lacks tensor"),
+        ("llama", {"num_hidden_layers": 1}, "not part of"),
+    ],
+)
 def test_unrepresentable_options_are_refused_in_one_line(tiny_hf, tmp_path, capsys, kind, changes, match):
     path = _edited(tiny_hf(kind), tmp_path, **changes)
     with pytest.raises(GaugeAuditError, match=match):
@@ -377,7 +446,7 @@ def test_unrepresentable_options_are_refused_in_one_line(tiny_hf, tmp_path, caps
 def _header(path):
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    return raw, n, json.loads(raw[8:8 + n])
+    return raw, n, json.loads(raw[8 : 8 + n])
 
 
 def _bad_nan(src, tmp_path):
@@ -406,7 +475,7 @@ def _bad_lying_header(src, tmp_path):
     header["model.norm.weight"]["shape"] = [1000]
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    (dst / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    (dst / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
     return dst
 
 
@@ -428,9 +497,14 @@ def _bad_garbage_json(src, tmp_path):
     return dst
 
 
-BAD = {"missing": (_bad_missing, "no such checkpoint"), "no-weights": (_bad_no_weights, "no model.safetensors"),
-       "truncated": (_bad_truncated, "truncated"), "lying-header": (_bad_lying_header, "needs"),
-       "nan": (_bad_nan, "NaN"), "bad-json": (_bad_garbage_json, "not valid JSON")}
+BAD = {
+    "missing": (_bad_missing, "no such checkpoint"),
+    "no-weights": (_bad_no_weights, "no model.safetensors"),
+    "truncated": (_bad_truncated, "truncated"),
+    "lying-header": (_bad_lying_header, "needs"),
+    "nan": (_bad_nan, "NaN"),
+    "bad-json": (_bad_garbage_json, "not valid JSON"),
+}
 
 
 @pytest.mark.parametrize("bad", list(BAD))
@@ -461,8 +535,11 @@ def test_safetensors_writer_round_trip(tmp_path):
 
     from gauge_audit.models.checkpoint.safetensors_file import SafetensorsWriter, read_header
 
-    tensors = {"b": torch.randn(3, 5, dtype=torch.float64), "a": torch.randn(7).to(torch.bfloat16),
-               "c": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    tensors = {
+        "b": torch.randn(3, 5, dtype=torch.float64),
+        "a": torch.randn(7).to(torch.bfloat16),
+        "c": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+    }
     path = tmp_path / "x.safetensors"
     with SafetensorsWriter(path, {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}) as w:
         for k in ("c", "a", "b"):  # any order

@@ -44,11 +44,11 @@ def _reference(hf: dict, tensors, exact=True):
     """LlamaForCausalLM built from a config dict and a state dict, float64."""
     from gauge_audit.reference import hf_config, uninitialised
 
-    model = uninitialised(transformers.LlamaForCausalLM, hf_config(hf), dtype=torch.float64,
-                          attn_implementation="sdpa").eval()
+    model = uninitialised(
+        transformers.LlamaForCausalLM, hf_config(hf), dtype=torch.float64, attn_implementation="sdpa"
+    ).eval()
     names = [n for n, _ in model.state_dict().items()]
-    missing, unexpected = model.load_state_dict({n: tensors(n) for n in names if n in tensors.keys()},
-                                                strict=False)
+    missing, unexpected = model.load_state_dict({n: tensors(n) for n in names if n in tensors.keys()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     if exact:
         float64_internals(model)
@@ -91,11 +91,14 @@ def tiny_gguf(tmp_path_factory):
         s, b = f"model.layers.{i}", f"blk.{i}"
         for hn, gn in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")):
             hf[f"{s}.{hn}.weight"] = gg[f"{b}.{gn}.weight"] = (0.6 + 0.8 * torch.rand(t["d"], generator=g)).numpy()
-        for hn, gn, rows, perm in (("self_attn.q_proj", "attn_q", t["heads"] * t["e"], t["heads"]),
-                                   ("self_attn.k_proj", "attn_k", t["kv"] * t["e"], t["kv"]),
-                                   ("self_attn.v_proj", "attn_v", t["kv"] * t["e"], None),
-                                   ("self_attn.o_proj", "attn_output", t["d"], None),
-                                   ("mlp.gate_proj", "ffn_gate", t["ff"], None), ("mlp.up_proj", "ffn_up", t["ff"], None)):
+        for hn, gn, rows, perm in (
+            ("self_attn.q_proj", "attn_q", t["heads"] * t["e"], t["heads"]),
+            ("self_attn.k_proj", "attn_k", t["kv"] * t["e"], t["kv"]),
+            ("self_attn.v_proj", "attn_v", t["kv"] * t["e"], None),
+            ("self_attn.o_proj", "attn_output", t["d"], None),
+            ("mlp.gate_proj", "ffn_gate", t["ff"], None),
+            ("mlp.up_proj", "ffn_up", t["ff"], None),
+        ):
             w = rnd(rows, t["d"])
             hf[f"{s}.{hn}.weight"] = q8(w)
             gg[f"{b}.{gn}.weight"] = (llama_cpp_permute(w, perm) if perm else w, "q")
@@ -104,12 +107,25 @@ def tiny_gguf(tmp_path_factory):
         gg[f"{b}.ffn_down.weight"] = (w, "q")
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(path, "llama", gg)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": t["d"],
-              "intermediate_size": t["ff"], "num_hidden_layers": t["layers"], "num_attention_heads": t["heads"],
-              "num_key_value_heads": t["kv"], "head_dim": t["e"], "rms_norm_eps": 1e-5, "vocab_size": t["vocab"],
-              "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "tie_word_embeddings": False}
-    return path, config, _Dict({k: torch.from_numpy(np.array(v, dtype=np.float32)).to(torch.float64)
-                               for k, v in hf.items()})
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": t["d"],
+        "intermediate_size": t["ff"],
+        "num_hidden_layers": t["layers"],
+        "num_attention_heads": t["heads"],
+        "num_key_value_heads": t["kv"],
+        "head_dim": t["e"],
+        "rms_norm_eps": 1e-5,
+        "vocab_size": t["vocab"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+        "tie_word_embeddings": False,
+    }
+    return (
+        path,
+        config,
+        _Dict({k: torch.from_numpy(np.array(v, dtype=np.float32)).to(torch.float64) for k, v in hf.items()}),
+    )
 
 
 def write_gguf(path, arch, tensors, **extra):
@@ -165,10 +181,12 @@ def _permutation_variants(ckpt, want, tokens):
     for unpermute, style in ((False, "half"), (False, "interleaved")):
         model = _variant(ckpt, unpermute, style).model()
         errs[(unpermute, style)] = _rel(model.forward(model.params, {"tokens": tokens}), want)
-    print(f"llama.cpp rows + half RoPE: {errs[(False, 'half')]:.3g} relative; llama.cpp rows + interleaved RoPE: "
-          f"{errs[(False, 'interleaved')] / EPS64:.2f} ε64 (tol {tol / EPS64:.0f} ε64)")
-    assert errs[(False, "half")] > 1e6 * tol          # not undoing the permutation: a different function
-    assert errs[(False, "interleaved")] <= tol        # ... unless RoPE pairs (2i, 2i+1): the same function
+    print(
+        f"llama.cpp rows + half RoPE: {errs[(False, 'half')]:.3g} relative; llama.cpp rows + interleaved RoPE: "
+        f"{errs[(False, 'interleaved')] / EPS64:.2f} ε64 (tol {tol / EPS64:.0f} ε64)"
+    )
+    assert errs[(False, "half")] > 1e6 * tol  # not undoing the permutation: a different function
+    assert errs[(False, "interleaved")] <= tol  # ... unless RoPE pairs (2i, 2i+1): the same function
 
 
 def test_gguf_permutation_not_undone_fails_unless_rope_is_interleaved(tiny_gguf):
@@ -183,15 +201,16 @@ def test_gguf_transform_writes_safetensors_that_transformers_loads(tiny_gguf, tm
     path, config, hf = tiny_gguf
     cert = transform(path, "stream-rotation", tmp_path / "out", seed=2)
     assert cert.verdict == "HOLDS" and cert.dtype == "float32" and "no tokenizer" in cert.notes[-1]
-    model, info = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float64,
-                                                                attn_implementation="sdpa",
-                                                                output_loading_info=True)
+    model, info = transformers.LlamaForCausalLM.from_pretrained(
+        str(tmp_path / "out"), dtype=torch.float64, attn_implementation="sdpa", output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     float64_internals(model)
     tokens = torch.tensor(cert.inputs["tokens"])
     err = _rel(_logits(model.eval(), tokens), _logits(_reference(config, hf), tokens))
-    tol = tolerance(Model("x", open_checkpoint(path).cfg, {}, FAMILIES["llama"]), cert.kappa, torch.float32,
-                    tokens.shape[1])[0]
+    tol = tolerance(
+        Model("x", open_checkpoint(path).cfg, {}, FAMILIES["llama"]), cert.kappa, torch.float32, tokens.shape[1]
+    )[0]
     print(f"tiny GGUF stream-rotation: transformers' logits change {err / EPS32:.3g} ε32, tol {tol / EPS32:.3g} ε32")
     assert err <= tol
 
@@ -209,8 +228,9 @@ def test_gguf_of_another_architecture_is_refused(tmp_path, capsys):
 def test_gguf_moe_and_truncated_and_nan_files_are_one_line_errors(tiny_gguf, tmp_path, capsys):
     path, _, _ = tiny_gguf
     moe = tmp_path / "moe.gguf"
-    write_gguf(moe, "llama", {"token_embd.weight": np.zeros((TINY["vocab"], TINY["d"]), dtype=np.float32)},
-               expert_count=4)
+    write_gguf(
+        moe, "llama", {"token_embd.weight": np.zeros((TINY["vocab"], TINY["d"]), dtype=np.float32)}, expert_count=4
+    )
     with pytest.raises(GaugeAuditError, match="expert_count"):
         open_checkpoint(moe)
     cut = tmp_path / "cut.gguf"
@@ -255,8 +275,16 @@ def smol_reference(smol):
 
 def test_smollm2_config_is_read_from_the_file(smol):
     c = smol.cfg
-    assert (c.family, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_head, c.d_ff, c.vocab) == \
-        ("llama", 576, 30, 9, 3, 64, 1536, 49152)
+    assert (c.family, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_head, c.d_ff, c.vocab) == (
+        "llama",
+        576,
+        30,
+        9,
+        3,
+        64,
+        1536,
+        49152,
+    )
     assert c.tied and c.norm == "rmsnorm" and c.act == "swiglu" and c.rope_base == 1e5 and c.norm_eps == 1e-5
     assert c.rope_style == "half" and c.pos == "rope"
 
@@ -268,7 +296,9 @@ def test_smollm2_matches_transformers_llama_float64(smol, smol_reference):
     print(f"SmolLM2 vs LlamaForCausalLM (float64 internals): {err / EPS64:.1f} ε64, tol L·K·ε = {tol / EPS64:.0f} ε64")
     assert err <= tol
     e2, tol32 = _rel(ours, shipped), _tol(smol.cfg, tokens.shape[1], torch.float32)
-    print(f"SmolLM2 vs LlamaForCausalLM as shipped (float32 RMSNorm/RoPE): {e2 / EPS32:.2f} ε32, tol {tol32 / EPS32:.0f} ε32")
+    print(
+        f"SmolLM2 vs LlamaForCausalLM as shipped (float32 RMSNorm/RoPE): {e2 / EPS32:.2f} ε32, tol {tol32 / EPS32:.0f} ε32"
+    )
     assert e2 <= tol32
 
 
@@ -295,13 +325,15 @@ def test_smollm2_check_text_prompt(capsys):
 
 def test_smollm2_transform_loads_in_transformers_with_the_same_next_token(smol, tmp_path, capsys):
     out = tmp_path / "smol-qk"
-    assert main(["transform", "--checkpoint", str(smollm2.path()), "--action", "qk-gl", "--out", str(out),
-                 "--json"]) == 0
+    assert (
+        main(["transform", "--checkpoint", str(smollm2.path()), "--action", "qk-gl", "--out", str(out), "--json"]) == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     print({k: cert[k] for k in ("max_rel_change", "residual_eps", "tolerance_eps", "verdict", "dtype")})
     assert cert["verdict"] == "HOLDS" and cert["format"] == "gguf" and cert["dtype"] == "float32"
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64,
-                                                                    output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), dtype=torch.float64, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     ids = tok("The capital of France is", return_tensors="pt").input_ids

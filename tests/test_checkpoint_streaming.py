@@ -24,8 +24,8 @@ KINDS = ["gpt2", "gpt2-untied", "bert", "llama", "llama-bias-tied", "qwen", "mix
 
 
 def _pieces(monkeypatch):
-    monkeypatch.setattr(sf, "CHUNK", 40)      # bytes: less than one row of most tensors, a few rows of others
-    monkeypatch.setattr(ck, "DIRECT", 0)      # every one-tensor link read straight into its result
+    monkeypatch.setattr(sf, "CHUNK", 40)  # bytes: less than one row of most tensors, a few rows of others
+    monkeypatch.setattr(ck, "DIRECT", 0)  # every one-tensor link read straight into its result
     monkeypatch.setattr(reference, "BIG", 1)  # every global matrix loaded by its module's hooks
 
 
@@ -46,8 +46,9 @@ def test_piecewise_reads_equal_whole_reads(tiny_hf, monkeypatch, kind, dtype):
     _pieces(monkeypatch)
     calls = []
     read_into = ckpt.source.read_into
-    monkeypatch.setattr(ckpt.source, "read_into",
-                        lambda f, out, check=None: (calls.append(f), read_into(f, out, check))[1])
+    monkeypatch.setattr(
+        ckpt.source, "read_into", lambda f, out, check=None: (calls.append(f), read_into(f, out, check))[1]
+    )
     pieces = ckpt.params()
     for k, v in whole.items():
         got = pieces[k]
@@ -77,8 +78,13 @@ def test_reference_with_streamed_embeddings_is_unchanged(tiny_hf, monkeypatch, k
 def test_chunked_writer_writes_the_same_bytes(tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(7, 5, dtype=torch.float64, generator=g)
-    tensors = {"t": (w.T, torch.bfloat16), "c": (w[:, 1:4], torch.float32), "s": (w[0, 0], torch.float64),
-               "e": (torch.empty(0, 3), torch.float32), "v": (w[2], torch.float16)}
+    tensors = {
+        "t": (w.T, torch.bfloat16),
+        "c": (w[:, 1:4], torch.float32),
+        "s": (w[0, 0], torch.float64),
+        "e": (torch.empty(0, 3), torch.float32),
+        "v": (w[2], torch.float16),
+    }
     plan = {k: (dt, tuple(t.shape)) for k, (t, dt) in tensors.items()}
     for name, chunk in (("whole.safetensors", 1 << 30), ("pieces.safetensors", 6)):
         monkeypatch.setattr(sf, "CHUNK", chunk)

@@ -11,9 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_COMMAND = "bash scripts/with-venv.sh python -m pytest -q"
 
 
-CHECK_COMMANDS = ["bash scripts/with-venv.sh ruff check python tests benchmarks",
-                  "bash scripts/with-venv.sh ruff format --check python tests benchmarks",
-                  "bash scripts/with-venv.sh mypy"]
+CHECK_COMMANDS = [
+    "bash scripts/with-venv.sh ruff check python tests benchmarks",
+    "bash scripts/with-venv.sh ruff format --check python tests benchmarks",
+    "bash scripts/with-venv.sh mypy",
+]
 
 
 def test_ci_run_is_the_checks_then_the_readme_test_command():
@@ -29,6 +31,6 @@ def test_python_workflow_runs_ci_with_the_pinned_torch():
     assert re.search(r"runs-on:\s*ubuntu-latest", wf)
     assert re.search(r"python-version:\s*\"3\.11\"", wf)
     assert re.search(r"run:\s*bash \.ci/run", wf)
-    assert "download.pytorch.org/whl/cpu" in wf          # the CPU build of the pinned torch
+    assert "download.pytorch.org/whl/cpu" in wf  # the CPU build of the pinned torch
     venv = (ROOT / "scripts" / "with-venv.sh").read_text(encoding="utf-8")
     assert re.search(r'pip_install "torch==2\.13\.0" \$\{TORCH_INDEX_URL:\+--index-url "\$TORCH_INDEX_URL"\}', venv)

@@ -24,10 +24,12 @@ REQUIRED = """qk-gl qk-same-action qk-orthogonal-only vo-gl head-perm value-g3-e
 ln-affine-rotation ln-reviewer-no-fix ln-noaffine-rotation rmsnorm-rotation relu-forces-identity rope-commutant
 gqa-tied gqa-wiki-formula moe-routing moe-expert-perm count-nierop count-transformer-base count-wiki-log-hfact
 maximality eps-24 wiki-1e-12 fdof-bound""".split()
-LEAN = set("""qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose head-perm
+LEAN = set(
+    """qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose head-perm
 ln-affine-rotation relu-forces-identity rope-commutant gqa-tied count-nierop count-transformer-base
 count-wiki-log-hfact gqa-discrete-group head-perm-order hg-savings pith-so-stabilizer-dim nierop-table1-arithmetic
-wiki-eps-mach wiki-gpt2-110m wiki-gpt2-redundancy-table wiki-gqa-wreath wiki-gqa-dim-table wiki-gqa-percent-table""".split())
+wiki-eps-mach wiki-gpt2-110m wiki-gpt2-redundancy-table wiki-gqa-wreath wiki-gqa-dim-table wiki-gqa-percent-table""".split()
+)
 
 GOOD = """
 [document]
@@ -57,7 +59,10 @@ def test_catalog_has_every_required_id():
     assert not missing
     assert len({c.file for c in cat.values()}) == 3
     assert sorted(p.name for p in CATALOG_DIR.glob("*.toml")) == [
-        "maximal_gauge_symmetry.toml", "van_nierop_2412_14543.toml", "wiki_zh.toml"]
+        "maximal_gauge_symmetry.toml",
+        "van_nierop_2412_14543.toml",
+        "wiki_zh.toml",
+    ]
 
 
 def test_catalog_lean_checkers_exact():
@@ -96,14 +101,17 @@ def test_loader_accepts_good_file(tmp_path):
     assert claims[0].formula_expr == sp.Symbol("a", positive=True) ** 2 + 1
 
 
-@pytest.mark.parametrize("mutation, line, field", [
-    (("kind = \"count\"", "kind = \"count\"\ncolour = \"red\""), 12, "colour"),
-    (("statement = \"s\"\n", ""), 7, "statement"),
-    (("checkers = [\"symbolic\"]", "checkers = [\"symbolic\", \"oracle\"]"), 12, "checkers"),
-    (("kind = \"count\"", "kind = 3"), 11, "kind"),
-    (("formula = \"a^2 + 1\"", "formula = \"__import__('os')\""), 13, "formula"),
-    (("id = \"x-one\"", "id = \"X One\""), 8, "id"),
-])
+@pytest.mark.parametrize(
+    "mutation, line, field",
+    [
+        (('kind = "count"', 'kind = "count"\ncolour = "red"'), 12, "colour"),
+        (('statement = "s"\n', ""), 7, "statement"),
+        (('checkers = ["symbolic"]', 'checkers = ["symbolic", "oracle"]'), 12, "checkers"),
+        (('kind = "count"', "kind = 3"), 11, "kind"),
+        (('formula = "a^2 + 1"', "formula = \"__import__('os')\""), 13, "formula"),
+        (('id = "x-one"', 'id = "X One"'), 8, "id"),
+    ],
+)
 def test_loader_errors_name_file_line_field(tmp_path, mutation, line, field):
     p = _write(tmp_path, GOOD.replace(*mutation))
     with pytest.raises(GaugeAuditError) as e:
@@ -138,6 +146,7 @@ def test_loader_reports_every_field_error_in_one_run(tmp_path, capsys):
     assert nums == sorted(nums)
 
     from gauge_audit.cli import main
+
     assert main(["claims", "--file", str(p)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 5 and all(ln.startswith(f"gauge-audit: error: {p}:") for ln in err)
@@ -148,7 +157,7 @@ def test_loader_reports_every_field_error_in_one_run(tmp_path, capsys):
 
 
 def test_loader_errors_of_every_catalog_file_together(tmp_path):
-    a = _write(tmp_path, GOOD.replace('kind = "count"', 'kind = 1'), "a.toml")
+    a = _write(tmp_path, GOOD.replace('kind = "count"', "kind = 1"), "a.toml")
     b = _write(tmp_path, GOOD.replace('id = "x-one"', 'id = "x-two"').replace('location = "eq. 1"\n', ""), "b.toml")
     with pytest.raises(GaugeAuditError) as e:
         load_catalog([a, b])
@@ -170,25 +179,29 @@ def test_loader_duplicate_ids_within_file(tmp_path):
 
 def test_loader_toml_syntax_and_missing_document(tmp_path):
     with pytest.raises(GaugeAuditError, match=r"c\.toml:3: TOML syntax error"):
-        load_file(_write(tmp_path, "[document]\ntitle = \"x\"\nauthors = [\n"))
+        load_file(_write(tmp_path, '[document]\ntitle = "x"\nauthors = [\n'))
     with pytest.raises(GaugeAuditError, match="document"):
-        load_file(_write(tmp_path, "[[claim]]\nid = \"a\"\n"))
+        load_file(_write(tmp_path, '[[claim]]\nid = "a"\n'))
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", None),
-    ("h*(d_k^2+d_v^2) + log(h!)", None),
-    ("2**3 - -1", 9),
-    ("binomial(5, 2) + 3!", 16),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", None),
+        ("h*(d_k^2+d_v^2) + log(h!)", None),
+        ("2**3 - -1", 9),
+        ("binomial(5, 2) + 3!", 16),
+    ],
+)
 def test_expr_parser(text, expected):
     e = parse_formula(text)
     if expected is not None:
         assert e == expected
 
 
-@pytest.mark.parametrize("text", ["__import__('os')", "a.b", "eval(1)", "x; y", "2 +", "log(1, 2)", "(1", "a[0]",
-                                  "lambda: 1", "1 / 0"])
+@pytest.mark.parametrize(
+    "text", ["__import__('os')", "a.b", "eval(1)", "x; y", "2 +", "log(1, 2)", "(1", "a[0]", "lambda: 1", "1 / 0"]
+)
 def test_expr_parser_rejects(text):
     with pytest.raises(GaugeAuditError, match="formula"):
         parse_formula(text)
@@ -197,8 +210,10 @@ def test_expr_parser_rejects(text):
 def test_expr_parser_whitelist_and_values():
     with pytest.raises(GaugeAuditError, match="unknown name 'z'"):
         parse_formula("a + z", names={"a"})
-    assert evaluate_formula("2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2",
-                            {"n_t": 12, "n_h": 12, "d_h": 64, "d_e": 768}) == 1473409
+    assert (
+        evaluate_formula("2*n_t*n_h*d_h^2 + (d_e-1)*(d_e-2)/2", {"n_t": 12, "n_h": 12, "d_h": 64, "d_e": 768})
+        == 1473409
+    )
 
 
 def _cli(argv):
@@ -211,6 +226,7 @@ def _cli(argv):
         return args.func(args)
     except GaugeAuditError as exc:
         import sys
+
         sys.stderr.write(f"gauge-audit: error: {exc}\n")
         return 2
 
@@ -249,4 +265,5 @@ def test_cli_derive_list_and_unknown(capsys):
 
 def test_cli_dispatcher_lists_subcommands():
     from gauge_audit.cli import SUBCOMMANDS
+
     assert "derive" in SUBCOMMANDS and "claims" in SUBCOMMANDS

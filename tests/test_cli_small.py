@@ -42,7 +42,7 @@ def test_every_option_help_states_its_default():
     for name, parser in subs.items():
         for action in parser._actions:
             if not action.option_strings or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
-                continue            # positionals, flags, options without a default
+                continue  # positionals, flags, options without a default
             checked += 1
             text = _option_help(parser, action)
             shown = {str(action.default)} | ({f"{action.default:g}"} if isinstance(action.default, float) else set())
@@ -78,7 +78,7 @@ def test_nan_weight_error_comes_first_alone(tiny_hf, tmp_path, capsys, how):
     bad = _with_nan(tiny_hf("llama"), tmp_path / "bad")
     assert main(["check", "--checkpoint", str(bad), *how]) == 2
     out, err = capsys.readouterr()
-    assert out == ""                                   # no table header before the error
+    assert out == ""  # no table header before the error
     assert err.count("\n") == 1 and err.startswith("gauge-audit: error: ") and "NaN" in err
 
 
@@ -87,17 +87,22 @@ def test_names_key_matching_no_parameter_is_named():
     from gauge_audit.testing import assert_gauge_invariant
 
     g = torch.Generator().manual_seed(0)
-    params = {"v": torch.randn(2, 6, 3, generator=g, dtype=torch.float64),
-              "o": torch.randn(2, 3, 6, generator=g, dtype=torch.float64),
-              "v_bias": torch.randn(2, 3, generator=g, dtype=torch.float64)}
+    params = {
+        "v": torch.randn(2, 6, 3, generator=g, dtype=torch.float64),
+        "o": torch.randn(2, 3, 6, generator=g, dtype=torch.float64),
+        "v_bias": torch.randn(2, 3, generator=g, dtype=torch.float64),
+    }
 
     def fwd(p, x):
         vals = torch.einsum("nd,hde->hne", x, p["v"]) + p["v_bias"][:, None, :]
         return torch.einsum("hne,hed->nd", vals, p["o"])
 
     x = torch.randn(4, 6, generator=g, dtype=torch.float64)
-    rule = {"scope": "head", "elements": {"N": "GL(d_v)"},
-            "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"}}
+    rule = {
+        "scope": "head",
+        "elements": {"N": "GL(d_v)"},
+        "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"},
+    }
     good = {"W_V": "v", "W_O": "o", "b_V": "v_bias"}
     assert assert_gauge_invariant(fwd, params, rule, inputs=x, names=good).verdict == "HOLDS"
     # b_V misspelt: before, it was taken as absent and the rule checked on W_V, W_O only (a FAILS
@@ -119,12 +124,12 @@ def test_audit_refuses_existing_out_unless_force(tmp_path, capsys):
     assert main(["audit", "--only", FAST_CLAIM, "--out", str(out), "--quiet"]) == 2
     o, err = capsys.readouterr()
     assert o == "" and err.count("\n") == 1 and "already exists" in err and "--force" in err
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]           # left alone
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # left alone
     assert main(["audit", "--only", FAST_CLAIM, "--out", str(out), "--quiet", "--force"]) == 0
     assert json.loads((out / "report.json").read_text())["claims"][0]["id"] == FAST_CLAIM
-    assert not (out / "keep.txt").exists()                            # replaced, not written into
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]        # no staging or set-aside copies left
-    fresh = tmp_path / "new" / "deeper"                               # missing parents are made
+    assert not (out / "keep.txt").exists()  # replaced, not written into
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no staging or set-aside copies left
+    fresh = tmp_path / "new" / "deeper"  # missing parents are made
     assert main(["audit", "--only", FAST_CLAIM, "--out", str(fresh), "--quiet"]) == 0
     assert (fresh / "report.json").is_file()
     afile = tmp_path / "file"

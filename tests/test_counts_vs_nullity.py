@@ -14,11 +14,13 @@ from gauge_audit.nullity import analyze
 from gauge_audit.symbolic import counts
 
 SMALL = dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8, n_layers=1)
-CASES = {**{k: v for k, v in configs().items() if k not in ("bert", "moe")},
-         "gpt2-tied": gpt2.config(**SMALL, tied=True),
-         "gpt2-nobias": gpt2.config(**SMALL, attn_bias=False, out_bias=False, mlp_bias=False),
-         "gpt2-2layers": gpt2.config(**{**SMALL, "n_layers": 2}),
-         "llama-noweight": llama.config(**{**SMALL, "n_kv_heads": 1}, norm="rmsnorm-noweight")}
+CASES = {
+    **{k: v for k, v in configs().items() if k not in ("bert", "moe")},
+    "gpt2-tied": gpt2.config(**SMALL, tied=True),
+    "gpt2-nobias": gpt2.config(**SMALL, attn_bias=False, out_bias=False, mlp_bias=False),
+    "gpt2-2layers": gpt2.config(**{**SMALL, "n_layers": 2}),
+    "llama-noweight": llama.config(**{**SMALL, "n_kv_heads": 1}, norm="rmsnorm-noweight"),
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,10 +16,14 @@ from docs_examples import PAGES, ROOT, examples, normalise, prepare, run, run_al
 
 # Examples shown with their output but not executed, each with why (the page says the same in its marker).
 NOT_EXECUTED = {
-    ("docs/commands/check.md", "gauge-audit check --model smollm2 --action qk-gl"):
-        "reads the 135 M-parameter SmolLM2; tests/test_checkpoint_gguf.py runs the same path",
-    ("docs/commands/canonicalize.md", "gauge-audit canonicalize --model smollm2 --out smol-canon"):
-        "canonicalizes 135 M parameters; tests/test_gauge_fix_checkpoint.py runs the same path",
+    (
+        "docs/commands/check.md",
+        "gauge-audit check --model smollm2 --action qk-gl",
+    ): "reads the 135 M-parameter SmolLM2; tests/test_checkpoint_gguf.py runs the same path",
+    (
+        "docs/commands/canonicalize.md",
+        "gauge-audit canonicalize --model smollm2 --out smol-canon",
+    ): "canonicalizes 135 M parameters; tests/test_gauge_fix_checkpoint.py runs the same path",
 }
 
 
@@ -31,14 +35,14 @@ def test_readme_is_short_and_keeps_the_test_command():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200
     assert "bash scripts/with-venv.sh python -m pytest -q" in text
-    assert "[document]" in text and "reference =" in text and "kind = \"symmetry\"" in text
+    assert "[document]" in text and "reference =" in text and 'kind = "symmetry"' in text
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_pages_speak_of_the_project(page):
     text = page.read_text(encoding="utf-8")
     patterns = [r"\bissue \d+", r"\bissue #\d+", r"device tool", r"\bnot lent\b"]
-    if page.name != "catalog.md":    # the catalog page reproduces claims/*.toml's own reference fields
+    if page.name != "catalog.md":  # the catalog page reproduces claims/*.toml's own reference fields
         patterns.append(r"shared/seeds")
     for pattern in patterns:
         assert not re.search(pattern, text, re.I), f"{_rel(page)}: {pattern}"
@@ -55,8 +59,9 @@ def test_readme_links_resolve():
 def test_catalog_page_is_current():
     from gauge_audit.report.catalog_md import CATALOG_MD, render
 
-    assert CATALOG_MD.read_text(encoding="utf-8") == render(), \
+    assert CATALOG_MD.read_text(encoding="utf-8") == render(), (
         "docs/catalog.md is stale: python -m gauge_audit.report.catalog_md --write"
+    )
 
 
 def test_every_shown_output_is_marked_and_not_run_ones_are_listed():
@@ -72,11 +77,18 @@ def test_every_shown_output_is_marked_and_not_run_ones_are_listed():
     assert listed == set(NOT_EXECUTED)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
-                    reason="mkdocs / mkdocs-material not installed (the test and docs extras)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+    reason="mkdocs / mkdocs-material not installed (the test and docs extras)",
+)
 def test_site_builds_strictly(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    res = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -94,8 +106,7 @@ def docs_runs(tmp_path_factory):
     return cwd, run_all(cwd, pages)
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(ex.mode in ("run", "slow") for ex in examples(p))],
-                         ids=_rel)
+@pytest.mark.parametrize("page", [p for p in PAGES if any(ex.mode in ("run", "slow") for ex in examples(p))], ids=_rel)
 def test_shown_outputs_are_what_the_commands_print(page, docs_runs):
     cwd, results = docs_runs
     for ex in examples(page):

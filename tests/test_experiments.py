@@ -26,10 +26,12 @@ def test_gqa_discrete_group_false_order_rejected():
     claimed = lambda r: math.factorial(r["n_q"]) * math.factorial(r["n_kv"])  # noqa: E731  the abstract's h!·g!
     f = discrete.judge_order(rows, skipped, claimed, "S_h × S_g")
     assert f.outcome == FAILS and "48 preserve" not in f.counterexample
-    assert min(claimed(r) / r["preserving"] for r in rows) >= 6            # wrong by a factor ≥ 6
+    assert min(claimed(r) / r["preserving"] for r in rows) >= 6  # wrong by a factor ≥ 6
     off_by_one = discrete.judge_order(rows, skipped, lambda r: discrete.wreath_order(r["n_q"], r["n_kv"]) + 1, "x")
     assert off_by_one.outcome == FAILS
-    assert discrete.judge_order(rows, skipped, lambda r: discrete.wreath_order(r["n_q"], r["n_kv"]), "x").outcome == HOLDS
+    assert (
+        discrete.judge_order(rows, skipped, lambda r: discrete.wreath_order(r["n_q"], r["n_kv"]), "x").outcome == HOLDS
+    )
     # the classification is far from its threshold on both sides
     assert all(r["max_ratio_preserving"] < 0.5 and r["min_ratio_other"] > 1e10 for r in rows)
 
@@ -40,9 +42,10 @@ def test_head_perm_order_tied_heads_counted_and_slight_spoiling_resolved():
         for k in ("W_Q", "W_K", "W_V", "W_O"):
             t = p[f"blocks.0.attn.{k}"]
             t[1] = t[0] + delta * torch.randn(t[0].shape, generator=g, dtype=t.dtype)
-    assert discrete.enumerate_preserving(2, 2, edit=tie)["preserving"] == 4          # identical heads: 2!² pairs
+
+    assert discrete.enumerate_preserving(2, 2, edit=tie)["preserving"] == 4  # identical heads: 2!² pairs
     spoiled = discrete.enumerate_preserving(2, 2, edit=lambda p: tie(p, 1e-6))
-    assert spoiled["preserving"] == 2 and spoiled["min_ratio_other"] > 1e3            # 10⁻⁶ apart: resolved
+    assert spoiled["preserving"] == 2 and spoiled["min_ratio_other"] > 1e3  # 10⁻⁶ apart: resolved
 
 
 def test_wiki_gqa_wreath_symbol_reversed():
@@ -80,7 +83,7 @@ def test_wiki_routing_no_new_symmetry_router_offset_and_expert_perm():
 
 def test_wiki_sharpness_gauge_dependent_law_holds_and_wrong_law_rejected():
     m = sharpness.measure(0)
-    assert m["base"]["loss"] == 0 and m["base"]["inertia"][1] == 16       # 16 = h·(d_k² + d_v²) flat directions
+    assert m["base"]["loss"] == 0 and m["base"]["inertia"][1] == 16  # 16 = h·(d_k² + d_v²) flat directions
     for r in m["rows"]:
         assert r["law_residual"] <= r["law_tolerance"]
         if r["kappa_element"] > 1:

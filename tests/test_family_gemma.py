@@ -65,11 +65,14 @@ def multimodal(tmp_path_factory):
 
     # its forward applies no final soft-cap (the reader refuses a text_config that names one)
     text = {**HF_TINY["gemma3"][2], "final_logit_softcapping": None}
-    vision = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
+    vision = dict(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
     model = transformers.Gemma3ForConditionalGeneration(
-        transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                                  tie_word_embeddings=False)).eval()
+        transformers.Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4, tie_word_embeddings=False
+        )
+    ).eval()
     randomize(model, 1)
     out = tmp_path_factory.mktemp("hf-gemma3-mm")
     transformers.utils.logging.disable_progress_bar()
@@ -87,7 +90,9 @@ def test_gemma_matches_transformers_float64(tiny_hf, kind):
     ours = model.forward(model.params, x)
     want = _hf(_reference(path, ckpt.arch.name), x)
     err, tol = _rel(ours, want), _tol(ckpt.cfg, x["tokens"].shape[1])
-    print(f"{kind}: project vs transformers (float64 internals) {err / EPS64:.2f} ε64, tol L·K·ε = {tol / EPS64:.0f} ε64")
+    print(
+        f"{kind}: project vs transformers (float64 internals) {err / EPS64:.2f} ε64, tol L·K·ε = {tol / EPS64:.0f} ε64"
+    )
     assert err <= tol
     # the (1 + w) offset matters: the stored w taken as the weight is far off
     off = _rel(model.forward(_without_offset(dict(model.params)), x), want)
@@ -119,16 +124,26 @@ def test_gemma3_multimodal_text_part_matches_transformers(multimodal):
         ARCHS["Gemma3ForConditionalGeneration"].config("Gemma3ForConditionalGeneration", hf)
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"attention_bias": True}, "attention_bias"),
-    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
-    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
-    ({"rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                          "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}}, "yarn"),
-    ({"layer_types": ["sliding_attention"]}, "layer_types"),
-    ({"hidden_activation": "relu"}, "hidden_activation"),
-    ({"sliding_window": "wide"}, "sliding_window"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"attention_bias": True}, "attention_bias"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        (
+            {
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
+                }
+            },
+            "yarn",
+        ),
+        ({"layer_types": ["sliding_attention"]}, "layer_types"),
+        ({"hidden_activation": "relu"}, "hidden_activation"),
+        ({"sliding_window": "wide"}, "sliding_window"),
+    ],
+)
 def test_unsupported_gemma_options_are_refused_in_one_line(tiny_hf, tmp_path, change, needle):
     src = tiny_hf("gemma3")
     hf = json.loads((src / "config.json").read_text())
@@ -144,17 +159,33 @@ def test_unsupported_gemma_options_are_refused_in_one_line(tiny_hf, tmp_path, ch
 # vo-gl acts inside a head (W_V·N, N⁻¹·W_O: the sublayer output, the post-norm's input, is unchanged),
 # so the post-attention norm does not touch it; qk-gl needs M to pass the QK-norm (Gemma 3: refused);
 # the stream rotation must commute with every post-norm weight (refused under sandwich norms).
-HOLD = {"gemma3-tiny": {"vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite", "qk-norm-scale"},
-        "gemma2-tiny": {"qk-gl", "vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite"}}
+HOLD = {
+    "gemma3-tiny": {"vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite", "qk-norm-scale"},
+    "gemma2-tiny": {"qk-gl", "vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite"},
+}
 
 
 @pytest.mark.parametrize("name", sorted(HOLD))
 def test_gemma_action_verdicts_follow_the_theory(model, name):
     m = model(name)
-    applicable = {a for a in ("qk-gl", "vo-gl", "head-perm", "norm-scale", "ffn-perm", "swiglu-scaling", "composite",
-                              "qk-norm-scale",
-                              "qk-same-action", "qk-gl-rope-generic", "qk-gl-untied-gqa", "stream-rotation")
-                  if get_action(a).applies(m.cfg) is None}
+    applicable = {
+        a
+        for a in (
+            "qk-gl",
+            "vo-gl",
+            "head-perm",
+            "norm-scale",
+            "ffn-perm",
+            "swiglu-scaling",
+            "composite",
+            "qk-norm-scale",
+            "qk-same-action",
+            "qk-gl-rope-generic",
+            "qk-gl-untied-gqa",
+            "stream-rotation",
+        )
+        if get_action(a).applies(m.cfg) is None
+    }
     assert HOLD[name] <= applicable and "stream-rotation" not in applicable
     for a in sorted(applicable):
         r = check(m, a, None, seed=0, dtype=torch.float64, kappa=10.0)
@@ -183,7 +214,7 @@ def test_qk_norm_scale_needs_one_factor_per_rope_plane(model):
     y0 = m.forward(m.params, tokens)
     kept = _rel(m.forward(act.apply(m.cfg, m.params, x), tokens), y0)
     p = dict(m.params)
-    inside = torch.linspace(0.5, 2.0, m.cfg.d_head, dtype=torch.float64)   # differs within every plane
+    inside = torch.linspace(0.5, 2.0, m.cfg.d_head, dtype=torch.float64)  # differs within every plane
     for l in range(m.cfg.n_layers):
         p[f"blocks.{l}.attn.q_norm"] = p[f"blocks.{l}.attn.q_norm"] * inside
         p[f"blocks.{l}.attn.k_norm"] = p[f"blocks.{l}.attn.k_norm"] / inside
@@ -200,7 +231,9 @@ def test_gemma_refusals_name_the_feature():
     assert get_action("qk-gl").applies(config_of("gemma2-tiny")) is None
 
 
-@pytest.mark.parametrize("argv", [["canonicalize", "--model", "gemma3-tiny"], ["compare", "gemma2-tiny", "gemma2-tiny"]])
+@pytest.mark.parametrize(
+    "argv", [["canonicalize", "--model", "gemma3-tiny"], ["compare", "gemma2-tiny", "gemma2-tiny"]]
+)
 def test_gauge_fixing_refuses_gemma_in_one_line(argv, capsys):
     assert main(argv) != 0
     err = capsys.readouterr().err.strip()
@@ -208,8 +241,13 @@ def test_gauge_fixing_refuses_gemma_in_one_line(argv, capsys):
 
 
 def test_gemma_config_refuses_bad_values():
-    for bad in (dict(qk_norm="full"), dict(window=0), dict(rope_scale=0.5), dict(attn_softcap=-1.0),
-                dict(layer_types=("sliding",))):
+    for bad in (
+        dict(qk_norm="full"),
+        dict(window=0),
+        dict(rope_scale=0.5),
+        dict(attn_softcap=-1.0),
+        dict(layer_types=("sliding",)),
+    ):
         with pytest.raises(GaugeAuditError):
             gemma.config(**bad)
 
@@ -244,11 +282,14 @@ def test_gemma3_270m_norm_weights_are_stored_with_the_one_folded_in(gemma3_270m)
     x = {"tokens": torch.tensor([PROMPT])}
     with torch.no_grad():
         as_stored = torch.log_softmax(m.forward(m.params, x)[0, -1], -1)
-        plus_one = torch.log_softmax(m.forward({k: (v + 1 if k.endswith(".w") else v) for k, v in m.params.items()},
-                                               x)[0, -1], -1)
+        plus_one = torch.log_softmax(
+            m.forward({k: (v + 1 if k.endswith(".w") else v) for k, v in m.params.items()}, x)[0, -1], -1
+        )
     rank = int((as_stored > as_stored[PARIS]).sum())
-    print(f"log p(' Paris'): as stored {float(as_stored[PARIS]):.2f} (rank {rank}), "
-          f"with 1 added again {float(plus_one[PARIS]):.2f}")
+    print(
+        f"log p(' Paris'): as stored {float(as_stored[PARIS]):.2f} (rank {rank}), "
+        f"with 1 added again {float(plus_one[PARIS]):.2f}"
+    )
     assert rank < 5
     assert float(as_stored[PARIS] - plus_one[PARIS]) > 5.0  # e⁵ ≈ 150× likelier
 
@@ -265,11 +306,16 @@ def test_gemma3_270m_checks_agree_with_theory(gemma3_270m, action):
 _SMALL = dict(d_model=6, n_heads=2, n_kv_heads=1, d_head=4, d_ff=6, n_ctx=5, vocab=8, n_layers=1, window=3)
 NULLITY = {
     "gemma3-1layer": gemma.config(**_SMALL, sliding_pattern=2),
-    "gemma3-2layers-untied-eps0": gemma.config(**{**_SMALL, "n_layers": 2, "n_kv_heads": 2, "d_head": 2, "d_ff": 4,
-                                                 "vocab": 7}, sliding_pattern=2, tied=False, norm_eps=0.0),
+    "gemma3-2layers-untied-eps0": gemma.config(
+        **{**_SMALL, "n_layers": 2, "n_kv_heads": 2, "d_head": 2, "d_ff": 4, "vocab": 7},
+        sliding_pattern=2,
+        tied=False,
+        norm_eps=0.0,
+    ),
     "gemma2-1layer": gemma.gemma2_config(**_SMALL),
-    "gemma2-2layers-gqa-untied": gemma.gemma2_config(**{**_SMALL, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                                                        "d_head": 2, "d_ff": 4, "d_model": 4}, tied=False),
+    "gemma2-2layers-gqa-untied": gemma.gemma2_config(
+        **{**_SMALL, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_head": 2, "d_ff": 4, "d_model": 4}, tied=False
+    ),
 }
 
 
@@ -280,8 +326,10 @@ def test_gemma_nullity_measured_equals_explained(name):
     cfg = NULLITY[name]
     r = analyze(cfg)
     fams = {f.name: f for f in r.families}
-    print(f"{name}: P={cost_P(cfg)} measured {r.measured_nullity}, explained {r.explained}, "
-          + ", ".join(f"{f.name} {f.expected}{'' if f.flat else ' (not flat)'}" for f in r.families))
+    print(
+        f"{name}: P={cost_P(cfg)} measured {r.measured_nullity}, explained {r.explained}, "
+        + ", ".join(f"{f.name} {f.expected}{'' if f.flat else ' (not flat)'}" for f in r.families)
+    )
     assert r.measured_nullity == r.explained and r.unexplained == 0
     assert "stream-rotation-special" not in fams and "qk-plane-rotation-special" not in fams  # generic weights
     assert ("qk-norm-scale" in fams) == (cfg.qk_norm == "head") and ("qk-gl" in fams) == (cfg.qk_norm == "none")

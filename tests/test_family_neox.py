@@ -28,19 +28,28 @@ def neox_hf(tmp_path_factory):
             made[kind] = tmp_path_factory.mktemp(kind)
             save(kind, made[kind])
         return made[kind]
+
     return get
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_matches_transformers_float64(neox_hf, kind):
     err, tol64, shipped, tol32 = compare(neox_hf(kind))
-    print(f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
-          f"(tol {tol32 / EPS32:.0f} ε32)")
+    print(
+        f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
+        f"(tol {tol32 / EPS32:.0f} ε32)"
+    )
     assert err <= tol64 and shipped <= tol32
 
 
-@pytest.mark.parametrize("kind,changes", [("neox", {"parallel_residual": False}), ("neox", {"rotary_dim": 0}),
-                                          ("neox-sequential-linear", {"parallel_residual": True})])
+@pytest.mark.parametrize(
+    "kind,changes",
+    [
+        ("neox", {"parallel_residual": False}),
+        ("neox", {"rotary_dim": 0}),
+        ("neox-sequential-linear", {"parallel_residual": True}),
+    ],
+)
 def test_a_misread_option_fails_by_a_wide_margin(neox_hf, kind, changes):
     path = neox_hf(kind)
     ckpt = open_checkpoint(path)
@@ -62,14 +71,30 @@ def test_check_all_agrees_with_theory(neox_hf, kind, capsys):
 
 def test_transform_round_trip_writes_query_key_value(neox_hf, tmp_path, capsys):
     src, out = neox_hf("neox"), tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", "stream-rotation", "--out", str(out),
-                 "--seed", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "transform",
+                "--checkpoint",
+                str(src),
+                "--action",
+                "stream-rotation",
+                "--out",
+                str(out),
+                "--seed",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS"
     ckpt = open_checkpoint(src)
     x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= \
-        tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
+    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
+        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
+    )
     a, b = open_checkpoint(src).params(), open_checkpoint(out).params()
     assert float((a["blocks.0.attn.W_Q"] - b["blocks.0.attn.W_Q"]).abs().max()) > 1e-3
 

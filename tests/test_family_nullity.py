@@ -29,8 +29,10 @@ CONFIGS = {
 def test_measured_equals_explained(analyzed, name):
     cfg = CONFIGS[name]()
     r = analyzed(cfg, seed=0)
-    print(f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, gap {r.gap_ratio:.3g}; "
-          + ", ".join(f"{f.name} {f.rank}" for f in r.families if f.flat))
+    print(
+        f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, gap {r.gap_ratio:.3g}; "
+        + ", ".join(f"{f.name} {f.rank}" for f in r.families if f.flat)
+    )
     assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6
     assert r.generators_ok and r.overlap == 0 and r.genericity.clean
     assert r.unexplained == 0, r.unexplained_blocks
@@ -40,7 +42,7 @@ def test_measured_equals_explained(analyzed, name):
     names = {f.name for f in r.families if f.flat}
     if cfg.qk_norm != "none":
         assert "qk-norm-scale" in names and "qk-gl" not in names
-    else:   # per KV head: R rotated coordinates (R/2 planes × 2) + (d_k − R)² on the unrotated ones
+    else:  # per KV head: R rotated coordinates (R/2 planes × 2) + (d_k − R)² on the unrotated ones
         e, rot = cfg.d_head, cfg.rotary_dim
         assert {f.name: f.rank for f in r.families}["qk-gl"] == cfg.n_layers * cfg.n_kv_heads * (rot + (e - rot) ** 2)
     if cfg.norm_placement == "output":
@@ -51,21 +53,62 @@ def test_the_qk_norm_scale_count_per_feature(analyzed):
     """L·(R/2 + d_k − R) per layer for a shared norm; ×n_kv for a full-width one — and qk-gl's
     L·n_kv·d_k (what a model without the norm has) is not what is measured."""
     fam = {n: {f.name: f for f in analyzed(CONFIGS[n](), seed=0).families} for n in CONFIGS}
-    assert fam["qwen3-B"]["qk-norm-scale"].rank == 2             # 2 planes, shared by the heads
-    assert fam["qwen3-B-partial-rotary"]["qk-norm-scale"].rank == 3   # 1 plane + 2 unrotated coordinates
+    assert fam["qwen3-B"]["qk-norm-scale"].rank == 2  # 2 planes, shared by the heads
+    assert fam["qwen3-B-partial-rotary"]["qk-norm-scale"].rank == 3  # 1 plane + 2 unrotated coordinates
     assert fam["qwen3-B-gqa-2layers"]["qk-norm-scale"].rank == 4
-    assert fam["olmo2-A"]["qk-norm-scale"].rank == 2             # 1 plane × 2 KV heads
+    assert fam["olmo2-A"]["qk-norm-scale"].rank == 2  # 1 plane × 2 KV heads
     # measured on LLaMA of the same size (no QK-norm): qk-gl's L·n_kv·d_k = 8 replaces the 2
     plain = analyzed(llama.config(**B, n_layers=1), seed=0)
     assert plain.measured_nullity - analyzed(CONFIGS["qwen3-B"](), seed=0).measured_nullity == 8 - 2
 
 
-@pytest.mark.parametrize("args", [
-    ["--family", "qwen3", "--d-model", "8", "--n-heads", "2", "--d-head", "4", "--d-ff", "7", "--n-ctx", "4",
-     "--vocab", "11", "--layers", "1", "--rotary-dim", "2"],
-    ["--family", "llama", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--d-ff", "6", "--n-ctx", "5",
-     "--vocab", "8", "--layers", "1", "--qk-norm", "full", "--norm-placement", "output"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "--family",
+            "qwen3",
+            "--d-model",
+            "8",
+            "--n-heads",
+            "2",
+            "--d-head",
+            "4",
+            "--d-ff",
+            "7",
+            "--n-ctx",
+            "4",
+            "--vocab",
+            "11",
+            "--layers",
+            "1",
+            "--rotary-dim",
+            "2",
+        ],
+        [
+            "--family",
+            "llama",
+            "--d-model",
+            "6",
+            "--n-heads",
+            "2",
+            "--d-head",
+            "2",
+            "--d-ff",
+            "6",
+            "--n-ctx",
+            "5",
+            "--vocab",
+            "8",
+            "--layers",
+            "1",
+            "--qk-norm",
+            "full",
+            "--norm-placement",
+            "output",
+        ],
+    ],
+)
 def test_nullity_cli_takes_the_new_features(args, capsys):
     import json
 
@@ -76,8 +119,13 @@ def test_nullity_cli_takes_the_new_features(args, capsys):
     assert r["measured_nullity"] == r["explained"] and r["unexplained"] == 0 and "qk-norm-scale" in r["families"]
 
 
-@pytest.mark.parametrize("args,match", [(["--family", "qwen3", "--rotary-dim", "3"], "rotary_dim"),
-                                        (["--family", "llama", "--qk-norm", "head", "--norm", "layernorm"], "QK-norm")])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--family", "qwen3", "--rotary-dim", "3"], "rotary_dim"),
+        (["--family", "llama", "--qk-norm", "head", "--norm", "layernorm"], "QK-norm"),
+    ],
+)
 def test_nullity_cli_refuses_bad_features_in_one_line(args, match, capsys):
     from gauge_audit.cli import main
 

@@ -32,14 +32,17 @@ def olmo2_hf(tmp_path_factory):
             made[kind] = tmp_path_factory.mktemp(kind)
             save(kind, made[kind])
         return made[kind]
+
     return get
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_matches_transformers_float64(olmo2_hf, kind):
     err, tol64, shipped, tol32 = compare(olmo2_hf(kind))
-    print(f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
-          f"(tol {tol32 / EPS32:.0f} ε32)")
+    print(
+        f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
+        f"(tol {tol32 / EPS32:.0f} ε32)"
+    )
     assert err <= tol64 and shipped <= tol32
 
 
@@ -58,7 +61,7 @@ def test_a_misread_layout_fails_by_a_wide_margin(olmo2_hf, changes):
 def test_check_all_agrees_with_theory(olmo2_hf, kind, capsys):
     assert main(["check", "--checkpoint", str(olmo2_hf(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
-    assert not {"qk-gl", "stream-rotation", "norm-scale"} & set(rows)   # refused: not symmetries here
+    assert not {"qk-gl", "stream-rotation", "norm-scale"} & set(rows)  # refused: not symmetries here
     for name in ("qk-norm-scale", "vo-gl", "head-perm", "ffn-perm", "swiglu-scaling"):
         assert rows[name]["verdict"] == "HOLDS"
     for r in rows.values():
@@ -127,14 +130,30 @@ def test_qk_norm_scale_is_per_kv_group_not_per_query_head():
 
 def test_transform_round_trip(olmo2_hf, tmp_path, capsys):
     src, out = olmo2_hf("olmo2-bias-yarn"), tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", "qk-norm-scale", "--out", str(out),
-                 "--seed", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "transform",
+                "--checkpoint",
+                str(src),
+                "--action",
+                "qk-norm-scale",
+                "--out",
+                str(out),
+                "--seed",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS"
     ckpt = open_checkpoint(src)
     x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= \
-        tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
+    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
+        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
+    )
 
 
 def test_gauge_fixing_refuses_in_one_line(olmo2_hf, tmp_path, capsys):

@@ -31,14 +31,17 @@ def phi3_hf(tmp_path_factory):
             made[kind] = tmp_path_factory.mktemp(kind)
             save(kind, made[kind])
         return made[kind]
+
     return get
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_matches_transformers_float64(phi3_hf, kind):
     err, tol64, shipped, tol32 = compare(phi3_hf(kind))
-    print(f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
-          f"(tol {tol32 / EPS32:.0f} ε32)")
+    print(
+        f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
+        f"(tol {tol32 / EPS32:.0f} ε32)"
+    )
     assert err <= tol64 and shipped <= tol32
 
 
@@ -67,7 +70,7 @@ def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
     cfg, params = ckpt.cfg, dict(ckpt.params())
     m = random_commutant(cfg, torch.Generator().manual_seed(0), 10.0, (cfg.n_layers, cfg.n_kv_heads))
     r = cfg.rotary_dim
-    assert torch.linalg.matrix_rank(m[0, 0, r:, r:]) == cfg.d_head - r   # a GL block on the unrotated part
+    assert torch.linalg.matrix_rank(m[0, 0, r:, r:]) == cfg.d_head - r  # a GL block on the unrotated part
     x = inputs(cfg)
     model = ckpt.model()
     base = model.forward(params, x)
@@ -79,8 +82,20 @@ def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
     g[0, r], g[r, 0], g[0, 0], g[r, r] = s, -s, c, c
     mix = mix @ g
     np.savez(tmp_path / "mix.npz", M=mix.numpy())
-    assert main(["check", "--checkpoint", str(phi3_hf("phi3-partial")), "--action", "qk-gl",
-                 "--element", str(tmp_path / "mix.npz")]) == 2
+    assert (
+        main(
+            [
+                "check",
+                "--checkpoint",
+                str(phi3_hf("phi3-partial")),
+                "--action",
+                "qk-gl",
+                "--element",
+                str(tmp_path / "mix.npz"),
+            ]
+        )
+        == 2
+    )
     assert "outside the RoPE commutant" in capsys.readouterr().err
     changed = _qk_transform(cfg, params, mix.repeat_interleave(cfg.group_size, dim=1), _inv_t(mix))
     assert rel(model.forward(changed, x), base) > 1e6 * tol(cfg, 12, 10.0)
@@ -88,15 +103,19 @@ def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
 
 def test_transform_round_trip_writes_the_fused_tensors(phi3_hf, tmp_path, capsys):
     src, out = phi3_hf("phi3-longrope-window"), tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1",
-                 "--json"]) == 0
+    assert (
+        main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS"
     ckpt = open_checkpoint(src)
     x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= \
-        tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
+    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
+        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
+    )
     from safetensors import safe_open
+
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert "model.layers.0.self_attn.qkv_proj.weight" in f.keys()
 

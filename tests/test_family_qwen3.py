@@ -34,14 +34,17 @@ def qwen3_hf(tmp_path_factory):
             made[kind] = tmp_path_factory.mktemp(kind)
             save(kind, made[kind])
         return made[kind]
+
     return get
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_matches_transformers_float64(qwen3_hf, kind):
     err, tol64, shipped, tol32 = compare(qwen3_hf(kind))
-    print(f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
-          f"(tol {tol32 / EPS32:.0f} ε32)")
+    print(
+        f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
+        f"(tol {tol32 / EPS32:.0f} ε32)"
+    )
     assert err <= tol64 and shipped <= tol32
 
 
@@ -60,7 +63,7 @@ def test_a_dropped_feature_fails_by_a_wide_margin(qwen3_hf, kind, changes):
 def test_check_all_agrees_with_theory(qwen3_hf, kind, capsys):
     assert main(["check", "--checkpoint", str(qwen3_hf(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
-    assert "qk-gl" not in rows   # refused: no longer a symmetry
+    assert "qk-gl" not in rows  # refused: no longer a symmetry
     for name in ("qk-norm-scale", "vo-gl", "head-perm", "stream-rotation", "swiglu-scaling"):
         assert rows[name]["verdict"] == "HOLDS"
     for r in rows.values():
@@ -84,8 +87,10 @@ def test_commutant_qk_gl_changes_a_qk_normed_model():
     err = rel(m.forward(qk_gl(cfg, m.params, el), x), before)
     plain = cfg.with_(qk_norm="none")
     p0 = {k: v for k, v in m.params.items() if "_norm" not in k}
-    same = rel(build_config(plain).family.forward(qk_gl(plain, p0, el), plain, x),
-               build_config(plain).family.forward(p0, plain, x))
+    same = rel(
+        build_config(plain).family.forward(qk_gl(plain, p0, el), plain, x),
+        build_config(plain).family.forward(p0, plain, x),
+    )
     print(f"commutant qk-gl: with the QK-norm {err:.3g}, without it {same / EPS64:.2f} ε64")
     assert err > 1e6 * tol(cfg, 16, 10.0) and same <= tol(plain, 16, 10.0)
 
@@ -106,27 +111,47 @@ def test_qk_norm_scale_holds_on_every_unit(changes):
         k = "blocks.0.attn.q_norm"
         bad[k] = bad[k] * torch.tensor([3.0, *[1.0] * (cfg.d_head - 1)], dtype=torch.float64)
         bad["blocks.0.attn.k_norm"] = bad["blocks.0.attn.k_norm"] / torch.tensor(
-            [3.0, *[1.0] * (cfg.d_head - 1)], dtype=torch.float64)
+            [3.0, *[1.0] * (cfg.d_head - 1)], dtype=torch.float64
+        )
         assert rel(m.forward(bad, x), m.forward(m.params, x)) > 1e6 * tol(cfg, 16, 3.0)
 
 
 def test_transform_round_trip(qwen3_hf, tmp_path, capsys):
     src, out = qwen3_hf("qwen3"), tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", "qk-norm-scale", "--out", str(out),
-                 "--seed", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "transform",
+                "--checkpoint",
+                str(src),
+                "--action",
+                "qk-norm-scale",
+                "--out",
+                str(out),
+                "--seed",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS"
     ckpt = open_checkpoint(src)
     x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= \
-        tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
+    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
+        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
+    )
 
 
 @pytest.mark.parametrize("command", ["canonicalize", "compare"])
 def test_gauge_fixing_refuses_in_one_line(qwen3_hf, tmp_path, capsys, command):
     src = str(qwen3_hf("qwen3"))
-    args = ["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")] if command == "canonicalize" \
+    args = (
+        ["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")]
+        if command == "canonicalize"
         else ["compare", src, src]
+    )
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "QK-norm" in err and not (tmp_path / "c").exists()

@@ -33,14 +33,17 @@ def rope_hf(tmp_path_factory):
             made[kind] = tmp_path_factory.mktemp(kind)
             save(kind, made[kind])
         return made[kind]
+
     return get
 
 
 @pytest.mark.parametrize("kind", [*ROPES, "mistral-window"])
 def test_forward_matches_transformers_float64(rope_hf, kind):
     err, tol64, shipped, tol32 = compare(rope_hf(kind))
-    print(f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
-          f"(tol {tol32 / EPS32:.0f} ε32)")
+    print(
+        f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
+        f"(tol {tol32 / EPS32:.0f} ε32)"
+    )
     assert err <= tol64 and shipped <= tol32
 
 
@@ -59,21 +62,27 @@ def test_frequency_table_equals_transformers_own(rope_hf, kind, n):
     assert factor == pytest.approx(want_factor, rel=8 * EPS32)
 
 
-@pytest.mark.parametrize("kind,changes", [
-    ("llama-llama3", {"rope_type": "default", "rope_params": ()}),
-    ("llama-yarn", {"rope_params": (("factor", 2.0), ("original_max_position_embeddings", 4.0),
-                                    ("attention_factor", 1.0))}),   # the attention factor dropped
-    ("llama-dynamic", {"rope_type": "linear"}),                     # the right factor, the wrong type
-    ("llama-longrope", {"n_ctx": 12}),                              # the short factors at 12 positions
-    ("mistral-window", {"window": 0}),
-])
+@pytest.mark.parametrize(
+    "kind,changes",
+    [
+        ("llama-llama3", {"rope_type": "default", "rope_params": ()}),
+        (
+            "llama-yarn",
+            {"rope_params": (("factor", 2.0), ("original_max_position_embeddings", 4.0), ("attention_factor", 1.0))},
+        ),  # the attention factor dropped
+        ("llama-dynamic", {"rope_type": "linear"}),  # the right factor, the wrong type
+        ("llama-longrope", {"n_ctx": 12}),  # the short factors at 12 positions
+        ("mistral-window", {"window": 0}),
+    ],
+)
 def test_a_misread_option_fails_by_a_wide_margin(rope_hf, kind, changes):
     path = rope_hf(kind)
     ckpt = open_checkpoint(path)
     cfg = ckpt.cfg.with_(**changes)
     if kind == "llama-longrope":  # 12 positions ≤ a claimed original length of 12: short factors
-        cfg = cfg.with_(rope_params=tuple((k, 12.0 if k == "original_max_position_embeddings" else v)
-                                          for k, v in cfg.rope_params))
+        cfg = cfg.with_(
+            rope_params=tuple((k, 12.0 if k == "original_max_position_embeddings" else v) for k, v in cfg.rope_params)
+        )
     model = ckpt.model()
     x = inputs(cfg)
     wrong = model.family.forward(model.params, cfg, x)
@@ -93,8 +102,10 @@ def test_check_all_agrees_with_theory(rope_hf, kind, capsys):
 
 def test_transform_round_trip_on_llama3(rope_hf, tmp_path, capsys):
     src, out = rope_hf("llama-llama3"), tmp_path / "out"
-    assert main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1",
-                 "--json"]) == 0
+    assert (
+        main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
+        == 0
+    )
     cert = json.loads(capsys.readouterr().out)
     assert cert["verdict"] == "HOLDS"
     ckpt = open_checkpoint(src)
@@ -112,21 +123,59 @@ def _edited(src, dst, **changes):
     return dst
 
 
-@pytest.mark.parametrize("kind,changes,match", [
-    ("llama-linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0}}, "needs factor"),
-    ("llama-linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": -1}}, "non-negative"),
-    ("llama-llama3", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
-                                          "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-                                          "original_max_position_embeddings": 16}}, "high_freq_factor >"),
-    ("llama-longrope", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 500.0, "short_factor": [1.0],
-                                            "long_factor": [1.0, 2.0], "original_max_position_embeddings": 6}},
-     "one per rotated plane"),
-    ("llama-yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": "big",
-                                        "original_max_position_embeddings": 4}}, "not a number"),
-    ("llama-linear", {"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 500.0}}, "unknown RoPE"),
-    ("llama-linear", {"partial_rotary_factor": 0.5}, "rotates the whole head"),
-    ("mistral-window", {"sliding_window": 0}, "sliding_window"),
-])
+@pytest.mark.parametrize(
+    "kind,changes,match",
+    [
+        ("llama-linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0}}, "needs factor"),
+        (
+            "llama-linear",
+            {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": -1}},
+            "non-negative",
+        ),
+        (
+            "llama-llama3",
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 500.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 4.0,
+                    "high_freq_factor": 1.0,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+            "high_freq_factor >",
+        ),
+        (
+            "llama-longrope",
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 500.0,
+                    "short_factor": [1.0],
+                    "long_factor": [1.0, 2.0],
+                    "original_max_position_embeddings": 6,
+                }
+            },
+            "one per rotated plane",
+        ),
+        (
+            "llama-yarn",
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 500.0,
+                    "factor": "big",
+                    "original_max_position_embeddings": 4,
+                }
+            },
+            "not a number",
+        ),
+        ("llama-linear", {"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 500.0}}, "unknown RoPE"),
+        ("llama-linear", {"partial_rotary_factor": 0.5}, "rotates the whole head"),
+        ("mistral-window", {"sliding_window": 0}, "sliding_window"),
+    ],
+)
 def test_bad_rope_options_are_refused_in_one_line(rope_hf, tmp_path, capsys, kind, changes, match):
     path = _edited(rope_hf(kind), tmp_path / "edited", **changes)
     with pytest.raises(GaugeAuditError, match=match):

@@ -41,7 +41,7 @@ from test_nullity import CONFIGS
 # gauge fixing does not handle the gemma family (sandwich norms, QK-norm): the CLI refuses it
 TINY = [m for m in model_names() if m != "minilm" and not m.startswith("gemma")]
 SURVIVORS = ["gpt2-tiny", "llama-tiny-gqa", "qwen-tiny", "moe-tiny", "bert-tiny"]
-UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}
+UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
 
 def _transformed(model, seed: int, kappa: float = 4.0):
@@ -68,13 +68,14 @@ def test_condition_count_equals_explained_nullity(name):
     assert counts == {k: v for k, v in exact.items() if k not in left}
     assert {f for f, _ in unfixed(cfg)} <= left | {"first-block", "router-top1"}
 
-    problem.theta = problem.layout.flatten(canon.params)     # the orbit's tangent space at the canonical point
+    problem.theta = problem.layout.flatten(canon.params)  # the orbit's tangent space at the canonical point
     gens = torch.cat([f.vectors for f in families(problem, genericity(problem)) if f.name in counts])
     assert gens.shape[0] == sum(counts.values())
 
     def flat_conditions(theta):
         c = conditions(cfg, problem.layout.unflatten(theta))
         return torch.cat([c[k].reshape(-1) for k in sorted(c)])
+
     d = torch.stack([jvp(flat_conditions, (problem.theta,), (v,))[1] for v in gens])
     sv = torch.linalg.svdvals(d)
     m = d.shape[0]
@@ -88,8 +89,10 @@ def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name
     m = model(name)
     c = canonicalize(m.cfg, m.params)
     fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa, element=c.element())
-    print(f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
-          f"{fn['tolerance_statistical_eps']:.4g} ε (κ of the dense steps = {c.rounding_kappa:.3g}, of g = {c.kappa:.3g})")
+    print(
+        f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
+        f"{fn['tolerance_statistical_eps']:.4g} ε (κ of the dense steps = {c.rounding_kappa:.3g}, of g = {c.kappa:.3g})"
+    )
     assert fn["verdict"] == HOLDS
     again = canonicalize(m.cfg, c.params)
     dist, _ = relative_distances(c.params, again.params)
@@ -132,7 +135,7 @@ def test_every_true_action_is_in_the_composite_and_has_a_group_law(model):
             both = a.apply(m.cfg, a.apply(m.cfg, m.params, x), y)
             once = a.apply(m.cfg, m.params, compose(a.name, x, y))
             d_inv, d_comp = relative_distances(m.params, back)[0], relative_distances(both, once)[0]
-            k = 4 * max(m.cfg.d_model, m.cfg.d_ff) * EPS64     # two products of length ≤ max(d, d_ff) per entry
+            k = 4 * max(m.cfg.d_model, m.cfg.d_ff) * EPS64  # two products of length ≤ max(d, d_ff) per entry
             assert d_inv <= k * x.kappa and d_comp <= k * x.kappa * y.kappa, (name, a.name, d_inv, d_comp)
 
 
@@ -204,13 +207,15 @@ def test_compare_transformed_copy_is_equivalent(model, name, dtype):
     stored = {k: v.to(dtype) for k, v in b.items()}
     r = compare(m.cfg, m.params, m.cfg, stored)
     u = UNIT[dtype]
-    print(f"{name} {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e} = "
-          f"{r.invariant_distance / u:.3g} u, tolerance {r.tolerance:.3e} = {r.tolerance / u:.3g} u; "
-          f"element κ {r.kappa:.3g} (g: {el.kappa:.3g}), ‖g·A − B‖/‖B‖ = {r.element_residual:.2e}")
+    print(
+        f"{name} {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e} = "
+        f"{r.invariant_distance / u:.3g} u, tolerance {r.tolerance:.3e} = {r.tolerance / u:.3g} u; "
+        f"element κ {r.kappa:.3g} (g: {el.kappa:.3g}), ‖g·A − B‖/‖B‖ = {r.element_residual:.2e}"
+    )
     assert r.verdict == EQUIVALENT
     assert r.raw_distance >= 0.3
     assert r.invariant_distance <= r.tolerance
-    assert r.invariant_distance <= el.kappa * 64 * u          # rounding level of the storage dtype
+    assert r.invariant_distance <= el.kappa * 64 * u  # rounding level of the storage dtype
     assert r.element_residual <= r.kappa * u + 64 * EPS64
     assert check(m, "composite", element=r.element).verdict == HOLDS
 
@@ -235,8 +240,9 @@ def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtyp
         fast = rounding_response(m.cfg, params, c, ca.params, 3, seed)
         slow = rounding_response_recanonicalised(m.cfg, params, c, ca.params, 3, seed)
         assert set(fast) == set(slow)
-        factors = {g: math.sqrt(fast[g] / slow[g]) if slow[g] > 0 else (1.0 if fast[g] == 0 else math.inf)
-                   for g in slow}
+        factors = {
+            g: math.sqrt(fast[g] / slow[g]) if slow[g] > 0 else (1.0 if fast[g] == 0 else math.inf) for g in slow
+        }
         print(f"{name} {dtype} seed {seed}: fast/plain response per group {factors}")
         assert all(abs(f - 1.0) <= 64 * EPS64 for f in factors.values())
 
@@ -254,12 +260,14 @@ def test_compare_perturbed_copy_is_different_and_tracks_the_size(model, name):
         p[key] = p[key] + rel * d * p[key].norm() / d.norm()
         r = compare(m.cfg, m.params, m.cfg, p, prepared=prep, with_element=False)
         grp = r.groups["attention.qk"]
-        print(f"{name} {rel:g}: invariant {r.invariant_distance:.3e}, attention.qk {grp['invariant_distance']:.3e} "
-              f"(raw {grp['raw_distance']:.3e}) = {grp['ratio']:.3g}× its tolerance")
+        print(
+            f"{name} {rel:g}: invariant {r.invariant_distance:.3e}, attention.qk {grp['invariant_distance']:.3e} "
+            f"(raw {grp['raw_distance']:.3e}) = {grp['ratio']:.3g}× its tolerance"
+        )
         assert r.verdict == DIFFERENT and grp["ratio"] >= 1e3
         ratios.append(grp["invariant_distance"] / grp["raw_distance"])
-    assert all(0.3 <= x <= 1.5 for x in ratios)                  # tracks the perturbation
-    assert max(ratios) / min(ratios) <= 1.5                       # linearly, over four decades
+    assert all(0.3 <= x <= 1.5 for x in ratios)  # tracks the perturbation
+    assert max(ratios) / min(ratios) <= 1.5  # linearly, over four decades
 
 
 def test_compare_minilm_real_weights(model):
@@ -267,10 +275,19 @@ def test_compare_minilm_real_weights(model):
     prep = prepare(minilm.cfg, minilm.params, probes=2)
     b, el = _transformed(minilm, seed=2)
     for dtype in (torch.float32, torch.bfloat16):
-        r = compare(minilm.cfg, minilm.params, minilm.cfg, {k: v.to(dtype) for k, v in b.items()}, probes=2,
-                    prepared=prep, with_element=dtype == torch.float32)
-        print(f"minilm {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
-              f"tolerance {r.tolerance:.3e}, element κ {r.kappa}, residual {r.element_residual}")
+        r = compare(
+            minilm.cfg,
+            minilm.params,
+            minilm.cfg,
+            {k: v.to(dtype) for k, v in b.items()},
+            probes=2,
+            prepared=prep,
+            with_element=dtype == torch.float32,
+        )
+        print(
+            f"minilm {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
+            f"tolerance {r.tolerance:.3e}, element κ {r.kappa}, residual {r.element_residual}"
+        )
         assert r.verdict == EQUIVALENT and r.raw_distance >= 0.3
         if r.element_residual is not None:
             assert r.element_residual <= r.kappa * UNIT[dtype]
@@ -303,14 +320,17 @@ def test_compare_bad_input_is_one_line(model):
         assert len(exc.value.lines) == 1
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["compare", "gpt2-tiny", "llama-tiny"], "different architectures"),
-    (["compare", "gpt2-tiny", "no-such-model"], "unknown model"),
-    (["compare", "gpt2-tiny", "ckpt/model.safetensors"], "no such checkpoint"),
-    (["canonicalize", "--checkpoint", "ckpt"], "no such checkpoint"),
-    (["canonicalize", "--model", "smollm2.gguf"], "no such checkpoint"),
-    (["compare", "gpt2-tiny", "gpt2-tiny", "--perturb", "nan"], "perturb"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["compare", "gpt2-tiny", "llama-tiny"], "different architectures"),
+        (["compare", "gpt2-tiny", "no-such-model"], "unknown model"),
+        (["compare", "gpt2-tiny", "ckpt/model.safetensors"], "no such checkpoint"),
+        (["canonicalize", "--checkpoint", "ckpt"], "no such checkpoint"),
+        (["canonicalize", "--model", "smollm2.gguf"], "no such checkpoint"),
+        (["compare", "gpt2-tiny", "gpt2-tiny", "--perturb", "nan"], "perturb"),
+    ],
+)
 def test_cli_bad_input_one_line_exit_2(capsys, argv, match):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -323,24 +343,38 @@ def test_cli_canonicalize_and_compare(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["function"]["verdict"] == HOLDS and report["conditions_total"] == 344
     from safetensors.torch import load_file
+
     saved = load_file(str(out / "model.safetensors"))
     m = build("llama-tiny-gqa", device="cpu")
     expected = canonicalize(m.cfg, m.params).params
     assert set(saved) == set(expected) and all(torch.equal(saved[k], expected[k]) for k in saved)
     assert json.loads((out / "report.json").read_text())["conditions"] == report["conditions"]
-    assert main(["canonicalize", "--model", "llama-tiny-gqa", "--out", str(out)]) == 2   # exists: refused
+    assert main(["canonicalize", "--model", "llama-tiny-gqa", "--out", str(out)]) == 2  # exists: refused
     capsys.readouterr()
 
     cmp_dir = tmp_path / "cmp"
-    code = main(["compare", "gpt2-tiny", "gpt2-tiny", "--transform", "4", "--store-dtype", "float32", "--json",
-                 "--out", str(cmp_dir)])
+    code = main(
+        [
+            "compare",
+            "gpt2-tiny",
+            "gpt2-tiny",
+            "--transform",
+            "4",
+            "--store-dtype",
+            "float32",
+            "--json",
+            "--out",
+            str(cmp_dir),
+        ]
+    )
     r = json.loads(capsys.readouterr().out)
     assert code == 0 and r["verdict"] == EQUIVALENT and r["raw_distance"] > 0.3
     assert set(r["groups"]) >= {"embeddings", "attention.qk", "attention.vo", "norms", "ffn", "unembedding"}
     el = element_from_arrays(dict(np.load(cmp_dir / "element.npz")))
     assert math.isclose(el.kappa, r["kappa"], rel_tol=1e-6)
-    assert main(["check", "--model", "gpt2-tiny", "--action", "composite", "--element",
-                 str(cmp_dir / "element.npz")]) == 0
+    assert (
+        main(["check", "--model", "gpt2-tiny", "--action", "composite", "--element", str(cmp_dir / "element.npz")]) == 0
+    )
     capsys.readouterr()
     assert main(["compare", "gpt2-tiny", "gpt2-tiny", "--seed-b", "1"]) == 1
     assert "DIFFERENT" in capsys.readouterr().out

@@ -19,8 +19,8 @@ from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, 
 from gauge_audit.gauge_fix.comparison import FAILURE_PROBABILITY, relative_distances
 from gauge_audit.models.checkpoint import open_checkpoint
 
-UNIT = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
-KINDS = ["llama", "gpt2", "qwen", "mixtral", "bert"]   # tiny HF checkpoints: LLaMA-GQA (4 heads / 2 KV), …
+UNIT = {"float32": 2.0**-24, "bfloat16": 2.0**-8}
+KINDS = ["llama", "gpt2", "qwen", "mixtral", "bert"]  # tiny HF checkpoints: LLaMA-GQA (4 heads / 2 KV), …
 
 
 def _json(capsys):
@@ -37,10 +37,30 @@ def copies(tiny_hf, tmp_path_factory):
         if (kind, dtype) not in made:
             a = tiny_hf(kind)
             b = tmp_path_factory.mktemp(f"{kind}-{dtype}") / "B"
-            assert main(["transform", "--checkpoint", str(a), "--action", "composite", "--seed", "3",
-                         "--kappa", "4", "--dtype", dtype, "--out", str(b), "--json"]) == 0
+            assert (
+                main(
+                    [
+                        "transform",
+                        "--checkpoint",
+                        str(a),
+                        "--action",
+                        "composite",
+                        "--seed",
+                        "3",
+                        "--kappa",
+                        "4",
+                        "--dtype",
+                        dtype,
+                        "--out",
+                        str(b),
+                        "--json",
+                    ]
+                )
+                == 0
+            )
             made[kind, dtype] = (a, b)
         return made[kind, dtype]
+
     return get
 
 
@@ -53,14 +73,16 @@ def test_transformed_checkpoint_is_equivalent(copies, capsys, tmp_path, kind, dt
     assert main(["compare", str(a), str(b), "--json", "--out", str(out)]) == 0
     r = _json(capsys)
     u = UNIT[dtype]
-    print(f"{kind} {dtype}: raw {r['raw_distance']:.3f}, invariant {r['invariant_distance']:.3e} "
-          f"({r['invariant_distance'] / u:.2f} u), tolerance {r['tolerance']:.3e} ({r['tolerance'] / u:.2f} u), "
-          f"element κ {r['kappa']:.3g}, ‖g·A − B‖/‖B‖ = {r['element_residual']:.3e}")
+    print(
+        f"{kind} {dtype}: raw {r['raw_distance']:.3f}, invariant {r['invariant_distance']:.3e} "
+        f"({r['invariant_distance'] / u:.2f} u), tolerance {r['tolerance']:.3e} ({r['tolerance'] / u:.2f} u), "
+        f"element κ {r['kappa']:.3g}, ‖g·A − B‖/‖B‖ = {r['element_residual']:.3e}"
+    )
     assert r["verdict"] == EQUIVALENT and r["storage_dtype_b"] == dtype
-    assert r["raw_distance"] > 0.3                               # B is far from A in raw parameters ...
-    assert r["invariant_distance"] <= r["tolerance"]             # ... and not after canonicalisation,
-    assert r["tolerance"] <= 20 * u                              # a tolerance at the storage rounding level
-    assert r["element_residual"] <= r["kappa"] * u    # B's rounding, amplified at most by κ of the element
+    assert r["raw_distance"] > 0.3  # B is far from A in raw parameters ...
+    assert r["invariant_distance"] <= r["tolerance"]  # ... and not after canonicalisation,
+    assert r["tolerance"] <= 20 * u  # a tolerance at the storage rounding level
+    assert r["element_residual"] <= r["kappa"] * u  # B's rounding, amplified at most by κ of the element
     assert (out / "element.npz").is_file()
 
 
@@ -71,8 +93,25 @@ def test_compare_element_reproduces_b_through_transform(copies, capsys, tmp_path
     cmp_dir, c = tmp_path / "cmp", tmp_path / "C"
     assert main(["compare", str(a), str(b), "--json", "--out", str(cmp_dir)]) == 0
     capsys.readouterr()
-    assert main(["transform", "--checkpoint", str(a), "--action", "composite", "--element",
-                 str(cmp_dir / "element.npz"), "--dtype", "float32", "--out", str(c), "--json"]) == 0
+    assert (
+        main(
+            [
+                "transform",
+                "--checkpoint",
+                str(a),
+                "--action",
+                "composite",
+                "--element",
+                str(cmp_dir / "element.npz"),
+                "--dtype",
+                "float32",
+                "--out",
+                str(c),
+                "--json",
+            ]
+        )
+        == 0
+    )
     cert = _json(capsys)
     assert cert["verdict"] == "HOLDS"
     pb = {k: v for k, v in open_checkpoint(b).params().items()}
@@ -86,13 +125,16 @@ def test_compare_element_reproduces_b_through_transform(copies, capsys, tmp_path
 @pytest.mark.parametrize("rel", [1e-4, 1e-2])
 def test_perturbed_checkpoint_is_different(tiny_hf, capsys, rel):
     a = tiny_hf("llama")
-    assert main(["compare", str(a), str(a), "--perturb", str(rel), "--perturb-tensor", "blocks.1.mlp.W_in",
-                 "--json"]) == 1
+    assert (
+        main(["compare", str(a), str(a), "--perturb", str(rel), "--perturb-tensor", "blocks.1.mlp.W_in", "--json"]) == 1
+    )
     r = _json(capsys)
     assert r["verdict"] == DIFFERENT
     ffn = r["groups"]["ffn"]
-    print(f"perturbed {rel:g}: ffn raw {ffn['raw_distance']:.3e}, invariant {ffn['invariant_distance']:.3e}, "
-          f"{ffn['ratio']:.3g} × its tolerance")
+    print(
+        f"perturbed {rel:g}: ffn raw {ffn['raw_distance']:.3e}, invariant {ffn['invariant_distance']:.3e}, "
+        f"{ffn['ratio']:.3g} × its tolerance"
+    )
     # the invariant distance of the perturbed group tracks the raw change (the canonical form is a
     # well-conditioned map on this model), and is far above the tolerance
     assert 0.5 <= ffn["invariant_distance"] / ffn["raw_distance"] <= 2 and ffn["ratio"] > 10
@@ -103,8 +145,10 @@ def test_canonicalize_checkpoint_writes_a_certified_checkpoint(tiny_hf, capsys, 
     assert main(["canonicalize", "--checkpoint", str(tiny_hf("qwen")), "--json", "--out", str(out)]) == 0
     report = _json(capsys)
     cert = json.loads((out / "certificate.json").read_text())
-    print(f"qwen canonical: transformers' logits change {cert['residual_eps']:.3g} ε(float32), statistical "
-          f"tolerance {cert['tolerance_statistical_eps']:.4g} ε (κ of the dense steps {cert['rounding_kappa']:.3g})")
+    print(
+        f"qwen canonical: transformers' logits change {cert['residual_eps']:.3g} ε(float32), statistical "
+        f"tolerance {cert['tolerance_statistical_eps']:.4g} ε (κ of the dense steps {cert['rounding_kappa']:.3g})"
+    )
     assert report["function"]["verdict"] == "HOLDS" and cert["verdict"] == "HOLDS" and cert["dtype"] == "float32"
     assert {"config.json", "model.safetensors", "element.npz", "report.json"} <= {p.name for p in out.iterdir()}
     # The written canonical checkpoint is canonical: canonicalising it again moves it only by the
@@ -129,6 +173,7 @@ def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
     import shutil
 
     from safetensors.torch import load_file, save_file
+
     bad = tmp_path / "nan"
     shutil.copytree(tiny_hf("llama"), bad)
     t = load_file(str(bad / "model.safetensors"))
@@ -150,12 +195,16 @@ def test_smollm2_transformed_copy_is_equivalent_in_float32():
     a = load_source("smollm2")
     c = canonicalize(a.cfg, a.params, storage_dtype=a.storage_dtype)
     fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa, element=c.element())
-    print(f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
-          f"{sum(c.condition_counts().values())} conditions")
+    print(
+        f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
+        f"{sum(c.condition_counts().values())} conditions"
+    )
     assert fn["verdict"] == "HOLDS"
     el = ACTIONS["composite"].sample(a.cfg, a.params, generator(5), 4.0)
     b = {k: v.to(torch.float32) for k, v in ACTIONS["composite"].apply(a.cfg, a.params, el).items()}
     r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, storage_dtype_a=a.storage_dtype)
-    print(f"smollm2 float32 copy: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
-          f"tolerance {r.tolerance:.3e}")
+    print(
+        f"smollm2 float32 copy: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
+        f"tolerance {r.tolerance:.3e}"
+    )
     assert r.verdict == EQUIVALENT and r.raw_distance > 0.3 and r.tolerance <= 20 * UNIT["float32"]

@@ -49,10 +49,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                src = (_resolve_relative(mod, is_package, node.level, node.module) if node.level
-                       else node.module or "")
-                targets = [f"{src}.{alias.name}" if f"{src}.{alias.name}" in mods else src
-                           for alias in node.names]
+                src = _resolve_relative(mod, is_package, node.level, node.module) if node.level else node.module or ""
+                targets = [f"{src}.{alias.name}" if f"{src}.{alias.name}" in mods else src for alias in node.names]
             else:
                 continue
             for t in targets:
@@ -134,15 +132,18 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_detects_a_function_level_circle(tmp_path):
     """A synthetic package whose circle closes only through a function-level relative import,
     plus one through ``from pkg.sub import name`` (resolved to the package, then its module)."""
-    _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from . import b\n",
-        "pkg/b.py": "def f():\n    from .c import g\n    return g\n",
-        "pkg/c.py": "import pkg.a\n",
-        "pkg/sub/__init__.py": "from .x import name\n",
-        "pkg/sub/x.py": "def h():\n    from pkg.sub import name\n",
-        "pkg/clean.py": "import os\nfrom . import a\nfrom .sub import x\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from . import b\n",
+            "pkg/b.py": "def f():\n    from .c import g\n    return g\n",
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/sub/__init__.py": "from .x import name\n",
+            "pkg/sub/x.py": "def h():\n    from pkg.sub import name\n",
+            "pkg/clean.py": "import os\nfrom . import a\nfrom .sub import x\n",
+        },
+    )
     graph = import_graph(tmp_path / "pkg")
     assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
     found = cycles(graph)
@@ -150,12 +151,15 @@ def test_detects_a_function_level_circle(tmp_path):
 
 
 def test_acyclic_package_passes(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "from .a import f\n",
-        "pkg/a.py": "from .b import g\nfrom ..pkg import b as _b\n",
-        "pkg/b.py": "import sys\ndef g():\n    import pkg.c\n",
-        "pkg/c.py": "",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import f\n",
+            "pkg/a.py": "from .b import g\nfrom ..pkg import b as _b\n",
+            "pkg/b.py": "import sys\ndef g():\n    import pkg.c\n",
+            "pkg/c.py": "",
+        },
+    )
     graph = import_graph(tmp_path / "pkg")
     assert graph["pkg"] == {"pkg.a"} and graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
     assert cycles(graph) == []

@@ -18,11 +18,13 @@ from gauge_audit import formal
 ROOT = formal.ROOT
 
 #: claims whose catalog entry lists the `lean` checker; also checked against the catalog
-LEAN_CLAIMS = set("""qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose
+LEAN_CLAIMS = set(
+    """qk-gl qk-same-action qk-orthogonal-only vo-gl value-g3-eq-g0 nierop-eq14-transpose
 head-perm ln-affine-rotation relu-forces-identity rope-commutant gqa-tied count-nierop
 count-transformer-base count-wiki-log-hfact gqa-discrete-group head-perm-order hg-savings pith-so-stabilizer-dim
 nierop-table1-arithmetic wiki-eps-mach wiki-gpt2-110m wiki-gpt2-redundancy-table wiki-gqa-wreath wiki-gqa-dim-table
-wiki-gqa-percent-table""".split())
+wiki-gqa-percent-table""".split()
+)
 
 MODULES = "MatrixAlgebra Ring Concrete Attention Value Heads LayerNorm Activation RoPE GQA Counts Tables Axioms".split()
 
@@ -55,9 +57,7 @@ def test_lean_scanner_sees_code_not_comments(tmp_path):
     )
     assert formal.forbidden_tokens(lean) == []
     (lean / "B.lean").write_text(
-        "theorem bad : False := by sorry\n"
-        "axiom cheat : False\n"
-        "theorem nd : 2 + 2 = 4 := by native_decide\n",
+        "theorem bad : False := by sorry\naxiom cheat : False\ntheorem nd : 2 + 2 = 4 := by native_decide\n",
         encoding="utf-8",
     )
     found = formal.forbidden_tokens(lean)
@@ -116,17 +116,18 @@ def test_lean_axiom_audit_lists_every_theorem():
     text = formal.AXIOMS_FILE.read_text(encoding="utf-8")
     # each check is `/-- info: 'NAME' does not depend on any axioms -/ #guard_msgs in #print axioms NAME`
     blocks = re.findall(
-        r"/-- info: '([^']+)' does not depend on any axioms -/\s*#guard_msgs in\s*#print axioms (\S+)", text)
+        r"/-- info: '([^']+)' does not depend on any axioms -/\s*#guard_msgs in\s*#print axioms (\S+)", text
+    )
     assert len(blocks) == len(guarded) and all(a == b for a, b in blocks), blocks
 
 
 def test_lean_project_files():
     toolchain = (ROOT / "lean-toolchain").read_text(encoding="utf-8").strip()
-    assert re.fullmatch(r"leanprover/lean4:v4\.\d+\.\d+", toolchain), toolchain   # a stable tag, no -rc
+    assert re.fullmatch(r"leanprover/lean4:v4\.\d+\.\d+", toolchain), toolchain  # a stable tag, no -rc
     lakefile = (ROOT / "lakefile.lean").read_text(encoding="utf-8")
     assert "package «gauge-audit»" in lakefile
     assert re.search(r"@\[default_target\]\s*lean_lib GaugeAudit where\s*srcDir := \"lean\"", lakefile)
-    assert "require" not in lakefile          # core Lean only: no Mathlib, no Batteries
+    assert "require" not in lakefile  # core Lean only: no Mathlib, no Batteries
     root = (ROOT / "lean" / "GaugeAudit.lean").read_text(encoding="utf-8")
     for mod in MODULES:
         assert (ROOT / "lean" / "GaugeAudit" / f"{mod}.lean").exists(), mod
@@ -141,7 +142,9 @@ def test_lean_project_files():
 def test_lean_build():
     lake = formal.lake_path()
     if lake is None:
-        pytest.skip("lake not on PATH: install elan (it reads lean-toolchain) and run `lake build`; "
-                    "CI runs it in .github/workflows/lean.yml")
+        pytest.skip(
+            "lake not on PATH: install elan (it reads lean-toolchain) and run `lake build`; "
+            "CI runs it in .github/workflows/lean.yml"
+        )
     result = formal.lake_build()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

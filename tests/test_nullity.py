@@ -84,8 +84,9 @@ CONFIGS = {
     "qwen": lambda z: _fam(qwen, z, n_layers=1, n_heads=2, n_kv_heads=1),
     "qwen-2layers": lambda z: _fam(qwen, z, n_layers=2),
     "moe": lambda z: _fam(moe, z, n_layers=1, experts=3, top_k=2),
-    "moe-2layers-bias": lambda z: _fam(moe, z, n_layers=2, experts=2, top_k=2, attn_bias=True, out_bias=True,
-                                       mlp_bias=True),
+    "moe-2layers-bias": lambda z: _fam(
+        moe, z, n_layers=2, experts=2, top_k=2, attn_bias=True, out_bias=True, mlp_bias=True
+    ),
 }
 
 
@@ -97,7 +98,7 @@ def test_maximality_measured_equals_explained(analyzed, name, size):
     assert r.rows >= 3 * r.params
     assert r.gap_ratio >= 1e6, f"no clean gap: {r.gap_ratio:.3g}"
     assert r.generators_ok, [(f.name, f.residual, f.tolerance) for f in r.families]
-    assert r.overlap == 0                                      # families are independent
+    assert r.overlap == 0  # families are independent
     assert r.unexplained == 0, r.unexplained_blocks
     assert r.measured_nullity == r.explained == sum(r.family_dims().values())
     assert r.genericity.clean, r.genericity.lines()
@@ -110,25 +111,37 @@ def test_maximality_measured_equals_explained(analyzed, name, size):
 SMALL_VOCAB = dict(n_layers=1, d_model=6, n_heads=2, n_kv_heads=1, d_head=2, d_ff=6, n_ctx=5, vocab=5)
 FIRST_BLOCK = {
     "llama": (lambda: llama.config(**SMALL_VOCAB), {"unreached-readers": 8, "input-offset": 2}),
-    "llama-vocab3-gqa-2layers": (lambda: llama.config(**{**SMALL_VOCAB, "vocab": 3, "n_heads": 4, "n_kv_heads": 2,
-                                                          "n_layers": 2}),
-                                 {"unreached-readers": 48, "input-offset": 4}),
+    "llama-vocab3-gqa-2layers": (
+        lambda: llama.config(**{**SMALL_VOCAB, "vocab": 3, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2}),
+        {"unreached-readers": 48, "input-offset": 4},
+    ),
     "llama-layernorm-noaffine": (lambda: llama.config(**SMALL_VOCAB, norm="layernorm-noaffine"), {"input-offset": 2}),
-    "qwen": (lambda: qwen.config(**SMALL_VOCAB), {"unreached-readers": 8, "bias-trade": 8,
-                                                  "input-offset": 2}),
-    "gpt2-rope": (lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope"),
-                  {"unreached-readers": 24, "input-offset": 7}),
-    "gpt2-rope-rmsnorm": (lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope", norm="rmsnorm"),
-                          {"unreached-readers": 24, "bias-trade": 8, "input-offset": 8}),
+    "qwen": (lambda: qwen.config(**SMALL_VOCAB), {"unreached-readers": 8, "bias-trade": 8, "input-offset": 2}),
+    "gpt2-rope": (
+        lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope"),
+        {"unreached-readers": 24, "input-offset": 7},
+    ),
+    "gpt2-rope-rmsnorm": (
+        lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope", norm="rmsnorm"),
+        {"unreached-readers": 24, "bias-trade": 8, "input-offset": 8},
+    ),
     "llama-tied": (lambda: llama.config(**SMALL_VOCAB, tied=True), {"unreached-readers": 8, "tied-unembed-null": 1}),
-    "llama-tied-vocab3": (lambda: llama.config(**{**SMALL_VOCAB, "vocab": 3}, tied=True),
-                          {"unreached-readers": 24, "tied-unembed-null": 6}),
-    "llama-tied-layernorm": (lambda: llama.config(**SMALL_VOCAB, tied=True, norm="layernorm"),
-                             {"unreached-readers": 8, "tied-unembed-null": 1}),
-    "llama-tied-layernorm-vocab4": (lambda: llama.config(**{**SMALL_VOCAB, "vocab": 4}, tied=True, norm="layernorm"),
-                                    {"unreached-readers": 16, "tied-unembed-null": 4}),
-    "gpt2-rope-tied": (lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope", tied=True),
-                       {"unreached-readers": 24, "tied-unembed-null": 10}),
+    "llama-tied-vocab3": (
+        lambda: llama.config(**{**SMALL_VOCAB, "vocab": 3}, tied=True),
+        {"unreached-readers": 24, "tied-unembed-null": 6},
+    ),
+    "llama-tied-layernorm": (
+        lambda: llama.config(**SMALL_VOCAB, tied=True, norm="layernorm"),
+        {"unreached-readers": 8, "tied-unembed-null": 1},
+    ),
+    "llama-tied-layernorm-vocab4": (
+        lambda: llama.config(**{**SMALL_VOCAB, "vocab": 4}, tied=True, norm="layernorm"),
+        {"unreached-readers": 16, "tied-unembed-null": 4},
+    ),
+    "gpt2-rope-tied": (
+        lambda: gpt2.config(**{**SMALL_VOCAB, "d_model": 8, "d_ff": 8}, pos="rope", tied=True),
+        {"unreached-readers": 24, "tied-unembed-null": 10},
+    ),
 }
 
 
@@ -185,11 +198,17 @@ def test_maximality_formulas_at_two_sizes_gpt2():
     for z in SIZES:
         c = _fam(gpt2, z, n_layers=1)
         d, L, h, e, f, V, n = c.d_model, 1, c.n_heads, c.d_head, c.d_ff, c.vocab, c.n_ctx
-        expected = (L * h * e * e * 2 + 2 * L * h * e          # QK, VO, key bias, value bias
-                    + (2 * L + 1) * d * 2                       # norm scale, norm shift
-                    + L * (3 * h * e + f)                       # LN reader ones (biased readers)
-                    + V + n + L * (h * e + 1 + f + 1)           # LN writer ones
-                    + (d - 1) + (d - 1) * (d - 2) // 2)         # embedding offset ⊥ 1, rotation fixing 1
+        expected = (
+            L * h * e * e * 2
+            + 2 * L * h * e  # QK, VO, key bias, value bias
+            + (2 * L + 1) * d * 2  # norm scale, norm shift
+            + L * (3 * h * e + f)  # LN reader ones (biased readers)
+            + V
+            + n
+            + L * (h * e + 1 + f + 1)  # LN writer ones
+            + (d - 1)
+            + (d - 1) * (d - 2) // 2
+        )  # embedding offset ⊥ 1, rotation fixing 1
         assert analyze(c).measured_nullity == expected
 
 
@@ -200,7 +219,7 @@ def test_maximality_verdicts_per_family():
         by_family.setdefault(v.family, []).append(v)
     assert set(by_family) == {"attn", "gpt2", "bert", "llama", "qwen", "moe"}
     attn_v = [v for v in by_family["attn"] if "no-bias" in v.config]
-    assert attn_v and all(v.verdict == "HOLDS" for v in attn_v)        # G_max is everything there
+    assert attn_v and all(v.verdict == "HOLDS" for v in attn_v)  # G_max is everything there
     for fam in ("gpt2", "bert", "llama", "qwen", "moe"):
         for v in by_family[fam]:
             assert v.verdict == "FAILS" and v.measured_nullity > v.gmax_dimension
@@ -230,11 +249,37 @@ def test_count_papers_compared_with_measurement():
 
 
 def test_count_printed_by_cli():
-    out = _cli("nullity", "--family", "gpt2", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--d-ff", "6",
-               "--n-ctx", "5", "--vocab", "8", "--layers", "1", "--quiet")
+    out = _cli(
+        "nullity",
+        "--family",
+        "gpt2",
+        "--d-model",
+        "6",
+        "--n-heads",
+        "2",
+        "--d-head",
+        "2",
+        "--d-ff",
+        "6",
+        "--n-ctx",
+        "5",
+        "--vocab",
+        "8",
+        "--layers",
+        "1",
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
-    for label in ("MGS G_Model", "MGS RoPE/GQA variant", "van Nierop eq. 17", "wiki GQA", "P/log P",
-                  "measured nullity", "unexplained", "maximality"):
+    for label in (
+        "MGS G_Model",
+        "MGS RoPE/GQA variant",
+        "van Nierop eq. 17",
+        "wiki GQA",
+        "P/log P",
+        "measured nullity",
+        "unexplained",
+        "maximality",
+    ):
         assert label in out.stdout
 
 
@@ -247,10 +292,24 @@ def test_fdof_bound_against_measurement():
 
 
 def test_json_output_fields():
-    out = _cli("nullity", "--family", "attn", "--d-model", "6", "--n-heads", "2", "--d-head", "2", "--n-ctx", "5",
-               "--no-bias", "--json")
+    out = _cli(
+        "nullity",
+        "--family",
+        "attn",
+        "--d-model",
+        "6",
+        "--n-heads",
+        "2",
+        "--d-head",
+        "2",
+        "--n-ctx",
+        "5",
+        "--no-bias",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     import json
+
     obj = json.loads(out.stdout)
     for key in ("params", "measured_nullity", "explained", "unexplained", "families", "gap_ratio", "paper_counts"):
         assert key in obj
@@ -268,6 +327,7 @@ def test_maximality_missing_family_is_reported_with_its_blocks():
     fams = [f for f in families(p, genericity(p)) if f.name != "norm-shift"]
     expl = ex.check_families(p, fams, [f.vectors @ J.T for f in fams], ex.frobenius(J), spec.threshold)
     from gauge_audit.nullity.measure import null_basis
+
     u = ex.unexplained_directions(p, null_basis(J, spec.rank), expl.basis)
     assert spec.nullity - expl.explained == u.count == (2 * 1 + 1) * cfg.d_model
     top = {n for n, _ in ex.summarize_blocks(u, top=8)}
@@ -282,7 +342,7 @@ def test_maximality_wrong_generator_exceeds_tolerance():
     good = qk_family(p)
     bad = qk_family(p)
     bad.vectors = bad.vectors.clone()
-    bad.vectors[:, p.layout.span("blocks.0.attn.W_K")] *= -1      # dW_K = +W_K·Aᵀ: scores gain 2·q·A·kᵀ
+    bad.vectors[:, p.layout.span("blocks.0.attn.W_K")] *= -1  # dW_K = +W_K·Aᵀ: scores gain 2·q·A·kᵀ
     jf = ex.frobenius(J)
     e_good = ex.check_families(p, [good], [good.vectors @ J.T], jf, None)
     e_bad = ex.check_families(p, [bad], [bad.vectors @ J.T], jf, None)
@@ -306,9 +366,9 @@ def test_generator_matches_action_derivative():
     plus = act.apply(cfg, params, Element({"M": eye + t * a}, 1.0))
     minus = act.apply(cfg, params, Element({"M": eye - t * a}, 1.0))
     fd = (p.layout.flatten(plus) - p.layout.flatten(minus)) / (2 * t)
-    v = fam["qk-gl"].vectors[1]                                # basis element E_01 of KV head 0
+    v = fam["qk-gl"].vectors[1]  # basis element E_01 of KV head 0
     scale = float(v.norm())
-    assert float((fd - v).norm()) <= (t ** 2 + 1e-16 / t) * 100 * scale
+    assert float((fd - v).norm()) <= (t**2 + 1e-16 / t) * 100 * scale
 
 
 def test_eps_broken_stream_scale():
@@ -326,7 +386,7 @@ def test_dead_relu_units_are_reported_and_explained():
     cfg = _fam(gpt2, "A", n_layers=1, act="relu")
     p = make_problem(cfg, 0)
     theta = p.layout.unflatten(p.theta.clone())
-    theta["blocks.0.mlp.b_in"][0] = -50.0                       # unit 0 never fires
+    theta["blocks.0.mlp.b_in"][0] = -50.0  # unit 0 never fires
     p.theta = p.layout.flatten(theta)
     gen = genericity(p)
     assert gen.dead["blocks.0.mlp"] == [0] and not gen.clean
@@ -339,7 +399,7 @@ def test_dead_relu_units_are_reported_and_explained():
 
 
 def test_no_gap_is_refused():
-    s = torch.logspace(0, -15, 200, dtype=torch.float64)       # a smooth spectrum: no rank decision
+    s = torch.logspace(0, -15, 200, dtype=torch.float64)  # a smooth spectrum: no rank decision
     with pytest.raises(GaugeAuditError, match="no clear gap"):
         numerical_rank(s)
     s2 = torch.cat([torch.logspace(0, -3, 50, dtype=torch.float64), torch.full((5,), 1e-17, dtype=torch.float64)])
@@ -364,13 +424,14 @@ def test_maximality_matrix_free_agrees_with_dense(analyzed, name):
         assert m.extra["sigma_min_complement"] <= m.extra["sigma_min_estimate"] * (1 + 1e-9)
     else:
         assert min(m.extra["low_singular_values"]) >= MIN_GAP * m.extra["kernel_residual"]
-    assert m.rows < d.rows                                    # a sketch: fewer rows than the dense J
+    assert m.rows < d.rows  # a sketch: fewer rows than the dense J
 
 
 def test_maximality_matrix_free_finds_the_unexplained_directions(monkeypatch):
     """A theory missing a family (input-offset dropped on the small-vocab LLaMA): the matrix-free
     path counts the same unexplained directions as the dense one, on the same parameter blocks."""
     import gauge_audit.nullity.families as fm
+
     full = fm.families
     monkeypatch.setattr(fm, "families", lambda p, g: [f for f in full(p, g) if f.name != "input-offset"])
     cfg = llama.config(**SMALL_VOCAB)
@@ -386,10 +447,11 @@ def test_maximality_open_case_degenerate_input_set():
     """The open case: learned positions with vocab^n_ctx tiny (vocab 3, n_ctx 4, d_model 8) — every
     layer reads finitely many points; flat directions beyond the families are reported with their
     blocks over a gap the tool accepts."""
-    r = analyze(gpt2.config(n_layers=1, d_model=8, n_heads=2, n_kv_heads=2, d_head=2, d_ff=8, n_ctx=4, vocab=3),
-                method="dense")
+    r = analyze(
+        gpt2.config(n_layers=1, d_model=8, n_heads=2, n_kv_heads=2, d_head=2, d_ff=8, n_ctx=4, vocab=3), method="dense"
+    )
     assert r.gap_ratio >= MIN_GAP and r.generators_ok
-    assert r.unexplained == 5 and r.unexplained_blocks          # seed 0: measured 158, explained 153
+    assert r.unexplained == 5 and r.unexplained_blocks  # seed 0: measured 158, explained 153
 
 
 def test_matrix_free_thin_sketch_is_enlarged():
@@ -407,8 +469,11 @@ def test_matrix_free_rounding_models_agree(name):
     cfg = CONFIGS[name]("A")
     r = {model: analyze(cfg, method="matrix-free", mf_options={"rounding": model}) for model in mf.ROUNDING}
     assert len({x.measured_nullity for x in r.values()}) == 1
-    assert (r["statistical"].extra["rounding_bound"] < r["probabilistic"].extra["rounding_bound"]
-            < r["worst-case"].extra["rounding_bound"])
+    assert (
+        r["statistical"].extra["rounding_bound"]
+        < r["probabilistic"].extra["rounding_bound"]
+        < r["worst-case"].extra["rounding_bound"]
+    )
     with pytest.raises(GaugeAuditError, match="rounding model"):
         analyze(CONFIGS["llama"]("A"), method="matrix-free", mf_options={"rounding": "optimistic"})
 
@@ -483,6 +548,7 @@ def test_maximality_rounding_bounds_hold_against_extended_precision():
     float64 computation, measured against an 80-bit (x87 long double) reference — the statistical
     model by the smallest margin, the worst-case one by the largest."""
     import numpy as np
+
     if np.finfo(np.longdouble).eps > 1e-18:
         pytest.skip("numpy long double is not extended precision on this platform")
     g = torch.Generator().manual_seed(7)
@@ -540,7 +606,7 @@ def test_span_and_sparse_products():
     blocks[0][:, :10] = torch.randn(5, 10, generator=g, dtype=torch.float64)
     blocks[1][:, 5:20] = torch.randn(3, 15, generator=g, dtype=torch.float64)
     sp = ex.span_rank(blocks)
-    assert sp.rank == 8 and sp._basis is None                        # fast path: no basis formed yet
+    assert sp.rank == 8 and sp._basis is None  # fast path: no basis formed yet
     X = torch.randn(4, P, generator=g, dtype=torch.float64)
     Q = sp.basis()
     # Q = nᵀ·U·Λ^{-1/2} from the Gram's eigenvectors: orthonormal to γ_P·κ² (κ of the normalised stack)
@@ -557,11 +623,16 @@ def test_span_and_sparse_products():
     assert dep.rank == 5 and dep.frame().shape == (P, 5)
     Y = torch.randn(P, 7, generator=g, dtype=torch.float64)
     sparse = torch.zeros(40, P, dtype=torch.float64)
-    sparse[torch.arange(40), torch.arange(40)] = 1.0                # one entry per row: CSR
+    sparse[torch.arange(40), torch.arange(40)] = 1.0  # one entry per row: CSR
     narrow = torch.zeros(3, P, dtype=torch.float64)
-    narrow[:, :4] = torch.randn(3, 4, generator=g, dtype=torch.float64)   # dense on few columns: gather
-    wide = torch.randn(3, P, generator=g, dtype=torch.float64)      # dense
-    for V, mode in ((sparse, "sparse"), (narrow, "gather"), (wide, "dense"), (torch.zeros(2, P, dtype=torch.float64), "zero")):
+    narrow[:, :4] = torch.randn(3, 4, generator=g, dtype=torch.float64)  # dense on few columns: gather
+    wide = torch.randn(3, P, generator=g, dtype=torch.float64)  # dense
+    for V, mode in (
+        (sparse, "sparse"),
+        (narrow, "gather"),
+        (wide, "dense"),
+        (torch.zeros(2, P, dtype=torch.float64), "zero"),
+    ):
         prod = mf._Product(V)
         assert prod.mode == mode
         # two length-P inner products of the same entries differ by at most 2·γ_P·(|V|·|Y|) entrywise
@@ -569,7 +640,8 @@ def test_span_and_sparse_products():
         assert bool(((prod(Y) - V @ Y).abs() <= 2 * bound).all())
     # a product on the wrong rows (a transposed support) is off by O(|V|·|Y|), not by rounding
     assert float((mf._Product(narrow)(Y.flip(0)) - narrow @ Y).abs().max()) >= 1e6 * float(
-        (2 * mf.gamma(P) * (narrow.abs() @ Y.abs())).max())
+        (2 * mf.gamma(P) * (narrow.abs() @ Y.abs())).max()
+    )
 
 
 # ----------------------------------------------------------------------------- CLI errors
@@ -591,25 +663,49 @@ def _capsys_for_cli(capsys):
 def _cli(*args):
     """Run ``gauge-audit`` in-process (exit status, stdout, stderr)."""
     from gauge_audit.cli import main
+
     capsys = _CAPSYS[-1]
     capsys.readouterr()
     try:
         code = main(list(args))
-    except SystemExit as exc:      # argparse usage errors
+    except SystemExit as exc:  # argparse usage errors
         code = exc.code
     out = capsys.readouterr()
     return _Out(code, out.out, out.err)
 
 
-@pytest.mark.parametrize("args", [
-    ["--family", "llama", "--n-heads", "3", "--n-kv-heads", "2"],
-    ["--family", "bert", "--tied"],
-    ["--family", "attn", "--norm", "layernorm"],
-    ["--family", "gpt2", "--layers", "0"],
-    ["--family", "gpt2", "--method", "matrix-free", "--plot", "x.png", "--d-model", "4", "--n-heads", "1",
-     "--d-head", "2", "--d-ff", "4", "--n-ctx", "3", "--vocab", "6", "--layers", "1"],
-    ["--family", "nosuch"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--family", "llama", "--n-heads", "3", "--n-kv-heads", "2"],
+        ["--family", "bert", "--tied"],
+        ["--family", "attn", "--norm", "layernorm"],
+        ["--family", "gpt2", "--layers", "0"],
+        [
+            "--family",
+            "gpt2",
+            "--method",
+            "matrix-free",
+            "--plot",
+            "x.png",
+            "--d-model",
+            "4",
+            "--n-heads",
+            "1",
+            "--d-head",
+            "2",
+            "--d-ff",
+            "4",
+            "--n-ctx",
+            "3",
+            "--vocab",
+            "6",
+            "--layers",
+            "1",
+        ],
+        ["--family", "nosuch"],
+    ],
+)
 def test_cli_errors_are_one_line_exit_2(args):
     out = _cli("nullity", "--quiet", *args)
     assert out.returncode == 2, (out.stdout, out.stderr)

@@ -43,8 +43,10 @@ FALSE_PAIRS = _pairs(lambda a, cfg: not a.expected_holds(cfg))
 
 
 def _assert_holds(r):
-    print(f"{r.model} {r.action}: residual {r.residual_eps:.2f} ε, statistical tol {r.tolerance_statistical_eps:.0f} ε, "
-          f"worst-case tol {r.tolerance_eps:.0f} ε ({r.tolerance_formula})")
+    print(
+        f"{r.model} {r.action}: residual {r.residual_eps:.2f} ε, statistical tol {r.tolerance_statistical_eps:.0f} ε, "
+        f"worst-case tol {r.tolerance_eps:.0f} ε ({r.tolerance_formula})"
+    )
     # a true action stays inside the *statistical* bound (the tighter one), not just the worst case
     assert r.verdict == HOLDS
     assert r.max_rel_error <= r.tolerance_statistical <= r.tolerance
@@ -59,7 +61,9 @@ def _assert_holds(r):
 
 
 def _assert_fails(r):
-    print(f"{r.model} {r.action}: rel error {r.max_rel_error:.3e} = {r.residual_eps:.3g} ε vs tol {r.tolerance_eps:.0f} ε")
+    print(
+        f"{r.model} {r.action}: rel error {r.max_rel_error:.3e} = {r.residual_eps:.3g} ε vs tol {r.tolerance_eps:.0f} ε"
+    )
     assert r.verdict == "FAILS"
     assert r.max_rel_error >= CONTRAST_MIN
     assert r.max_rel_error >= 1e6 * r.tolerance
@@ -102,8 +106,16 @@ def test_vo_gl_holds_across_seeds_and_kappa(model, name):
 def test_qk_same_action_holds_only_for_orthogonal_m(model):
     m = model("attn-tiny")
     cfg = m.cfg
-    q = torch.linalg.qr(torch.randn(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head,
-                                    generator=torch.Generator().manual_seed(3), dtype=torch.float64)).Q
+    q = torch.linalg.qr(
+        torch.randn(
+            cfg.n_layers,
+            cfg.n_kv_heads,
+            cfg.d_head,
+            cfg.d_head,
+            generator=torch.Generator().manual_seed(3),
+            dtype=torch.float64,
+        )
+    ).Q
     _assert_holds(check(m, "qk-same-action", element=Element({"M": q}, 1.0)))
     _assert_fails(check(m, "qk-same-action", seed=0))
 
@@ -169,6 +181,7 @@ def test_moe_router_margin_vanishes_at_a_tie_and_ties_are_not_routing_changes(mo
     """Two experts with the same router column tie exactly for every token: which of them is
     picked is decided by rounding, so a changed choice there is a tie, not a routing change."""
     from gauge_audit.models.layers import moe
+
     m = model("moe-tiny")
     cfg = m.cfg
     params = dict(m.params)
@@ -217,12 +230,14 @@ def test_minilm_matches_transformers_reference(minilm):
     transformers = pytest.importorskip("transformers")
     from gauge_audit.models.minilm import model_dir
 
-    ref = transformers.BertModel.from_pretrained(str(model_dir()), dtype=torch.float64, attn_implementation="eager",
-                                                 add_pooling_layer=False).eval()
+    ref = transformers.BertModel.from_pretrained(
+        str(model_dir()), dtype=torch.float64, attn_implementation="eager", add_pooling_layer=False
+    ).eval()
     x = minilm.sample_inputs(0, batch=3, n=24)
     with torch.no_grad():
-        want = ref(input_ids=x["tokens"], token_type_ids=x["token_types"],
-                   attention_mask=torch.ones_like(x["tokens"])).last_hidden_state
+        want = ref(
+            input_ids=x["tokens"], token_type_ids=x["token_types"], attention_mask=torch.ones_like(x["tokens"])
+        ).last_hidden_state
     got = minilm.forward(minilm.params, x)
     diff = float((got - want).abs().max())
     print(f"MiniLM vs transformers.BertModel: max abs diff {diff:.3e} ({diff / EPS64:.1f} ε)")
@@ -267,6 +282,7 @@ def _spoiled(action_name: str, rel: float, seed: int = 11):
         return new
 
     import dataclasses
+
     return dataclasses.replace(act, name=f"{act.name}~{rel:g}", apply=apply)
 
 
@@ -280,8 +296,10 @@ def test_rule_wrong_by_1e_10_is_caught_in_float64(model, name, action):
     m = model(name)
     exact = check(m, action, seed=0)
     spoiled = check(m, _spoiled(action, 1e-10), seed=0)
-    print(f"{name} {action}: exact {exact.residual_eps:.3g} ε, spoiled {spoiled.residual_eps:.3g} ε; "
-          f"stat tol {exact.tolerance_statistical_eps:.0f} ε, worst-case {exact.tolerance_eps:.0f} ε")
+    print(
+        f"{name} {action}: exact {exact.residual_eps:.3g} ε, spoiled {spoiled.residual_eps:.3g} ε; "
+        f"stat tol {exact.tolerance_statistical_eps:.0f} ε, worst-case {exact.tolerance_eps:.0f} ε"
+    )
     assert exact.verdict == HOLDS
     assert spoiled.verdict == FAILS and spoiled.max_rel_error >= 10 * spoiled.tolerance
 
@@ -297,18 +315,21 @@ def test_small_rule_error_between_the_bounds_is_flagged(model, name, action):
     exact = check(m, action, seed=0)
     slope = check(m, _spoiled(action, 1e-6), seed=0).max_rel_error / 1e-6
     lo, hi = exact.tolerance_statistical, exact.tolerance
-    assert hi >= 2 * lo                                       # a band exists here
+    assert hi >= 2 * lo  # a band exists here
     target = math.sqrt(lo * hi)
-    assert exact.max_rel_error <= 0.2 * (target - lo)         # rounding cannot move it across an edge
+    assert exact.max_rel_error <= 0.2 * (target - lo)  # rounding cannot move it across an edge
     r = check(m, _spoiled(action, target / slope), seed=0)
-    print(f"{name} {action}: rule error {target / slope:.3g} → {r.residual_eps:.4g} ε in "
-          f"({r.tolerance_statistical_eps:.4g}, {r.tolerance_eps:.4g}] ε: {r.verdict}")
+    print(
+        f"{name} {action}: rule error {target / slope:.3g} → {r.residual_eps:.4g} ε in "
+        f"({r.tolerance_statistical_eps:.4g}, {r.tolerance_eps:.4g}] ε: {r.verdict}"
+    )
     assert lo < r.max_rel_error <= hi and r.verdict == HOLDS_WORST_CASE_ONLY
-    assert r.holds and r.agrees is True                        # within the rigorous bound: not FAILS
+    assert r.holds and r.agrees is True  # within the rigorous bound: not FAILS
 
 
 def test_verdict_bands_and_statistical_tolerance():
     from gauge_audit.numeric import verdict_for
+
     assert verdict_for(1e-9, 2e-9, 3e-9) == HOLDS
     assert verdict_for(2.5e-9, 2e-9, 3e-9) == HOLDS_WORST_CASE_ONLY
     assert verdict_for(3.5e-9, 2e-9, 3e-9) == FAILS
@@ -316,9 +337,10 @@ def test_verdict_bands_and_statistical_tolerance():
     assert verdict_for(1e-9, 2e-9, 3e-9, routing_changed=1) == FAILS
     # a worst-case tolerance ≥ 1 (relative) cannot tell any change from rounding
     assert verdict_for(0.5, 0.2, 3.0) == UNRESOLVED
-    assert verdict_for(3.5, 2.0, 3.0) == FAILS                 # above even that bound: still FAILS
+    assert verdict_for(3.5, 2.0, 3.0) == FAILS  # above even that bound: still FAILS
     # √(L·K) growth: quadrupling the terms roughly doubles the statistical tolerance (λ grows only with log)
     from gauge_audit.models import build
+
     small = build("attn-tiny", device="cpu")
     a, _ = statistical_tolerance(small, 1.0, torch.float64, 16, 1000)
     b, _ = statistical_tolerance(small, 1.0, torch.float64, 16 + 3 * (16 + 4 + 16 + 16), 1000)
@@ -348,11 +370,14 @@ def test_same_seed_same_result(model):
 
 
 # ----------------------------------------------------------------------------- error paths
-@pytest.mark.parametrize("parts,match", [
-    ({"M": np.zeros((2, 4, 4, 4))}, "singular"),
-    ({"M": np.eye(3)}, "shape"),
-    ({"M": np.full((2, 4, 4, 4), np.nan)}, "NaN"),
-])
+@pytest.mark.parametrize(
+    "parts,match",
+    [
+        ({"M": np.zeros((2, 4, 4, 4))}, "singular"),
+        ({"M": np.eye(3)}, "shape"),
+        ({"M": np.full((2, 4, 4, 4), np.nan)}, "NaN"),
+    ],
+)
 def test_check_bad_elements_one_line_exit_2(tmp_path, capsys, parts, match):
     path = tmp_path / "el.npz"
     np.savez(path, **parts)
@@ -361,13 +386,16 @@ def test_check_bad_elements_one_line_exit_2(tmp_path, capsys, parts, match):
     assert err.count("\n") == 1 and match in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["check", "--model", "nope", "--action", "qk-gl"], "unknown model"),
-    (["check", "--model", "gpt2-tiny", "--action", "nope"], "unknown action"),
-    (["check", "--model", "bert-tiny", "--action", "stream-rotation"], "does not apply"),
-    (["check", "--model", "gpt2-tiny", "--action", "qk-gl", "--kappa", "0.5"], "kappa"),
-    (["check"], "give --model"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["check", "--model", "nope", "--action", "qk-gl"], "unknown model"),
+        (["check", "--model", "gpt2-tiny", "--action", "nope"], "unknown action"),
+        (["check", "--model", "bert-tiny", "--action", "stream-rotation"], "does not apply"),
+        (["check", "--model", "gpt2-tiny", "--action", "qk-gl", "--kappa", "0.5"], "kappa"),
+        (["check"], "give --model"),
+    ],
+)
 def test_check_cli_errors_one_line_exit_2(capsys, argv, match):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -377,8 +405,16 @@ def test_check_cli_errors_one_line_exit_2(capsys, argv, match):
 def test_check_cli_json_keys(capsys):
     assert main(["check", "--model", "attn-tiny", "--action", "vo-gl", "--json"]) == 0
     row = json.loads(capsys.readouterr().out.strip())
-    assert {"model", "action", "verdict", "max_rel_error", "residual_eps", "tolerance_eps",
-            "tolerance_statistical_eps", "tolerance_statistical_formula"} <= set(row)
+    assert {
+        "model",
+        "action",
+        "verdict",
+        "max_rel_error",
+        "residual_eps",
+        "tolerance_eps",
+        "tolerance_statistical_eps",
+        "tolerance_statistical_formula",
+    } <= set(row)
     assert row["verdict"] == "HOLDS" and math.isfinite(row["residual_eps"])
     assert row["residual_eps"] <= row["tolerance_statistical_eps"] <= row["tolerance_eps"]
 
@@ -399,6 +435,7 @@ def test_check_cli_list(capsys):
 
 def test_invalid_configs_are_one_line_errors():
     from gauge_audit.models import bert, llama
+
     with pytest.raises(GaugeAuditError, match="divisible"):
         llama.config(n_heads=4, n_kv_heads=3)
     with pytest.raises(GaugeAuditError, match="tied"):

@@ -50,8 +50,10 @@ def assert_scales_with_dps(r):
     for x in r.residuals:
         assert x.residual <= x.bound, (x.dps, x.residual, x.bound)
         assert x.bound <= 10.0 ** (5 - x.dps)  # the derived bound is inside the issue's 10^(5−dps)
-        print(f"{r.action} on {r.model}: dps {x.dps}: residual {x.residual:.3e} = "
-              f"{x.residual / unit_roundoff(x.dps):.3g} u   (bound {x.bound / unit_roundoff(x.dps):.3g} u)")
+        print(
+            f"{r.action} on {r.model}: dps {x.dps}: residual {x.residual:.3e} = "
+            f"{x.residual / unit_roundoff(x.dps):.3g} u   (bound {x.bound / unit_roundoff(x.dps):.3g} u)"
+        )
     by = {x.dps: x.residual for x in r.residuals}
     assert by[50] <= 1e-45
     assert r.shrinks
@@ -60,12 +62,26 @@ def assert_scales_with_dps(r):
 
 
 # ----------------------------------------------------------------------------- mpmath vs torch
-@pytest.mark.parametrize("name", ["gpt2-tiny", "bert-tiny", "llama-tiny", "llama-tiny-interleaved", "llama-tiny-gqa",
-                                  "moe-tiny", "attn-tiny-rope", "gpt2-tiny-relu", "gpt2-tiny-tied"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2-tiny",
+        "bert-tiny",
+        "llama-tiny",
+        "llama-tiny-interleaved",
+        "llama-tiny-gqa",
+        "moe-tiny",
+        "attn-tiny-rope",
+        "gpt2-tiny-relu",
+        "gpt2-tiny-tied",
+    ],
+)
 def test_precision_matches_torch(name):
     a = torch_agreement(name, seed=0, dps=30)
-    print(f"{name}: |torch − mpmath| / max|y| = {a.rel_diff:.3e} = {a.diff_eps:.3g} ε64  (bound L·K·ε = "
-          f"{a.bound / eps(torch.float64):.3g} ε)")
+    print(
+        f"{name}: |torch − mpmath| / max|y| = {a.rel_diff:.3e} = {a.diff_eps:.3g} ε64  (bound L·K·ε = "
+        f"{a.bound / eps(torch.float64):.3g} ε)"
+    )
     assert a.within and a.rel_diff <= a.bound
 
 
@@ -141,9 +157,20 @@ def test_true_action_residual_scales_with_dps(action):
 
 
 def test_true_action_list_is_complete():
-    assert set(true_actions()) == {"qk-gl", "vo-gl", "head-perm", "key-bias-shift", "value-bias-fold", "norm-scale",
-                                   "norm-shift", "stream-rotation", "ffn-perm", "relu-scaling", "swiglu-scaling",
-                                   "expert-perm"}
+    assert set(true_actions()) == {
+        "qk-gl",
+        "vo-gl",
+        "head-perm",
+        "key-bias-shift",
+        "value-bias-fold",
+        "norm-scale",
+        "norm-shift",
+        "stream-rotation",
+        "ffn-perm",
+        "relu-scaling",
+        "swiglu-scaling",
+        "expert-perm",
+    }
 
 
 # ----------------------------------------------------------------------------- false rules
@@ -201,8 +228,14 @@ def test_false_rule_residual_stays_order_one(rule):
 
 
 def test_certify_all_rules_listed():
-    assert set(CERTIFIABLE) == {"qk-same-action", "value-g3-eq-g0", "stream-rotation-paper", "qk-gl-rope-generic",
-                                "qk-gl-untied-gqa", "gelu-scaling"}
+    assert set(CERTIFIABLE) == {
+        "qk-same-action",
+        "value-g3-eq-g0",
+        "stream-rotation-paper",
+        "qk-gl-rope-generic",
+        "qk-gl-untied-gqa",
+        "gelu-scaling",
+    }
     with pytest.raises(GaugeAuditError):
         certify_rule("qk-gl")
 
@@ -238,8 +271,9 @@ def test_ln_affine_rotation_claim_verdict():
 # ----------------------------------------------------------------------------- error study
 @pytest.fixture(scope="module")
 def study():
-    return run_study(seeds=(0, 1, 2), dtypes=["float64", "float32"], minilm=True, minilm_kappas=(1.0, 1e4),
-                     device="cpu")
+    return run_study(
+        seeds=(0, 1, 2), dtypes=["float64", "float32"], minilm=True, minilm_kappas=(1.0, 1e4), device="cpu"
+    )
 
 
 def test_eps_24_error_grows_linearly_with_kappa(study):
@@ -253,7 +287,7 @@ def test_eps_24_error_grows_linearly_with_kappa(study):
     for d in ("float64", "float32"):
         e = eps(getattr(torch, d))
         for a in ("qk-gl", "vo-gl"):
-            assert study.worst(a, d, 1.0) <= 24 * e       # well-conditioned: within 24 ε
+            assert study.worst(a, d, 1.0) <= 24 * e  # well-conditioned: within 24 ε
             assert study.worst(a, d, 1e6) >= 1e3 * 24 * e  # κ = 1e6: far beyond
     f32 = study.fit("qk-gl", "float32")
     assert f32.saturated_from is not None and f32.saturated_from <= 1e10
@@ -282,7 +316,7 @@ def test_wiki_1e_12_verdict(study):
     v = wiki_1e12_verdict(study)
     print(v.render())
     assert v.verdict == "HOLDS-WITH-CORRECTION"
-    assert v.evidence["worst_rel_error_at_min_kappa"]["float32"] > 1e-12   # float32 cannot meet it
+    assert v.evidence["worst_rel_error_at_min_kappa"]["float32"] > 1e-12  # float32 cannot meet it
     assert v.evidence["worst_rel_error_at_min_kappa"]["float64"] <= 1e-12
     k = v.evidence["float64_kappa_at_1e-12"]
     assert 1e2 < k < 1e6
@@ -303,7 +337,7 @@ def test_error_study_fit_recovers_known_slope():
     """The fit is checked on synthetic points err = 3 ε κ^0.5, with a saturated point excluded."""
     e = eps(torch.float64)
     ks = [1.0, 1e2, 1e4, 1e6, 1e30]
-    pts = [Point("m", "qk-gl", "float64", k, 0, min(3 * e * k ** 0.5, 1.0), 0.0) for k in ks]
+    pts = [Point("m", "qk-gl", "float64", k, 0, min(3 * e * k**0.5, 1.0), 0.0) for k in ks]
     f = fit_points(pts, "qk-gl", "float64", ks)
     assert f.n_points == 4 and f.saturated_from == 1e30
     assert math.isclose(f.b, 0.5, rel_tol=1e-9) and math.isclose(f.a, math.log10(3), rel_tol=1e-9)
@@ -352,11 +386,18 @@ def test_cli_precision_plot(tmp_path, capsys):
     assert path.exists() and "eps-24" in out and "plot written" in out
 
 
-@pytest.mark.parametrize("argv", [["precision", "nope"], ["precision", "qk-gl", "--dps", "5"],
-                                  ["precision"], ["precision", "qk-gl", "--model", "nope"],
-                                  ["precision", "gelu-scaling", "--model", "llama-tiny"],
-                                  ["precision", "eps-24", "--model", "gpt2-tiny"],
-                                  ["precision", "--referee-test", "--sequences", "0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["precision", "nope"],
+        ["precision", "qk-gl", "--dps", "5"],
+        ["precision"],
+        ["precision", "qk-gl", "--model", "nope"],
+        ["precision", "gelu-scaling", "--model", "llama-tiny"],
+        ["precision", "eps-24", "--model", "gpt2-tiny"],
+        ["precision", "--referee-test", "--sequences", "0"],
+    ],
+)
 def test_cli_precision_errors_are_one_line(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

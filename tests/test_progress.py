@@ -31,7 +31,7 @@ def _run(argv, tty: bool):
     while True:
         try:
             chunk = os.read(master, 65536)
-        except OSError:          # EIO: the child closed the terminal
+        except OSError:  # EIO: the child closed the terminal
             break
         if not chunk:
             break
@@ -43,22 +43,41 @@ def _run(argv, tty: bool):
 
 
 def _has_bar(err: str, desc: str) -> bool:
-    return desc in err and "%|" in err      # tqdm's "desc:  40%|████      | 2/5 [...]"
+    return desc in err and "%|" in err  # tqdm's "desc:  40%|████      | 2/5 [...]"
 
 
-@pytest.mark.parametrize("argv, desc", [
-    (["check", "--model", "attn-tiny"], "check"),
-    (["nullity", "--family", "attn", "--d-model", "4", "--n-heads", "2", "--d-head", "2", "--n-ctx", "3",
-      "--layers", "1"], "Jacobian rows"),
-    (["audit", "--only", "qk-gl,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),   # three runs
-])
+@pytest.mark.parametrize(
+    "argv, desc",
+    [
+        (["check", "--model", "attn-tiny"], "check"),
+        (
+            [
+                "nullity",
+                "--family",
+                "attn",
+                "--d-model",
+                "4",
+                "--n-heads",
+                "2",
+                "--d-head",
+                "2",
+                "--n-ctx",
+                "3",
+                "--layers",
+                "1",
+            ],
+            "Jacobian rows",
+        ),
+        (["audit", "--only", "qk-gl,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),  # three runs
+    ],
+)
 def test_bar_on_a_terminal_only_and_never_with_json(tmp_path, argv, desc):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code, out, err = _run(argv, tty=True)
     assert code == 0 and _has_bar(err, desc), err[-2000:]
     code_p, out_p, err_p = _run(argv, tty=False)
     assert code_p == 0 and "%|" not in err_p and err_p.strip() == "", err_p
-    assert out_p.strip().splitlines()[0] == out.strip().splitlines()[0]   # stdout unchanged by the bar
+    assert out_p.strip().splitlines()[0] == out.strip().splitlines()[0]  # stdout unchanged by the bar
     code_j, out_j, err_j = _run(argv + ["--json"], tty=True)
     assert code_j == 0 and "%|" not in err_j, err_j
     text = out_j.strip()

@@ -33,7 +33,9 @@ def test_proofs_md_test_matching_prefers_longest_id(tmp_path):
         "def test_qk_gl_basic():\n    pass\n"
         "def test_qk_gl_rope_generic_breaks():\n    pass\n"
         "def test_qk_glx():\n    pass\n"
-        "def test_qk_gl():\n    pass\n", encoding="utf-8")
+        "def test_qk_gl():\n    pass\n",
+        encoding="utf-8",
+    )
     found = proofs_md.tests_by_claim(["qk-gl", "qk-gl-rope-generic"], tmp_path)
     assert found["qk-gl"] == ["test_x.py::test_qk_gl_basic", "test_x.py::test_qk_gl"]
     assert found["qk-gl-rope-generic"] == ["test_x.py::test_qk_gl_rope_generic_breaks"]

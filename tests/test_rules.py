@@ -58,9 +58,14 @@ def test_rule_schema_loads_the_issue_example():
 
 def test_rule_schema_dotted_and_quoted_norm_keys_are_the_same_parameter():
     for spelling in ('"norm1.w" = "norm1.w * s"', 'norm1.w = "norm1.w * s"', 'norm1 = { w = "norm1.w * s" }'):
-        text = EXAMPLE_RULE.replace('W_V = "W_V @ diag(s)"', 'W_V = "W_V @ diag(s)"\n' + spelling).replace(
-            'elements = { s = "diagonal(d_v)" }', 'elements = { s = "diagonal(d_v)", t = "positive-diagonal(d_model)" }'
-        ).replace("norm1.w * s", "norm1.w * t")
+        text = (
+            EXAMPLE_RULE.replace('W_V = "W_V @ diag(s)"', 'W_V = "W_V @ diag(s)"\n' + spelling)
+            .replace(
+                'elements = { s = "diagonal(d_v)" }',
+                'elements = { s = "diagonal(d_v)", t = "positive-diagonal(d_model)" }',
+            )
+            .replace("norm1.w * s", "norm1.w * t")
+        )
         _, (claim,) = load_text(text, "p.toml")
         assert claim.rule.map_of("norm1.w").text == "norm1.w * t", spelling
 
@@ -71,7 +76,9 @@ def _problems(text: str) -> list[str]:
     return exc.value.lines
 
 
-BAD = EXAMPLE_RULE.split("[claim.rule]")[0] + """[claim.rule]
+BAD = (
+    EXAMPLE_RULE.split("[claim.rule]")[0]
+    + """[claim.rule]
 scope = "heads"
 elements = { s = "translation(d_v)", M = "GL(d_q)", N = "Foo(3)", W_Q = "GL(2)" }
 [claim.rule.maps]
@@ -84,36 +91,47 @@ W_K = "W_K @ foo(M)"
 W_in = "W_in @ (("
 b_K = 3
 """
+)
 
 
 def test_rule_schema_reports_every_problem_with_its_line():
     lines = _problems(BAD)
-    want = [(17, "rule.scope"), (18, "rule.elements.M: unknown dimension"), (18, "rule.elements.N: unknown group"),
-            (18, "rule.elements.W_Q: 'W_Q' is a parameter"), (20, "unknown name 'X'"),
-            (21, "inv(diag(s)) is not guaranteed to exist: the vector's entries may vanish: s ∈ translation(d_v)"),
-            (22, "'@' needs inner dimensions to agree, got d_v×d_model @ d_v×d_model"),
-            (23, "unknown parameter 'W_Z'"), (24, "no reference model has b_U"), (25, "unknown function 'foo'"),
-            (26, "rule.maps.W_in: expression 'W_in @ ((': unexpected end"),
-            (27, "rule.maps.b_K: expected an expression string")]
+    want = [
+        (17, "rule.scope"),
+        (18, "rule.elements.M: unknown dimension"),
+        (18, "rule.elements.N: unknown group"),
+        (18, "rule.elements.W_Q: 'W_Q' is a parameter"),
+        (20, "unknown name 'X'"),
+        (21, "inv(diag(s)) is not guaranteed to exist: the vector's entries may vanish: s ∈ translation(d_v)"),
+        (22, "'@' needs inner dimensions to agree, got d_v×d_model @ d_v×d_model"),
+        (23, "unknown parameter 'W_Z'"),
+        (24, "no reference model has b_U"),
+        (25, "unknown function 'foo'"),
+        (26, "rule.maps.W_in: expression 'W_in @ ((': unexpected end"),
+        (27, "rule.maps.b_K: expected an expression string"),
+    ]
     assert len(lines) == len(want), lines
     for line, (no, text) in zip(lines, want):
         assert line.startswith(f"bad.toml:{no}: field rule") and text in line and "\n" not in line, (line, no, text)
 
 
-@pytest.mark.parametrize("maps,message", [
-    ({"W_Q": "W_Q @ M", "W_K": "W_K @ transpose(M) @ W_K"}, "inner dimensions"),
-    ({"W_Q": "W_Q @ M + 1"}, "'+' needs equal shapes"),
-    ({"W_Q": "W_Q * M"}, "element-wise product of equal shapes"),
-    ({"W_Q": "W_Q @ inv(W_Q)"}, "inv() needs a square matrix"),
-    ({"W_Q": "W_Q @ inv(M + M)"}, "a sum or difference need not be invertible"),
-    ({"W_Q": "W_Q @ inv(outer(ones(d_k), ones(d_k)))"}, "an outer product has rank one"),
-    ({"W_Q": "W_Q @ M @"}, "unexpected end"),
-    ({"W_Q": "W_Q @ diag(M)"}, "diag() takes a vector"),
-    ({"W_Q": "W_Q @ eye(d_k, d_k)"}, "expected ')'"),
-    ({"W_Q": "W_Q @ eye(q)"}, "expected a dimension"),
-    ({"W_Q": "__import__('os')"}, "unexpected character"),
-    ({"W_Q": "W_Q @ M", "W_K": "W_K"}, None),
-])
+@pytest.mark.parametrize(
+    "maps,message",
+    [
+        ({"W_Q": "W_Q @ M", "W_K": "W_K @ transpose(M) @ W_K"}, "inner dimensions"),
+        ({"W_Q": "W_Q @ M + 1"}, "'+' needs equal shapes"),
+        ({"W_Q": "W_Q * M"}, "element-wise product of equal shapes"),
+        ({"W_Q": "W_Q @ inv(W_Q)"}, "inv() needs a square matrix"),
+        ({"W_Q": "W_Q @ inv(M + M)"}, "a sum or difference need not be invertible"),
+        ({"W_Q": "W_Q @ inv(outer(ones(d_k), ones(d_k)))"}, "an outer product has rank one"),
+        ({"W_Q": "W_Q @ M @"}, "unexpected end"),
+        ({"W_Q": "W_Q @ diag(M)"}, "diag() takes a vector"),
+        ({"W_Q": "W_Q @ eye(d_k, d_k)"}, "expected ')'"),
+        ({"W_Q": "W_Q @ eye(q)"}, "expected a dimension"),
+        ({"W_Q": "__import__('os')"}, "unexpected character"),
+        ({"W_Q": "W_Q @ M", "W_K": "W_K"}, None),
+    ],
+)
 def test_rule_expression_errors_are_one_line(maps, message):
     table = {"scope": "head", "elements": {"M": "GL(d_k)"}, "maps": maps}
     if message is None:
@@ -125,9 +143,9 @@ def test_rule_expression_errors_are_one_line(maps, message):
 
 
 def test_rule_schema_unused_element_and_action_conflict(tmp_path, capsys):
-    text = EXAMPLE_RULE.replace('elements = { s = "diagonal(d_v)" }',
-                                'elements = { s = "diagonal(d_v)", u = "GL(d_k)" }').replace(
-        'expected = "holds"', 'expected = "holds"\naction = "vo-gl"')
+    text = EXAMPLE_RULE.replace(
+        'elements = { s = "diagonal(d_v)" }', 'elements = { s = "diagonal(d_v)", u = "GL(d_k)" }'
+    ).replace('expected = "holds"', 'expected = "holds"\naction = "vo-gl"')
     lines = _problems(text)
     assert any("field action: a claim with a [claim.rule] names no action" in ln for ln in lines)
     assert any(re.match(r"bad\.toml:19: field rule\.elements\.u: declared but used in no map", ln) for ln in lines)
@@ -139,8 +157,11 @@ def test_rule_schema_unused_element_and_action_conflict(tmp_path, capsys):
 
 
 def test_rule_expression_parser_renders_and_tracks_shapes():
-    syms = {"W": Symbol(("d_model", "d_k"), "generic", "param"), "M": Symbol(("d_k", "d_k"), "group", "element"),
-            "c": Symbol((1, "d_k"), "none", "element")}
+    syms = {
+        "W": Symbol(("d_model", "d_k"), "generic", "param"),
+        "M": Symbol(("d_k", "d_k"), "group", "element"),
+        "c": Symbol((1, "d_k"), "none", "element"),
+    }
     text = "W @ inv(transpose(M)) + -(outer(ones(d_model), ones(d_model)) @ W) * 2 - outer(ones(d_model), c)"
     n = parse_expression(text, syms)
     assert n.shape == ("d_model", "d_k") and n.inv == "none" and n.text() == text
@@ -152,29 +173,34 @@ def test_rule_expression_parser_renders_and_tracks_shapes():
 # ----------------------------------------------------------------------------- engine / applicability
 def _reason(rule_table, model):
     from gauge_audit.models import FAMILIES
+
     cfg = config_of(model) if isinstance(model, str) else model
-    return applicability(parse_rule(rule_table), Shape.of(cfg),
-                         ProjectView(cfg, FAMILIES[cfg.family].param_shapes(cfg)).has)
+    return applicability(
+        parse_rule(rule_table), Shape.of(cfg), ProjectView(cfg, FAMILIES[cfg.family].param_shapes(cfg)).has
+    )
 
 
 def test_rule_applicability_absent_tensors_and_shared_kv_heads():
     head_vo = {**VO, "scope": "head"}
     assert _reason(head_vo, "gpt2-tiny") is None
-    assert "shared by 2 elements" in _reason(head_vo, "llama-tiny-gqa")            # one W_V, two query heads
-    assert _reason(VO, "llama-tiny-gqa") is None                                  # kv-group scope ties them
+    assert "shared by 2 elements" in _reason(head_vo, "llama-tiny-gqa")  # one W_V, two query heads
+    assert _reason(VO, "llama-tiny-gqa") is None  # kv-group scope ties them
     kbs = {"scope": "kv-group", "elements": {"c": "translation(d_k)"}, "maps": {"b_K": "b_K + c"}}
     assert "none of the rule's parameters" in _reason(kbs, "llama-tiny")
     kbs["maps"]["W_K"] = "W_K"
-    assert "has no b_K" in _reason(kbs, "llama-tiny")                              # the shift would create one
-    assert _reason(QK, "llama-tiny") is None                                       # absent biases stay zero
+    assert "has no b_K" in _reason(kbs, "llama-tiny")  # the shift would create one
+    assert _reason(QK, "llama-tiny") is None  # absent biases stay zero
     assert "no token embedding" in _reason(PAPER, "attn-tiny")
     assert "no unembedding" in _reason(PAPER, "bert-tiny")
     assert _reason(PAPER, "moe-tiny") is None and _reason(PAPER, "gpt2-tiny-tied") is None
-    fold = {"scope": "layer", "elements": {"s": "positive-diagonal(d_model)"},
-            "maps": {"norm1.w": "norm1.w * s", "W_Q": "inv(diag(s)) @ W_Q"}}
+    fold = {
+        "scope": "layer",
+        "elements": {"s": "positive-diagonal(d_model)"},
+        "maps": {"norm1.w": "norm1.w * s", "W_Q": "inv(diag(s)) @ W_Q"},
+    }
     assert "γ = 1" in _reason(fold, "llama-tiny-noweight")
     gl4 = {"scope": "head", "elements": {"M": "GL(4)"}, "maps": {"W_Q": "W_Q @ M"}}
-    assert _reason(gl4, "gpt2-tiny") is None                                       # d_k = 4 there
+    assert _reason(gl4, "gpt2-tiny") is None  # d_k = 4 there
     assert "shape mismatch in '@': 16×2 and 4×4" in _reason(gl4, NAMED["gpt2-tiny"].with_(d_head=2))
 
 
@@ -182,12 +208,17 @@ def test_rule_engine_matches_the_builtin_qk_gl_action_exactly(model):
     """Same element, same parameters: the rule path and actions.qk_gl give identical tensors."""
     from gauge_audit.actions import get_action
     from gauge_audit.actions.base import Element
+
     m = model("llama-tiny-gqa")
     rule = parse_rule({**QK, "elements": {"M": "GL(d_k)"}})
     d = draw(rule, Shape.of(m.cfg), 1)
-    M = torch.stack([torch.stack([d.elements[c]["M"] for c in sorted(d.elements, key=lambda c: (c.layer, c.kv))
-                                  if c.layer == l]) for l in range(m.cfg.n_layers)])
-    cfg = m.cfg.with_(pos="none")                   # the commutant check aside, the maps are the same
+    M = torch.stack(
+        [
+            torch.stack([d.elements[c]["M"] for c in sorted(d.elements, key=lambda c: (c.layer, c.kv)) if c.layer == l])
+            for l in range(m.cfg.n_layers)
+        ]
+    )
+    cfg = m.cfg.with_(pos="none")  # the commutant check aside, the maps are the same
     ours, _ = transform(cfg, m.params, rule, d)
     theirs = get_action("qk-gl").apply(cfg, m.params, Element({"M": M}, 1.0))
     # M·M⁻¹ evaluated two ways (batched vs per head, inv(Mᵀ) vs inv(M)ᵀ): equal to κ·(d_model + d_k)·ε
@@ -201,7 +232,7 @@ def test_rule_engine_matches_the_builtin_qk_gl_action_exactly(model):
 def test_rule_tied_unembedding_consistency():
     m = build_config(NAMED["gpt2-tiny-tied"], 0, "cpu")
     paper = parse_rule(PAPER)
-    new, _ = transform(m.cfg, m.params, paper, draw(paper, Shape.of(m.cfg), 1))   # (W_E·R)ᵀ = Rᵀ·W_Eᵀ: consistent
+    new, _ = transform(m.cfg, m.params, paper, draw(paper, Shape.of(m.cfg), 1))  # (W_E·R)ᵀ = Rᵀ·W_Eᵀ: consistent
     assert "unembed.W_U" not in new
     wrong = parse_rule({**PAPER, "maps": {**PAPER["maps"], "W_U": "R @ W_U"}})
     with pytest.raises(NotApplicable, match="tied"):
@@ -211,8 +242,9 @@ def test_rule_tied_unembedding_consistency():
 def test_rule_increments_sum_over_heads(model):
     """b_O − c @ W_O at head scope folds every head's value shift: the value-bias-fold action."""
     m = model("gpt2-tiny")
-    rule = parse_rule({"scope": "head", "elements": {"c": "translation(d_v)"},
-                       "maps": {"b_V": "b_V + c", "b_O": "b_O - c @ W_O"}})
+    rule = parse_rule(
+        {"scope": "head", "elements": {"c": "translation(d_v)"}, "maps": {"b_V": "b_V + c", "b_O": "b_O - c @ W_O"}}
+    )
     d = draw(rule, Shape.of(m.cfg), 1)
     new, _ = transform(m.cfg, m.params, rule, d)
     c0 = torch.cat([d.elements[u]["c"] for u in sorted(d.elements, key=lambda u: u.head) if u.layer == 0])
@@ -221,11 +253,16 @@ def test_rule_increments_sum_over_heads(model):
 
 
 # ----------------------------------------------------------------------------- torch checker vs built-in actions
-PAIRS = [("qk-gl", QK, ("gpt2-tiny", "bert-tiny", "attn-tiny-gqa", "minilm")),
-         ("vo-gl", VO, ("gpt2-tiny", "llama-tiny-gqa", "moe-tiny", "qwen-tiny", "minilm")),
-         ("qk-same-action", SAME, ("gpt2-tiny", "llama-tiny", "attn-tiny")),
-         ("stream-rotation-paper", PAPER, ("gpt2-tiny", "gpt2-tiny-noaffine", "llama-tiny", "llama-tiny-noweight",
-                                           "gpt2-tiny-tied", "moe-tiny"))]
+PAIRS = [
+    ("qk-gl", QK, ("gpt2-tiny", "bert-tiny", "attn-tiny-gqa", "minilm")),
+    ("vo-gl", VO, ("gpt2-tiny", "llama-tiny-gqa", "moe-tiny", "qwen-tiny", "minilm")),
+    ("qk-same-action", SAME, ("gpt2-tiny", "llama-tiny", "attn-tiny")),
+    (
+        "stream-rotation-paper",
+        PAPER,
+        ("gpt2-tiny", "gpt2-tiny-noaffine", "llama-tiny", "llama-tiny-noweight", "gpt2-tiny-tied", "moe-tiny"),
+    ),
+]
 
 
 @pytest.mark.parametrize("action,table,models", PAIRS, ids=[p[0] for p in PAIRS])
@@ -235,14 +272,15 @@ def test_rule_torch_verdicts_match_builtin_actions(model, action, table, models)
         m = model(name)
         ours, theirs = check_rule(m, rule, seed=0), check(m, action, seed=0)
         assert ours.holds == theirs.holds, (name, ours.verdict, theirs.verdict)
-        if ours.holds:   # both within the derived tolerance, printed in ε
+        if ours.holds:  # both within the derived tolerance, printed in ε
             assert ours.residual_eps <= ours.tolerance_statistical_eps and ours.kappa >= 1
-        else:            # a false rule misses by a large margin
+        else:  # a false rule misses by a large margin
             assert ours.max_rel_error > 1e6 * ours.tolerance, (name, ours.max_rel_error)
 
 
 def test_rule_torch_float32_tolerance_from_storage_dtype(model):
     from gauge_audit.numeric import tolerance
+
     m = model("gpt2-tiny")
     r = check_rule(m, parse_rule(VO), seed=0, dtype="float32")
     want, _ = tolerance(m, r.kappa, torch.float32, m.sample_inputs(0)["tokens"].shape[1])

@@ -60,19 +60,24 @@ def test_qk_orthogonal_only_orthogonal_case_matches_builtin_evidence(rules_repor
     import torch
 
     from gauge_audit.actions.base import Element, random_orthogonal
+
     assert rules_report["rule-qk-orthogonal-case"].verdict.verdict == HOLDS
     assert "M·Mᵀ = I" in DERIVATIONS["qk-same-action"]().derived
     m = model("attn-tiny")
     g = torch.Generator().manual_seed(3)
-    M = torch.stack([torch.stack([random_orthogonal(m.cfg.d_head, g) for _ in range(m.cfg.n_kv_heads)])
-                     for _ in range(m.cfg.n_layers)])
+    M = torch.stack(
+        [
+            torch.stack([random_orthogonal(m.cfg.d_head, g) for _ in range(m.cfg.n_kv_heads)])
+            for _ in range(m.cfg.n_layers)
+        ]
+    )
     assert check(m, "qk-gl", element=Element({"M": M}, 1.0)).holds
 
 
 def test_value_g3_eq_g0_rule_path_same_verdict(rules_report, catalog_report):
     assert _same_as_catalog(rules_report, catalog_report, "value-g3-eq-g0") == FAILS
     sym = next(e for e in rules_report["rule-value-g3-eq-g0"].evidence if e.checker == "symbolic")
-    assert sym.corrected_rule == "W_V ↦ transpose(R) @ W_V" and "R² = I" in sym.summary   # g(3) = g(0) iff g(0)² = I
+    assert sym.corrected_rule == "W_V ↦ transpose(R) @ W_V" and "R² = I" in sym.summary  # g(3) = g(0) iff g(0)² = I
 
 
 def test_ln_affine_rotation_rule_path_same_verdict(rules_report, catalog_report):
@@ -90,21 +95,33 @@ def test_relu_forces_identity_rule_path_same_verdict(rules_report, catalog_repor
     assert _same_as_catalog(rules_report, catalog_report, "relu-forces-identity") == FAILS
 
 
-@pytest.mark.parametrize("rule_id,action", [("rule-gelu-scaling", "gelu-scaling"), ("rule-key-bias-shift",
-                         "key-bias-shift"), ("rule-ffn-perm", "ffn-perm"), ("rule-qk-gl", "qk-gl"),
-                         ("rule-vo-gl", "vo-gl"), ("rule-ln-affine-rotation", "stream-rotation-paper"),
-                         ("rule-ln-noaffine-rotation", "stream-rotation-paper"),
-                         ("rule-relu-forces-identity", "relu-scaling")])
+@pytest.mark.parametrize(
+    "rule_id,action",
+    [
+        ("rule-gelu-scaling", "gelu-scaling"),
+        ("rule-key-bias-shift", "key-bias-shift"),
+        ("rule-ffn-perm", "ffn-perm"),
+        ("rule-qk-gl", "qk-gl"),
+        ("rule-vo-gl", "vo-gl"),
+        ("rule-ln-affine-rotation", "stream-rotation-paper"),
+        ("rule-ln-noaffine-rotation", "stream-rotation-paper"),
+        ("rule-relu-forces-identity", "relu-scaling"),
+    ],
+)
 def test_rule_torch_rows_match_builtin_actions_per_model(rules_report, model, rule_id, action):
-    rows = {r["model"]: r for r in rules_report[rule_id].evidence[[e.checker for e in rules_report[rule_id].evidence]
-                                                                    .index("torch")].details["results"]}
+    rows = {
+        r["model"]: r
+        for r in rules_report[rule_id]
+        .evidence[[e.checker for e in rules_report[rule_id].evidence].index("torch")]
+        .details["results"]
+    }
     assert rows
     for name, row in rows.items():
         if name == "minilm":
             continue
         built_in = check(model(name), action, seed=0)
         assert (row["verdict"] != "FAILS") == built_in.holds, (rule_id, name, row["verdict"], built_in.verdict)
-        if built_in.holds:   # same tolerance formula, same order of residual
+        if built_in.holds:  # same tolerance formula, same order of residual
             assert row["residual_eps"] <= row["tolerance_statistical_eps"]
 
 
@@ -113,10 +130,16 @@ def test_rule_claims_example_paper_verdicts(tmp_path, capsys):
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
     got = {c["id"]: c["verdict"] for c in data["claims"]}
-    assert got == {"example-relu-rescaling": HOLDS, "example-gelu-rescaling": FAILS,
-                   "example-stream-rotation": CORRECTED, "example-attention-dimension": FAILS,
-                   "example-vo-diagonal": HOLDS, "example-rmsnorm-fold": HOLDS,
-                   "example-swiglu-gate-scaling": FAILS, "example-value-shift": CORRECTED}
+    assert got == {
+        "example-relu-rescaling": HOLDS,
+        "example-gelu-rescaling": FAILS,
+        "example-stream-rotation": CORRECTED,
+        "example-attention-dimension": FAILS,
+        "example-vo-diagonal": HOLDS,
+        "example-rmsnorm-fold": HOLDS,
+        "example-swiglu-gate-scaling": FAILS,
+        "example-value-shift": CORRECTED,
+    }
     claims = {c["id"]: c for c in data["claims"]}
     assert claims["example-value-shift"]["corrected_rule"] == "b_O ↦ b_O - c @ W_O"
     assert claims["example-swiglu-gate-scaling"]["counterexample"]

@@ -25,26 +25,40 @@ from gauge_audit.rules.engine import NotApplicable
 from gauge_audit.rules.solve import POLY_LIMITS, solve_sampled, unique_linear
 
 DOC = Document("budget", "budget tests", (), "tests/test_rules_budget.py", "budget.toml")
-HANG_MARGIN = 60.0      # CPU seconds; a hang detector, not a speed test: the old search ran 10–20 minutes on these
+HANG_MARGIN = 60.0  # CPU seconds; a hang detector, not a speed test: the old search ran 10–20 minutes on these
 
 BQ_SHIFT = {"scope": "head", "elements": {"c": "translation(d_k)"}, "maps": {"b_Q": "b_Q + c"}}
-VO_TRANSPOSE = {"scope": "head", "elements": {"N": "GL(d_v)"},
-                "maps": {"W_V": "W_V @ N", "W_O": "transpose(N) @ W_O"}}
+VO_TRANSPOSE = {"scope": "head", "elements": {"N": "GL(d_v)"}, "maps": {"W_V": "W_V @ N", "W_O": "transpose(N) @ W_O"}}
 QK_SAME = {"scope": "head", "elements": {"M": "GL(d_k)"}, "maps": {"W_Q": "W_Q @ M", "W_K": "W_K @ M"}}
-SO1_NO_BIAS = {"scope": "head", "elements": {"N": "SO1(d_v)"},
-               "maps": {"W_V": "W_V @ N", "W_O": "transpose(N) @ W_O"}}
-PERM_BV = {"scope": "head", "elements": {"M": "permutation(d_v)"},
-           "maps": {"W_V": "W_V @ M", "b_V": "b_V @ transpose(M)", "W_O": "M @ W_O"}}
+SO1_NO_BIAS = {"scope": "head", "elements": {"N": "SO1(d_v)"}, "maps": {"W_V": "W_V @ N", "W_O": "transpose(N) @ W_O"}}
+PERM_BV = {
+    "scope": "head",
+    "elements": {"M": "permutation(d_v)"},
+    "maps": {"W_V": "W_V @ M", "b_V": "b_V @ transpose(M)", "W_O": "M @ W_O"},
+}
 
 
 def _claim(table, params=None, models=None, checkers=("symbolic", "torch", "precision")) -> Claim:
-    return Claim("c", DOC, "budget", "x", "a rule", "symmetry", tuple(checkers), params or {},
-                 models=models, rule=parse_rule(table), expected="holds")
+    return Claim(
+        "c",
+        DOC,
+        "budget",
+        "x",
+        "a rule",
+        "symmetry",
+        tuple(checkers),
+        params or {},
+        models=models,
+        rule=parse_rule(table),
+        expected="holds",
+    )
 
 
-HANGS = {"b_Q + c": (BQ_SHIFT, {}, ("gpt2-tiny", "bert-tiny")),
-         "W_V·N, Nᵀ·W_O (llama)": (VO_TRANSPOSE, {"family": "llama"}, None),
-         "W_Q·M, W_K·M (gpt2)": (QK_SAME, {"family": "gpt2"}, None)}
+HANGS = {
+    "b_Q + c": (BQ_SHIFT, {}, ("gpt2-tiny", "bert-tiny")),
+    "W_V·N, Nᵀ·W_O (llama)": (VO_TRANSPOSE, {"family": "llama"}, None),
+    "W_Q·M, W_K·M (gpt2)": (QK_SAME, {"family": "gpt2"}, None),
+}
 
 
 @pytest.mark.parametrize("name", list(HANGS))
@@ -59,10 +73,10 @@ def test_false_head_rule_settles_within_the_claim_budget_with_its_counterexample
     assert elapsed <= CLAIM_SECONDS + HANG_MARGIN, elapsed
     d = rc.derivation(claim, ctx)
     assert not d.verdict_holds and d.counterexample
-    for e in ev.values():                 # the stated rule is refuted by every checker, with a counterexample
+    for e in ev.values():  # the stated rule is refuted by every checker, with a counterexample
         assert e.outcome in (FAILS, CORRECTED), (name, e)
         assert e.counterexample, (name, e)
-    if d.corrected is None:               # said, whether the search ended or its budget did
+    if d.corrected is None:  # said, whether the search ended or its budget did
         assert all("no correction found" in e.summary for e in ev.values()), ev
     else:
         assert all(e.outcome == CORRECTED for e in ev.values()), ev
@@ -80,7 +94,7 @@ def test_a_spent_budget_keeps_the_verdict_and_says_what_it_cut():
     r = rs.check(parse_rule(BQ_SHIFT), [config_of("gpt2-tiny")], Budget(0.0))
     assert not r.verdict_holds and r.corrected is None
     assert any(c.startswith("no correction found within") for c in r.budget_cut), r.budget_cut
-    assert r.counterexample and "attention scores" in r.counterexample      # the generic draw, still concrete
+    assert r.counterexample and "attention scores" in r.counterexample  # the generic draw, still concrete
     claim = _claim(BQ_SHIFT, models=("gpt2-tiny",), checkers=("symbolic", "torch"))
     ctx = Context(seed=0)
     ctx.cache[rc.SECONDS_KEY] = 0.0
@@ -103,14 +117,14 @@ def test_linear_unknowns_are_solved_exactly():
     sol, _, why = solve_sampled(res, list(b), set(), random.Random(0), Budget(None))
     assert sol == {b[0]: 3, b[1]: sp.Rational(-1, 2)}, why
     assert unique_linear([b[0] + b[1] - 1, b[0] - b[1]], list(b)) == {b[0]: sp.Rational(1, 2), b[1]: sp.Rational(1, 2)}
-    assert unique_linear([b[0] + b[1] - 1], list(b)) is None           # under-determined
-    assert unique_linear([b[0] - 1, b[0] - 2], list(b[:1])) is None    # inconsistent
+    assert unique_linear([b[0] + b[1] - 1], list(b)) is None  # under-determined
+    assert unique_linear([b[0] - 1, b[0] - 2], list(b[:1])) is None  # inconsistent
 
 
 def test_inconsistent_and_oversized_polynomial_systems_are_reported_not_attempted():
     b = sp.symbols(f"b0:{POLY_LIMITS['unknowns'] + 1}")
     x = sp.Symbol("x", real=True)
-    sol, _, why = solve_sampled([(b[0] - 1) * x + x ** 2], list(b[:1]), set(), random.Random(0), Budget(None))
+    sol, _, why = solve_sampled([(b[0] - 1) * x + x**2], list(b[:1]), set(), random.Random(0), Budget(None))
     assert sol is None and why.startswith("inconsistent")
     quad = [sum(bi * bi for bi in b) * x - x]
     sol, _, why = solve_sampled(quad, list(b), set(), random.Random(0), Budget(None))
@@ -144,8 +158,22 @@ def test_permutations_of_two_would_hide_a_false_rule():
 
 # ----------------------------------------------------------------------------- audit --max-minutes
 def test_audit_max_minutes_marks_the_checks_it_did_not_reach():
-    claims = [Claim(f"c{i}", DOC, "budget", "x", "a rule", "symmetry", ("torch",), {}, models=("attn-tiny",),
-                    rule=parse_rule(QK_SAME), expected="holds") for i in range(2)]
+    claims = [
+        Claim(
+            f"c{i}",
+            DOC,
+            "budget",
+            "x",
+            "a rule",
+            "symmetry",
+            ("torch",),
+            {},
+            models=("attn-tiny",),
+            rule=parse_rule(QK_SAME),
+            expected="holds",
+        )
+        for i in range(2)
+    ]
     report = audit(claims, Context(seed=0), max_minutes=0.0)
     for r in report.results:
         (e,) = r.evidence

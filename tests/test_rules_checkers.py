@@ -18,13 +18,22 @@ from gauge_audit.rules import symbolic as rs
 from gauge_audit.rules.engine import NotApplicable
 from rule_tables import PAPER, QK, READERS, SAME, WRITERS
 
-VO_DIAG = {"scope": "head", "elements": {"s": "diagonal(d_v)"},
-           "maps": {"W_V": "W_V @ diag(s)", "b_V": "b_V @ diag(s)", "W_O": "inv(diag(s)) @ W_O"}}
+VO_DIAG = {
+    "scope": "head",
+    "elements": {"s": "diagonal(d_v)"},
+    "maps": {"W_V": "W_V @ diag(s)", "b_V": "b_V @ diag(s)", "W_O": "inv(diag(s)) @ W_O"},
+}
 G3 = {"scope": "model", "elements": {"R": "SO(d_model)"}, "maps": {**WRITERS, **READERS, "W_V": "R @ W_V"}}
-RELU = {"scope": "layer", "elements": {"s": "positive-diagonal(d_ff)"},
-        "maps": {"W_in": "W_in @ diag(s)", "b_in": "b_in @ diag(s)", "W_out": "inv(diag(s)) @ W_out"}}
-GATE = {"scope": "layer", "elements": {"s": "positive-diagonal(d_ff)"},
-        "maps": {"W_gate": "W_gate @ diag(s)", "W_out": "inv(diag(s)) @ W_out"}}
+RELU = {
+    "scope": "layer",
+    "elements": {"s": "positive-diagonal(d_ff)"},
+    "maps": {"W_in": "W_in @ diag(s)", "b_in": "b_in @ diag(s)", "W_out": "inv(diag(s)) @ W_out"},
+}
+GATE = {
+    "scope": "layer",
+    "elements": {"s": "positive-diagonal(d_ff)"},
+    "maps": {"W_gate": "W_gate @ diag(s)", "W_out": "inv(diag(s)) @ W_out"},
+}
 SHIFT = {"scope": "head", "elements": {"c": "translation(d_v)"}, "maps": {"b_V": "b_V + c"}}
 
 
@@ -35,15 +44,18 @@ def _sym(table, *models):
 # ----------------------------------------------------------------------------- symbolic
 def test_qk_gl_rule_symbolic_holds_on_every_attention_class():
     r = _sym(QK, "attn-tiny", "attn-tiny-gqa", "gpt2-tiny", "bert-tiny")
-    assert r.verdict_holds and rs.quantities(r.per_arch) == {"attention scores": True, "attention output": True,
-                                                             "block output": True}
+    assert r.verdict_holds and rs.quantities(r.per_arch) == {
+        "attention scores": True,
+        "attention output": True,
+        "block output": True,
+    }
     assert len({a["arch"] for a in r.per_arch}) >= 3 and r.corrected is None
 
 
 def test_qk_same_action_rule_symbolic_solves_the_key_partner_and_the_condition():
     r = _sym(SAME, "attn-tiny")
     assert not r.verdict_holds and not rs.quantities(r.per_arch)["attention scores"]
-    assert r.corrected_text == "W_K ↦ W_K @ inv(transpose(M))"            # solved, not looked up
+    assert r.corrected_text == "W_K ↦ W_K @ inv(transpose(M))"  # solved, not looked up
     assert r.condition.startswith("holds only for M ∈ O(d_k)")
     assert "attention scores" in r.counterexample and "off by" in r.counterexample
 
@@ -51,8 +63,8 @@ def test_qk_same_action_rule_symbolic_solves_the_key_partner_and_the_condition()
 def test_value_g3_eq_g0_rule_symbolic_derives_the_inverse():
     r = _sym(G3, "llama-tiny-noweight")
     q = rs.quantities(r.per_arch)
-    assert q["attention scores"] and not q["attention output"]            # only the value path breaks
-    assert r.corrected_text == "W_V ↦ transpose(R) @ W_V"                 # g(3) = g(0)⁻¹ = g(0)ᵀ
+    assert q["attention scores"] and not q["attention output"]  # only the value path breaks
+    assert r.corrected_text == "W_V ↦ transpose(R) @ W_V"  # g(3) = g(0)⁻¹ = g(0)ᵀ
     assert "R² = I" in r.condition
 
 
@@ -69,7 +81,7 @@ def test_ln_affine_rotation_rule_symbolic_derives_the_conjugated_reader_rule():
 
 
 def test_relu_forces_identity_rule_symbolic_activation_homogeneity():
-    assert _sym(RELU, "gpt2-tiny-relu", "llama-tiny").verdict_holds         # ReLU, and SwiGLU's linear up-projection
+    assert _sym(RELU, "gpt2-tiny-relu", "llama-tiny").verdict_holds  # ReLU, and SwiGLU's linear up-projection
     r = _sym(RELU, "gpt2-tiny")
     assert not r.verdict_holds and r.corrected is None and "gelu" in r.counterexample
     g = _sym(GATE, "llama-tiny")
@@ -85,13 +97,13 @@ def test_rule_symbolic_solves_a_parameter_dependent_increment():
 def test_rule_symbolic_diagonal_group_covers_every_sign():
     assert _sym(VO_DIAG, "gpt2-tiny", "attn-tiny").verdict_holds
     relu_any_sign = {**RELU, "elements": {"s": "diagonal(d_ff)"}}
-    r = _sym(relu_any_sign, "gpt2-tiny-relu")                               # ReLU needs s > 0
+    r = _sym(relu_any_sign, "gpt2-tiny-relu")  # ReLU needs s > 0
     assert not r.verdict_holds and r.condition.startswith("holds only for s > 0")
 
 
 def test_rule_symbolic_not_applicable_without_a_class():
     with pytest.raises(NotApplicable):
-        _sym({**VO_DIAG}, "llama-tiny-gqa")                                 # head scope on a shared W_V
+        _sym({**VO_DIAG}, "llama-tiny-gqa")  # head scope on a shared W_V
 
 
 # ----------------------------------------------------------------------------- precision
@@ -106,7 +118,7 @@ def test_qk_same_action_rule_precision_certified_counterexample():
     r = rp.check(parse_rule(SAME), "attn-tiny", corrected=parse_rule(QK))
     assert r.verdict == "FAILS" and all(x.residual > 1e-3 for x in r.residuals)
     c = r.certificate
-    assert c["excludes_zero"] and c["lower_magnitude"] > 1e6 * c["width"]     # certified away from 0
+    assert c["excludes_zero"] and c["lower_magnitude"] > 1e6 * c["width"]  # certified away from 0
     assert c["control_contains_zero"] and c["control_max_abs"] < 1e-20
 
 
@@ -136,10 +148,9 @@ def test_qk_same_action_rule_generators_not_flat(reports):
 
 
 def test_ln_noaffine_rotation_rule_generators(reports):
-    paper = parse_rule({**PAPER, "maps": {k: v for k, v in PAPER["maps"].items()
-                                          if k not in ("W_gate", "W_router")}})
+    paper = parse_rule({**PAPER, "maps": {k: v for k, v in PAPER["maps"].items() if k not in ("W_gate", "W_router")}})
     ok = rn.check(paper, reports["gpt2-noaffine"])
-    assert ok.flat and ok.rank == 10 and ok.new_directions == 0      # (d−1)(d−2)/2 at d = 6
+    assert ok.flat and ok.rank == 10 and ok.new_directions == 0  # (d−1)(d−2)/2 at d = 6
     bad = rn.check(paper, reports["gpt2"])
     assert not bad.flat and bad.max_residual_rel > 1e10 * bad.tolerance_rel
 
@@ -150,17 +161,22 @@ def test_rule_nullity_new_symmetry_lowers_the_unexplained_count(reports):
     rep = reports["attn"]
     fams = [f for f in rep.families if f.name != "vo-gl"]
     explained = span_rank([f.vectors for f in fams if f.flat]).rank
-    lacking = dataclasses.replace(rep, families=fams, explained=explained,
-                                  unexplained=rep.measured_nullity - explained)
-    vo = parse_rule({"scope": "kv-group", "elements": {"N": "GL(d_v)"},
-                     "maps": {"W_V": "W_V @ N", "W_O": "inv(N) @ W_O"}})
+    lacking = dataclasses.replace(rep, families=fams, explained=explained, unexplained=rep.measured_nullity - explained)
+    vo = parse_rule(
+        {"scope": "kv-group", "elements": {"N": "GL(d_v)"}, "maps": {"W_V": "W_V @ N", "W_O": "inv(N) @ W_O"}}
+    )
     r = rn.check(vo, lacking)
     assert lacking.unexplained == 8 and r.flat and r.new_directions == 8 and r.unexplained_after == 0
     assert rn.check(vo, rep).new_directions == 0
 
 
 def test_rule_nullity_finite_group_has_no_generators(reports):
-    perm = parse_rule({"scope": "layer", "elements": {"P": "permutation(d_ff)"},
-                       "maps": {"W_in": "W_in @ P", "b_in": "b_in @ P", "W_out": "transpose(P) @ W_out"}})
+    perm = parse_rule(
+        {
+            "scope": "layer",
+            "elements": {"P": "permutation(d_ff)"},
+            "maps": {"W_in": "W_in @ P", "b_in": "b_in @ P", "W_out": "transpose(P) @ W_out"},
+        }
+    )
     with pytest.raises(NotApplicable, match="finite"):
         rn.check(perm, reports["gpt2"])

@@ -30,7 +30,7 @@ from gauge_audit.errors import GaugeAuditError
 
 SEED = 20261201
 N_RULES = int(os.environ.get("GAUGE_AUDIT_FUZZ_RULES", 300))
-SEARCH_SECONDS = 0.5            # the symbolic searches' budget per claim in this test (default 20 s)
+SEARCH_SECONDS = 0.5  # the symbolic searches' budget per claim in this test (default 20 s)
 # one claim, all four checkers: the stated rule's exact decision on a 3-dimensional attention block, the
 # torch / mpmath / Jacobian checks of a tiny model, plus the searches' budget.  Measured in CPU seconds of
 # this process (the budget's own clock), so a busy machine does not move it: a hang detector, not a speed test
@@ -40,8 +40,15 @@ DOC = Document("fuzz", "random rules", (), "tests/test_rules_fuzz_budget.py", "f
 
 _MATRIX_GROUPS = ("GL", "O", "SO", "SO1", "permutation")
 _VECTOR_GROUPS = ("diagonal", "positive-diagonal")
-_SIDE = {"W_Q": ("d_k", "right"), "W_K": ("d_k", "right"), "b_Q": ("d_k", "right"), "b_K": ("d_k", "right"),
-         "W_V": ("d_v", "right"), "b_V": ("d_v", "right"), "W_O": ("d_v", "left")}
+_SIDE = {
+    "W_Q": ("d_k", "right"),
+    "W_K": ("d_k", "right"),
+    "b_Q": ("d_k", "right"),
+    "b_K": ("d_k", "right"),
+    "W_V": ("d_v", "right"),
+    "b_V": ("d_v", "right"),
+    "W_O": ("d_v", "left"),
+}
 
 
 def _factor(kind: str, sym: str, rng: random.Random) -> str:
@@ -88,10 +95,23 @@ def _claims(n: int) -> list[Claim]:
         seen.add(key)
         try:
             rule = parse_rule(table)
-        except GaugeAuditError as exc:   # the generator only writes well-formed rules
+        except GaugeAuditError as exc:  # the generator only writes well-formed rules
             raise AssertionError(f"generated an ill-formed rule {table}: {exc}") from exc
-        out.append(Claim(f"fuzz-{len(out)}", DOC, "fuzz", "random", f"rule {table['maps']}", "symmetry", CHECKERS,
-                         {"family": "attn"}, models=("attn-tiny",), rule=rule, expected="holds"))
+        out.append(
+            Claim(
+                f"fuzz-{len(out)}",
+                DOC,
+                "fuzz",
+                "random",
+                f"rule {table['maps']}",
+                "symmetry",
+                CHECKERS,
+                {"family": "attn"},
+                models=("attn-tiny",),
+                rule=rule,
+                expected="holds",
+            )
+        )
     return out
 
 
@@ -104,7 +124,7 @@ def fuzz_results(request):
     ctx.cache[rc.SECONDS_KEY] = SEARCH_SECONDS
     rows = []
     per_checker = PER_CHECKER.setdefault(request.param, {})
-    for claim in _claims(N_RULES)[request.param::HALVES]:
+    for claim in _claims(N_RULES)[request.param :: HALVES]:
         t = time.process_time()
         evidence = []
         for name in CHECKERS:
@@ -126,7 +146,7 @@ def test_fuzz_generates_enough_distinct_rules_many_false(fuzz_results, request):
     """≥ 300 distinct rules (the generator skips repeats), each in one half; most of each half false."""
     claims = _claims(N_RULES)
     assert len(claims) >= 300
-    assert [c.id for c, *_ in fuzz_results] == [c.id for c in claims[_half(request)::HALVES]]
+    assert [c.id for c, *_ in fuzz_results] == [c.id for c in claims[_half(request) :: HALVES]]
     false = [c for c, ev, _, _ in fuzz_results if next(e for e in ev if e.checker == "torch").outcome != "HOLDS"]
     assert len(false) >= len(fuzz_results) // 2, len(false)
 
@@ -138,7 +158,8 @@ def test_fuzz_every_checker_settles_every_rule(fuzz_results):
     for claim, evidence, _, _ in fuzz_results:
         for e in evidence:
             honest = (e.outcome == NOT_APPLICABLE and e.summary) or (
-                e.checker == "precision" and e.outcome == "UNDECIDED" and "neither within" in e.summary)
+                e.checker == "precision" and e.outcome == "UNDECIDED" and "neither within" in e.summary
+            )
             assert e.outcome in DECIDING or honest, (claim.rule.text(), e)
 
 
@@ -154,10 +175,13 @@ def test_fuzz_budget_cuts_are_recorded_next_to_the_stated_verdict(fuzz_results):
         sym = next(e for e in evidence if e.checker == "symbolic")
         assert all(c in sym.summary for c in d.budget_cut), sym.summary
         for e in evidence:
-            if e.outcome == "FAILS" and e.checker != "symbolic" and any(c.startswith("no correction")
-                                                                       for c in d.budget_cut):
+            if (
+                e.outcome == "FAILS"
+                and e.checker != "symbolic"
+                and any(c.startswith("no correction") for c in d.budget_cut)
+            ):
                 assert "no correction found " in e.summary, e.summary
-    assert cut > 0          # the reduced budget must actually bind somewhere, or this test tests nothing
+    assert cut > 0  # the reduced budget must actually bind somewhere, or this test tests nothing
 
 
 def test_fuzz_no_rule_exceeds_its_budget(fuzz_results):
@@ -184,8 +208,11 @@ def test_fuzz_report_numbers(fuzz_results, capsys, request):
     cut = sum(1 for *_, d in fuzz_results if d is not None and d.budget_cut)
     per_checker = PER_CHECKER[_half(request)]
     with capsys.disabled():
-        print(f"\nfuzz, half {_half(request)}: {len(fuzz_results)} rules, "
-              f"max {max(r[2] for r in fuzz_results):.2f} s per rule, "
-              f"total {sum(r[2] for r in fuzz_results):.1f} s, budget cut {cut}; seconds per checker "
-              + ", ".join(f"{k} {v:.1f}" for k, v in per_checker.items()) + "; "
-              + ", ".join(f"{c} {o} {n}" for (c, o), n in sorted(counts.items())))
+        print(
+            f"\nfuzz, half {_half(request)}: {len(fuzz_results)} rules, "
+            f"max {max(r[2] for r in fuzz_results):.2f} s per rule, "
+            f"total {sum(r[2] for r in fuzz_results):.1f} s, budget cut {cut}; seconds per checker "
+            + ", ".join(f"{k} {v:.1f}" for k, v in per_checker.items())
+            + "; "
+            + ", ".join(f"{c} {o} {n}" for (c, o), n in sorted(counts.items()))
+        )

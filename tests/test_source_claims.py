@@ -14,8 +14,11 @@ from gauge_audit.symbolic.wiki_checks import _gqa_readings, gpt2_small_parameter
 def test_wiki_vo_convention_rule_undefined_and_correction_exact():
     d = DERIVATIONS["wiki-vo-convention"]()
     assert d.verdict == "HOLDS-WITH-CORRECTION"
-    assert d.data == {"rule_defined_for_d_model_ne_d_v": False, "square_residual_zero": False,
-                      "corrected_residual_zero": True}
+    assert d.data == {
+        "rule_defined_for_d_model_ne_d_v": False,
+        "square_residual_zero": False,
+        "corrected_residual_zero": True,
+    }
 
 
 def test_wiki_theorem3_left_action_wrong_law_rejected_right_action_exact():
@@ -47,8 +50,10 @@ def test_unchecked_rows_loaded_and_a_bad_row_rejected():
     rows = load_unchecked()
     assert {u.document.key for u in rows} == {"mgs", "van-nierop", "wiki-zh"}
     assert all(u.quote and u.location and u.reason for u in rows)
-    text = ('[document]\ntitle = "t"\nauthors = ["a"]\nreference = "r"\n\n'
-            '[[unchecked]]\nquote = "q"\nlocation = "s"\n\n[[unchecked]]\nquote = "q"\nreason = "r"\nextra = 1\n')
+    text = (
+        '[document]\ntitle = "t"\nauthors = ["a"]\nreference = "r"\n\n'
+        '[[unchecked]]\nquote = "q"\nlocation = "s"\n\n[[unchecked]]\nquote = "q"\nreason = "r"\nextra = 1\n'
+    )
     with pytest.raises(GaugeAuditError) as exc:
         load_text(text, "x.toml")
     lines = exc.value.lines
@@ -60,6 +65,7 @@ def test_document_count_rows_add_up():
     class R:  # the two fields count_rows reads
         def __init__(self, claim, verdict):
             self.claim, self.verdict = claim, type("V", (), {"verdict": verdict})
+
     cat = list(load_catalog().values())
     results = [R(c, "FAILS" if i % 2 else "HOLDS") for i, c in enumerate(cat)]
     rows = count_rows(results, load_unchecked())

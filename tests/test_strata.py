@@ -60,6 +60,7 @@ def saved(tmp_path_factory):
             _hf(kind, fresh, perturb).save_pretrained(str(out))
             made[key] = out
         return made[key]
+
     return get
 
 
@@ -93,6 +94,7 @@ def test_fresh_checkpoint_holds_at_the_special_point_and_exits_0(saved, capsys, 
 
 def _cfg(path):
     from gauge_audit.models.checkpoint import open_checkpoint
+
     return open_checkpoint(path).cfg
 
 
@@ -102,7 +104,7 @@ def test_generic_weights_keep_the_prediction_and_fail(saved, capsys, kind):
     assert main(["check", "--checkpoint", path, "--action", PAPER, "--json"]) == 0
     r = _rows(capsys)[PAPER]
     assert r["expected"] == FAILS and r["verdict"] == FAILS and r["special"] == "" and r["unresolved"] == ""
-    assert r["max_rel_error"] > 1e-2            # an O(1) change: the referee's objection
+    assert r["max_rel_error"] > 1e-2  # an O(1) change: the referee's objection
     assert r["residual_eps"] > 1e10 * r["tolerance_eps"]
 
 
@@ -181,9 +183,10 @@ def test_gelu_scaling_holds_only_where_every_unit_is_silent():
     _assert_special(check(_with("gpt2-tiny", mlp__W_in=_zero, mlp__b_in=_zero), "gelu-scaling"), "silent")
     _assert_generic(check(_with("gpt2-tiny"), "gelu-scaling"))
 
-    def one_live(t):   # every row of W_out zero but one
+    def one_live(t):  # every row of W_out zero but one
         t[..., 1:, :] = 0
         return t
+
     _assert_generic(check(_with("gpt2-tiny", mlp__W_out=one_live), "gelu-scaling"))
     # Zero input weights with a bias b ≠ 0 is a constant unit, not a silent one: gelu(s·b)/s ≠ gelu(b).
     _assert_generic(check(_with("gpt2-tiny", mlp__W_in=_zero), "gelu-scaling"))
@@ -234,7 +237,7 @@ def test_untied_gqa_under_rope_is_special_plane_by_plane():
     _assert_special(r, "no RoPE plane with both a query and a key")
     for k in p:
         if k.endswith("attn.W_K"):
-            p[k] = keep(m.params[k], planes[half - 1:])
+            p[k] = keep(m.params[k], planes[half - 1 :])
     _assert_generic(check(Model(m.name, m.cfg, p, m.family), "qk-gl-untied-gqa"))
 
 
@@ -251,8 +254,10 @@ def test_rank_deficiency_and_equal_rotary_pairs_are_not_special():
     """Strata that look special but are not: W_Q·W_Kᵀ of rank 1 (the generic obstruction u·A·v ≠ 0
     needs only u, v ≠ 0), equal weights across every RoPE pair, and a vocabulary smaller than d_model
     (W_U of rank < d still sees R·D_γ·Rᵀ ≠ D_γ).  Each contrast is predicted to fail and fails."""
+
     def rank_one(t):
         return t[..., :, :1] * torch.ones(t.shape[-1], dtype=t.dtype)
+
     _assert_generic(check(_with("gpt2-tiny", attn__W_Q=rank_one, attn__W_K=rank_one), "qk-same-action"))
 
     from gauge_audit.models.layers import rope_planes
@@ -261,6 +266,7 @@ def test_rank_deficiency_and_equal_rotary_pairs_are_not_special():
         for i, j in rope_planes(build("llama-tiny", seed=0).cfg):
             t[..., j] = t[..., i]
         return t
+
     for action in ("qk-gl-rope-generic", "qk-same-action", "qk-gl-untied-gqa"):
         _assert_generic(check(_with("llama-tiny-gqa", attn__W_Q=paired, attn__W_K=paired), action))
 
@@ -277,7 +283,12 @@ def test_true_actions_have_no_special_points():
         if a.special is not None:
             assert a.symmetry is False or callable(a.symmetry), a.name
     assert {a.name for a in ACTIONS.values() if a.special} == {
-        PAPER, "qk-same-action", "qk-gl-rope-generic", "qk-gl-untied-gqa", "gelu-scaling"}
+        PAPER,
+        "qk-same-action",
+        "qk-gl-rope-generic",
+        "qk-gl-untied-gqa",
+        "gelu-scaling",
+    }
     assert get_action(PAPER).expected_at(build("gpt2-tiny-noaffine").cfg, {}, 4, EPS64) == (True, None)
 
 
@@ -297,9 +308,18 @@ def test_layernorm_shift_must_be_fixed_by_the_rotations():
     is fixed by every rotation of a LayerNorm stream (R·1 = 1), so γ = 1, β = 0.3·1 is special."""
     ones = torch.ones_like
     _assert_generic(check(_with("gpt2-tiny", ln1__w=ones, ln2__w=ones, ln_final__w=ones), PAPER))
-    r = check(_with("gpt2-tiny", ln1__w=ones, ln2__w=ones, ln_final__w=ones,
-                    ln1__b=lambda t: torch.full_like(t, 0.3), ln2__b=lambda t: torch.full_like(t, 0.3),
-                    ln_final__b=lambda t: torch.full_like(t, 0.3)), PAPER)
+    r = check(
+        _with(
+            "gpt2-tiny",
+            ln1__w=ones,
+            ln2__w=ones,
+            ln_final__w=ones,
+            ln1__b=lambda t: torch.full_like(t, 0.3),
+            ln2__b=lambda t: torch.full_like(t, 0.3),
+            ln_final__b=lambda t: torch.full_like(t, 0.3),
+        ),
+        PAPER,
+    )
     _assert_special(r, "β ∝ 1")
 
 

@@ -36,7 +36,13 @@ def test_qk_same_action_residual_is_mmt_minus_i():
     assert r.verdict == FAILS
     S = attention.SCORES
     resid = sp.expand((attention.X * attention.WQ * attention.M) * (attention.X * attention.WK * attention.M).T - S)
-    fact = attention.X * attention.WQ * (attention.M * attention.M.T - sp.Identity(attention.k)) * attention.WK.T * attention.X.T
+    fact = (
+        attention.X
+        * attention.WQ
+        * (attention.M * attention.M.T - sp.Identity(attention.k))
+        * attention.WK.T
+        * attention.X.T
+    )
     diff = (sp.expand(fact) - resid).doit()
     assert diff == 0 or isinstance(diff, sp.ZeroMatrix)
     assert resid.doit() != 0
@@ -84,9 +90,9 @@ def test_value_g3_eq_g0_solved_inverse():
     assert r.data["claimed_residual_zero"] is False
     # the claimed rule leaves V (g0² − I) Ē: zero iff g0² = I
     V, E = sym_matrix("v", 2, 3), sym_matrix("e", 3, 1)
-    assert any(x != 0 for x in sp.expand(V * nierop.CYCLIC ** 2 * E - V * E))
+    assert any(x != 0 for x in sp.expand(V * nierop.CYCLIC**2 * E - V * E))
     flip = sp.Matrix([[1, 0, 0], [0, 0, 1], [0, 1, 0]])  # an involution: g² = I
-    assert all(x == 0 for x in sp.expand(V * flip ** 2 * E - V * E))
+    assert all(x == 0 for x in sp.expand(V * flip**2 * E - V * E))
 
 
 def test_nierop_eq14_transpose_conditions():
@@ -215,7 +221,9 @@ def test_count_wiki_dim_theta():
     r = derive("count-wiki-dim-theta")
     assert r.verdict == FAILS
     h, dk, dv, dm = sp.symbols("h d_k d_v d_model", positive=True)
-    assert sp.simplify(sp.sympify(r.residual, locals=dict(h=h, d_k=dk, d_v=dv, d_model=dm)) - 2 * h * dm * (dk + dv)) == 0
+    assert (
+        sp.simplify(sp.sympify(r.residual, locals=dict(h=h, d_k=dk, d_v=dv, d_model=dm)) - 2 * h * dm * (dk + dv)) == 0
+    )
 
 
 def test_fdof_bound():
@@ -227,13 +235,16 @@ def test_fdof_bound():
 def test_counts_paper_formulas_plain_ints():
     assert counts.nierop_redundancy(12, 12, 64, 768) == 1473409
     assert counts.mgs_layer_dim(12, 64, 64) == 98304
-    assert counts.mgs_rope_layer_dim(32, 128, 128) == 32 * (128 + 128 ** 2)
+    assert counts.mgs_rope_layer_dim(32, 128, 128) == 32 * (128 + 128**2)
     assert counts.mgs_gqa_layer_dim(4, 64, 64) == 4 * 8192
     assert counts.wiki_gqa_layer_dim(12, 4, 64, 64) == 12 * 4096 + 4 * 4096
     assert counts.wiki_param_dim(12, 64, 64, 768) == 2 * counts.attention_param_count(1, 768, 12, 64)
     assert counts.wiki_group_dim(2, 2, 2) == 16 + sp.log(2)
     n_t, n_h, d_h, d_e = counts.symbols("n_t", "n_h", "d_h", "d_e")
-    assert sp.expand(counts.nierop_redundancy(n_t, n_h, d_h, d_e) - (2 * n_t * n_h * d_h**2 + (d_e - 1) * (d_e - 2) / 2)) == 0
+    assert (
+        sp.expand(counts.nierop_redundancy(n_t, n_h, d_h, d_e) - (2 * n_t * n_h * d_h**2 + (d_e - 1) * (d_e - 2) / 2))
+        == 0
+    )
 
 
 def test_counts_corrected_components():

@@ -34,15 +34,28 @@ class Attention(nn.Module):
 
 def _names(h=2):
     lin = {"linear": True, "heads": h}
-    return {"W_Q": {"key": "q.weight", **lin}, "b_Q": {"key": "q.bias", "heads": h},
-            "W_K": {"key": "k.weight", **lin}, "b_K": {"key": "k.bias", "heads": h},
-            "W_V": {"key": "v.weight", **lin}, "b_V": {"key": "v.bias", "heads": h},
-            "W_O": {"key": "o.weight", **lin}, "b_O": "o.bias"}
+    return {
+        "W_Q": {"key": "q.weight", **lin},
+        "b_Q": {"key": "q.bias", "heads": h},
+        "W_K": {"key": "k.weight", **lin},
+        "b_K": {"key": "k.bias", "heads": h},
+        "W_V": {"key": "v.weight", **lin},
+        "b_V": {"key": "v.bias", "heads": h},
+        "W_O": {"key": "o.weight", **lin},
+        "b_O": "o.bias",
+    }
 
 
-QK = {"scope": "head", "elements": {"M": "GL(d_k)"},
-      "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ inv(transpose(M))", "b_K": "b_K @ inv(transpose(M))"}}
-VO = {"scope": "head", "elements": {"N": "GL(d_v)"}, "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"}}
+QK = {
+    "scope": "head",
+    "elements": {"M": "GL(d_k)"},
+    "maps": {"W_Q": "W_Q @ M", "b_Q": "b_Q @ M", "W_K": "W_K @ inv(transpose(M))", "b_K": "b_K @ inv(transpose(M))"},
+}
+VO = {
+    "scope": "head",
+    "elements": {"N": "GL(d_v)"},
+    "maps": {"W_V": "W_V @ N", "b_V": "b_V @ N", "W_O": "inv(N) @ W_O"},
+}
 FOLD = {"scope": "head", "elements": {"c": "translation(d_v)"}, "maps": {"b_V": "b_V + c", "b_O": "b_O - c @ W_O"}}
 SAME = {"scope": "head", "elements": {"M": "GL(d_k)"}, "maps": {"W_Q": "W_Q @ M", "W_K": "W_K @ M"}}
 
@@ -62,7 +75,7 @@ def test_assert_gauge_invariant_passes_true_rules(attention, rule, dtype):
     fwd, params, x = attention
     res = assert_gauge_invariant(fwd, params, rule, inputs=x, names=_names(), dtype=dtype)
     assert res.residual_eps <= res.tolerance_statistical_eps <= res.tolerance_eps
-    assert res.path_length == 8 + 4 + 5 + 2 * 4 and res.layers == 1            # d_model + d_k + n + h·d_v
+    assert res.path_length == 8 + 4 + 5 + 2 * 4 and res.layers == 1  # d_model + d_k + n + h·d_v
     assert res.kappa >= 1 and res.touched
 
 
@@ -74,7 +87,7 @@ def test_assert_gauge_invariant_raises_with_residual_tolerance_and_kappa(attenti
     m = re.search(r"= ([\d.e+]+) ε; tolerance ([\d.e+]+) ε statistical .* ([\d.e+]+) ε worst case .* κ = ([\d.]+)", msg)
     assert m, msg
     residual, tol = float(m.group(1)), float(m.group(3))
-    assert residual > 1e10 * tol and float(m.group(4)) >= 1          # fails by a large margin
+    assert residual > 1e10 * tol and float(m.group(4)) >= 1  # fails by a large margin
 
 
 def test_assert_gauge_invariant_never_passes_vacuously(attention):
@@ -85,7 +98,7 @@ def test_assert_gauge_invariant_never_passes_vacuously(attention):
     ident = {"scope": "head", "elements": {"M": "GL(d_k)"}, "maps": {"W_Q": "W_Q @ eye(d_k)", "W_K": "W_K"}}
     with pytest.raises(AssertionError, match="M: declared but used in no map"):
         assert_gauge_invariant(fwd, params, ident, inputs=x, names=_names())
-    ident["maps"]["W_K"] = "W_K @ M @ eye(d_k) - W_K @ M + W_K"     # (W_K·M − W_K·M) + W_K: bit-identical
+    ident["maps"]["W_K"] = "W_K @ M @ eye(d_k) - W_K @ M + W_K"  # (W_K·M − W_K·M) + W_K: bit-identical
     with pytest.raises(AssertionError, match="changed no parameter"):
         assert_gauge_invariant(fwd, params, ident, inputs=x, names=_names())
     with pytest.raises(AssertionError, match="could not run: names: unknown rule parameter"):
@@ -105,13 +118,24 @@ def test_gauge_residual_per_layer_keys_and_leading_head_axis():
             a = torch.softmax(q @ k.transpose(-1, -2), -1)
             x = x + torch.einsum("bhne,hed->bnd", a @ v, p[f"l{i}.O"])
         return x
+
     names = {"W_Q": "l{layer}.Q", "W_K": "l{layer}.K", "W_V": "l{layer}.V", "W_O": "l{layer}.O"}
     x = torch.randn(2, 4, d, generator=g, dtype=torch.float64)
-    res = gauge_residual(fwd, params, {"scope": "layer", "elements": {"N": "GL(d_v)"},
-                                       "maps": {"W_V": "W_V @ N", "W_O": "inv(N) @ W_O"}}, inputs=x, names=names)
+    res = gauge_residual(
+        fwd,
+        params,
+        {"scope": "layer", "elements": {"N": "GL(d_v)"}, "maps": {"W_V": "W_V @ N", "W_O": "inv(N) @ W_O"}},
+        inputs=x,
+        names=names,
+    )
     assert res.layers == 2 and res.verdict == "HOLDS" and res.touched == ["l0.O", "l0.V", "l1.O", "l1.V"]
-    bad = gauge_residual(fwd, params, {"scope": "layer", "elements": {"N": "GL(d_v)"},
-                                       "maps": {"W_V": "W_V @ N", "W_O": "N @ W_O"}}, inputs=x, names=names)
+    bad = gauge_residual(
+        fwd,
+        params,
+        {"scope": "layer", "elements": {"N": "GL(d_v)"}, "maps": {"W_V": "W_V @ N", "W_O": "N @ W_O"}},
+        inputs=x,
+        names=names,
+    )
     assert bad.verdict == "FAILS" and bad.residual_eps > 1e6 * bad.tolerance_eps
 
 
@@ -123,7 +147,7 @@ def test_docs_example_test_runs_verbatim():
     ns: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        exec(compile(block.group(1), str(page), "exec"), ns)   # the page's own code, not claim data
+        exec(compile(block.group(1), str(page), "exec"), ns)  # the page's own code, not claim data
         tests = [f for n, f in ns.items() if n.startswith("test_")]
         assert tests
         for t in tests:

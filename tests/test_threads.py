@@ -22,21 +22,39 @@ CLAIMS = "vo-gl,maximality"
 
 
 def _audit(out: Path, threads: int) -> bytes:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([str(Path(runtime.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", "import sys; from gauge_audit.cli import main; sys.exit(main())",
-                        "audit", "--only", CLAIMS, "--out", str(out), "--quiet"],
-                       env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([str(Path(runtime.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gauge_audit.cli import main; sys.exit(main())",
+            "audit",
+            "--only",
+            CLAIMS,
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return (out / "report.json").read_bytes()
 
 
 def test_report_json_byte_identical_across_thread_counts(tmp_path):
     one, two = _audit(tmp_path / "t1", 1), _audit(tmp_path / "t2", 2)
-    assert b'"gap_ratio"' in one and b'"residual_eps"' in one       # the numbers that used to move
+    assert b'"gap_ratio"' in one and b'"residual_eps"' in one  # the numbers that used to move
     assert one == two
     timings = (tmp_path / "t1" / "timings.json").read_text()
-    assert "total" in timings and b"seconds" not in one               # wall times live outside report.json
+    assert "total" in timings and b"seconds" not in one  # wall times live outside report.json
 
 
 def test_thread_choices_restore_the_count():
@@ -46,7 +64,7 @@ def test_thread_choices_restore_the_count():
         with runtime.model_threads(runtime.LARGE_MODEL_PARAMS + 1):
             assert torch.get_num_threads() == runtime.DEFAULT_THREADS
         assert torch.get_num_threads() == 1
-        with runtime.model_threads(135_000_000):                        # SmolLM2-sized: small operations
+        with runtime.model_threads(135_000_000):  # SmolLM2-sized: small operations
             assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
 

@@ -39,17 +39,20 @@ ROLES = ("establishes", "refutes", "corrects", "context")
 _SCOPE = re.compile(r"^[ \t]*(?P<kw>namespace|section|end)\b[ \t]*(?P<arg>[^\s-]*)", re.M)
 _COMMENT = re.compile(r"/-.*?-/|--[^\n]*", re.S)
 # forbidden in proofs: `sorry`, `admit`, `native_decide` anywhere in code, and new `axiom`s
-_FORBIDDEN = re.compile(r"\b(sorry|admit|native_decide)\b|^[ \t]*(?:@\[[^\]]*\][ \t]*)?"
-                        r"(?:private[ \t]+|protected[ \t]+|noncomputable[ \t]+|unsafe[ \t]+)*"
-                        r"axiom\b", re.M)
+_FORBIDDEN = re.compile(
+    r"\b(sorry|admit|native_decide)\b|^[ \t]*(?:@\[[^\]]*\][ \t]*)?"
+    r"(?:private[ \t]+|protected[ \t]+|noncomputable[ \t]+|unsafe[ \t]+)*"
+    r"axiom\b",
+    re.M,
+)
 _PRINT_AXIOMS = re.compile(r"#print\s+axioms\s+(\S+)")
 
 
 @dataclass(frozen=True)
 class LeanTheorem:
-    name: str          # fully qualified, e.g. GaugeAudit.qk_scores_invariant
+    name: str  # fully qualified, e.g. GaugeAudit.qk_scores_invariant
     claims: tuple[str, ...]
-    file: str          # relative to the repository root
+    file: str  # relative to the repository root
     line: int
     roles: dict = field(default_factory=dict)  # claim id -> role (see the module docstring)
 
@@ -65,7 +68,7 @@ def _blank_comments(text: str) -> str:
 
 def _namespace_at(code: str) -> list[tuple[int, str]]:
     """(offset, current namespace) after every ``namespace``/``section``/``end`` command."""
-    stack: list[tuple[str, str]] = []   # (kind, name)
+    stack: list[tuple[str, str]] = []  # (kind, name)
     out: list[tuple[int, str]] = [(0, "")]
     for m in _SCOPE.finditer(code):
         kw, arg = m.group("kw"), m.group("arg")
@@ -97,7 +100,7 @@ def theorems(lean_dir: Path = LEAN_DIR) -> list[LeanTheorem]:
             ns = [n for pos, n in scopes if pos <= m.start()][-1]
             name = m.group("name")
             if name.startswith("_root_."):
-                name = name[len("_root_."):]
+                name = name[len("_root_.") :]
             elif ns and not name.startswith(ns + "."):
                 name = f"{ns}.{name}"
             line = text.count("\n", 0, m.start("name")) + 1

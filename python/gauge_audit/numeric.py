@@ -61,7 +61,7 @@ from .runtime import eps, generator, resolve_dtype
 HOLDS, FAILS = "HOLDS", "FAILS"
 HOLDS_WORST_CASE_ONLY = "HOLDS (worst-case bound only)"
 UNRESOLVED = "UNDECIDED (tolerance ≥ 1)"
-FAILURE_PROBABILITY = 1e-6   # δ: chance that independent roundings alone exceed the statistical tolerance
+FAILURE_PROBABILITY = 1e-6  # δ: chance that independent roundings alone exceed the statistical tolerance
 
 
 @dataclass
@@ -71,18 +71,18 @@ class CheckResult:
     dtype: str
     device: str
     seed: int
-    expected: str          # HOLDS / FAILS: what the theory predicts
-    verdict: str           # HOLDS / HOLDS (worst-case bound only) / FAILS: what was measured
+    expected: str  # HOLDS / FAILS: what the theory predicts
+    verdict: str  # HOLDS / HOLDS (worst-case bound only) / FAILS: what was measured
     max_rel_error: float
-    residual_eps: float    # max_rel_error / ε
-    tolerance: float       # the rigorous worst-case tolerance κ·L·K·ε
+    residual_eps: float  # max_rel_error / ε
+    tolerance: float  # the rigorous worst-case tolerance κ·L·K·ε
     tolerance_eps: float
     kappa: float
     tolerance_formula: str
-    tolerance_statistical: float = 0.0         # κ·λ·√(L·K)·ε (independent roundings)
+    tolerance_statistical: float = 0.0  # κ·λ·√(L·K)·ε (independent roundings)
     tolerance_statistical_eps: float = 0.0
     tolerance_statistical_formula: str = ""
-    routing_changed: int | None = None   # MoE: tokens whose top-k expert set changed
+    routing_changed: int | None = None  # MoE: tokens whose top-k expert set changed
     extra: dict = field(default_factory=dict)
     # Why a contrast that fails generically holds at this parameter point ("" at a generic point):
     # then ``expected`` is HOLDS (see actions/strata.py).
@@ -116,7 +116,7 @@ def path_length(c: Config, n: int) -> tuple[int, str]:
     terms = [("d_model", c.d_model), ("d_head", c.d_head), ("n", n), ("n_heads·d_head", c.n_heads * c.d_head)]
     if c.family != "attn":
         terms += [("d_model", c.d_model), ("d_ff", c.d_ff)]
-    if c.norm_placement == "sandwich":   # the norms after the sublayers (Gemma): a mean of squares each
+    if c.norm_placement == "sandwich":  # the norms after the sublayers (Gemma): a mean of squares each
         terms += [("d_model (post-norms)", 2 * c.d_model)]
     if getattr(c, "qk_norm", "none") != "none":
         terms.append(("d_head (QK-norm)", c.d_head))
@@ -144,16 +144,17 @@ def tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int) -> tuple[f
     return tol, f"κ·L·K·ε = {kappa:.3g}·{layers}·{k}·ε  (K = {k_text})"
 
 
-def statistical_tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int, outputs: int
-                          ) -> tuple[float, str]:
+def statistical_tolerance(model: Model, kappa: float, dtype: torch.dtype, n: int, outputs: int) -> tuple[float, str]:
     """κ·λ·√(L·K)·ε with λ = √(2·ln(2·N·L·K/δ)) (see the module docstring), at most the
     worst-case κ·L·K·ε."""
     k, _ = path_length(model.cfg, n)
     layers = max(1, model.cfg.n_layers)
     lam, factor = statistical_factor(layers, k, outputs)
     tol = kappa * factor * eps(dtype)
-    return tol, (f"κ·λ·√(L·K)·ε = {kappa:.3g}·{lam:.3g}·√({layers}·{k})·ε  "
-                 f"(λ = √(2 ln(2·N·L·K/δ)), N = {outputs} outputs, δ = {FAILURE_PROBABILITY:g})")
+    return tol, (
+        f"κ·λ·√(L·K)·ε = {kappa:.3g}·{lam:.3g}·√({layers}·{k})·ε  "
+        f"(λ = √(2 ln(2·N·L·K/δ)), N = {outputs} outputs, δ = {FAILURE_PROBABILITY:g})"
+    )
 
 
 def verdict_for(err: float, tol_stat: float, tol: float, routing_changed: int | None = None) -> str:
@@ -161,7 +162,7 @@ def verdict_for(err: float, tol_stat: float, tol: float, routing_changed: int | 
     FAILS above the worst-case one (or when MoE routing changed).  A worst-case tolerance of 1
     or more (relative) cannot tell any change of the output from rounding — bfloat16 on a deep
     enough path, or an element with a huge κ — so an error below it is UNDECIDED, not HOLDS."""
-    if routing_changed or not err <= tol:   # `not <=` also catches NaN
+    if routing_changed or not err <= tol:  # `not <=` also catches NaN
         return FAILS
     if tol >= 1.0:
         return UNRESOLVED
@@ -172,9 +173,16 @@ def applicable(model: Model, action: Action) -> str | None:
     return action.applies(model.cfg)
 
 
-def check(model: Model, action: Action | str, inputs: dict | None = None, *, seed: int = 0,
-          dtype: torch.dtype | str = torch.float64, kappa: float = 10.0, element: Element | None = None
-          ) -> CheckResult:
+def check(
+    model: Model,
+    action: Action | str,
+    inputs: dict | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | str = torch.float64,
+    kappa: float = 10.0,
+    element: Element | None = None,
+) -> CheckResult:
     """Apply ``action`` (a random element from ``seed`` unless given) and measure the
     output change.  ``model.params`` must be float64 (they are transformed there)."""
     action = get_action(action) if isinstance(action, str) else action
@@ -188,8 +196,18 @@ def check(model: Model, action: Action | str, inputs: dict | None = None, *, see
     # The prediction at this point: a contrast holds exactly on its special strata (equal norm
     # weights, heads or units nothing reads, one position) — judged at the working dtype's ε.
     expected, nearest = action.expected_at(model.cfg, model.params, positions(inputs), eps(dtype))
-    return compare(model, new, inputs, el.kappa, dtype, action.name, expected, seed,
-                   lambda layer, idx: relabel(el, layer, idx), special=nearest)
+    return compare(
+        model,
+        new,
+        inputs,
+        el.kappa,
+        dtype,
+        action.name,
+        expected,
+        seed,
+        lambda layer, idx: relabel(el, layer, idx),
+        special=nearest,
+    )
 
 
 def positions(inputs: dict) -> int:
@@ -226,8 +244,12 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
     cached = type(model.params) is dict or getattr(model.params, "stable", False)
     store = model.__dict__.setdefault("_reference_outputs", {}) if cached else {}
     hit = store.get(dtype)
-    if hit is not None and _same_params(hit[0], model.params) and hit[1].keys() == inputs.keys() \
-            and all(torch.equal(hit[1][k], v) for k, v in inputs.items()):
+    if (
+        hit is not None
+        and _same_params(hit[0], model.params)
+        and hit[1].keys() == inputs.keys()
+        and all(torch.equal(hit[1][k], v) for k, v in inputs.items())
+    ):
         return hit[2], hit[3]
     trace = {} if model.cfg.experts else None
     with torch.no_grad():
@@ -249,8 +271,18 @@ def _same_params(state: list, params: dict) -> bool:
     return True
 
 
-def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dtype, label: str,
-            expected_holds: bool, seed: int, relabel=None, special: Special | None = None) -> CheckResult:
+def compare(
+    model: Model,
+    new: dict,
+    inputs: dict,
+    kappa: float,
+    dtype: torch.dtype,
+    label: str,
+    expected_holds: bool,
+    seed: int,
+    relabel=None,
+    special: Special | None = None,
+) -> CheckResult:
     """Run the original and the transformed parameters (both rounded to ``dtype``) on the same
     inputs and judge the change against the derived tolerances for an element of condition
     number ``kappa``.  ``relabel(layer, expert_indices)`` maps the transformed model's MoE expert
@@ -258,7 +290,7 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
     prediction is HOLDS here (``expected_holds``), or, off it by a relative defect within the
     tolerance, why the predicted failure cannot be resolved."""
     y0, trace0 = reference_output(model, inputs, dtype)
-    trace1: dict | None = {} if model.cfg.experts else None   # the router records its choices here
+    trace1: dict | None = {} if model.cfg.experts else None  # the router records its choices here
     with torch.no_grad():
         y1 = model.forward(cast(new, dtype=dtype), inputs, trace1).to(torch.float64)
     if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
@@ -292,18 +324,40 @@ def compare(model: Model, new: dict, inputs: dict, kappa: float, dtype: torch.dt
     elif special is not None and special.defect <= tol:
         # The rule's violation is first order in the defect (it vanishes on the stratum), so a
         # defect within the tolerance gives a change the check cannot tell from rounding.
-        unresolved = (f"near a special point: off it by a relative {special.defect:.3g} = {special.defect / e:.3g} ε, "
-                      f"within the tolerance {tol / e:.3g} ε, so the contrast's failure is not resolved here "
-                      f"(on it: {special.reason})")
+        unresolved = (
+            f"near a special point: off it by a relative {special.defect:.3g} = {special.defect / e:.3g} ε, "
+            f"within the tolerance {tol / e:.3g} ε, so the contrast's failure is not resolved here "
+            f"(on it: {special.reason})"
+        )
     if expected_holds and verdict == FAILS and not routing and ties:
         # Top-k at a tie picks by label (and rounding): a relabelling or a rounding-level change of
         # the logits may pick other experts, which the invariance of the function does not cover.
-        unresolved = (f"{ties} token(s) chose their top-k experts at a tie of router logits (within 2·tol), which "
-                      "the experts' labels and rounding decide, not the function: no invariance is predicted there")
-    return CheckResult(model.name, label, str(dtype).replace("torch.", ""), str(model.device), seed,
-                       HOLDS if expected_holds else FAILS, verdict, err, err / e, tol,
-                       tol / e, kappa, formula, tol_stat, tol_stat / e, stat_formula, routing, extra=extra,
-                       special=on, unresolved=unresolved)
+        unresolved = (
+            f"{ties} token(s) chose their top-k experts at a tie of router logits (within 2·tol), which "
+            "the experts' labels and rounding decide, not the function: no invariance is predicted there"
+        )
+    return CheckResult(
+        model.name,
+        label,
+        str(dtype).replace("torch.", ""),
+        str(model.device),
+        seed,
+        HOLDS if expected_holds else FAILS,
+        verdict,
+        err,
+        err / e,
+        tol,
+        tol / e,
+        kappa,
+        formula,
+        tol_stat,
+        tol_stat / e,
+        stat_formula,
+        routing,
+        extra=extra,
+        special=on,
+        unresolved=unresolved,
+    )
 
 
 def pairs(models: list[str]) -> list[tuple[str, str]]:

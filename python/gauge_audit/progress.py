@@ -50,12 +50,29 @@ def quiet() -> Iterator[None]:
         _quiet_depth -= 1
 
 
-def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: str | None = None,
-        unit: str = "it", leave: bool = False, disable: bool | None = None, **kw) -> tqdm:
+def bar(
+    iterable: Iterable | None = None,
+    *,
+    total: float | None = None,
+    desc: str | None = None,
+    unit: str = "it",
+    leave: bool = False,
+    disable: bool | None = None,
+    **kw,
+) -> tqdm:
     """A tqdm bar on stderr, disabled (a no-op wrapper) unless :func:`enabled`; ``disable=True``
     turns it off regardless."""
-    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=sys.stderr,
-                disable=bool(disable) or not enabled(), dynamic_ncols=True, **kw)
+    return tqdm(
+        iterable,
+        total=total,
+        desc=desc,
+        unit=unit,
+        leave=leave,
+        file=sys.stderr,
+        disable=bool(disable) or not enabled(),
+        dynamic_ncols=True,
+        **kw,
+    )
 
 
 def ticker(desc: str, unit: str = "it") -> Callable[[int, int], None] | None:
@@ -75,6 +92,7 @@ def ticker(desc: str, unit: str = "it") -> Callable[[int, int], None] | None:
         if i >= n:
             b.close()
             state.pop("bar")
+
     return tick
 
 
@@ -93,8 +111,9 @@ def echo(text: str) -> None:
         print(text, flush=True)
 
 
-def timed_call(fn: Callable[..., Any], *args, expected_seconds: float, desc: str, disable: bool = False,
-               **kwargs) -> Any:
+def timed_call(
+    fn: Callable[..., Any], *args, expected_seconds: float, desc: str, disable: bool = False, **kwargs
+) -> Any:
     """``fn(*args, **kwargs)`` — one long library call (a LAPACK factorisation) that reports no
     progress of its own — with a bar that advances with the elapsed time against the cost
     model's ``expected_seconds`` (shown as such: "s" units, never past 99 % before it returns).
@@ -107,15 +126,19 @@ def timed_call(fn: Callable[..., Any], *args, expected_seconds: float, desc: str
     def work():
         try:
             out["value"] = fn(*args, **kwargs)
-        except BaseException as exc:   # re-raised on the caller's thread
+        except BaseException as exc:  # re-raised on the caller's thread
             out["error"] = exc
 
     total = max(0.1, float(expected_seconds))
     worker = threading.Thread(target=work, daemon=True)
     t0 = time.perf_counter()
     worker.start()
-    with bar(total=round(total, 1), desc=desc, unit="s", bar_format="{desc}: {percentage:3.0f}%|{bar}| "
-             "{n:.0f}/{total:.0f} s (estimated) [{elapsed}]") as b:
+    with bar(
+        total=round(total, 1),
+        desc=desc,
+        unit="s",
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s (estimated) [{elapsed}]",
+    ) as b:
         while worker.is_alive():
             worker.join(0.25)
             b.update(min(time.perf_counter() - t0, 0.99 * total) - b.n)

@@ -127,8 +127,10 @@ def _rope64_scaled(self, x, position_ids):
         head = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
         dim = int(head * rp.get("partial_rotary_factor", 1.0))
         ext = rp["long_factor"] if n > rp["original_max_position_embeddings"] else rp["short_factor"]
-        inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float64)
-                          * rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        inv_freq = 1.0 / (
+            torch.tensor(ext, dtype=torch.float64)
+            * rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        )
     return _angles64(self, x, position_ids, inv_freq, scaling)
 
 
@@ -158,7 +160,7 @@ def _eager_attention64(module, query, key, value, attention_mask, dropout=0.0, s
     groups = module.num_key_value_groups
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
-    w = query @ key.transpose(2, 3) * (module.head_dim ** -0.5 if scaling is None else scaling)
+    w = query @ key.transpose(2, 3) * (module.head_dim**-0.5 if scaling is None else scaling)
     if softcap is not None:
         w = softcap * torch.tanh(w / softcap)
     if attention_mask is not None:
@@ -264,8 +266,10 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     (Mixtral's per-expert w1/w3/w2, Qwen3-MoE's per-expert gate/up/down_proj), whose experts
     become the fused ``experts.gate_up_proj = [gate | up]`` and ``experts.down_proj`` parameters
     (what transformers' own loader does)."""
-    names = {"MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
-             "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj")}
+    names = {
+        "MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
+        "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
+    }
     if arch.name not in names:
         return sd
     pre, gate, up, down = names[arch.name]
@@ -273,7 +277,7 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     w: dict = {}
     for k, t in sd.items():
         if k.startswith(f"{pre}experts."):
-            e, which = k[len(pre):].split(".")[1:3]
+            e, which = k[len(pre) :].split(".")[1:3]
             w.setdefault(which, {})[int(e)] = t
         elif k.startswith(f"{pre}gate."):
             out["mlp.gate." + k.rsplit(".", 1)[1]] = t
@@ -301,7 +305,7 @@ class Reference:
         kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
         with torch.device("meta"):
             layered = cls._from_config(full, **kw)
-        with parameters_on_meta():                      # buffers (RoPE tables) real, weights loaded later
+        with parameters_on_meta():  # buffers (RoPE tables) real, weights loaded later
             self.model = uninitialised(cls, small, **kw)
         self.layers = _get(layered, arch.layers)
         _set(self.model, arch.layers, self.layers)
@@ -310,10 +314,16 @@ class Reference:
         if hasattr(full, "layer_types"):
             self.model.config.layer_types = full.layer_types
         self.patched = float64_internals(self.model) if exact else 0
-        self.layer_names = [[f for link in output_links(arch, cfg) for f in link.files
-                             if f.startswith(arch.layer_prefix.format(i=i))] for i in range(cfg.n_layers)]
-        self.global_names = [f for link in output_links(arch, cfg) for f in link.files
-                             if not any(f.startswith(arch.layer_prefix.format(i=i)) for i in range(cfg.n_layers))]
+        self.layer_names = [
+            [f for link in output_links(arch, cfg) for f in link.files if f.startswith(arch.layer_prefix.format(i=i))]
+            for i in range(cfg.n_layers)
+        ]
+        self.global_names = [
+            f
+            for link in output_links(arch, cfg)
+            for f in link.files
+            if not any(f.startswith(arch.layer_prefix.format(i=i)) for i in range(cfg.n_layers))
+        ]
         # The embedding and head matrices (a vocabulary × d each: 4.2 GB in float64 for an 8 B model)
         # are loaded by their modules' hooks like the layers, one at a time; the rest stays loaded.
         shapes = {k: v.shape for k, v in self.model.state_dict(keep_vars=True).items()}
@@ -334,8 +344,9 @@ class Reference:
             for pname, w in list(module._parameters.items()):
                 key = f"{name}.{pname}" if name else pname
                 if w is not None and w.is_meta and key not in loaded:
-                    module._parameters[pname] = torch.nn.Parameter(torch.zeros(w.shape, dtype=w.dtype),
-                                                                   requires_grad=False)
+                    module._parameters[pname] = torch.nn.Parameter(
+                        torch.zeros(w.shape, dtype=w.dtype), requires_grad=False
+                    )
 
     @contextlib.contextmanager
     def _weights(self, tensor: Callable[[str], torch.Tensor]) -> Iterator[None]:
@@ -344,18 +355,24 @@ class Reference:
         missing, unexpected = self.model.load_state_dict(kept, strict=False, assign=True)
         layer_keys = self.arch.layers + "."
         # the layers load in the hooks; a tied head shares W_E; BERT's pooler is not part of the output
-        missing = [k for k in missing if not k.startswith(layer_keys) and not self._tied(k)
-                   and not re.fullmatch(self.arch.passthrough, k)]
+        missing = [
+            k
+            for k in missing
+            if not k.startswith(layer_keys) and not self._tied(k) and not re.fullmatch(self.arch.passthrough, k)
+        ]
         if missing or unexpected:
-            raise GaugeAuditError(f"transformers' {self.arch.name} does not match the tensors "
-                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise GaugeAuditError(
+                f"transformers' {self.arch.name} does not match the tensors "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
 
         def load(i):
             def pre(module, args):
                 prefix = self.arch.layer_prefix.format(i=i)
-                sd = _module_state(self.arch, {f[len(prefix):]: tensor(f) for f in self.layer_names[i]})
+                sd = _module_state(self.arch, {f[len(prefix) :]: tensor(f) for f in self.layer_names[i]})
                 module.to_empty(device="cpu")
                 module.load_state_dict(sd, strict=True)
+
             return pre
 
         def unload(module, args, out):
@@ -370,8 +387,10 @@ class Reference:
 
             def post(mod, args, out):
                 w = mod._parameters[pname]
-                mod._parameters[pname] = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
-                                                            requires_grad=False)
+                mod._parameters[pname] = torch.nn.Parameter(
+                    torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False
+                )
+
             return module, pre, post
 
         hooks = []
@@ -393,8 +412,9 @@ class Reference:
                 module_name, _, pname = key.rpartition(".")
                 module = _get(self.model, module_name)
                 w = module._parameters[pname]
-                module._parameters[pname] = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
-                                                               requires_grad=False)
+                module._parameters[pname] = torch.nn.Parameter(
+                    torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False
+                )
 
     def _meta(self, key: str) -> torch.Tensor:
         module_name, _, pname = key.rpartition(".")
@@ -436,6 +456,7 @@ def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None)
         if last.get("link") is not link:
             last["link"], last["out"] = link, link.write(*[params[p] for p in link.params])
         return last["out"][link.files.index(name)]
+
     return tensor
 
 

@@ -62,7 +62,7 @@ def eps(dtype: torch.dtype) -> float:
 # their last bits, so the audit's report would otherwise differ between OMP_NUM_THREADS=1 and
 # 2.  The audit therefore runs under :func:`reproducible`, which no phase inside can raise.
 
-DEFAULT_THREADS = torch.get_num_threads()   # what torch chose at import (OMP_NUM_THREADS or the cores)
+DEFAULT_THREADS = torch.get_num_threads()  # what torch chose at import (OMP_NUM_THREADS or the cores)
 # Dense work on matrices with at least this many columns runs at every thread (see above).
 DENSE_KERNEL_MIN = 2048
 # Above this many parameters a model's forward is dominated by large matrix products (d ≥ 2048:
@@ -70,7 +70,7 @@ DENSE_KERNEL_MIN = 2048
 LARGE_MODEL_PARAMS = 500_000_000
 
 
-_pinned = False   # inside reproducible(): every phase runs on one thread
+_pinned = False  # inside reproducible(): every phase runs on one thread
 
 
 @contextlib.contextmanager

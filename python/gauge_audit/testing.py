@@ -54,29 +54,31 @@ from .runtime import eps
 class GaugeCheck:
     """What :func:`gauge_residual` measured."""
 
-    verdict: str                 # HOLDS / HOLDS (worst-case bound only) / FAILS
+    verdict: str  # HOLDS / HOLDS (worst-case bound only) / FAILS
     max_rel_error: float
     residual_eps: float
-    tolerance_eps: float         # worst case κ·L·K·ε, in ε
+    tolerance_eps: float  # worst case κ·L·K·ε, in ε
     tolerance_statistical_eps: float
     kappa: float
     layers: int
     path_length: int
     dtype: str
-    touched: list[str]           # the user's keys the rule changed
+    touched: list[str]  # the user's keys the rule changed
 
     def message(self) -> str:
-        return (f"max relative output change {self.max_rel_error:.3e} = {self.residual_eps:.4g} ε; tolerance "
-                f"{self.tolerance_statistical_eps:.4g} ε statistical (κ·λ·√(L·K)·ε), {self.tolerance_eps:.4g} ε "
-                f"worst case (κ·L·K·ε); κ = {self.kappa:.4g}, L = {self.layers}, K = {self.path_length}, "
-                f"dtype {self.dtype}; changed {', '.join(self.touched)}")
+        return (
+            f"max relative output change {self.max_rel_error:.3e} = {self.residual_eps:.4g} ε; tolerance "
+            f"{self.tolerance_statistical_eps:.4g} ε statistical (κ·λ·√(L·K)·ε), {self.tolerance_eps:.4g} ε "
+            f"worst case (κ·L·K·ε); κ = {self.kappa:.4g}, L = {self.layers}, K = {self.path_length}, "
+            f"dtype {self.dtype}; changed {', '.join(self.touched)}"
+        )
 
 
 @dataclass(frozen=True)
 class _Spec:
     key: str
     linear: bool = False
-    heads: int | None = None     # fused heads to split
+    heads: int | None = None  # fused heads to split
 
 
 def _spec(value) -> _Spec:
@@ -93,8 +95,13 @@ def _spec(value) -> _Spec:
 class UserView(View):
     """A user's parameter dict seen through ``names`` (see the module doc)."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor], names: Mapping[str, object], dims: Mapping[str, int],
-                 layers: int | None):
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        names: Mapping[str, object],
+        dims: Mapping[str, int],
+        layers: int | None,
+    ):
         self.params = params
         self.specs = {n: _spec(v) for n, v in names.items()}
         for n in self.specs:
@@ -141,7 +148,7 @@ class UserView(View):
         spec = self.specs[name]
         t = self.params[self._key(name, layer)].detach().to("cpu", torch.float64)
         if spec.linear and t.dim() >= 2:
-            t = t.transpose(-1, -2)          # nn.Linear stores (out, in): y = x·Wᵀ
+            t = t.transpose(-1, -2)  # nn.Linear stores (out, in): y = x·Wᵀ
         p = PARAMS[name]
         if p.level in (HEAD, KV):
             vector = p.shape[0] == 1
@@ -165,8 +172,10 @@ class UserView(View):
                 counts[p.level].append(self._tensor(name, 0).shape[0])
         for level, vals in counts.items():
             if len(set(vals)) > 1:
-                raise GaugeAuditError(f"names: inconsistent head counts {sorted(set(vals))} for "
-                                      f"{'query' if level == HEAD else 'KV'} heads")
+                raise GaugeAuditError(
+                    f"names: inconsistent head counts {sorted(set(vals))} for "
+                    f"{'query' if level == HEAD else 'KV'} heads"
+                )
         h = counts[HEAD][0] if counts[HEAD] else (counts[KV][0] if counts[KV] else 1)
         kv = counts[KV][0] if counts[KV] else h
         if h % kv:
@@ -232,7 +241,7 @@ class UserView(View):
                     t = t.reshape(-1) if vector else t.reshape(-1, t.shape[-1])
                 else:
                     t = t.permute(1, 0, 2).reshape(t.shape[1], -1)
-            elif like.dim() == (1 if vector else 2):   # no head axis in the user's tensor
+            elif like.dim() == (1 if vector else 2):  # no head axis in the user's tensor
                 t = t[0]
         if spec.linear and t.dim() >= 2:
             t = t.transpose(-1, -2)
@@ -291,9 +300,20 @@ def _refuse_unmatched(unmatched: Mapping[str, str], params: Mapping[str, torch.T
     raise GaugeAuditError(f"names: no parameter matches {'; '.join(parts)}")
 
 
-def gauge_residual(forward: Callable, params: Mapping[str, torch.Tensor], rule, *, inputs, names=None, dims=None,
-                   seed: int = 0, dtype: torch.dtype = torch.float64, kappa: float = 10.0, layers: int | None = None,
-                   path_length: int | None = None) -> GaugeCheck:
+def gauge_residual(
+    forward: Callable,
+    params: Mapping[str, torch.Tensor],
+    rule,
+    *,
+    inputs,
+    names=None,
+    dims=None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    kappa: float = 10.0,
+    layers: int | None = None,
+    path_length: int | None = None,
+) -> GaugeCheck:
     """Measure how much ``rule`` changes ``forward`` (see the module doc); raises
     :class:`~gauge_audit.errors.GaugeAuditError` for a rule that cannot act on these tensors."""
     r = _as_rule(rule)
@@ -307,8 +327,10 @@ def gauge_residual(forward: Callable, params: Mapping[str, torch.Tensor], rule, 
     why = applicability(r, view.shape, view.has)
     if why:
         mapped = [m.param for m in r.maps]
-        raise GaugeAuditError(f"the rule cannot act on these parameters: {why} (rule maps {', '.join(mapped)}; "
-                              f"names gives {', '.join(view.specs) or 'nothing'})")
+        raise GaugeAuditError(
+            f"the rule cannot act on these parameters: {why} (rule maps {', '.join(mapped)}; "
+            f"names gives {', '.join(view.specs) or 'nothing'})"
+        )
     d = draw(r, view.shape, seed + 1, kappa)
     with torch.no_grad():
         changes = apply(r, view, d.elements)
@@ -317,8 +339,10 @@ def gauge_residual(forward: Callable, params: Mapping[str, torch.Tensor], rule, 
     touched = sorted({view._key(n, c.layer) for n, c in changes})
     moved = [key for key in touched if not torch.equal(new[key], params[key])]
     if not moved:
-        raise GaugeAuditError(f"the rule changed no parameter (it maps {', '.join(r.params)}); a check that moves "
-                              "nothing would pass vacuously")
+        raise GaugeAuditError(
+            f"the rule changed no parameter (it maps {', '.join(r.params)}); a check that moves "
+            "nothing would pass vacuously"
+        )
     p0 = {key: _cast(v, dtype) for key, v in params.items()}
     p1 = {key: _cast(v, dtype) for key, v in new.items()}
     x = _cast(inputs, dtype)
@@ -334,14 +358,35 @@ def gauge_residual(forward: Callable, params: Mapping[str, torch.Tensor], rule, 
     _, factor = statistical_factor(L, K, y0.numel())
     tol_stat = k * factor * eps(dtype)
     e = eps(dtype)
-    return GaugeCheck(verdict_for(err, tol_stat, tol), err, err / e, tol / e, tol_stat / e, k, L, K,
-                      str(dtype).replace("torch.", ""), moved)
+    return GaugeCheck(
+        verdict_for(err, tol_stat, tol),
+        err,
+        err / e,
+        tol / e,
+        tol_stat / e,
+        k,
+        L,
+        K,
+        str(dtype).replace("torch.", ""),
+        moved,
+    )
 
 
-def assert_gauge_invariant(forward: Callable, params: Mapping[str, torch.Tensor], rule, *, inputs, names=None,
-                           dims=None, seed: int = 0, dtype: torch.dtype = torch.float64, kappa: float = 10.0,
-                           layers: int | None = None, path_length: int | None = None, strict: bool = False
-                           ) -> GaugeCheck:
+def assert_gauge_invariant(
+    forward: Callable,
+    params: Mapping[str, torch.Tensor],
+    rule,
+    *,
+    inputs,
+    names=None,
+    dims=None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    kappa: float = 10.0,
+    layers: int | None = None,
+    path_length: int | None = None,
+    strict: bool = False,
+) -> GaugeCheck:
     """Assert that ``rule`` leaves ``forward`` unchanged on ``inputs`` (see the module doc).
 
     Raises :class:`AssertionError` when the change exceeds the worst-case tolerance κ·L·K·ε (with
@@ -349,8 +394,19 @@ def assert_gauge_invariant(forward: Callable, params: Mapping[str, torch.Tensor]
     them.  Between the two tolerances it passes with a warning (explainable by rounding only if
     the roundings conspire)."""
     try:
-        res = gauge_residual(forward, params, rule, inputs=inputs, names=names, dims=dims, seed=seed, dtype=dtype,
-                             kappa=kappa, layers=layers, path_length=path_length)
+        res = gauge_residual(
+            forward,
+            params,
+            rule,
+            inputs=inputs,
+            names=names,
+            dims=dims,
+            seed=seed,
+            dtype=dtype,
+            kappa=kappa,
+            layers=layers,
+            path_length=path_length,
+        )
     except (GaugeAuditError, NotApplicable) as exc:
         raise AssertionError(f"gauge check could not run: {exc}") from None
     if res.verdict == FAILS or (strict and res.verdict != HOLDS):

@@ -49,18 +49,18 @@ class Certificate:
     format: str
     architecture: str
     action: str
-    element: dict                 # {"seed": S} or {"file": path, "sha256": ...}
+    element: dict  # {"seed": S} or {"file": path, "sha256": ...}
     kappa: float
-    untied: dict | None           # {"added_parameters": n} when --untie
-    dtype: str                    # the written dtype (coarsest over tensors)
-    inputs: dict                  # the recorded input set (token ids)
-    reference: str                # what computed the logits
-    max_rel_change: float         # ‖y′ − y‖∞ / ‖y‖∞ of transformers' float64 logits
+    untied: dict | None  # {"added_parameters": n} when --untie
+    dtype: str  # the written dtype (coarsest over tensors)
+    inputs: dict  # the recorded input set (token ids)
+    reference: str  # what computed the logits
+    max_rel_change: float  # ‖y′ − y‖∞ / ‖y‖∞ of transformers' float64 logits
     residual_eps: float
     tolerance: float
     tolerance_eps: float
     tolerance_formula: str
-    verdict: str                  # HOLDS / FAILS
+    verdict: str  # HOLDS / FAILS
     next_token_unchanged: bool
     written: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -78,9 +78,18 @@ def certificate_inputs(cfg) -> dict:
     return inputs
 
 
-def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int = 0, element: str | None = None,
-              kappa: float = 10.0, untie: bool = False, dtype: torch.dtype | None = None,
-              say: Callable[[str], None] | None = None) -> Certificate:
+def transform(
+    checkpoint: str | Path,
+    action: str,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    element: str | None = None,
+    kappa: float = 10.0,
+    untie: bool = False,
+    dtype: torch.dtype | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Certificate:
     """Write the transformed checkpoint to ``out`` and return its certificate (module docstring);
     ``say`` receives progress lines."""
     from .reference import require_transformers
@@ -102,11 +111,16 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
         hint = " (--untie unties the unembedding first, as QuaRot does)" if cfg.tied and "tied" in reason else ""
         raise GaugeAuditError(f"{action} has no function-preserving rule for {ckpt.name}: {reason}{hint}")
     if not act.expected_holds(cfg):
-        raise GaugeAuditError(f"{action} is a false rule on {ckpt.name} (it changes the function; "
-                              f"gauge-audit check shows by how much): {(act.doc.splitlines() or [''])[0]}")
+        raise GaugeAuditError(
+            f"{action} is a false rule on {ckpt.name} (it changes the function; "
+            f"gauge-audit check shows by how much): {(act.doc.splitlines() or [''])[0]}"
+        )
     if element:
         el = load_element(element)
-        el_info: dict[str, object] = {"file": str(element), "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest()}
+        el_info: dict[str, object] = {
+            "file": str(element),
+            "sha256": hashlib.sha256(Path(element).read_bytes()).hexdigest(),
+        }
     else:
         el = act.sample(cfg, params, generator(seed + 1), kappa)
         el_info = {"seed": seed}
@@ -120,12 +134,26 @@ def transform(checkpoint: str | Path, action: str, out: str | Path, *, seed: int
         say("transform: certificate (transformers' logits, float64) ...")
         c = certify_written(ckpt, cfg, tmp, el.kappa, written)
         cert = Certificate(
-            checkpoint=str(ckpt.path), format=ckpt.format, architecture=ckpt.arch.name, action=action,
-            element=el_info, kappa=el.kappa, untied=added, dtype=written["dtype"], inputs=c["inputs"],
-            reference=c["reference"], max_rel_change=c["max_rel_change"], residual_eps=c["residual_eps"],
-            tolerance=c["tolerance"], tolerance_eps=c["tolerance_eps"], tolerance_formula=c["tolerance_formula"],
+            checkpoint=str(ckpt.path),
+            format=ckpt.format,
+            architecture=ckpt.arch.name,
+            action=action,
+            element=el_info,
+            kappa=el.kappa,
+            untied=added,
+            dtype=written["dtype"],
+            inputs=c["inputs"],
+            reference=c["reference"],
+            max_rel_change=c["max_rel_change"],
+            residual_eps=c["residual_eps"],
+            tolerance=c["tolerance"],
+            tolerance_eps=c["tolerance_eps"],
+            tolerance_formula=c["tolerance_formula"],
             verdict="HOLDS" if c["max_rel_change"] <= c["tolerance"] else "FAILS",
-            next_token_unchanged=c["next_token_unchanged"], written=written, notes=notes)
+            next_token_unchanged=c["next_token_unchanged"],
+            written=written,
+            notes=notes,
+        )
         (tmp / "certificate.json").write_text(json.dumps(cert.to_json(), indent=2) + "\n")
     return cert
 
@@ -167,10 +195,17 @@ def certify_written(ckpt, cfg, directory: Path, kappa: float, written: dict) -> 
     tol_stat, _ = statistical_tolerance(model, kappa, wdtype, n, before.numel())
     e = eps(wdtype)
     same = bool(torch.equal(before[:, -1].argmax(-1), after[:, -1].argmax(-1))) if cfg.unembed else True
-    return {"inputs": {k: v.tolist() for k, v in inputs.items()},
-            "reference": f"transformers {T.__version__} {ckpt.arch.name}, float64 (RMSNorm / RoPE / router in "
-                         f"float64)",
-            "dtype": written["dtype"], "max_rel_change": err, "residual_eps": err / e, "tolerance": tol,
-            "tolerance_eps": tol / e, "tolerance_formula": formula, "tolerance_statistical": tol_stat,
-            "tolerance_statistical_eps": tol_stat / e, "verdict": verdict_for(err, tol_stat, tol),
-            "next_token_unchanged": same}
+    return {
+        "inputs": {k: v.tolist() for k, v in inputs.items()},
+        "reference": f"transformers {T.__version__} {ckpt.arch.name}, float64 (RMSNorm / RoPE / router in float64)",
+        "dtype": written["dtype"],
+        "max_rel_change": err,
+        "residual_eps": err / e,
+        "tolerance": tol,
+        "tolerance_eps": tol / e,
+        "tolerance_formula": formula,
+        "tolerance_statistical": tol_stat,
+        "tolerance_statistical_eps": tol_stat / e,
+        "verdict": verdict_for(err, tol_stat, tol),
+        "next_token_unchanged": same,
+    }

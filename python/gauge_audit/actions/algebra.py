@@ -13,8 +13,17 @@ from ..errors import GaugeAuditError
 from .base import Element, cond
 
 # Elements that act by adding a parameter-independent vector (translations): inverse −x, product x + y.
-ADDITIVE = ("key-bias-shift", "value-bias-fold", "norm-shift", "norm-shift-absorbed", "writer-ones", "reader-ones",
-            "embed-offset", "router-offset", "segment-shift")
+ADDITIVE = (
+    "key-bias-shift",
+    "value-bias-fold",
+    "norm-shift",
+    "norm-shift-absorbed",
+    "writer-ones",
+    "reader-ones",
+    "embed-offset",
+    "router-offset",
+    "segment-shift",
+)
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
 DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale")
 # Stacks of invertible matrices acting on the right (W·M): inverse M⁻¹, product M₁·M₂.
@@ -80,7 +89,7 @@ def compose(action: str, first: Element, second: Element) -> Element:
     if action in DIAGONAL:
         parts = _union(a, b, torch.ones_like, torch.mul)
         return Element(parts, _scale_kappa(parts))
-    if action == "stream-rotation":   # κ is that of C = D_γ⁻¹·R·D_γ, which needs γ: keep the bound
+    if action == "stream-rotation":  # κ is that of C = D_γ⁻¹·R·D_γ, which needs γ: keep the bound
         return Element({"R": a["R"] @ b["R"]}, kappa)
     if action in MATRIX:
         parts = {k: a[k] @ b[k] for k in a}

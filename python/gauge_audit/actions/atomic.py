@@ -9,5 +9,6 @@ from __future__ import annotations
 from . import attention, ffn, offsets, qk_norm, stream
 from .base import Action
 
-ATOMIC: dict[str, Action] = {a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS,
-                                                  *qk_norm.ACTIONS)}
+ATOMIC: dict[str, Action] = {
+    a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *qk_norm.ACTIONS)
+}

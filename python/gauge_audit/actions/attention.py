@@ -72,8 +72,9 @@ def random_commutant(cfg: Config, g: torch.Generator, kappa: float, lead: tuple)
 
 
 def _stack_gl(cfg: Config, g: torch.Generator, kappa: float, heads: int) -> torch.Tensor:
-    return torch.stack([torch.stack([random_gl(cfg.d_head, g, kappa) for _ in range(heads)])
-                        for _ in range(cfg.n_layers)])
+    return torch.stack(
+        [torch.stack([random_gl(cfg.d_head, g, kappa) for _ in range(heads)]) for _ in range(cfg.n_layers)]
+    )
 
 
 def _times(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -102,15 +103,19 @@ def _inv_t(m: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- qk-gl
 def _qk_gl_applies(cfg: Config) -> str | None:
     if cfg.qk_norm != "none":
-        return ("the QK-norm n(x W_Q M) ≠ n(x W_Q)·M for a generic M: per-head GL(d_k) is not a symmetry; what "
-                "survives is the scaling of the norm weights per RoPE plane (qk-norm-scale)")
+        return (
+            "the QK-norm n(x W_Q M) ≠ n(x W_Q)·M for a generic M: per-head GL(d_k) is not a symmetry; what "
+            "survives is the scaling of the norm weights per RoPE plane (qk-norm-scale)"
+        )
     return None
 
 
 def _partial_rotary(cfg: Config) -> str | None:
     if cfg.pos == "rope" and cfg.rotary_dim:
-        return ("partial rotary: this contrast's special points are derived for a rotary over the whole head; "
-                "qk-gl samples the partial commutant (planes ⊕ GL on the unrotated coordinates)")
+        return (
+            "partial rotary: this contrast's special points are derived for a rotary over the whole head; "
+            "qk-gl samples the partial commutant (planes ⊕ GL on the unrotated coordinates)"
+        )
     return None
 
 
@@ -135,8 +140,10 @@ def qk_gl(cfg: Config, params: Params, el: Element) -> Params:
     if cfg.pos == "rope":
         dist = commutant_distance(cfg, m)
         if dist > 1e-10:
-            raise GaugeAuditError(f"M is outside the RoPE commutant (relative distance {dist:.2e}); under RoPE "
-                                  "only per-frequency-plane blocks a·I + b·J commute with every position rotation")
+            raise GaugeAuditError(
+                f"M is outside the RoPE commutant (relative distance {dist:.2e}); under RoPE "
+                "only per-frequency-plane blocks a·I + b·J commute with every position rotation"
+            )
     return _qk_transform(cfg, params, m.repeat_interleave(cfg.group_size, dim=1), _inv_t(m))
 
 
@@ -171,8 +178,12 @@ def vo_gl(cfg: Config, params: Params, el: Element) -> Params:
 # ----------------------------------------------------------------------------- head-perm
 def _perm_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
     kv = torch.stack([torch.randperm(cfg.n_kv_heads, generator=g) for _ in range(cfg.n_layers)])
-    q = torch.stack([torch.stack([torch.randperm(cfg.group_size, generator=g) for _ in range(cfg.n_kv_heads)])
-                     for _ in range(cfg.n_layers)])
+    q = torch.stack(
+        [
+            torch.stack([torch.randperm(cfg.group_size, generator=g) for _ in range(cfg.n_kv_heads)])
+            for _ in range(cfg.n_layers)
+        ]
+    )
     return Element({"kv_perm": kv, "q_perm": q}, 1.0)
 
 
@@ -202,8 +213,13 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
     _check_perm("q_perm", qp)
     changes = {}
     for l, pre in enumerate(attn_prefixes(cfg)):
-        q_index = torch.tensor([int(kv[l, j]) * cfg.group_size + int(qp[l, j, r])
-                                for j in range(cfg.n_kv_heads) for r in range(cfg.group_size)])
+        q_index = torch.tensor(
+            [
+                int(kv[l, j]) * cfg.group_size + int(qp[l, j, r])
+                for j in range(cfg.n_kv_heads)
+                for r in range(cfg.group_size)
+            ]
+        )
         for name, index in (("Q", q_index), ("O", q_index), ("K", kv[l]), ("V", kv[l])):
             for kind in ("W", "b"):
                 key = f"{pre}.{kind}_{name}"
@@ -346,8 +362,11 @@ def qk_gl_untied_gqa(cfg: Config, params: Params, el: Element) -> Params:
 # at every position (softmax ignores a constant per query) — or the inputs have one position,
 # where every softmax row has one key.
 def _single_position(n: int) -> str | None:
-    return ("the inputs have a single position: every softmax row has one key, so no score "
-            "reaches the output") if n == 1 else None
+    return (
+        ("the inputs have a single position: every softmax row has one key, so no score reaches the output")
+        if n == 1
+        else None
+    )
 
 
 def _heads_special(cfg: Config, params: Params, n: int, affected=None, planes: bool = False) -> str | None:
@@ -359,9 +378,11 @@ def _heads_special(cfg: Config, params: Params, n: int, affected=None, planes: b
     kinds: dict[str, int] = {}
     for layer in range(cfg.n_layers):
         todo = affected(cfg) if affected else torch.ones(cfg.n_heads, dtype=torch.bool)
-        for label, safe in (("W_O = 0 or W_V = 0", strata.heads_ignored(cfg, params, layer)),
-                            ("zero queries", strata.queries_zero(cfg, params, layer)),
-                            ("constant keys", strata.keys_constant(cfg, params, layer))):
+        for label, safe in (
+            ("W_O = 0 or W_V = 0", strata.heads_ignored(cfg, params, layer)),
+            ("zero queries", strata.queries_zero(cfg, params, layer)),
+            ("constant keys", strata.keys_constant(cfg, params, layer)),
+        ):
             hit = todo & safe
             if hit.any():
                 kinds[label] = kinds.get(label, 0) + int(hit.sum())
@@ -373,13 +394,17 @@ def _heads_special(cfg: Config, params: Params, n: int, affected=None, planes: b
             hit = todo & disjoint
             if hit.any():
                 kinds["no RoPE plane with both a query and a key"] = kinds.get(
-                    "no RoPE plane with both a query and a key", 0) + int(hit.sum())
+                    "no RoPE plane with both a query and a key", 0
+                ) + int(hit.sum())
             todo = todo & ~disjoint
         if todo.any():
             return None
     counts = ", ".join(f"{c} with {label}" for label, c in kinds.items())
-    return (f"no head's changed scores reach the output (heads whose scores change: {counts})"
-            if counts else "no head's scores change")
+    return (
+        f"no head's changed scores reach the output (heads whose scores change: {counts})"
+        if counts
+        else "no head's scores change"
+    )
 
 
 def _exact(reason: str | None) -> Special | None:
@@ -406,19 +431,72 @@ def _untied_special(cfg: Config, params: Params, n: int, eps: float) -> Special 
 
 
 ACTIONS = [
-    Action("qk-gl", "GL(d_k) per KV head per layer (RoPE: commutant ∏ GL(1,ℂ))", True, _qk_gl_applies,
-           _qk_gl_sample, qk_gl, claim="qk-gl"),
+    Action(
+        "qk-gl",
+        "GL(d_k) per KV head per layer (RoPE: commutant ∏ GL(1,ℂ))",
+        True,
+        _qk_gl_applies,
+        _qk_gl_sample,
+        qk_gl,
+        claim="qk-gl",
+    ),
     Action("vo-gl", "GL(d_v) per KV head per layer", True, lambda cfg: None, _vo_gl_sample, vo_gl, claim="vo-gl"),
-    Action("head-perm", "S_{n_kv} ≀ S_g per layer", True, lambda cfg: None, _perm_sample, head_perm,
-           claim="head-perm", generic_kappa=False),
-    Action("key-bias-shift", "(ℝ^{d_k},+) per KV head per layer", True, _key_bias_applies, _bias_shift_sample,
-           key_bias_shift, generic_kappa=False),
-    Action("value-bias-fold", "(ℝ^{d_v},+) per KV head per layer", True, _value_bias_applies, _bias_shift_sample,
-           value_bias_fold, generic_kappa=False),
-    Action("qk-same-action", "W_Q·M, W_K·M (wiki)", False, lambda cfg: None, _same_action_sample, qk_same_action,
-           claim="qk-same-action", special=_same_action_special),
-    Action("qk-gl-rope-generic", "generic GL(d_k) under RoPE", False, _rope_generic_applies, _rope_generic_sample,
-           qk_gl_rope_generic, claim="rope-commutant", special=_rope_generic_special),
-    Action("qk-gl-untied-gqa", "one M per query head under GQA", False, _untied_applies, _untied_sample,
-           qk_gl_untied_gqa, claim="gqa-tied", special=_untied_special),
+    Action(
+        "head-perm",
+        "S_{n_kv} ≀ S_g per layer",
+        True,
+        lambda cfg: None,
+        _perm_sample,
+        head_perm,
+        claim="head-perm",
+        generic_kappa=False,
+    ),
+    Action(
+        "key-bias-shift",
+        "(ℝ^{d_k},+) per KV head per layer",
+        True,
+        _key_bias_applies,
+        _bias_shift_sample,
+        key_bias_shift,
+        generic_kappa=False,
+    ),
+    Action(
+        "value-bias-fold",
+        "(ℝ^{d_v},+) per KV head per layer",
+        True,
+        _value_bias_applies,
+        _bias_shift_sample,
+        value_bias_fold,
+        generic_kappa=False,
+    ),
+    Action(
+        "qk-same-action",
+        "W_Q·M, W_K·M (wiki)",
+        False,
+        lambda cfg: None,
+        _same_action_sample,
+        qk_same_action,
+        claim="qk-same-action",
+        special=_same_action_special,
+    ),
+    Action(
+        "qk-gl-rope-generic",
+        "generic GL(d_k) under RoPE",
+        False,
+        _rope_generic_applies,
+        _rope_generic_sample,
+        qk_gl_rope_generic,
+        claim="rope-commutant",
+        special=_rope_generic_special,
+    ),
+    Action(
+        "qk-gl-untied-gqa",
+        "one M per query head under GQA",
+        False,
+        _untied_applies,
+        _untied_sample,
+        qk_gl_untied_gqa,
+        claim="gqa-tied",
+        special=_untied_special,
+    ),
 ]

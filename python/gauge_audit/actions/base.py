@@ -34,20 +34,20 @@ class Special:
     """A special point of a false contrast: a stratum on which its rule is exactly function-preserving
     (see strata.py), and how far this parameter point is from it."""
 
-    reason: str           # why the rule holds on the stratum ("γ ∝ 1 in every norm, so …")
-    defect: float = 0.0   # relative distance of the point from the stratum (0: on it)
+    reason: str  # why the rule holds on the stratum ("γ ∝ 1 in every norm, so …")
+    defect: float = 0.0  # relative distance of the point from the stratum (0: on it)
 
 
 @dataclass(frozen=True)
 class Action:
     name: str
-    group: str                                     # the group, in words
-    symmetry: bool | Callable[[Config], bool]      # a true symmetry here? (False: a named false contrast)
-    applies: Callable[[Config], str | None]        # None, or why the action does not apply
-    sample: Callable[..., Element]                 # (cfg, params, generator, kappa) -> Element
+    group: str  # the group, in words
+    symmetry: bool | Callable[[Config], bool]  # a true symmetry here? (False: a named false contrast)
+    applies: Callable[[Config], str | None]  # None, or why the action does not apply
+    sample: Callable[..., Element]  # (cfg, params, generator, kappa) -> Element
     apply: Callable[[Config, Params, Element], Params]
-    claim: str | None = None                       # the catalog claim it tests
-    generic_kappa: bool = True                     # does sample() honour the requested κ?
+    claim: str | None = None  # the catalog claim it tests
+    generic_kappa: bool = True  # does sample() honour the requested κ?
     # MoE: maps the transformed model's expert labels (layer l, indices) back to the original's.
     expert_relabel: Callable[[Element, int, torch.Tensor], torch.Tensor] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -113,8 +113,11 @@ def rotation_fixing_ones(n: int, g: torch.Generator) -> torch.Tensor:
     a random rotation of a LayerNorm stream (it must fix the all-ones direction)."""
     if n == 1:
         return torch.ones(1, 1, dtype=torch.float64)
-    basis, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=torch.float64),
-                                          torch.randn(n, n - 1, generator=g, dtype=torch.float64)], dim=1))
+    basis, _ = torch.linalg.qr(
+        torch.cat(
+            [torch.ones(n, 1, dtype=torch.float64), torch.randn(n, n - 1, generator=g, dtype=torch.float64)], dim=1
+        )
+    )
     u = basis[:, 1:]
     return torch.ones(n, n, dtype=torch.float64) / n + u @ random_orthogonal(n - 1, g, special=True) @ u.T
 
@@ -126,7 +129,7 @@ def random_gl(n: int, g: torch.Generator, kappa: float) -> torch.Tensor:
     u, v = random_orthogonal(n, g), random_orthogonal(n, g)
     if n == 1:
         s = torch.tensor([1.0], dtype=torch.float64) * (1.0 if torch.rand(1, generator=g) < 0.5 else -1.0)
-        return s.reshape(1, 1) * (kappa ** 0.5 if kappa > 1 else 1.0)
+        return s.reshape(1, 1) * (kappa**0.5 if kappa > 1 else 1.0)
     s = torch.logspace(-0.5, 0.5, n, base=kappa, dtype=torch.float64)
     s = s[torch.randperm(n, generator=g)]
     return u @ torch.diag(s) @ v.T

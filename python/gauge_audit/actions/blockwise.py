@@ -36,7 +36,7 @@ def block_of(name: str) -> int | None:
 
 def _renamed(name: str, i: int, j: int) -> str:
     prefix = f"blocks.{i}."
-    return f"blocks.{j}." + name[len(prefix):] if name.startswith(prefix) else name
+    return f"blocks.{j}." + name[len(prefix) :] if name.startswith(prefix) else name
 
 
 def restrict(action: Action, cfg: Config, el: Element, block: int | None) -> Element | None:
@@ -51,9 +51,10 @@ def restrict(action: Action, cfg: Config, el: Element, block: int | None) -> Ele
         parts = {}
         for k, t in el.parts.items():
             if t.dim() == 0 or t.shape[0] != cfg.n_layers:
-                raise GaugeAuditError(f"{k} must have a leading layer axis of length {cfg.n_layers}, "
-                                      f"got shape {tuple(t.shape)}")
-            parts[k] = t[block:block + 1]
+                raise GaugeAuditError(
+                    f"{k} must have a leading layer axis of length {cfg.n_layers}, got shape {tuple(t.shape)}"
+                )
+            parts[k] = t[block : block + 1]
         return Element(parts, el.kappa, el.note)
     if layout == "norms":
         parts = {}
@@ -133,7 +134,7 @@ class TransformedParams(LazyParams):
 def transformed(action: Action, cfg: Config, params: Mapping, el: Element) -> Mapping:
     """``action.apply`` for in-memory parameters; block by block, on access, for lazy ones."""
     if isinstance(params, LazyParams):
-        if action.element_layout == "whole":   # read in (float64, the whole model) and apply at once
+        if action.element_layout == "whole":  # read in (float64, the whole model) and apply at once
             return action.apply(cfg, {k: params[k] for k in params}, el)
         return TransformedParams(action, cfg, params, el)
     return action.apply(cfg, params, el)

@@ -73,7 +73,7 @@ def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> El
     for act in _members(cfg):
         try:
             el = act.sample(cfg, params, g, kappa)
-        except GaugeAuditError:          # nothing to draw here (e.g. no norm with biased readers)
+        except GaugeAuditError:  # nothing to draw here (e.g. no norm with biased readers)
             continue
         params = act.apply(cfg, params, el)
         out.append((act.name, el))
@@ -111,6 +111,15 @@ def _relabel(el: Element, layer: int, idx: torch.Tensor) -> torch.Tensor:
 
 
 ACTIONS = [
-    Action(NAME, "every true action that applies, composed", True, lambda cfg: None, _sample, apply,
-           generic_kappa=False, expert_relabel=_relabel, element_layout="whole"),
+    Action(
+        NAME,
+        "every true action that applies, composed",
+        True,
+        lambda cfg: None,
+        _sample,
+        apply,
+        generic_kappa=False,
+        expert_relabel=_relabel,
+        element_layout="whole",
+    ),
 ]

@@ -29,6 +29,7 @@ def _has_ffn(cfg: Config) -> str | None:
 def _act_is(*acts: str):
     def applies(cfg: Config) -> str | None:
         return _has_ffn(cfg) or (None if cfg.act in acts else f"the FFN activation is {cfg.act}, not {'/'.join(acts)}")
+
     return applies
 
 
@@ -63,8 +64,11 @@ def ffn_perm(cfg: Config, params: Params, el: Element) -> Params:
         p = perm[l].to(next(iter(params.values())).device)
         for name in _hidden_in(cfg, params, pre):
             t = params[name]
-            changes[name] = torch.gather(t, -1, p.reshape(*p.shape[:-1], *([1] * (t.dim() - p.dim())), -1)
-                                         .expand_as(t)) if t.dim() > p.dim() else torch.gather(t, -1, p)
+            changes[name] = (
+                torch.gather(t, -1, p.reshape(*p.shape[:-1], *([1] * (t.dim() - p.dim())), -1).expand_as(t))
+                if t.dim() > p.dim()
+                else torch.gather(t, -1, p)
+            )
         w = params[f"{pre}.W_out"]
         changes[f"{pre}.W_out"] = torch.gather(w, -2, p[..., :, None].expand_as(w))
     return updated(params, changes)
@@ -134,8 +138,10 @@ def _gelu_special(cfg: Config, params: Params, n: int, eps: float) -> Special | 
     for layer in range(cfg.n_layers):
         if not bool(strata.units_silent(cfg, params, layer).all()):
             return None
-    return Special("every hidden unit is silent (W_out row 0, or zero input weights and bias: gelu(0) = 0), "
-                   "so no unit's gelu(s·z)/s ≠ gelu(z) reaches the output")
+    return Special(
+        "every hidden unit is silent (W_out row 0, or zero input weights and bias: gelu(0) = 0), "
+        "so no unit's gelu(s·z)/s ≠ gelu(z) reaches the output"
+    )
 
 
 # ----------------------------------------------------------------------------- experts
@@ -144,8 +150,7 @@ def _moe_applies(cfg: Config) -> str | None:
 
 
 def _expert_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
-    return Element({"perm": torch.stack([torch.randperm(cfg.experts, generator=g) for _ in range(cfg.n_layers)])},
-                   1.0)
+    return Element({"perm": torch.stack([torch.randperm(cfg.experts, generator=g) for _ in range(cfg.n_layers)])}, 1.0)
 
 
 def expert_perm(cfg: Config, params: Params, el: Element) -> Params:
@@ -174,12 +179,35 @@ def expert_perm(cfg: Config, params: Params, el: Element) -> Params:
 
 ACTIONS = [
     Action("ffn-perm", "S_{d_ff} per FFN", True, _has_ffn, _perm_sample, ffn_perm, generic_kappa=False),
-    Action("relu-scaling", "(ℝ>0)^{d_ff} per ReLU FFN", True, _act_is("relu"), _scale_sample, relu_scaling,
-           claim="relu-forces-identity"),
+    Action(
+        "relu-scaling",
+        "(ℝ>0)^{d_ff} per ReLU FFN",
+        True,
+        _act_is("relu"),
+        _scale_sample,
+        relu_scaling,
+        claim="relu-forces-identity",
+    ),
     Action("swiglu-scaling", "(ℝ≠0)^{d_ff} per SwiGLU FFN", True, _act_is("swiglu"), _scale_sample, swiglu_scaling),
-    Action("gelu-scaling", "ReLU's scaling rule on GELU", False, _act_is("gelu", "gelu-tanh"), _scale_sample,
-           gelu_scaling, claim="relu-forces-identity", special=_gelu_special),
-    Action("expert-perm", "S_E per MoE block", True, _moe_applies, _expert_sample, expert_perm,
-           claim="moe-expert-perm", generic_kappa=False,
-           expert_relabel=lambda el, layer, idx: el.parts["perm"][layer][idx]),
+    Action(
+        "gelu-scaling",
+        "ReLU's scaling rule on GELU",
+        False,
+        _act_is("gelu", "gelu-tanh"),
+        _scale_sample,
+        gelu_scaling,
+        claim="relu-forces-identity",
+        special=_gelu_special,
+    ),
+    Action(
+        "expert-perm",
+        "S_E per MoE block",
+        True,
+        _moe_applies,
+        _expert_sample,
+        expert_perm,
+        claim="moe-expert-perm",
+        generic_kappa=False,
+        expert_relabel=lambda el, layer, idx: el.parts["perm"][layer][idx],
+    ),
 ]

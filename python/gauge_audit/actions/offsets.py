@@ -110,8 +110,9 @@ def ln_writers(cfg: Config, params: Params) -> list[str]:
         return []
     if cfg.norm_placement == "pre":
         # a tied W_E is also read, through an affine final norm: y·1 is then not constant
-        return [w for w in stream_writers(cfg, params)
-                if not (w == "embed.W_E" and cfg.tied and cfg.norm == "layernorm")]
+        return [
+            w for w in stream_writers(cfg, params) if not (w == "embed.W_E" and cfg.tied and cfg.norm == "layernorm")
+        ]
     names = ["embed.W_E", "embed.W_pos", "embed.W_tt"] if cfg.embed_norm else []
     for i in range(cfg.n_layers):
         names += [f"blocks.{i}.attn.W_O", f"blocks.{i}.attn.b_O", f"{_ffn(cfg, i)}.W_out", f"{_ffn(cfg, i)}.b_out"]
@@ -125,8 +126,10 @@ def _writer_ones_applies(cfg: Config) -> str | None:
 
 
 def _writer_ones_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
-    return Element({w: 0.1 * torch.randn(params[w].shape[:-1], generator=g, dtype=torch.float64)
-                    for w in ln_writers(cfg, params)}, 1.0)
+    return Element(
+        {w: 0.1 * torch.randn(params[w].shape[:-1], generator=g, dtype=torch.float64) for w in ln_writers(cfg, params)},
+        1.0,
+    )
 
 
 def writer_ones(cfg: Config, params: Params, el: Element) -> Params:
@@ -210,7 +213,7 @@ def reader_ones(cfg: Config, params: Params, el: Element) -> Params:
             continue
         if mode == "bias":
             changes[b] = put(as64(params[b]) - c * t, params[b])
-        else:   # fold: every query head of KV group j reads value column t[j]
+        else:  # fold: every query head of KV group j reads value column t[j]
             pre = w.rsplit(".", 1)[0]
             key = f"{pre}.b_O"
             t_q = t.repeat_interleave(cfg.group_size, dim=0)
@@ -224,8 +227,7 @@ def absorbed_shift_norms(cfg: Config, params: Params) -> list[str]:
     """Affine pre-LayerNorms (not a tied final one) with at least one reader without a bias."""
     if cfg.norm != "layernorm" or cfg.norm_placement != "pre" or cfg.family == "attn":
         return []
-    return [n for n, rs in norm_readers(cfg, params).items()
-            if f"{n}.b" in params and any(b is None for _, b in rs)]
+    return [n for n, rs in norm_readers(cfg, params).items() if f"{n}.b" in params and any(b is None for _, b in rs)]
 
 
 def _absorbed_applies(cfg: Config) -> str | None:
@@ -267,8 +269,9 @@ def norm_shift_absorbed(cfg: Config, params: Params, el: Element) -> Params:
         beta = as64(params[f"{norm}.b"]) + delta
         c_new = float((beta * gamma_inv).sum())
         if not abs(c_new) > 1e-12 * float((beta * gamma_inv).abs().sum()):
-            raise GaugeAuditError(f"the shifted β of {norm} has β·γ⁻¹ = 0: a reader without a bias cannot "
-                                  "absorb the shift")
+            raise GaugeAuditError(
+                f"the shifted β of {norm} has β·γ⁻¹ = 0: a reader without a bias cannot absorb the shift"
+            )
         changes[f"{norm}.b"] = put(beta, params[f"{norm}.b"])
         for w, b in readers[norm]:
             shift = _times_rows(delta, as64(params[w]))
@@ -297,8 +300,9 @@ def _offset_applies(cfg: Config) -> str | None:
 
 
 def _offset_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
-    return Element({t: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64)
-                    for t in offset_tables(cfg, params)}, 1.0)
+    return Element(
+        {t: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64) for t in offset_tables(cfg, params)}, 1.0
+    )
 
 
 def embed_offset(cfg: Config, params: Params, el: Element) -> Params:
@@ -413,8 +417,9 @@ def _segment_applies(cfg: Config) -> str | None:
 
 
 def _segment_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
-    return Element({s.label: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64)
-                    for s in segments(cfg, params)}, 1.0)
+    return Element(
+        {s.label: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64) for s in segments(cfg, params)}, 1.0
+    )
 
 
 def segment_shift(cfg: Config, params: Params, el: Element) -> Params:
@@ -436,8 +441,10 @@ def segment_shift(cfg: Config, params: Params, el: Element) -> Params:
 
     for label, c in el.parts.items():
         if label not in by_label:
-            raise GaugeAuditError(f"{label} is not a stretch of stream with biased readers in this model "
-                                  f"(known: {', '.join(by_label) or 'none'})")
+            raise GaugeAuditError(
+                f"{label} is not a stretch of stream with biased readers in this model "
+                f"(known: {', '.join(by_label) or 'none'})"
+            )
         seg = by_label[label]
         require_shape(f"shift for {label}", c, (cfg.d_model,))
         c = as64(c)
@@ -452,17 +459,63 @@ def segment_shift(cfg: Config, params: Params, el: Element) -> Params:
 # Their elements are keyed by the tensors they touch (embeddings and every block at once):
 # applied to the whole model (element_layout "whole"), not block by block.
 ACTIONS = [
-    Action("writer-ones", "(ℝ,+) per row of every writer into a LayerNorm", True, _writer_ones_applies,
-           _writer_ones_sample, writer_ones, generic_kappa=False, element_layout="whole"),
-    Action("reader-ones", "(ℝ,+) per absorbing column of every LayerNorm reader", True,
-           lambda cfg: _writer_ones_applies(cfg) and "only LayerNorm outputs have a constant response",
-           _reader_ones_sample, reader_ones, generic_kappa=False, element_layout="whole"),
-    Action("norm-shift-absorbed", "(ℝ^d,+) per affine pre-LayerNorm, readers with or without biases", True,
-           _absorbed_applies, _absorbed_sample, norm_shift_absorbed, generic_kappa=False, element_layout="whole"),
-    Action("embed-offset", "(ℝ^d,+) per embedding table paired with W_pos", True, _offset_applies,
-           _offset_sample, embed_offset, generic_kappa=False, element_layout="whole"),
-    Action("router-offset", "(ℝ^d,+) per MoE router", True, _router_applies, _router_sample, router_offset,
-           generic_kappa=False),
-    Action("segment-shift", "(ℝ^d,+) per stretch of stream with biased readers", True, _segment_applies,
-           _segment_sample, segment_shift, generic_kappa=False, element_layout="whole"),
+    Action(
+        "writer-ones",
+        "(ℝ,+) per row of every writer into a LayerNorm",
+        True,
+        _writer_ones_applies,
+        _writer_ones_sample,
+        writer_ones,
+        generic_kappa=False,
+        element_layout="whole",
+    ),
+    Action(
+        "reader-ones",
+        "(ℝ,+) per absorbing column of every LayerNorm reader",
+        True,
+        lambda cfg: _writer_ones_applies(cfg) and "only LayerNorm outputs have a constant response",
+        _reader_ones_sample,
+        reader_ones,
+        generic_kappa=False,
+        element_layout="whole",
+    ),
+    Action(
+        "norm-shift-absorbed",
+        "(ℝ^d,+) per affine pre-LayerNorm, readers with or without biases",
+        True,
+        _absorbed_applies,
+        _absorbed_sample,
+        norm_shift_absorbed,
+        generic_kappa=False,
+        element_layout="whole",
+    ),
+    Action(
+        "embed-offset",
+        "(ℝ^d,+) per embedding table paired with W_pos",
+        True,
+        _offset_applies,
+        _offset_sample,
+        embed_offset,
+        generic_kappa=False,
+        element_layout="whole",
+    ),
+    Action(
+        "router-offset",
+        "(ℝ^d,+) per MoE router",
+        True,
+        _router_applies,
+        _router_sample,
+        router_offset,
+        generic_kappa=False,
+    ),
+    Action(
+        "segment-shift",
+        "(ℝ^d,+) per stretch of stream with biased readers",
+        True,
+        _segment_applies,
+        _segment_sample,
+        segment_shift,
+        generic_kappa=False,
+        element_layout="whole",
+    ),
 ]

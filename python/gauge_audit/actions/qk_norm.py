@@ -46,8 +46,10 @@ def _shape(cfg: Config) -> tuple[int, ...]:
 def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
     shape = _shape(cfg)
     n = shape[-1]
-    rows = [torch.logspace(-0.5, 0.5, n, base=kappa, dtype=torch.float64)[torch.randperm(n, generator=g)]
-            for _ in range(int(torch.tensor(shape[:-1]).prod()))]
+    rows = [
+        torch.logspace(-0.5, 0.5, n, base=kappa, dtype=torch.float64)[torch.randperm(n, generator=g)]
+        for _ in range(int(torch.tensor(shape[:-1]).prod()))
+    ]
     signs = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
     c = torch.stack(rows).reshape(shape) * signs
     return Element({"c": c}, float(c.abs().max() / c.abs().min()))
@@ -71,10 +73,10 @@ def qk_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
     if (c == 0).any():
         raise GaugeAuditError("c must be non-zero")
     if cfg.qk_norm == "head":
-        c = c[:, None, :]                                   # one factor set for every KV head
+        c = c[:, None, :]  # one factor set for every KV head
     changes = {}
     for l, pre in enumerate(attn_prefixes(cfg)):
-        per_coord = torch.ones(c.shape[1], cfg.d_head, dtype=torch.float64)   # (KV heads or 1, d_head)
+        per_coord = torch.ones(c.shape[1], cfg.d_head, dtype=torch.float64)  # (KV heads or 1, d_head)
         for u, coords in enumerate(us):
             per_coord[:, list(coords)] = c[l, :, u, None]
         # the query heads of KV group j take group j's factors
@@ -85,6 +87,12 @@ def qk_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
 
 
 ACTIONS = [
-    Action("qk-norm-scale", "(ℝ≠0)^(RoPE planes + unrotated coordinates) per QK-normed layer (and KV head)", True,
-           _applies, _sample, qk_norm_scale),
+    Action(
+        "qk-norm-scale",
+        "(ℝ≠0)^(RoPE planes + unrotated coordinates) per QK-normed layer (and KV head)",
+        True,
+        _applies,
+        _sample,
+        qk_norm_scale,
+    ),
 ]

@@ -47,8 +47,7 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
             out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
     if cfg.unembed and not cfg.tied:
         out["ln_final"] = [("unembed.W_U", "unembed.b_U")]
-    return {norm: [(w, b if b in params else None) for w, b in readers if w in params]
-            for norm, readers in out.items()}
+    return {norm: [(w, b if b in params else None) for w, b in readers if w in params] for norm, readers in out.items()}
 
 
 def stream_writers(cfg: Config, params: Params) -> list[str]:
@@ -64,12 +63,16 @@ def _pre_norm_reason(cfg: Config) -> str | None:
     if cfg.family in ("attn",):
         return "the single attention layer has no norms"
     if cfg.norm_placement == "sandwich":
-        return ("a norm after every sublayer writes γ'⊙n(·) into the stream, so a rotation R would need "
-                "R·D_γ' = D_γ'·R for every post-norm weight γ' (generically only diagonal ±1; all of O(d) "
-                "only where every γ' ∝ 1, for Gemma's (1 + w) norms w = 0)")
+        return (
+            "a norm after every sublayer writes γ'⊙n(·) into the stream, so a rotation R would need "
+            "R·D_γ' = D_γ'·R for every post-norm weight γ' (generically only diagonal ±1; all of O(d) "
+            "only where every γ' ∝ 1, for Gemma's (1 + w) norms w = 0)"
+        )
     if cfg.norm_placement != "pre":
-        return ("post-LN writes γ⊙n(x)+β into the stream itself, so a rotation R would need "
-                "D_γ·R = R·D_γ' (generically impossible), and the model's output is the stream")
+        return (
+            "post-LN writes γ⊙n(x)+β into the stream itself, so a rotation R would need "
+            "D_γ·R = R·D_γ' (generically impossible), and the model's output is the stream"
+        )
     return None
 
 
@@ -120,8 +123,11 @@ def norm_scale(cfg: Config, params: Params, el: Element) -> Params:
 
 
 def _shiftable_norms(cfg: Config, params: Params) -> list[str]:
-    return [n for n, readers in norm_readers(cfg, params).items()
-            if f"{n}.b" in params and all(b is not None for _, b in readers)]
+    return [
+        n
+        for n, readers in norm_readers(cfg, params).items()
+        if f"{n}.b" in params and all(b is not None for _, b in readers)
+    ]
 
 
 def _norm_shift_applies(cfg: Config) -> str | None:
@@ -129,8 +135,7 @@ def _norm_shift_applies(cfg: Config) -> str | None:
 
 
 def _norm_shift_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
-    parts = {n: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64)
-             for n in _shiftable_norms(cfg, params)}
+    parts = {n: 0.1 * torch.randn(cfg.d_model, generator=g, dtype=torch.float64) for n in _shiftable_norms(cfg, params)}
     if not parts:
         raise GaugeAuditError("no LayerNorm in this model has readers that all carry a bias")
     return Element(parts, 1.0)
@@ -159,8 +164,9 @@ def norm_shift(cfg: Config, params: Params, el: Element) -> Params:
 # ----------------------------------------------------------------------------- stream rotation
 def _no_unembed_reason(cfg: Config) -> str | None:
     if not cfg.unembed:
-        return ("the output is the final norm's output itself (no unembedding reads it), and a stream "
-                "rotation rotates it")
+        return (
+            "the output is the final norm's output itself (no unembedding reads it), and a stream rotation rotates it"
+        )
     return None
 
 
@@ -169,15 +175,17 @@ def _rotation_applies(cfg: Config) -> str | None:
     if reason:
         return reason
     if cfg.tied and cfg.norm in AFFINE:
-        return ("tied embeddings: W_U = W_Eᵀ must become Rᵀ·W_U, but the final norm's readers need "
-                "D_γ⁻¹·Rᵀ·D_γ·W_U; both hold only if R commutes with diag(γ_final) (generically R = I)")
+        return (
+            "tied embeddings: W_U = W_Eᵀ must become Rᵀ·W_U, but the final norm's readers need "
+            "D_γ⁻¹·Rᵀ·D_γ·W_U; both hold only if R commutes with diag(γ_final) (generically R = I)"
+        )
     return None
 
 
 def _rotation_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
     d = cfg.d_model
     if cfg.norm.startswith("layernorm"):
-        r = rotation_fixing_ones(d, g)   # LayerNorm: R must fix 1
+        r = rotation_fixing_ones(d, g)  # LayerNorm: R must fix 1
     else:
         r = random_orthogonal(d, g, special=True)
     return Element({"R": r}, _rotation_kappa(cfg, params, r))
@@ -206,8 +214,9 @@ def _validate_rotation(cfg: Config, r: torch.Tensor) -> torch.Tensor:
     if cfg.norm.startswith("layernorm"):
         ones = torch.ones(cfg.d_model, dtype=torch.float64)
         if torch.linalg.vector_norm(r @ ones - ones) > 1e-10 * cfg.d_model:
-            raise GaugeAuditError("R must fix the all-ones vector: LayerNorm's mean subtraction commutes "
-                                  "only with such rotations")
+            raise GaugeAuditError(
+                "R must fix the all-ones vector: LayerNorm's mean subtraction commutes only with such rotations"
+            )
     return r
 
 
@@ -266,8 +275,9 @@ def stream_rotation_paper(cfg: Config, params: Params, el: Element) -> Params:
 def _paper_norms(cfg: Config, params: Params) -> dict[str, list[str]]:
     """Every weighted norm → the reader weights the paper's rule multiplies by Rᵀ (a tied final
     norm's reader W_Eᵀ too: W_E ↦ W_E·R makes it Rᵀ·W_U)."""
-    out = {norm: [w for w, _ in readers] for norm, readers in norm_readers(cfg, params).items()
-           if f"{norm}.w" in params}
+    out = {
+        norm: [w for w, _ in readers] for norm, readers in norm_readers(cfg, params).items() if f"{norm}.w" in params
+    }
     if cfg.unembed and cfg.tied and "ln_final.w" in params:
         out["ln_final"] = ["embed.W_E"]
     return out
@@ -281,8 +291,12 @@ def _norm_output_ignored(cfg: Config, params: Params, norm: str, readers: list[s
     parts = norm.split(".")
     if len(parts) == 3 and parts[2] == "ln1" and bool(strata.heads_ignored(cfg, params, int(parts[1])).all()):
         return "every head of the attention it feeds has W_O = 0 or W_V = 0, so the attention writes a constant"
-    if len(parts) == 3 and parts[2] == "ln2" and not cfg.experts and \
-            bool(strata.units_constant(cfg, params, int(parts[1])).all()):
+    if (
+        len(parts) == 3
+        and parts[2] == "ln2"
+        and not cfg.experts
+        and bool(strata.units_constant(cfg, params, int(parts[1])).all())
+    ):
         return "every unit of the FFN it feeds is silent or has zero input weights, so the FFN writes a constant"
     return None
 
@@ -313,24 +327,57 @@ def _paper_special(cfg: Config, params: Params, n: int, eps: float) -> Special |
     beta = " and β ∝ 1" if cfg.norm == "layernorm" else ""
     out = []
     if scalar:
-        out.append(f"γ ∝ 1{beta} in {strata.layer_names(scalar, cfg.n_layers)} (spread {defect / eps:.3g} ε), "
-                   f"so diag(γ) commutes with R{' and R fixes β' if beta else ''}: the paper's rule is "
-                   "stream-rotation here")
+        out.append(
+            f"γ ∝ 1{beta} in {strata.layer_names(scalar, cfg.n_layers)} (spread {defect / eps:.3g} ε), "
+            f"so diag(γ) commutes with R{' and R fixes β' if beta else ''}: the paper's rule is "
+            "stream-rotation here"
+        )
     if ignored:
         out.append("nothing reads the other norms' outputs (" + "; ".join(ignored) + ")")
     return Special("; ".join(out), defect)
 
 
 ACTIONS = [
-    Action("norm-scale", "(ℝ≠0)^d per weighted pre-norm", True, _norm_scale_applies, _norm_scale_sample,
-           norm_scale, element_layout="norms"),
-    Action("norm-shift", "(ℝ^d,+) per LayerNorm with biased readers", True, _norm_shift_applies,
-           _norm_shift_sample, norm_shift, generic_kappa=False, element_layout="norms"),
-    Action("stream-rotation", "O(d) (RMSNorm) / Stab(1) ≅ O(d−1) (LayerNorm) on the stream", True,
-           _rotation_applies, _rotation_sample, stream_rotation, claim="ln-affine-rotation", generic_kappa=False,
-           element_layout="shared"),
-    Action("stream-rotation-paper", "van Nierop's SO(d−1) rule with γ, β unchanged",
-           lambda cfg: cfg.norm not in AFFINE, _paper_applies,
-           _rotation_sample, stream_rotation_paper, claim="ln-affine-rotation", generic_kappa=False,
-           element_layout="shared", special=_paper_special),
+    Action(
+        "norm-scale",
+        "(ℝ≠0)^d per weighted pre-norm",
+        True,
+        _norm_scale_applies,
+        _norm_scale_sample,
+        norm_scale,
+        element_layout="norms",
+    ),
+    Action(
+        "norm-shift",
+        "(ℝ^d,+) per LayerNorm with biased readers",
+        True,
+        _norm_shift_applies,
+        _norm_shift_sample,
+        norm_shift,
+        generic_kappa=False,
+        element_layout="norms",
+    ),
+    Action(
+        "stream-rotation",
+        "O(d) (RMSNorm) / Stab(1) ≅ O(d−1) (LayerNorm) on the stream",
+        True,
+        _rotation_applies,
+        _rotation_sample,
+        stream_rotation,
+        claim="ln-affine-rotation",
+        generic_kappa=False,
+        element_layout="shared",
+    ),
+    Action(
+        "stream-rotation-paper",
+        "van Nierop's SO(d−1) rule with γ, β unchanged",
+        lambda cfg: cfg.norm not in AFFINE,
+        _paper_applies,
+        _rotation_sample,
+        stream_rotation_paper,
+        claim="ln-affine-rotation",
+        generic_kappa=False,
+        element_layout="shared",
+        special=_paper_special,
+    ),
 ]

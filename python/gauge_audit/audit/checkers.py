@@ -28,7 +28,7 @@ class Context:
     device: str = "cpu"
     full: bool = False
     models: dict[str, Model] = field(default_factory=dict)
-    lake: dict = field(default_factory=dict)   # cached `lake build` outcome
+    lake: dict = field(default_factory=dict)  # cached `lake build` outcome
     cache: dict = field(default_factory=dict)  # checker-specific shared results (error study, ...)
 
     def model(self, name: str) -> Model:
@@ -45,8 +45,13 @@ def lean(claim: Claim, ctx: Context) -> Evidence:
     names = ", ".join(t.name.split(".")[-1] for t in thms)
     details: dict[str, Any] = {"theorems": [t.name for t in thms], "files": sorted({t.file for t in thms})}
     if formal.lake_path() is None:
-        return Evidence("lean", NOT_RUN, f"{len(thms)} theorem(s) ({names}); not machine-checked here: "
-                        "`lake` is not on PATH (CI workflow .github/workflows/lean.yml checks them)", details)
+        return Evidence(
+            "lean",
+            NOT_RUN,
+            f"{len(thms)} theorem(s) ({names}); not machine-checked here: "
+            "`lake` is not on PATH (CI workflow .github/workflows/lean.yml checks them)",
+            details,
+        )
     if "result" not in ctx.lake:
         try:
             proc = formal.lake_build()
@@ -55,12 +60,23 @@ def lean(claim: Claim, ctx: Context) -> Evidence:
             ctx.lake["result"] = (-1, str(exc))
     rc, log = ctx.lake["result"]
     if rc != 0:
-        return Evidence("lean", ERROR, f"`lake build` failed (exit {rc}); {len(thms)} theorem(s) unchecked",
-                        {**details, "log_tail": log})
+        return Evidence(
+            "lean",
+            ERROR,
+            f"`lake build` failed (exit {rc}); {len(thms)} theorem(s) unchecked",
+            {**details, "log_tail": log},
+        )
     roles = {t.roles.get(claim.id, "establishes") for t in thms}
     details["roles"] = {t.name: t.roles.get(claim.id, "establishes") for t in thms}
-    outcome = (CORRECTED if "corrects" in roles else FAILS if "refutes" in roles
-               else HOLDS if "establishes" in roles else UNDECIDED)
+    outcome = (
+        CORRECTED
+        if "corrects" in roles
+        else FAILS
+        if "refutes" in roles
+        else HOLDS
+        if "establishes" in roles
+        else UNDECIDED
+    )
     return Evidence("lean", outcome, f"`lake build` checked {len(thms)} theorem(s): {names}", details)
 
 
@@ -74,9 +90,14 @@ def symbolic(claim: Claim, ctx: Context) -> Evidence:
     summary = f"derived: {d.derived}" if d.derived else "derivation done"
     if d.residual not in ("", "0"):
         summary += f"; residual of the claimed rule: {d.residual}"
-    return Evidence("symbolic", d.verdict, summary, {"derived": d.derived, "residual": d.residual,
-                                                      "steps": list(d.steps), "data": _jsonable(d.data)},
-                    corrected_rule=d.corrected_rule, counterexample=d.counterexample)
+    return Evidence(
+        "symbolic",
+        d.verdict,
+        summary,
+        {"derived": d.derived, "residual": d.residual, "steps": list(d.steps), "data": _jsonable(d.data)},
+        corrected_rule=d.corrected_rule,
+        counterexample=d.counterexample,
+    )
 
 
 def _jsonable(x):
@@ -100,8 +121,11 @@ def _candidates(claim: Claim) -> list[str]:
 
 def torch_models(claim: Claim) -> list[str]:
     action = get_action(claim.action)
-    return [m for m in _candidates(claim)
-            if action.applies(config_of(m)) is None and matches_params(config_of(m), claim.params)]
+    return [
+        m
+        for m in _candidates(claim)
+        if action.applies(config_of(m)) is None and matches_params(config_of(m), claim.params)
+    ]
 
 
 def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
@@ -115,26 +139,43 @@ def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
 
 
 def torch(claim: Claim, ctx: Context) -> Evidence:
-    if claim.id in EXPERIMENTS and not claim.action and claim.file.startswith("claims/") \
-            and "/examples/" not in claim.file:
+    if (
+        claim.id in EXPERIMENTS
+        and not claim.action
+        and claim.file.startswith("claims/")
+        and "/examples/" not in claim.file
+    ):
         # a catalog claim settled by an experiment (several actions, enumerations, losses); a user's
         # claim that happens to reuse the id is not
         f = EXPERIMENTS[claim.id](ctx.seed, ctx.full)
-        return Evidence("torch", f.outcome, f.summary, _jsonable(f.details), corrected_rule=f.corrected_rule,
-                        counterexample=f.counterexample)
+        return Evidence(
+            "torch",
+            f.outcome,
+            f.summary,
+            _jsonable(f.details),
+            corrected_rule=f.corrected_rule,
+            counterexample=f.counterexample,
+        )
     if not claim.action:
         return Evidence("torch", NOT_APPLICABLE, "the claim names no gauge action")
     models = torch_models(claim)
     if not models:
-        return Evidence("torch", NOT_APPLICABLE, f"action {claim.action} applies to no reference model matching "
-                                                 f"the claim's parameters")
+        return Evidence(
+            "torch",
+            NOT_APPLICABLE,
+            f"action {claim.action} applies to no reference model matching the claim's parameters",
+        )
     results = [check(ctx.model(m), claim.action, seed=ctx.seed) for m in models]
     rows = [_row(r) for r in results]
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
     worst = max(results, key=lambda r: r.max_rel_error)
-    details: dict[str, Any] = {"action": claim.action, "expected_by_source": want, "results": rows,
-               "real_weights": [m for m in models if m in REAL or m in UNTIED]}
+    details: dict[str, Any] = {
+        "action": claim.action,
+        "expected_by_source": want,
+        "results": rows,
+        "real_weights": [m for m in models if m in REAL or m in UNTIED],
+    }
     excluded = _real_excluded(claim, models)
     if excluded:
         details["real_not_applicable"] = excluded
@@ -142,33 +183,50 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
         return Evidence("torch", ERROR, "top-k routing changed under a true action", details)
     real = f" (real weights: {', '.join(details['real_weights'])})" if details["real_weights"] else ""
     if measured == {want}:
-        summary = (f"{claim.action} {want} on {len(models)} model(s){real} as claimed; max error "
-                   f"{worst.max_rel_error:.2e} ({worst.residual_eps:.3g} ε) vs tol {worst.tolerance_statistical_eps:.3g} "
-                   f"ε statistical, {worst.tolerance_eps:.3g} ε worst-case")
+        summary = (
+            f"{claim.action} {want} on {len(models)} model(s){real} as claimed; max error "
+            f"{worst.max_rel_error:.2e} ({worst.residual_eps:.3g} ε) vs tol {worst.tolerance_statistical_eps:.3g} "
+            f"ε statistical, {worst.tolerance_eps:.3g} ε worst-case"
+        )
         weak = [r.model for r in results if r.verdict == HOLDS_WORST_CASE_ONLY]
         if weak:
-            summary += (f"; within the worst-case bound only on {', '.join(weak)} (an error larger than independent "
-                        "roundings explain)")
+            summary += (
+                f"; within the worst-case bound only on {', '.join(weak)} (an error larger than independent "
+                "roundings explain)"
+            )
         if want == "FAILS" and claim.corrected_action:
             fix = _corrected(claim, ctx, models, details)
             if fix is not None:
-                return Evidence("torch", CORRECTED, summary + f"; but {fix}", details,
-                                corrected_rule=_first_line(get_action(claim.corrected_action).doc))
+                return Evidence(
+                    "torch",
+                    CORRECTED,
+                    summary + f"; but {fix}",
+                    details,
+                    corrected_rule=_first_line(get_action(claim.corrected_action).doc),
+                )
         return Evidence("torch", HOLDS, summary, details)
     if len(measured) > 1:
         return Evidence("torch", UNDECIDED, f"{claim.action} holds on some models and fails on others", details)
     bad = worst if want == "HOLDS" else min(results, key=lambda r: r.max_rel_error)
-    counter = (f"{bad.model}, seed {bad.seed}: {claim.action} changes the output by {bad.max_rel_error:.3e} relative"
-               if want == "HOLDS" else
-               f"{bad.model}, seed {bad.seed}: {claim.action} leaves the output unchanged to "
-               f"{bad.residual_eps:.3g} ε (tol {bad.tolerance_statistical_eps:.3g} ε statistical, "
-               f"{bad.tolerance_eps:.3g} ε worst-case)")
+    counter = (
+        f"{bad.model}, seed {bad.seed}: {claim.action} changes the output by {bad.max_rel_error:.3e} relative"
+        if want == "HOLDS"
+        else f"{bad.model}, seed {bad.seed}: {claim.action} leaves the output unchanged to "
+        f"{bad.residual_eps:.3g} ε (tol {bad.tolerance_statistical_eps:.3g} ε statistical, "
+        f"{bad.tolerance_eps:.3g} ε worst-case)"
+    )
     summary = f"{claim.action} {bad.verdict} on {len(models)} model(s), the source says {want}: {counter}"
     if claim.corrected_action and want == "HOLDS":
         fix = _corrected(claim, ctx, models, details)
         if fix is not None:
-            return Evidence("torch", CORRECTED, summary + f"; {fix}", details,
-                            corrected_rule=_first_line(get_action(claim.corrected_action).doc), counterexample=counter)
+            return Evidence(
+                "torch",
+                CORRECTED,
+                summary + f"; {fix}",
+                details,
+                corrected_rule=_first_line(get_action(claim.corrected_action).doc),
+                counterexample=counter,
+            )
     return Evidence("torch", FAILS, summary, details, counterexample=counter)
 
 
@@ -181,16 +239,25 @@ def _corrected(claim: Claim, ctx: Context, models: list[str], details: dict) -> 
     details["corrected"] = [_row(r) for r in fixed]
     if all(r.holds for r in fixed):
         worst = max(fixed, key=lambda r: r.max_rel_error)
-        return (f"the corrected rule {fix.name} {worst.verdict} on {len(usable)} model(s) "
-                f"(max {worst.residual_eps:.3g} ε; tol {worst.tolerance_statistical_eps:.3g} ε statistical, "
-                f"{worst.tolerance_eps:.3g} ε worst-case)")
+        return (
+            f"the corrected rule {fix.name} {worst.verdict} on {len(usable)} model(s) "
+            f"(max {worst.residual_eps:.3g} ε; tol {worst.tolerance_statistical_eps:.3g} ε statistical, "
+            f"{worst.tolerance_eps:.3g} ε worst-case)"
+        )
     return None
 
 
 def _row(r) -> dict:
-    return {"model": r.model, "verdict": r.verdict, "max_rel_error": r.max_rel_error,
-            "residual_eps": r.residual_eps, "tolerance_statistical_eps": r.tolerance_statistical_eps,
-            "tolerance_eps": r.tolerance_eps, "kappa": r.kappa, "routing_changed": r.routing_changed}
+    return {
+        "model": r.model,
+        "verdict": r.verdict,
+        "max_rel_error": r.max_rel_error,
+        "residual_eps": r.residual_eps,
+        "tolerance_statistical_eps": r.tolerance_statistical_eps,
+        "tolerance_eps": r.tolerance_eps,
+        "kappa": r.kappa,
+        "routing_changed": r.routing_changed,
+    }
 
 
 def _first_line(doc: str) -> str:
@@ -209,8 +276,9 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
             ctx.cache["error_study"] = True  # the report plots it
         outcome = v.verdict if v.verdict in (HOLDS, FAILS, CORRECTED) else UNDECIDED
         counter = v.summary if outcome == FAILS else None
-        return Evidence("precision", outcome, v.summary, _jsonable(v.evidence), corrected_rule=v.corrected,
-                        counterexample=counter)
+        return Evidence(
+            "precision", outcome, v.summary, _jsonable(v.evidence), corrected_rule=v.corrected, counterexample=counter
+        )
     if not claim.action:
         return Evidence("precision", NOT_APPLICABLE, "no high-precision check for this claim and no action named")
     # A user's claim: the named action at dps 30/50/100 on its default tiny model.
@@ -218,11 +286,16 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
     want = HOLDS if claim.expected == "holds" else FAILS
     res = ", ".join(f"dps {x.dps}: {x.residual:.2e}" for x in r.residuals)
     outcome = HOLDS if r.verdict == want else FAILS
-    return Evidence("precision", outcome, f"{claim.action} on {r.model} {r.verdict} ({res}); the source says {want}",
-                    _jsonable(r.to_json()))
+    return Evidence(
+        "precision",
+        outcome,
+        f"{claim.action} on {r.model} {r.verdict} ({res}); the source says {want}",
+        _jsonable(r.to_json()),
+    )
 
 
 def nullity(claim: Claim, ctx: Context) -> Evidence:
     """Jacobian nullity of small models, explained by symmetry families (see nullity_checks)."""
     from .nullity_checks import nullity as run
+
     return run(claim, ctx)

@@ -27,9 +27,9 @@ CHECKERS = ("lean", "symbolic", "precision", "torch", "nullity")
 @dataclass
 class Evidence:
     checker: str
-    outcome: str                       # one of DECIDING or NOT_RUN / NOT_APPLICABLE / UNDECIDED / ERROR
-    summary: str                       # one line for the verdict table
-    details: dict = field(default_factory=dict)   # numbers; JSON-able and deterministic for a seed
+    outcome: str  # one of DECIDING or NOT_RUN / NOT_APPLICABLE / UNDECIDED / ERROR
+    summary: str  # one line for the verdict table
+    details: dict = field(default_factory=dict)  # numbers; JSON-able and deterministic for a seed
     corrected_rule: str | None = None
     counterexample: str | None = None
 
@@ -66,10 +66,12 @@ def combine(evidence: list[Evidence]) -> Verdict:
         return Verdict(UNDECIDED, "checkers disagree", conflicts, corrected, counter)
     names = ", ".join(e.checker for e in deciding)
     if fixed:
-        refinements = [f"{h.checker} says HOLDS for the part it tests; {f.checker} says {CORRECTED}"
-                       for h in holds for f in fixed]
-        return Verdict(CORRECTED, f"not right as stated; corrected rule established ({names})", [], corrected,
-                       counter, refinements)
+        refinements = [
+            f"{h.checker} says HOLDS for the part it tests; {f.checker} says {CORRECTED}" for h in holds for f in fixed
+        ]
+        return Verdict(
+            CORRECTED, f"not right as stated; corrected rule established ({names})", [], corrected, counter, refinements
+        )
     if holds:
         return Verdict(HOLDS, f"decided by {names}", [], None, None)
     return Verdict(FAILS, f"refuted by {names}", [], None, counter)

@@ -29,8 +29,9 @@ def error_study_plot(ctx: Context) -> bytes | None:
 
 
 def nullity_reports(ctx: Context) -> list:
-    return [v for k, v in sorted(ctx.cache.items(), key=lambda kv: str(kv[0])) if isinstance(k, tuple)
-            and k[0] == "nullity"]
+    return [
+        v for k, v in sorted(ctx.cache.items(), key=lambda kv: str(kv[0])) if isinstance(k, tuple) and k[0] == "nullity"
+    ]
 
 
 def nullity_spectra_plot(ctx: Context) -> bytes | None:
@@ -39,6 +40,7 @@ def nullity_spectra_plot(ctx: Context) -> bytes | None:
     if not reports:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -57,7 +59,7 @@ def nullity_spectra_plot(ctx: Context) -> bytes | None:
         ax.set_xlabel(f"singular value index i\n{describe(r.cfg)}", fontsize=7)
         ax.set_ylabel("σ_i / σ_1", fontsize=8)
         ax.legend(fontsize=7, loc="lower left")
-    for ax in list(axes.flat)[len(reports):]:
+    for ax in list(axes.flat)[len(reports) :]:
         ax.axis("off")
     fig.suptitle("Jacobian singular values (relative); the gap marks the symmetry dimension", fontsize=11)
     fig.tight_layout()
@@ -78,17 +80,47 @@ def nullity_table(ctx: Context) -> dict | None:
     for r in reports:
         j = r.to_json()
         pc = j["paper_counts"]
-        rows.append([f"{r.cfg.family} {describe(r.cfg)}", j["params"], r.measured_nullity, r.explained,
-                     r.unexplained, f"{j['gap_ratio']:.2g}", pc["mgs"], pc["mgs-variant"], pc["van-nierop"],
-                     pc["wiki-gqa"], round(pc["wiki-log-hfact"], 2), r.functional_dimension, round(r.fdof_bound, 1),
-                     ", ".join(f"{k} {v}" for k, v in r.family_dims().items())])
-    return {"title": "Symmetry dimension: measured (Jacobian nullity) vs the papers' counts",
-            "note": "Each row is one small configuration at a generic point (seeded). mgs = Σ_l h(d_k²+d_v²); "
-                    "mgs-variant = the paper's RoPE/GQA variant; van-nierop = eq. (17); wiki-gqa = n_q·d_k² + "
-                    "n_kv·d_v²; wiki-log-hfact = h(d_k²+d_v²) + log h!. fdof = P − nullity vs the wiki's P/log P.",
-            "columns": ["configuration", "P", "nullity", "explained", "unexplained", "gap", "mgs", "mgs-variant",
-                        "van-nierop", "wiki-gqa", "wiki-log-hfact", "fdof", "P/log P", "families (dimension)"],
-            "rows": rows}
+        rows.append(
+            [
+                f"{r.cfg.family} {describe(r.cfg)}",
+                j["params"],
+                r.measured_nullity,
+                r.explained,
+                r.unexplained,
+                f"{j['gap_ratio']:.2g}",
+                pc["mgs"],
+                pc["mgs-variant"],
+                pc["van-nierop"],
+                pc["wiki-gqa"],
+                round(pc["wiki-log-hfact"], 2),
+                r.functional_dimension,
+                round(r.fdof_bound, 1),
+                ", ".join(f"{k} {v}" for k, v in r.family_dims().items()),
+            ]
+        )
+    return {
+        "title": "Symmetry dimension: measured (Jacobian nullity) vs the papers' counts",
+        "note": "Each row is one small configuration at a generic point (seeded). mgs = Σ_l h(d_k²+d_v²); "
+        "mgs-variant = the paper's RoPE/GQA variant; van-nierop = eq. (17); wiki-gqa = n_q·d_k² + "
+        "n_kv·d_v²; wiki-log-hfact = h(d_k²+d_v²) + log h!. fdof = P − nullity vs the wiki's P/log P.",
+        "columns": [
+            "configuration",
+            "P",
+            "nullity",
+            "explained",
+            "unexplained",
+            "gap",
+            "mgs",
+            "mgs-variant",
+            "van-nierop",
+            "wiki-gqa",
+            "wiki-log-hfact",
+            "fdof",
+            "P/log P",
+            "families (dimension)",
+        ],
+        "rows": rows,
+    }
 
 
 def counts_table() -> dict:
@@ -100,17 +132,31 @@ def counts_table() -> dict:
         b = counts.corrected_count(a)
         dv = a.d_v or a.d_k
         g = a.n_kv_heads or a.n_heads
-        rows.append([a.name, int(counts.mgs_model_dim(a.n_layers, a.n_heads, a.d_k, dv)),
-                     int(a.n_layers * counts.mgs_gqa_layer_dim(g, a.d_k, dv, rope=a.rope)),
-                     int(counts.nierop_redundancy(a.n_layers, a.n_heads, a.d_k, a.d_model)),
-                     int(b.established), int(b.total)])
-    return {"title": "Redundancy counts at scale: the papers' formulas vs the corrected count",
-            "note": "corrected = every continuous family the theory establishes for the architecture (biases, "
-                    "norms, stream rotation only where it exists — not with tied embeddings and an affine final "
-                    "norm); total adds the parts marked conjecture in gauge_audit.symbolic.counts.",
-            "columns": ["architecture", "mgs G_Model", "mgs variant (RoPE/GQA)", "van Nierop eq. 17",
-                        "corrected (established)", "corrected (total)"],
-            "rows": rows}
+        rows.append(
+            [
+                a.name,
+                int(counts.mgs_model_dim(a.n_layers, a.n_heads, a.d_k, dv)),
+                int(a.n_layers * counts.mgs_gqa_layer_dim(g, a.d_k, dv, rope=a.rope)),
+                int(counts.nierop_redundancy(a.n_layers, a.n_heads, a.d_k, a.d_model)),
+                int(b.established),
+                int(b.total),
+            ]
+        )
+    return {
+        "title": "Redundancy counts at scale: the papers' formulas vs the corrected count",
+        "note": "corrected = every continuous family the theory establishes for the architecture (biases, "
+        "norms, stream rotation only where it exists — not with tied embeddings and an affine final "
+        "norm); total adds the parts marked conjecture in gauge_audit.symbolic.counts.",
+        "columns": [
+            "architecture",
+            "mgs G_Model",
+            "mgs variant (RoPE/GQA)",
+            "van Nierop eq. 17",
+            "corrected (established)",
+            "corrected (total)",
+        ],
+        "rows": rows,
+    }
 
 
 def collect(ctx: Context) -> tuple[dict[str, bytes], dict]:

@@ -48,28 +48,53 @@ def _want_holds(claim: Claim) -> bool:
     return claim.expected == "holds"
 
 
-def _decide(checker: str, claim: Claim, stated_holds: bool, summary: str, details: dict,
-            corrected_holds: bool | None = None, corrected_text: str | None = None,
-            counter: str | None = None, search_note: str = "") -> Evidence:
+def _decide(
+    checker: str,
+    claim: Claim,
+    stated_holds: bool,
+    summary: str,
+    details: dict,
+    corrected_holds: bool | None = None,
+    corrected_text: str | None = None,
+    counter: str | None = None,
+    search_note: str = "",
+) -> Evidence:
     want = _want_holds(claim)
     if stated_holds != want and want and not corrected_holds:
         summary += search_note
     if stated_holds == want:
         return Evidence(checker, HOLDS, summary, details)
     if not want:
-        return Evidence(checker, FAILS, summary + "; the source says it is not a symmetry", details,
-                        counterexample=counter or summary)
+        return Evidence(
+            checker,
+            FAILS,
+            summary + "; the source says it is not a symmetry",
+            details,
+            counterexample=counter or summary,
+        )
     if corrected_holds and claim.kind == "symmetry":
-        return Evidence(checker, CORRECTED, summary + f"; the corrected rule holds ({corrected_text})", details,
-                        corrected_rule=corrected_text, counterexample=counter)
+        return Evidence(
+            checker,
+            CORRECTED,
+            summary + f"; the corrected rule holds ({corrected_text})",
+            details,
+            corrected_rule=corrected_text,
+            counterexample=counter,
+        )
     if corrected_holds:
         summary += f"; the corrected rule {corrected_text} holds, but the claim asserts the rule itself"
-    return Evidence(checker, FAILS, summary, details, corrected_rule=corrected_text if corrected_holds else None,
-                    counterexample=counter or summary)
+    return Evidence(
+        checker,
+        FAILS,
+        summary,
+        details,
+        corrected_rule=corrected_text if corrected_holds else None,
+        counterexample=counter or summary,
+    )
 
 
-SECONDS_KEY = "rule-symbolic-seconds"    # ctx.cache: the symbolic searches' budget per claim (default SYMBOLIC_SECONDS)
-DEADLINE_KEY = "audit-deadline"          # ctx.cache: time.monotonic() at which the whole audit's budget ends
+SECONDS_KEY = "rule-symbolic-seconds"  # ctx.cache: the symbolic searches' budget per claim (default SYMBOLIC_SECONDS)
+DEADLINE_KEY = "audit-deadline"  # ctx.cache: time.monotonic() at which the whole audit's budget ends
 
 
 def search_budget(ctx) -> Budget:
@@ -84,8 +109,9 @@ def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
     if key not in ctx.cache:
         models, _ = rule_models(claim)
         try:
-            ctx.cache[key] = rsym.check(_rule(claim), [config_of(m) for m in models], search_budget(ctx)) \
-                if models else None
+            ctx.cache[key] = (
+                rsym.check(_rule(claim), [config_of(m) for m in models], search_budget(ctx)) if models else None
+            )
         except NotApplicable:
             ctx.cache[key] = None
     return ctx.cache[key]
@@ -102,8 +128,11 @@ def _search_note(claim: Claim, ctx) -> str:
     if d is None or d.verdict_holds or d.corrected is not None:
         return ""
     cut = [c for c in d.budget_cut if c.startswith("no correction")]
-    return f"; {cut[0]}" if cut else f"; no correction found ({len(d.search)} slot(s) tried, every one within the " \
-                                     "search's size limits)"
+    return (
+        f"; {cut[0]}"
+        if cut
+        else f"; no correction found ({len(d.search)} slot(s) tried, every one within the search's size limits)"
+    )
 
 
 # ----------------------------------------------------------------------------- symbolic
@@ -115,8 +144,14 @@ def symbolic(claim: Claim, ctx) -> Evidence:
     quant = ", ".join(f"{k} {'invariant' if v else 'NOT invariant'}" for k, v in q.items())
     details = {**d.to_json(), "quantities": q}
     if d.verdict_holds:
-        return _decide("symbolic", claim, True, f"exact at generic elements on {len(d.per_arch)} block(s): {quant}",
-                       details, counter="the rule leaves scores, attention output and block output unchanged")
+        return _decide(
+            "symbolic",
+            claim,
+            True,
+            f"exact at generic elements on {len(d.per_arch)} block(s): {quant}",
+            details,
+            counter="the rule leaves scores, attention output and block output unchanged",
+        )
     summary = f"{quant}"
     if d.condition:
         summary += f"; {d.condition}"
@@ -126,15 +161,23 @@ def symbolic(claim: Claim, ctx) -> Evidence:
         summary += f"; {cut}"
     if not d.corrected_text and not any(c.startswith("no correction") for c in d.budget_cut) and _want_holds(claim):
         summary += f"; no correction found ({len(d.search)} slot(s) tried within the search's size limits)"
-    return _decide("symbolic", claim, False, summary, details, d.corrected is not None, d.corrected_text,
-                   d.counterexample)
+    return _decide(
+        "symbolic", claim, False, summary, details, d.corrected is not None, d.corrected_text, d.counterexample
+    )
 
 
 # ----------------------------------------------------------------------------- torch
 def _row(r) -> dict:
-    return {"model": r.model, "verdict": r.verdict, "max_rel_error": r.max_rel_error, "residual_eps": r.residual_eps,
-            "tolerance_statistical_eps": r.tolerance_statistical_eps, "tolerance_eps": r.tolerance_eps,
-            "kappa": r.kappa, "routing_changed": r.routing_changed}
+    return {
+        "model": r.model,
+        "verdict": r.verdict,
+        "max_rel_error": r.max_rel_error,
+        "residual_eps": r.residual_eps,
+        "tolerance_statistical_eps": r.tolerance_statistical_eps,
+        "tolerance_eps": r.tolerance_eps,
+        "kappa": r.kappa,
+        "routing_changed": r.routing_changed,
+    }
 
 
 def _run(rule, names, ctx, label) -> list:
@@ -144,26 +187,43 @@ def _run(rule, names, ctx, label) -> list:
 def torch(claim: Claim, ctx) -> Evidence:
     models, skipped = rule_models(claim)
     if not models:
-        return Evidence("torch", NOT_APPLICABLE, "the rule applies to no reference model matching the claim's params",
-                        {"not_applicable": skipped})
+        return Evidence(
+            "torch",
+            NOT_APPLICABLE,
+            "the rule applies to no reference model matching the claim's params",
+            {"not_applicable": skipped},
+        )
     results = _run(claim.rule, models, ctx, claim.id)
     measured = {r.holds for r in results}
     details = {"results": [_row(r) for r in results], "not_applicable": skipped}
     if len(measured) > 1:
         good = [r.model for r in results if r.holds]
         bad = [r.model for r in results if not r.holds]
-        return Evidence("torch", UNDECIDED, f"the rule holds on {', '.join(good)} but fails on {', '.join(bad)} "
-                        "(restrict params to the architectures the claim is about)", details)
+        return Evidence(
+            "torch",
+            UNDECIDED,
+            f"the rule holds on {', '.join(good)} but fails on {', '.join(bad)} "
+            "(restrict params to the architectures the claim is about)",
+            details,
+        )
     worst = max(results, key=lambda r: r.max_rel_error)
     holds = measured == {True}
-    summary = (f"rule {'HOLDS' if holds else 'FAILS'} on {len(results)} model(s); max error {worst.max_rel_error:.2e} "
-               f"({worst.residual_eps:.3g} ε, κ {worst.kappa:.3g}) vs tol {worst.tolerance_statistical_eps:.3g} ε "
-               f"statistical, {worst.tolerance_eps:.3g} ε worst-case")
+    summary = (
+        f"rule {'HOLDS' if holds else 'FAILS'} on {len(results)} model(s); max error {worst.max_rel_error:.2e} "
+        f"({worst.residual_eps:.3g} ε, κ {worst.kappa:.3g}) vs tol {worst.tolerance_statistical_eps:.3g} ε "
+        f"statistical, {worst.tolerance_eps:.3g} ε worst-case"
+    )
     weak = [r.model for r in results if r.verdict == HOLDS_WORST_CASE_ONLY]
     if weak:
         summary += f"; within the worst-case bound only on {', '.join(weak)}"
-    counter = None if holds else (f"{worst.model}, seed {worst.seed}: the rule changes the output by "
-                                  f"{worst.max_rel_error:.3e} relative ({worst.residual_eps:.3g} ε)")
+    counter = (
+        None
+        if holds
+        else (
+            f"{worst.model}, seed {worst.seed}: the rule changes the output by "
+            f"{worst.max_rel_error:.3e} relative ({worst.residual_eps:.3g} ε)"
+        )
+    )
     corr, text = (None, None) if holds else _corrected(claim, ctx)
     corr_ok = None
     if corr is not None:
@@ -177,13 +237,15 @@ def torch(claim: Claim, ctx) -> Evidence:
             if corr_ok:
                 w = max(fixed, key=lambda r: r.max_rel_error)
                 details["corrected_summary"] = f"max {w.residual_eps:.3g} ε (tol {w.tolerance_statistical_eps:.3g} ε)"
-    return _decide("torch", claim, holds, summary, details, corr_ok, text, counter,
-                   "" if holds else _search_note(claim, ctx))
+    return _decide(
+        "torch", claim, holds, summary, details, corr_ok, text, counter, "" if holds else _search_note(claim, ctx)
+    )
 
 
 # ----------------------------------------------------------------------------- precision
 def precision(claim: Claim, ctx) -> Evidence:
     from ..rules import precision as rp
+
     models, _ = rule_models(claim)
     tiny = [m for m in models if m != "minilm"]
     if not tiny:
@@ -191,17 +253,19 @@ def precision(claim: Claim, ctx) -> Evidence:
     corr, text = _corrected(claim, ctx)
     r = rp.check(_rule(claim), rp.default_model(_rule(claim), tiny), seed=ctx.seed, corrected=corr)
     if r.verdict == "INCONCLUSIVE":
-        return Evidence("precision", UNDECIDED, f"residuals neither within κ·L·K·u nor O(1) on {r.model}",
-                        r.to_json())
+        return Evidence("precision", UNDECIDED, f"residuals neither within κ·L·K·u nor O(1) on {r.model}", r.to_json())
     res = ", ".join(f"dps {x.dps}: {x.residual:.2e} (bound {x.bound:.1e})" for x in r.residuals)
     summary = f"rule {r.verdict} on {r.model} ({res})"
     counter = None
     if r.certificate:
         c = r.certificate
-        summary += (f"; certified: y′−y ∈ [{c['interval'][0]}, {c['interval'][1]}] excludes 0 "
-                    f"({c['entries_excluding_zero']}/{c['entries']} entries, {c['model']})")
-        counter = f"{c['model']}, {c['element']}: output entry {tuple(c['entry'])} ∈ [{c['interval'][0]}, " \
-                  f"{c['interval'][1]}]"
+        summary += (
+            f"; certified: y′−y ∈ [{c['interval'][0]}, {c['interval'][1]}] excludes 0 "
+            f"({c['entries_excluding_zero']}/{c['entries']} entries, {c['model']})"
+        )
+        counter = (
+            f"{c['model']}, {c['element']}: output entry {tuple(c['entry'])} ∈ [{c['interval'][0]}, {c['interval'][1]}]"
+        )
         if c.get("control_rule"):
             summary += f"; corrected rule on the same data: every interval contains 0: {c['control_contains_zero']}"
     corr_ok = None
@@ -211,21 +275,38 @@ def precision(claim: Claim, ctx) -> Evidence:
             corr_ok = rc.verdict == "HOLDS"
         except NotApplicable:
             corr_ok = None
-    return _decide("precision", claim, r.verdict == "HOLDS", summary, r.to_json(), corr_ok, text, counter,
-                   "" if r.verdict == "HOLDS" else _search_note(claim, ctx))
+    return _decide(
+        "precision",
+        claim,
+        r.verdict == "HOLDS",
+        summary,
+        r.to_json(),
+        corr_ok,
+        text,
+        counter,
+        "" if r.verdict == "HOLDS" else _search_note(claim, ctx),
+    )
 
 
 # ----------------------------------------------------------------------------- nullity
 def nullity(claim: Claim, ctx) -> Evidence:
     from ..rules import nullity as rn
     from .nullity_checks import DEFAULT, FULL_ONLY, _analyze, configs
+
     if not any(e.continuous for e in _rule(claim).elements):
         return Evidence("nullity", NOT_APPLICABLE, "a finite group (permutations) has no generators")
     cands = [(n, c) for n, c in configs().items() if n in DEFAULT + (FULL_ONLY if ctx.full else ())]
     from ..models import FAMILIES
     from ..rules.torch_check import reason
-    pick = next(((n, c) for n, c in cands if _matches(c, claim.params)
-                 and reason(_rule(claim), c, FAMILIES[c.family].param_shapes(c)) is None), None)
+
+    pick = next(
+        (
+            (n, c)
+            for n, c in cands
+            if _matches(c, claim.params) and reason(_rule(claim), c, FAMILIES[c.family].param_shapes(c)) is None
+        ),
+        None,
+    )
     if pick is None:
         return Evidence("nullity", NOT_APPLICABLE, "no small nullity configuration matches the claim and the rule")
     report = _analyze(ctx, pick[0])
@@ -234,13 +315,18 @@ def nullity(claim: Claim, ctx) -> Evidence:
     except NotApplicable as exc:
         return Evidence("nullity", NOT_APPLICABLE, str(exc))
     where = ", ".join(r.contained_in) if r.contained_in else "the union of the explained families"
-    summary = (f"{r.config}: {r.generators} generators (rank {r.rank}) "
-               + (f"flat (max ‖J·v‖/(‖v‖·‖J‖_F) = {r.max_residual_rel:.1e} ≤ {r.tolerance_rel:.1e})" if r.flat else
-                  f"NOT flat (max ‖J·v‖/(‖v‖·‖J‖_F) = {r.max_residual_rel:.2e} > {r.tolerance_rel:.1e})"))
+    summary = f"{r.config}: {r.generators} generators (rank {r.rank}) " + (
+        f"flat (max ‖J·v‖/(‖v‖·‖J‖_F) = {r.max_residual_rel:.1e} ≤ {r.tolerance_rel:.1e})"
+        if r.flat
+        else f"NOT flat (max ‖J·v‖/(‖v‖·‖J‖_F) = {r.max_residual_rel:.2e} > {r.tolerance_rel:.1e})"
+    )
     if r.flat:
-        summary += (f"; {r.new_directions} new direction(s) beyond the explained families (unexplained nullity "
-                    f"{r.unexplained_before} → {r.unexplained_after})" if r.new_directions else
-                    f"; nothing new: inside {where} (measured nullity {r.measured_nullity} = explained {r.explained})")
+        summary += (
+            f"; {r.new_directions} new direction(s) beyond the explained families (unexplained nullity "
+            f"{r.unexplained_before} → {r.unexplained_after})"
+            if r.new_directions
+            else f"; nothing new: inside {where} (measured nullity {r.measured_nullity} = explained {r.explained})"
+        )
     corr, text = (None, None) if r.flat else _corrected(claim, ctx)
     corr_ok = None
     if corr is not None:
@@ -248,13 +334,25 @@ def nullity(claim: Claim, ctx) -> Evidence:
             corr_ok = rn.check(corr, report, seed=ctx.seed).flat
         except NotApplicable:
             corr_ok = None
-    return _decide("nullity", claim, r.flat, summary, r.to_json(), corr_ok, text,
-                   None if r.flat else summary, "" if r.flat else _search_note(claim, ctx))
+    return _decide(
+        "nullity",
+        claim,
+        r.flat,
+        summary,
+        r.to_json(),
+        corr_ok,
+        text,
+        None if r.flat else summary,
+        "" if r.flat else _search_note(claim, ctx),
+    )
 
 
 def lean(claim: Claim, ctx) -> Evidence:
-    return Evidence("lean", NOT_RUN, "a rule from a claim file has no Lean theorem (Lean evidence exists for the "
-                                     "built-in catalog's claims only)")
+    return Evidence(
+        "lean",
+        NOT_RUN,
+        "a rule from a claim file has no Lean theorem (Lean evidence exists for the built-in catalog's claims only)",
+    )
 
 
 RULE_CHECKERS = {"symbolic": symbolic, "torch": torch, "precision": precision, "nullity": nullity, "lean": lean}

@@ -26,10 +26,19 @@ class ClaimResult:
         rule = {"rule": c.rule.text()} if c.rule is not None else {}
         return {
             **rule,
-            "id": c.id, "document": c.document.title, "source": c.source, "location": c.location,
-            "statement": c.statement, "kind": c.kind, "file": c.file, "line": c.line,
-            "verdict": self.verdict.verdict, "why": self.verdict.why, "conflicts": self.verdict.conflicts,
-            "corrected_rule": self.verdict.corrected_rule, "counterexample": self.verdict.counterexample,
+            "id": c.id,
+            "document": c.document.title,
+            "source": c.source,
+            "location": c.location,
+            "statement": c.statement,
+            "kind": c.kind,
+            "file": c.file,
+            "line": c.line,
+            "verdict": self.verdict.verdict,
+            "why": self.verdict.why,
+            "conflicts": self.verdict.conflicts,
+            "corrected_rule": self.verdict.corrected_rule,
+            "counterexample": self.verdict.counterexample,
             "evidence": {e.checker: e.to_json() for e in self.evidence},
         }
 
@@ -39,8 +48,8 @@ class AuditReport:
     seed: int
     full: bool
     results: list[ClaimResult]
-    extras: dict = field(default_factory=dict)     # plots' data, counts tables, ... (deterministic)
-    timings: dict = field(default_factory=dict)    # seconds per claim/checker (kept out of report.json)
+    extras: dict = field(default_factory=dict)  # plots' data, counts tables, ... (deterministic)
+    timings: dict = field(default_factory=dict)  # seconds per claim/checker (kept out of report.json)
 
     def verdicts(self) -> dict[str, str]:
         return {r.claim.id: r.verdict.verdict for r in self.results}
@@ -49,8 +58,13 @@ class AuditReport:
         counts: dict[str, int] = {}
         for r in self.results:
             counts[r.verdict.verdict] = counts.get(r.verdict.verdict, 0) + 1
-        return {"seed": self.seed, "full": self.full, "summary": dict(sorted(counts.items())),
-                "claims": [r.to_json() for r in self.results], "extras": self.extras}
+        return {
+            "seed": self.seed,
+            "full": self.full,
+            "summary": dict(sorted(counts.items())),
+            "claims": [r.to_json() for r in self.results],
+            "extras": self.extras,
+        }
 
 
 class Progress(Protocol):
@@ -61,8 +75,9 @@ class Progress(Protocol):
     def done(self, line: str) -> None: ...
 
 
-def audit(claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None,
-          max_minutes: float | None = None) -> AuditReport:
+def audit(
+    claims: list[Claim], ctx: Context | None = None, progress: Progress | None = None, max_minutes: float | None = None
+) -> AuditReport:
     """``max_minutes`` (None: no limit) bounds the whole run: a check that would start after it
     is NOT-RUN and says so, and the rule checkers' searches get no more than what is left."""
     # One intra-op thread throughout, phases that would choose more included (runtime's thread
@@ -86,8 +101,11 @@ def _audit(claims: list[Claim], ctx: Context, progress: Progress | None, max_min
             if progress:
                 progress.start(claim.id, name)
             if deadline is not None and time.monotonic() >= deadline:
-                ev = Evidence(name, NOT_RUN, f"not run: the audit's --max-minutes budget ({max_minutes:g} min) "
-                                             "ended before this check")
+                ev = Evidence(
+                    name,
+                    NOT_RUN,
+                    f"not run: the audit's --max-minutes budget ({max_minutes:g} min) ended before this check",
+                )
             elif fn is None:
                 ev = Evidence(name, NOT_RUN, f"the {name} checker is not available in this build")
             else:

@@ -129,8 +129,11 @@ class Claim:
     @property
     def where(self) -> str:
         """``document — location``: the citation shown in listings and proofs.md."""
-        return f"{self.document.title} ({self.source}), {self.location}" if self.source != self.document.title \
+        return (
+            f"{self.document.title} ({self.source}), {self.location}"
+            if self.source != self.document.title
             else f"{self.document.title}, {self.location}"
+        )
 
     @property
     def formula_expr(self):
@@ -146,6 +149,7 @@ class Claim:
 
 # ------------------------------------------------------------------------------------------
 # line lookup (tomllib has no positions)
+
 
 def _claim_blocks(text: str) -> list[tuple[int, int]]:
     """(first line, last line) of every ``[[claim]]`` block, 1-based, in file order.
@@ -191,8 +195,7 @@ def _rule_line(text: str, block: tuple[int, int], *path: str) -> int:
     start = head if head is not None else lo
     if not path:
         return start + 1
-    sub = find(rf"^\s*\[\s*claim\.rule\.{re.escape(path[0])}\s*\]|(^|[\s{{,.])\"?{re.escape(path[0])}\"?\s*[=.]",
-               start)
+    sub = find(rf"^\s*\[\s*claim\.rule\.{re.escape(path[0])}\s*\]|(^|[\s{{,.])\"?{re.escape(path[0])}\"?\s*[=.]", start)
     if sub is None:
         return start + 1
     if len(path) == 1:
@@ -208,6 +211,7 @@ def available_rule_params() -> frozenset[str]:
     """Rule parameter names that at least one reference model has (a rule touching any other
     is refused when its file is loaded)."""
     from ..models import FAMILIES, NAMED
+
     out = set()
     for cfg in NAMED.values():
         keys = FAMILIES[cfg.family].param_shapes(cfg)
@@ -236,6 +240,7 @@ def _section_line(text: str, name: str, key: str | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------
 # validation
+
 
 def _type_name(t) -> str:
     if isinstance(t, tuple):
@@ -320,8 +325,10 @@ def _validate_document(text: str, doc, fail: _Problems) -> bool:
             fail(_section_line(text, "document", key), f"field document.{key}: expected {_type_name(typ)}")
             ok = False
         elif key == "authors" and (not doc[key] or not all(isinstance(a, str) for a in doc[key])):
-            fail(_section_line(text, "document", "authors"),
-                 "field document.authors: expected a non-empty array of strings")
+            fail(
+                _section_line(text, "document", "authors"),
+                "field document.authors: expected a non-empty array of strings",
+            )
             ok = False
     return ok
 
@@ -359,7 +366,10 @@ def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problem
         else:
             for c in checkers:
                 if c not in CHECKERS:
-                    fail(line_of("checkers"), f"field checkers: unknown checker {c!r} (choose from {', '.join(CHECKERS)})")
+                    fail(
+                        line_of("checkers"),
+                        f"field checkers: unknown checker {c!r} (choose from {', '.join(CHECKERS)})",
+                    )
             if len(set(checkers)) != len(checkers):
                 fail(line_of("checkers"), "field checkers: duplicate entry")
     if "params" in typed:
@@ -399,8 +409,7 @@ def _validate_claim(raw: dict, n: int, line_of, block_start: int, fail: _Problem
         for key in ("action", "corrected_action"):
             if key in raw:
                 fail(line_of(key), f"field {key}: a claim with a [claim.rule] names no action (the rule is the action)")
-        rule = validate_rule(raw["rule"], rule_line or (lambda *path: line_of("rule")), fail,
-                             available_rule_params())
+        rule = validate_rule(raw["rule"], rule_line or (lambda *path: line_of("rule")), fail, available_rule_params())
     if len(fail.items) > before:
         return None
     return dict(models=models, percent=percent, rule=rule)
@@ -445,8 +454,10 @@ def load_unchecked(paths: Iterable[Path | str] | None = None) -> list[Unchecked]
     for path in files:
         document, _ = load_file(path)
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        out += [Unchecked(document, " ".join(r["quote"].split()), r["location"], " ".join(r["reason"].split()))
-                for r in data.get("unchecked", [])]
+        out += [
+            Unchecked(document, " ".join(r["quote"].split()), r["location"], " ".join(r["reason"].split()))
+            for r in data.get("unchecked", [])
+        ]
     return out
 
 
@@ -466,15 +477,23 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
     fail = _Problems(shown)
     for key in data:
         if key not in ("document", "claim", "unchecked"):
-            fail(_section_line(text, key) if isinstance(data[key], dict) else _key_line(text, (1, len(text.splitlines())), key),
-                 f"unknown top-level key {key!r} (expected [document], [[claim]] and [[unchecked]])")
+            fail(
+                _section_line(text, key)
+                if isinstance(data[key], dict)
+                else _key_line(text, (1, len(text.splitlines())), key),
+                f"unknown top-level key {key!r} (expected [document], [[claim]] and [[unchecked]])",
+            )
     _validate_unchecked(data.get("unchecked", []), text, fail)
     doc = data.get("document")
     document = None
     if _validate_document(text, doc, fail):
         document = Document(
-            key=doc.get("key", Path(shown).stem), title=doc["title"], authors=tuple(doc["authors"]),
-            reference=doc["reference"], file=shown, note=doc.get("note"),
+            key=doc.get("key", Path(shown).stem),
+            title=doc["title"],
+            authors=tuple(doc["authors"]),
+            reference=doc["reference"],
+            file=shown,
+            note=doc.get("note"),
         )
 
     raw_claims = data.get("claim", [])
@@ -500,15 +519,30 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
                 seen[cid] = block[0]
         if norm is None or document is None:
             continue
-        claims.append(Claim(
-            id=cid, document=document, source=raw.get("source", document.title),
-            location=raw["location"], statement=" ".join(raw["statement"].split()), kind=raw["kind"],
-            checkers=tuple(raw["checkers"]), params=_freeze(raw.get("params", {})), formula=raw.get("formula"),
-            claimed_value=raw.get("claimed_value"), claimed_percent=norm["percent"],
-            relation=raw.get("relation", "="), action=raw.get("action"), expected=raw.get("expected", "holds"),
-            corrected_action=raw.get("corrected_action"), models=norm["models"], note=raw.get("note"),
-            rule=norm["rule"], file=shown, line=block[0],
-        ))
+        claims.append(
+            Claim(
+                id=cid,
+                document=document,
+                source=raw.get("source", document.title),
+                location=raw["location"],
+                statement=" ".join(raw["statement"].split()),
+                kind=raw["kind"],
+                checkers=tuple(raw["checkers"]),
+                params=_freeze(raw.get("params", {})),
+                formula=raw.get("formula"),
+                claimed_value=raw.get("claimed_value"),
+                claimed_percent=norm["percent"],
+                relation=raw.get("relation", "="),
+                action=raw.get("action"),
+                expected=raw.get("expected", "holds"),
+                corrected_action=raw.get("corrected_action"),
+                models=norm["models"],
+                note=raw.get("note"),
+                rule=norm["rule"],
+                file=shown,
+                line=block[0],
+            )
+        )
     fail.raise_if_any()
     return document, claims
 
@@ -535,7 +569,9 @@ def load_catalog(paths: Iterable[Path | str] | None = None) -> dict[str, Claim]:
                 prev = out[c.id]
                 text = Path(path).read_text(encoding="utf-8")
                 line = _key_line(text, _claim_blocks(text)[[x.id for x in claims].index(c.id)], "id")
-                problems.append(f"{c.file}:{line}: field id: duplicate id {c.id!r} (already defined at {prev.file}:{prev.line})")
+                problems.append(
+                    f"{c.file}:{line}: field id: duplicate id {c.id!r} (already defined at {prev.file}:{prev.line})"
+                )
                 continue
             out[c.id] = c
     if problems:
@@ -551,5 +587,16 @@ def get_claim(claim_id: str, catalog: Mapping[str, Claim] | None = None) -> Clai
         raise GaugeAuditError(f"unknown claim id {claim_id!r} (see `gauge-audit claims`)") from None
 
 
-__all__ = ["CATALOG_DIR", "CHECKERS", "KINDS", "Claim", "Document", "Unchecked", "catalog_files", "get_claim",
-           "load_catalog", "load_file", "load_unchecked"]
+__all__ = [
+    "CATALOG_DIR",
+    "CHECKERS",
+    "KINDS",
+    "Claim",
+    "Document",
+    "Unchecked",
+    "catalog_files",
+    "get_claim",
+    "load_catalog",
+    "load_file",
+    "load_unchecked",
+]

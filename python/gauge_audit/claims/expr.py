@@ -45,8 +45,8 @@ FUNCTIONS = {
 CONSTANTS = {"pi": sp.pi}
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_MAX_DIGITS = 4000      # numeric literals and numeric powers stay below 10^_MAX_DIGITS
-_MAX_FACTORIAL = 1000   # numeric factorial / binomial arguments
+_MAX_DIGITS = 4000  # numeric literals and numeric powers stay below 10^_MAX_DIGITS
+_MAX_FACTORIAL = 1000  # numeric factorial / binomial arguments
 
 
 def tokenize(text: str) -> list[Token]:
@@ -159,8 +159,7 @@ class _Parser(TokenParser):
                 self.expect(")")
                 if len(args) != arity:
                     self.error(f"{tok.text}() takes {arity} argument(s), got {len(args)}", tok)
-                if tok.text in ("factorial", "binomial") and any(a.is_Number and abs(a) > _MAX_FACTORIAL
-                                                                  for a in args):
+                if tok.text in ("factorial", "binomial") and any(a.is_Number and abs(a) > _MAX_FACTORIAL for a in args):
                     self.error(f"{tok.text}() argument too large (> {_MAX_FACTORIAL})", tok)
                 return self.checked(fn(*args), tok)
             if tok.text in CONSTANTS:

@@ -44,7 +44,7 @@ Shape = tuple  # (rows: Dim, cols: Dim)
 
 DIM_NAMES = ("d_model", "d_k", "d_v", "d_ff", "n_heads", "n_kv_heads", "vocab", "n_ctx", "n_experts")
 FUNCTIONS = {"inv": 1, "transpose": 1, "diag": 1, "outer": 2, "ones": 1, "eye": 1}
-GROUP, GENERIC, NONE = "group", "generic", "none"   # invertibility classes, strongest first
+GROUP, GENERIC, NONE = "group", "generic", "none"  # invertibility classes, strongest first
 _RANK = {GROUP: 2, GENERIC: 1, NONE: 0}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -57,20 +57,20 @@ class Symbol:
     """What a name in an expression stands for: its shape, invertibility class and kind."""
 
     shape: Shape
-    inv: str            # group | generic | none
-    kind: str           # "param" or "element"
-    label: str = ""     # e.g. "s ∈ translation(d_v)", for error messages
+    inv: str  # group | generic | none
+    kind: str  # "param" or "element"
+    label: str = ""  # e.g. "s ∈ translation(d_v)", for error messages
 
 
 @dataclass(frozen=True)
 class Node:
-    op: str                          # num name matmul mul add sub neg inv transpose diag outer ones eye
+    op: str  # num name matmul mul add sub neg inv transpose diag outer ones eye
     shape: Shape
     inv: str
     args: tuple = ()
-    value: Fraction | None = None    # num
-    name: str | None = None          # name
-    dim: Dim | None = None           # ones / eye
+    value: Fraction | None = None  # num
+    name: str | None = None  # name
+    dim: Dim | None = None  # ones / eye
     pos: int = field(default=0, compare=False)
 
     def names(self) -> set[str]:
@@ -101,7 +101,7 @@ def _render(n: Node, outer: int) -> str:
         return f"{n.op}({n.dim})"
     if n.op in ("inv", "transpose", "diag", "outer"):
         return f"{n.op}({', '.join(_render(a, 0) for a in n.args)})"
-    if n.op == "add" and n.args[1].op == "neg":      # a + -(b) reads a - b
+    if n.op == "add" and n.args[1].op == "neg":  # a + -(b) reads a - b
         n = Node("sub", n.shape, n.inv, (n.args[0], n.args[1].args[0]))
     p = _PREC[n.op]
     if n.op == "neg":
@@ -164,8 +164,9 @@ class _Parser(TokenParser):
             tok = self.take()
             rhs = self.term()
             if node.shape != rhs.shape and not all(dims_compatible(a, b) for a, b in zip(node.shape, rhs.shape)):
-                self.error(f"'{tok.text}' needs equal shapes, got {shape_text(node.shape)} and "
-                           f"{shape_text(rhs.shape)}", tok)
+                self.error(
+                    f"'{tok.text}' needs equal shapes, got {shape_text(node.shape)} and {shape_text(rhs.shape)}", tok
+                )
             shape = tuple(_join(a, b) for a, b in zip(node.shape, rhs.shape))
             node = Node("add" if tok.text == "+" else "sub", shape, NONE, (node, rhs), pos=tok.pos)
         self.depth -= 1
@@ -183,8 +184,9 @@ class _Parser(TokenParser):
         inv = min(a.inv, b.inv, key=_RANK.__getitem__)
         if tok.text == "@":
             if not dims_compatible(a.shape[1], b.shape[0]):
-                self.error(f"'@' needs inner dimensions to agree, got {shape_text(a.shape)} @ "
-                           f"{shape_text(b.shape)}", tok)
+                self.error(
+                    f"'@' needs inner dimensions to agree, got {shape_text(a.shape)} @ {shape_text(b.shape)}", tok
+                )
             square = all(dims_compatible(*x.shape) for x in (a, b))
             return Node("matmul", (a.shape[0], b.shape[1]), inv if square else NONE, (a, b), pos=tok.pos)
         if a.shape == (1, 1):
@@ -192,8 +194,11 @@ class _Parser(TokenParser):
         if b.shape == (1, 1):
             return Node("mul", a.shape, inv, (a, b), pos=tok.pos)
         if not all(dims_compatible(x, y) for x, y in zip(a.shape, b.shape)):
-            self.error(f"'*' is a scalar times a matrix or an element-wise product of equal shapes, got "
-                       f"{shape_text(a.shape)} * {shape_text(b.shape)}", tok)
+            self.error(
+                f"'*' is a scalar times a matrix or an element-wise product of equal shapes, got "
+                f"{shape_text(a.shape)} * {shape_text(b.shape)}",
+                tok,
+            )
         # element-wise: vectors with non-vanishing entries keep them (diag of the product is invertible);
         # an element-wise product of matrices need not be invertible
         shape = tuple(_join(x, y) for x, y in zip(a.shape, b.shape))
@@ -288,7 +293,6 @@ class _Parser(TokenParser):
         n = b.shape[1] if b.shape[0] == 1 else b.shape[0]
         return Node("outer", (m, n), NONE, (a, b), pos=tok.pos)
 
-
     def why_singular(self, n: Node) -> str:
         if n.op in ("add", "sub"):
             return "a sum or difference need not be invertible"
@@ -314,5 +318,17 @@ def parse_expression(text: str, symbols: Mapping[str, Symbol]) -> Node:
     return _Parser(text, symbols).parse()
 
 
-__all__ = ["DIM_NAMES", "FUNCTIONS", "GROUP", "GENERIC", "NONE", "Dim", "Node", "Symbol", "dims_compatible",
-           "parse_expression", "shape_text", "tokenize"]
+__all__ = [
+    "DIM_NAMES",
+    "FUNCTIONS",
+    "GROUP",
+    "GENERIC",
+    "NONE",
+    "Dim",
+    "Node",
+    "Symbol",
+    "dims_compatible",
+    "parse_expression",
+    "shape_text",
+    "tokenize",
+]

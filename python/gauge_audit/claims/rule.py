@@ -72,7 +72,7 @@ _SYMBOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 class Element:
     symbol: str
     group: str
-    dim: Dim | None          # None for scalar
+    dim: Dim | None  # None for scalar
 
     @property
     def kind(self) -> str:
@@ -96,8 +96,8 @@ class Element:
 class Map:
     param: str
     node: Node
-    increment: Node | None       # the e of ``P + e`` (``P - e`` is stored as −e) when the map has that form
-    context_level: int           # the finest level among the parameter, its references and (if used) the scope
+    increment: Node | None  # the e of ``P + e`` (``P - e`` is stored as −e) when the map has that form
+    context_level: int  # the finest level among the parameter, its references and (if used) the scope
 
     @property
     def text(self) -> str:
@@ -138,8 +138,11 @@ class Rule:
 
     def to_table(self) -> dict:
         """The rule as the TOML table it came from (canonical expressions)."""
-        return {"scope": self.scope, "elements": {e.symbol: e.text() for e in self.elements},
-                "maps": {m.param: m.text for m in self.maps}}
+        return {
+            "scope": self.scope,
+            "elements": {e.symbol: e.text() for e in self.elements},
+            "maps": {m.param: m.text for m in self.maps},
+        }
 
     def text(self) -> str:
         els = ", ".join(f"{e.symbol} ∈ {e.text()}" for e in self.elements)
@@ -185,8 +188,12 @@ def vanishes_at_zero(m: Map) -> bool:
 
 
 def _increment(node: Node, param: str) -> Node | None:
-    if node.op in ("add", "sub") and node.args[0].op == "name" and node.args[0].name == param \
-            and param not in node.args[1].names():
+    if (
+        node.op in ("add", "sub")
+        and node.args[0].op == "name"
+        and node.args[0].name == param
+        and param not in node.args[1].names()
+    ):
         inc = node.args[1]
         return inc if node.op == "add" else Node("neg", inc.shape, inc.inv, (inc,), pos=inc.pos)
     return None
@@ -195,20 +202,21 @@ def _increment(node: Node, param: str) -> Node | None:
 def symbols_for(elements: Iterable[Element]) -> dict[str, Symbol]:
     syms = {name: Symbol(p.shape, GENERIC, "param") for name, p in PARAMS.items()}
     for e in elements:
-        syms[e.symbol] = Symbol(e.shape, GROUPS[e.group][1], "element",
-                                f"{e.symbol} ∈ {e.text()} ({GROUPS[e.group][2]})")
+        syms[e.symbol] = Symbol(
+            e.shape, GROUPS[e.group][1], "element", f"{e.symbol} ∈ {e.text()} ({GROUPS[e.group][2]})"
+        )
     return syms
 
 
 def _parse_group(text) -> tuple[str, Dim | None] | str:
     """(group, dim) or an error message."""
     if not isinstance(text, str):
-        return "expected a string such as \"GL(d_k)\""
+        return 'expected a string such as "GL(d_k)"'
     if text.strip() == "scalar":
         return ("scalar", None)
     m = _GROUP_RE.match(text)
     if not m:
-        return f"{text!r} is not GROUP(n) (e.g. \"GL(d_k)\", \"diagonal(d_v)\") or \"scalar\""
+        return f'{text!r} is not GROUP(n) (e.g. "GL(d_k)", "diagonal(d_v)") or "scalar"'
     group, dim = m.group(1), m.group(2)
     if group not in GROUPS or group == "scalar":
         return f"unknown group {group!r} (choose from {', '.join(g for g in GROUPS)})"
@@ -221,8 +229,9 @@ def _parse_group(text) -> tuple[str, Dim | None] | str:
     return (group, dim)
 
 
-def validate_rule(raw, line: Callable[..., int], fail: Callable[[int, str], None],
-                  available: frozenset[str] | None = None) -> Rule | None:
+def validate_rule(
+    raw, line: Callable[..., int], fail: Callable[[int, str], None], available: frozenset[str] | None = None
+) -> Rule | None:
     """Check one rule table; every problem goes to ``fail(line, message)``.  ``line(*path)`` finds
     the line of ``rule``, ``rule.scope``, ``rule.elements.s``, ``rule.maps.W_V``, ...  ``available``:
     the parameter names some reference model has (None: do not check)."""
@@ -246,9 +255,9 @@ def validate_rule(raw, line: Callable[..., int], fail: Callable[[int, str], None
     elements: list[Element] = []
     raw_el = raw.get("elements")
     if raw_el is None:
-        bad(line(), "field rule.elements: missing (e.g. elements = { M = \"GL(d_k)\" })")
+        bad(line(), 'field rule.elements: missing (e.g. elements = { M = "GL(d_k)" })')
     elif not isinstance(raw_el, dict) or not raw_el:
-        bad(line("elements"), "field rule.elements: expected a non-empty table symbol = \"GROUP(n)\"")
+        bad(line("elements"), 'field rule.elements: expected a non-empty table symbol = "GROUP(n)"')
     else:
         for sym, text in raw_el.items():
             where = line("elements", sym)
@@ -266,9 +275,9 @@ def validate_rule(raw, line: Callable[..., int], fail: Callable[[int, str], None
     maps: list[Map] = []
     raw_maps = raw.get("maps")
     if raw_maps is None:
-        bad(line(), "field rule.maps: missing (parameter = \"expression\")")
+        bad(line(), 'field rule.maps: missing (parameter = "expression")')
     elif not isinstance(raw_maps, dict) or not raw_maps:
-        bad(line("maps"), "field rule.maps: expected a non-empty table parameter = \"expression\"")
+        bad(line("maps"), 'field rule.maps: expected a non-empty table parameter = "expression"')
     else:
         symbols = symbols_for(elements)
         scope_level = SCOPES.get(scope, MODEL) if isinstance(scope, str) else MODEL
@@ -289,22 +298,25 @@ def validate_rule(raw, line: Callable[..., int], fail: Callable[[int, str], None
                 continue
             want = PARAMS[param].shape
             if not all(dims_compatible(a, b) for a, b in zip(node.shape, want)):
-                bad(where, f"{label}: the expression is {shape_text(node.shape)} but {param} is "
-                           f"{shape_text(want)}")
+                bad(where, f"{label}: the expression is {shape_text(node.shape)} but {param} is {shape_text(want)}")
                 continue
             refs = [n for n in node.names() if n in PARAMS]
             if available is not None:
                 missing = [n for n in sorted({param, *refs}) if n not in available]
                 if missing:
-                    bad(where, f"{label}: no reference model has {', '.join(missing)} "
-                               f"({'; '.join(PARAMS[n].doc for n in missing)})")
+                    bad(
+                        where,
+                        f"{label}: no reference model has {', '.join(missing)} "
+                        f"({'; '.join(PARAMS[n].doc for n in missing)})",
+                    )
                     continue
             uses_element = any(n not in PARAMS for n in node.names())
-            level = max([PARAMS[param].level] + [PARAMS[n].level for n in refs]
-                        + ([scope_level] if uses_element else []))
+            level = max(
+                [PARAMS[param].level] + [PARAMS[n].level for n in refs] + ([scope_level] if uses_element else [])
+            )
             maps.append(Map(param, node, _increment(node, param), level))
         used = set().union(*(m.elements_used for m in maps)) if maps else set()
-        clean = before[0] == map_errors   # an unparsable map may be the one that uses the element
+        clean = before[0] == map_errors  # an unparsable map may be the one that uses the element
         for e in elements:
             if maps and clean and e.symbol not in used:
                 bad(line("elements", e.symbol), f"field rule.elements.{e.symbol}: declared but used in no map")
@@ -327,5 +339,16 @@ def level_name(level: int) -> str:
     return LEVEL_NAMES[level]
 
 
-__all__ = ["CONTINUOUS", "Element", "GROUPS", "Map", "Rule", "SCOPES", "level_name", "parse_rule", "symbols_for", "validate_rule",
-           "vanishes_at_zero"]
+__all__ = [
+    "CONTINUOUS",
+    "Element",
+    "GROUPS",
+    "Map",
+    "Rule",
+    "SCOPES",
+    "level_name",
+    "parse_rule",
+    "symbols_for",
+    "validate_rule",
+    "vanishes_at_zero",
+]

@@ -15,13 +15,12 @@ MAX_LEN = 2000
 
 @dataclass(frozen=True)
 class Token:
-    kind: str   # NUM, NAME, OP, END
+    kind: str  # NUM, NAME, OP, END
     text: str
     pos: int
 
 
-def tokenize(text: str, noun: str, name: re.Pattern, ops: str, aliases: dict[str, str] | None = None
-             ) -> list[Token]:
+def tokenize(text: str, noun: str, name: re.Pattern, ops: str, aliases: dict[str, str] | None = None) -> list[Token]:
     """Numbers, names (``name``), one-character operators (``ops``) and multi-character spellings of
     them (``aliases``, e.g. ``**`` → ``^``); blanks skipped; any other character is a one-line error."""
     if not isinstance(text, str):

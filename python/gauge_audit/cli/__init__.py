@@ -38,8 +38,12 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (action.option_strings and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS)
-                and "default" not in text):
+        if (
+            action.option_strings
+            and action.nargs != 0
+            and action.default not in (None, argparse.SUPPRESS)
+            and "default" not in text
+        ):
             text += " (default: %(default)s)"
         return text
 

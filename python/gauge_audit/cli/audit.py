@@ -19,24 +19,39 @@ VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("audit", help="audit claims (default: the built-in catalog) and write a report",
-                       description="Run every applicable checker (Lean, SymPy, mpmath, torch, nullity) on each "
-                                   "claim, combine the evidence into a verdict and write report.md/json/html.")
+    p = sub.add_parser(
+        "audit",
+        help="audit claims (default: the built-in catalog) and write a report",
+        description="Run every applicable checker (Lean, SymPy, mpmath, torch, nullity) on each "
+        "claim, combine the evidence into a verdict and write report.md/json/html.",
+    )
     p.add_argument("files", nargs="*", metavar="CLAIMS.toml", help="claim files (default: claims/*.toml)")
     p.add_argument("--only", help="comma-separated claim ids")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (models, elements, inputs)")
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
-                   help="where the torch checks run (auto: CUDA when visible)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("auto", "cpu", "cuda"),
+        help="where the torch checks run (auto: CUDA when visible)",
+    )
     p.add_argument("--out", default="reports/latest", help="report directory; must not exist (see --force)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out directory (once the new report "
-                                                         "is complete)")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing --out directory (once the new report is complete)"
+    )
     p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
-    p.add_argument("--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})")
+    p.add_argument(
+        "--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})"
+    )
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only when stderr is a terminal)")
-    p.add_argument("--max-minutes", type=float, default=0.0, metavar="M",
-                   help="bound the whole run: checks not started within M minutes are NOT-RUN (and say so), "
-                        "the rule checkers' searches get at most what is left (default 0: no limit)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="bound the whole run: checks not started within M minutes are NOT-RUN (and say so), "
+        "the rule checkers' searches get at most what is left (default 0: no limit)",
+    )
     p.set_defaults(func=run)
 
 
@@ -58,11 +73,11 @@ def run(args) -> int:
         if unknown:
             raise GaugeAuditError(f"unknown claim id(s): {', '.join(unknown)}")
         claims = [catalog[x] for x in wanted]
-    refuse_existing(Path(args.out), args.force)     # before minutes of work, after the inputs' errors
+    refuse_existing(Path(args.out), args.force)  # before minutes of work, after the inputs' errors
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
         report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None)
-    with reproducible():   # the plots' data, in report.json: as reproducible as the audit
+    with reproducible():  # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)
     report.extras["documents"] = counts_table(report.results)

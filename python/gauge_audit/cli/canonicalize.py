@@ -45,11 +45,11 @@ def keep_freed_memory() -> None:
     which is never trimmed; larger ones are still mapped and unmapped.  No effect elsewhere."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):   # not glibc
+    except (OSError, AttributeError):  # not glibc
         return
-    mallopt(-3, 32 << 20)          # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
-    mallopt(-1, (1 << 31) - 1)     # M_TRIM_THRESHOLD: never trim
-    mallopt(-2, 64 << 20)          # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
+    mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never trim
+    mallopt(-2, 64 << 20)  # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
 
 
 def looks_like_path(name: str) -> bool:
@@ -71,17 +71,20 @@ class Source:
 def _gauge_fixable(cfg: Config) -> Config:
     """The configuration, or a one-line refusal naming a feature whose gauge group gauge fixing
     does not yet know (its conditions would be the wrong ones)."""
-    for feature, used in ((f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
-                          ("a partial rotary (rotary_dim)", cfg.rotary_dim),
-                          ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output"),
-                          ("a parallel residual", cfg.parallel_residual)):
+    for feature, used in (
+        (f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
+        ("a partial rotary (rotary_dim)", cfg.rotary_dim),
+        ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output"),
+        ("a parallel residual", cfg.parallel_residual),
+    ):
         if used:
             raise GaugeAuditError(f"gauge fixing does not support {feature} yet")
     return cfg
 
 
-def load_source(name: str, seed: int = 0, checkpoint: bool = False, native: bool = False,
-                resident: bool = True) -> Source:
+def load_source(
+    name: str, seed: int = 0, checkpoint: bool = False, native: bool = False, resident: bool = True
+) -> Source:
     """A built-in model (the tiny families by name and seed) or a checkpoint (a path, or the
     packaged ``minilm`` / ``smollm2``) read into memory in float64.  ``native``: a checkpoint's
     tensors in the dtype they are stored in instead (the same values in half or a quarter of the
@@ -123,14 +126,14 @@ class StoredParams(LazyParams):
         self.ckpt = ckpt
         self._last: tuple = (None, None)
 
-    def __getitem__(self, name: str) -> torch.Tensor:   # no conversion to one dtype: each as stored
+    def __getitem__(self, name: str) -> torch.Tensor:  # no conversion to one dtype: each as stored
         if name not in self.shapes:
             raise KeyError(name)
         return self._read(name)
 
     def _read(self, name: str) -> torch.Tensor:
         link = self.ckpt.by_param[name]
-        if self._last[0] is not link:   # a fused file tensor (GPT-2 c_attn) is read once for its parts
+        if self._last[0] is not link:  # a fused file tensor (GPT-2 c_attn) is read once for its parts
             files = []
             for f in link.files:
                 t = self.ckpt.raw(f)
@@ -144,21 +147,34 @@ class StoredParams(LazyParams):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("canonicalize", help="the canonical representative of a model's symmetry orbit",
-                       description="Impose one gauge condition per symmetry family (the canonical form g·θ), "
-                                   "report every condition, every non-uniqueness and what is not fixed, and check "
-                                   "that the canonical form computes the same function.")
+    p = sub.add_parser(
+        "canonicalize",
+        help="the canonical representative of a model's symmetry orbit",
+        description="Impose one gauge condition per symmetry family (the canonical form g·θ), "
+        "report every condition, every non-uniqueness and what is not fixed, and check "
+        "that the canonical form computes the same function.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model name (see gauge-audit check --list); minilm and smollm2 are read as "
-                                     "the checkpoints they are")
+    src.add_argument(
+        "--model",
+        help="model name (see gauge-audit check --list); minilm and smollm2 are read as the checkpoints they are",
+    )
     src.add_argument("--checkpoint", metavar="PATH", help="a Hugging Face checkpoint directory or a llama GGUF file")
     p.add_argument("--seed", type=int, default=0, help="seed of a built-in random model (and of the check inputs)")
-    p.add_argument("--out", metavar="DIR", help="write the canonical checkpoint (a checkpoint input: config.json + "
-                   "model.safetensors in its own architecture, as transform writes, with certificate.json from "
-                   "transformers' float64 logits; a built-in tiny model: model.safetensors in the project layout), "
-                   "element.npz (the canonicalising element g) and report.json; DIR must not exist")
-    p.add_argument("--dtype", default="same", choices=("same", "float64", "float32", "bfloat16"),
-                   help="dtype of the written checkpoint (same: each tensor's stored dtype; GGUF: float32)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the canonical checkpoint (a checkpoint input: config.json + "
+        "model.safetensors in its own architecture, as transform writes, with certificate.json from "
+        "transformers' float64 logits; a built-in tiny model: model.safetensors in the project layout), "
+        "element.npz (the canonicalising element g) and report.json; DIR must not exist",
+    )
+    p.add_argument(
+        "--dtype",
+        default="same",
+        choices=("same", "float64", "float32", "bfloat16"),
+        help="dtype of the written checkpoint (same: each tensor's stored dtype; GGUF: float32)",
+    )
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -181,9 +197,14 @@ def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype
     with atomic_dir(Path(out)) as tmp:
         written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
         notes = write_tokenizer(ckpt, tmp)
-        cert = {"checkpoint": str(ckpt.path), "kappa": canon.kappa, "rounding_kappa": canon.rounding_kappa,
-                "written": written, "notes": notes,
-                **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written)}
+        cert = {
+            "checkpoint": str(ckpt.path),
+            "kappa": canon.kappa,
+            "rounding_kappa": canon.rounding_kappa,
+            "written": written,
+            "notes": notes,
+            **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written),
+        }
         report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
         save_element(tmp / "element.npz", canon.element())
         (tmp / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
@@ -195,8 +216,9 @@ def run(args) -> int:
     # keep_freed_memory() is not called here: a single pass gains little from it (SmolLM2: sys
     # 10.7 → 6.0 s) and the heap that is never trimmed raises the peak (1.96 → 2.09 GB)
     # the checkpoint read from its file when asked (twice: canonicalisation, function check), not held
-    src = load_source(args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint), native=True,
-                      resident=False)
+    src = load_source(
+        args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint), native=True, resident=False
+    )
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out and Path(args.out).exists():
         raise GaugeAuditError(f"--out {args.out} already exists")
@@ -205,8 +227,9 @@ def run(args) -> int:
     seconds = time.perf_counter() - t0
     # the tolerance's κ: that of the dense steps (diagonal scalings such as the folding of norm
     # weights do not amplify rounding, gauge_fix.base.DIAGONAL)
-    fn = function_check(src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed,
-                        element=canon.element())
+    fn = function_check(
+        src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed, element=canon.element()
+    )
     report = {"model": src.label, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
     cert = None
     if args.out and src.checkpoint is not None:
@@ -215,39 +238,54 @@ def run(args) -> int:
         from safetensors.torch import save_file
 
         params = {k: v.to(dtype or torch.float64).contiguous() for k, v in canon.params.items()}
-        write_atomically(args.out, {
-            "model.safetensors": lambda p: save_file(params, str(p), metadata={"layout": "gauge-audit",
-                                                                                  "model": src.label}),
-            "element.npz": lambda p: save_element(p, canon.element()),
-            "report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float)),
-        })
+        write_atomically(
+            args.out,
+            {
+                "model.safetensors": lambda p: save_file(
+                    params, str(p), metadata={"layout": "gauge-audit", "model": src.label}
+                ),
+                "element.npz": lambda p: save_element(p, canon.element()),
+                "report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float)),
+            },
+        )
     if args.json:
         print(json.dumps(report, sort_keys=True, default=float))
         return 0
     counts = report["conditions"]
-    echo(f"{src.label}: {sum(math.prod(v.shape) for v in canon.params.values()):,} parameters, canonicalised in {seconds:.2f} s")
-    echo(f"gauge conditions imposed: {report['conditions_total']} "
-         f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    echo(
+        f"{src.label}: {sum(math.prod(v.shape) for v in canon.params.values()):,} parameters, canonicalised in {seconds:.2f} s"
+    )
+    echo(f"gauge conditions imposed: {report['conditions_total']} ({', '.join(f'{k} {v}' for k, v in counts.items())})")
     echo(f"largest condition residual: {max(report['condition_residual_max'].values(), default=0.0):.2e}")
-    echo(f"element g: {len(canon.records)} steps, κ = {canon.kappa:.4g} (dense steps, which amplify rounding: "
-         f"{canon.rounding_kappa:.4g})")
-    echo(f"same function: {fn['verdict']} (max rel. change {fn['residual_eps']:.3g} ε; statistical tolerance "
-         f"{fn['tolerance_statistical_eps']:.4g} ε, worst case {fn['tolerance_eps']:.4g} ε)")
+    echo(
+        f"element g: {len(canon.records)} steps, κ = {canon.kappa:.4g} (dense steps, which amplify rounding: "
+        f"{canon.rounding_kappa:.4g})"
+    )
+    echo(
+        f"same function: {fn['verdict']} (max rel. change {fn['residual_eps']:.3g} ε; statistical tolerance "
+        f"{fn['tolerance_statistical_eps']:.4g} ε, worst case {fn['tolerance_eps']:.4g} ε)"
+    )
     ties = report["not_unique"]
     echo(f"non-unique choices: {sum(t['not_unique'] for t in ties) if ties else 'none'}")
     for t in ties:
-        echo(f"  {t['step']}: {t['not_unique']} of {t['n']} {t['kind']} decisions in {t['where']} "
-             f"(smallest margin {t['min_margin']:.2e} ≤ {t['threshold']:.2e})")
+        echo(
+            f"  {t['step']}: {t['not_unique']} of {t['n']} {t['kind']} decisions in {t['where']} "
+            f"(smallest margin {t['min_margin']:.2e} ≤ {t['threshold']:.2e})"
+        )
     for n in report["notes"]:
         echo(f"  note: {n}")
     for u in report["unfixed"]:
         echo(f"not fixed: {u['family']} — {u['reason']}")
     if cert is not None:
-        echo(f"wrote {args.out}: config.json, model.safetensors ({cert['dtype']}, {cert['written']['tensors']} tensors), "
-             f"element.npz, report.json, certificate.json")
-        echo(f"certificate: transformers' float64 logits of the written checkpoint change by {cert['residual_eps']:.3g} "
-             f"ε({cert['dtype']}); statistical tolerance {cert['tolerance_statistical_eps']:.4g} ε, worst case "
-             f"{cert['tolerance_eps']:.4g} ε: {cert['verdict']}")
+        echo(
+            f"wrote {args.out}: config.json, model.safetensors ({cert['dtype']}, {cert['written']['tensors']} tensors), "
+            f"element.npz, report.json, certificate.json"
+        )
+        echo(
+            f"certificate: transformers' float64 logits of the written checkpoint change by {cert['residual_eps']:.3g} "
+            f"ε({cert['dtype']}); statistical tolerance {cert['tolerance_statistical_eps']:.4g} ε, worst case "
+            f"{cert['tolerance_eps']:.4g} ε: {cert['verdict']}"
+        )
     elif args.out:
         echo(f"wrote {args.out}/model.safetensors (project layout), element.npz, report.json")
     return 0

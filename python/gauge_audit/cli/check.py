@@ -16,27 +16,50 @@ from ..runtime import eps, model_threads, resolve_dtype
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="apply gauge actions to reference models and measure the output change",
-                       description="Apply a gauge action (a random group element from --seed) and compare the "
-                                   "model's outputs before and after against a derived tolerance.")
+    p = sub.add_parser(
+        "check",
+        help="apply gauge actions to reference models and measure the output change",
+        description="Apply a gauge action (a random group element from --seed) and compare the "
+        "model's outputs before and after against a derived tolerance.",
+    )
     p.add_argument("--model", help="model name (see --list)")
-    p.add_argument("--checkpoint", metavar="DIR_OR_GGUF", help="a local Hugging Face checkpoint directory "
-                   "(config.json + model.safetensors or a sharded index) or a llama GGUF file, instead of --model; "
-                   "read block by block")
-    p.add_argument("--text", help="inputs: this text, tokenized with the model's tokenizer (default: seeded "
-                   "random token ids); the row reports whether the greedy next token is unchanged")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR_OR_GGUF",
+        help="a local Hugging Face checkpoint directory "
+        "(config.json + model.safetensors or a sharded index) or a llama GGUF file, instead of --model; "
+        "read block by block",
+    )
+    p.add_argument(
+        "--text",
+        help="inputs: this text, tokenized with the model's tokenizer (default: seeded "
+        "random token ids); the row reports whether the greedy next token is unchanged",
+    )
     p.add_argument("--action", help="action name (see --list)")
     p.add_argument("--all", action="store_true", help="every applicable (model, action) pair")
     p.add_argument("--list", action="store_true", help="list models and actions")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random group element, the random models "
-                   "and the random inputs")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="where the models run (auto: CUDA when visible)")
-    p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16"),
-                   help="dtype both parameter sets are run in")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random group element, the random models and the random inputs"
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the models run (auto: CUDA when visible)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=("float64", "float32", "bfloat16"),
+        help="dtype both parameter sets are run in",
+    )
     p.add_argument("--kappa", type=float, default=10.0, help="condition number of the sampled GL elements")
-    p.add_argument("--element", metavar="NPZ", help="use this group element (an .npz file with the action's "
-                   "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one")
+    p.add_argument(
+        "--element",
+        metavar="NPZ",
+        help="use this group element (an .npz file with the action's "
+        "parts, e.g. M of shape (layers, n_kv, d_head, d_head) for qk-gl) instead of a random one",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per (model, action) pair")
     p.set_defaults(func=run)
 
@@ -48,9 +71,11 @@ def _list() -> int:
     for name in model_names():
         cfg = config_of(name)
         real = "  (real weights)" if name in REAL or name in UNTIED else ""
-        act = f"gated {cfg.gate_act}" if hasattr(cfg, "gate_act") else cfg.act   # Gemma: GeGLU
-        print(f"  {name:24s} {cfg.family:5s} d={cfg.d_model} L={cfg.n_layers} h={cfg.n_heads} "
-              f"kv={cfg.n_kv_heads} norm={cfg.norm} act={act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}")
+        act = f"gated {cfg.gate_act}" if hasattr(cfg, "gate_act") else cfg.act  # Gemma: GeGLU
+        print(
+            f"  {name:24s} {cfg.family:5s} d={cfg.d_model} L={cfg.n_layers} h={cfg.n_heads} "
+            f"kv={cfg.n_kv_heads} norm={cfg.norm} act={act} pos={cfg.pos}{' tied' if cfg.tied else ''}{real}"
+        )
     print("actions:")
     for a in ACTIONS.values():
         kind = "symmetry" if a.symmetry is True else ("contrast" if a.symmetry is False else "depends")
@@ -59,8 +84,10 @@ def _list() -> int:
 
 
 def _header(width: int) -> str:
-    return (f"{'model':{width}s} {'action':22s} {'max rel err':>11s} {'residual/ε':>11s} {'stat tol/ε':>11s} "
-            f"{'tol/ε':>11s} {'κ':>8s}  verdict")
+    return (
+        f"{'model':{width}s} {'action':22s} {'max rel err':>11s} {'residual/ε':>11s} {'stat tol/ε':>11s} "
+        f"{'tol/ε':>11s} {'κ':>8s}  verdict"
+    )
 
 
 def _row(r: CheckResult, decode=None, width: int = 24) -> str:
@@ -71,14 +98,19 @@ def _row(r: CheckResult, decode=None, width: int = 24) -> str:
         word = f" {decode(r.extra['next_token'][-1])!r}" if decode else ""
         nxt = f"  next token{word} {'unchanged' if r.extra['next_token_unchanged'] else 'CHANGED'}"
     verdict = r.verdict
-    if r.special:   # a contrast at one of its special points: the theory predicts HOLDS here
-        verdict += (" (special point) — holds here because " if r.holds else
-                    " — predicted to hold here (special point) because ") + r.special
+    if r.special:  # a contrast at one of its special points: the theory predicts HOLDS here
+        verdict += (
+            " (special point) — holds here because "
+            if r.holds
+            else " — predicted to hold here (special point) because "
+        ) + r.special
     elif r.unresolved:
         verdict += " (not a contradiction) — " + r.unresolved
-    return (f"{r.model:{width}s} {r.action:22s} {r.max_rel_error:11.3e} {r.residual_eps:11.4g} "
-            f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {verdict}"
-            f"{routing}{nxt}{mark}")
+    return (
+        f"{r.model:{width}s} {r.action:22s} {r.max_rel_error:11.3e} {r.residual_eps:11.4g} "
+        f"{r.tolerance_statistical_eps:11.4g} {r.tolerance_eps:11.4g} {r.kappa:8.3g}  {verdict}"
+        f"{routing}{nxt}{mark}"
+    )
 
 
 def _text_inputs(args, model, ckpt) -> tuple[dict | None, object]:
@@ -86,7 +118,9 @@ def _text_inputs(args, model, ckpt) -> tuple[dict | None, object]:
     if args.text is None:
         return None, None
     if ckpt is None:
-        raise GaugeAuditError("--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2 / gemma3")
+        raise GaugeAuditError(
+            "--text needs a model with a tokenizer: --checkpoint, or --model minilm / smollm2 / gemma3"
+        )
     from ..reference import tokenizer
 
     tok = tokenizer(ckpt)
@@ -131,8 +165,12 @@ def run(args) -> int:
     element = load_element(args.element) if args.element else None
     if element is not None and not (one and args.action):
         raise GaugeAuditError("--element needs both --model (or --checkpoint) and --action")
-    todo = [(m, a.name) for m in models for a in ACTIONS.values()
-            if args.action in (None, a.name) and a.applies(cfg_of[m]) is None]
+    todo = [
+        (m, a.name)
+        for m in models
+        for a in ACTIONS.values()
+        if args.action in (None, a.name) and a.applies(cfg_of[m]) is None
+    ]
     if one and args.action and not todo:
         reason = get_action(args.action).applies(cfg_of[models[0]])
         raise GaugeAuditError(f"action {args.action} does not apply to {models[0]}: {reason}")
@@ -167,15 +205,16 @@ def run(args) -> int:
         if len(results) == 1:
             print(f"tolerance (worst case)  = {results[0].tolerance_formula}")
             print(f"tolerance (statistical) = {results[0].tolerance_statistical_formula}")
-        print(f"\n{len(results)} checks: {holds} HOLDS, {weak} HOLDS (worst-case bound only), "
-              f"{len(results) - holds - weak - unresolved} FAILS, {unresolved} UNDECIDED (a worst-case tolerance "
-              f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory"
-              + (f"; {special} false contrast(s) at a special point, where the theory predicts HOLDS"
-                 if special else "")
-              + (f"; {untestable} at a point that cannot test the prediction (see the row)" if untestable else "")
-              + ".\n"
-              f"tol = κ(g)·L·K·ε (rigorous: every rounding the same way), stat tol = κ(g)·λ·√(L·K)·ε (independent "
-              f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}")
+        print(
+            f"\n{len(results)} checks: {holds} HOLDS, {weak} HOLDS (worst-case bound only), "
+            f"{len(results) - holds - weak - unresolved} FAILS, {unresolved} UNDECIDED (a worst-case tolerance "
+            f"≥ 1: {args.dtype} cannot resolve these); {len(differ)} differ from theory"
+            + (f"; {special} false contrast(s) at a special point, where the theory predicts HOLDS" if special else "")
+            + (f"; {untestable} at a point that cannot test the prediction (see the row)" if untestable else "")
+            + ".\n"
+            f"tol = κ(g)·L·K·ε (rigorous: every rounding the same way), stat tol = κ(g)·λ·√(L·K)·ε (independent "
+            f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}"
+        )
     return 1 if any(not r.agrees for r in results) else 0
 
 
@@ -185,5 +224,6 @@ def _real_checkpoint(name: str):
     from ..models.registry import UNTIED
 
     base = UNTIED.get(name, name)
-    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint,
-            "gemma3": gemma3.checkpoint}.get(base, lambda: None)()
+    return {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint, "gemma3": gemma3.checkpoint}.get(
+        base, lambda: None
+    )()

@@ -17,27 +17,50 @@ from .canonicalize import Source, keep_freed_memory, load_source, write_atomical
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="is model B a gauge-transformed copy of model A?",
-                       description="Canonicalise both models and compare: raw and invariant distances (overall and "
-                                   "per tensor group), the verdict EQUIVALENT / DIFFERENT against a tolerance from "
-                                   "both models' storage precision, and for EQUIVALENT the group element mapping A "
-                                   "to B.  Exit status 0 for EQUIVALENT, 1 for DIFFERENT, 2 for bad input.")
+    p = sub.add_parser(
+        "compare",
+        help="is model B a gauge-transformed copy of model A?",
+        description="Canonicalise both models and compare: raw and invariant distances (overall and "
+        "per tensor group), the verdict EQUIVALENT / DIFFERENT against a tolerance from "
+        "both models' storage precision, and for EQUIVALENT the group element mapping A "
+        "to B.  Exit status 0 for EQUIVALENT, 1 for DIFFERENT, 2 for bad input.",
+    )
     p.add_argument("a", metavar="A", help="model name or checkpoint path (HF directory, llama GGUF)")
     p.add_argument("b", metavar="B", help="model name or checkpoint path of the same architecture")
     p.add_argument("--seed", type=int, default=0, help="seed of a built-in random model A (and B)")
     p.add_argument("--seed-b", type=int, help="seed of model B when it differs from A's")
-    p.add_argument("--transform", type=int, metavar="SEED",
-                   help="replace B by g·B for a random element g of every action that applies (from SEED)")
+    p.add_argument(
+        "--transform",
+        type=int,
+        metavar="SEED",
+        help="replace B by g·B for a random element g of every action that applies (from SEED)",
+    )
     p.add_argument("--kappa", type=float, default=4.0, help="condition number of the GL parts of --transform")
-    p.add_argument("--perturb", type=float, metavar="REL",
-                   help="add a random perturbation of relative size REL to one tensor of B (--perturb-tensor)")
-    p.add_argument("--perturb-tensor", default="blocks.0.attn.W_Q", metavar="NAME",
-                   help="the tensor --perturb changes (project layout name)")
-    p.add_argument("--store-dtype", choices=("same", "float64", "float32", "bfloat16"), default="same",
-                   help="B is rounded to this dtype before comparing (same: as stored; built-in models: float64)")
+    p.add_argument(
+        "--perturb",
+        type=float,
+        metavar="REL",
+        help="add a random perturbation of relative size REL to one tensor of B (--perturb-tensor)",
+    )
+    p.add_argument(
+        "--perturb-tensor",
+        default="blocks.0.attn.W_Q",
+        metavar="NAME",
+        help="the tensor --perturb changes (project layout name)",
+    )
+    p.add_argument(
+        "--store-dtype",
+        choices=("same", "float64", "float32", "bfloat16"),
+        default="same",
+        help="B is rounded to this dtype before comparing (same: as stored; built-in models: float64)",
+    )
     p.add_argument("--probes", type=int, default=3, help="simulated roundings per model for the tolerance")
-    p.add_argument("--out", metavar="DIR", help="write report.json and, for EQUIVALENT, element.npz (A → B: "
-                   "gauge-audit check --action composite --element DIR/element.npz); DIR must not exist")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write report.json and, for EQUIVALENT, element.npz (A → B: "
+        "gauge-audit check --action composite --element DIR/element.npz); DIR must not exist",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -52,7 +75,7 @@ def _load(name: str, seed: int) -> Source:
 def _b_params(args, b: Source):
     """B's parameters after the optional self-check edits, its description and storage dtype."""
     params, what, storage = b.params, b.label, b.storage_dtype
-    if args.transform is not None or args.perturb is not None:   # edited in float64, not in the stored dtype
+    if args.transform is not None or args.perturb is not None:  # edited in float64, not in the stored dtype
         params = {k: v.to(torch.float64) for k, v in params.items()}
     if args.transform is not None:
         if not args.kappa >= 1:
@@ -88,11 +111,18 @@ def run(args) -> int:
     a = _load(args.a, args.seed)
     b = _load(args.b, args.seed if args.seed_b is None else args.seed_b)
     pb, what_b, storage_b = _b_params(args, b)
-    r = compare(a.cfg, a.params, b.cfg, pb, probes=args.probes, seed=args.seed,
-                storage_dtype_a=a.storage_dtype, storage_dtype_b=storage_b)
+    r = compare(
+        a.cfg,
+        a.params,
+        b.cfg,
+        pb,
+        probes=args.probes,
+        seed=args.seed,
+        storage_dtype_a=a.storage_dtype,
+        storage_dtype_b=storage_b,
+    )
     e = max(eps(torch.float64), *(torch.finfo(getattr(torch, d)).eps for d in (r.storage_dtype_a, r.storage_dtype_b)))
-    report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e,
-              "eps": e}
+    report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e, "eps": e}
     files = {"report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float))}
     element = r.element
     if element is not None:
@@ -106,17 +136,25 @@ def run(args) -> int:
     echo(f"B: {what_b}")
     echo(f"verdict: {r.verdict}")
     echo(f"raw distance        {r.raw_distance:.3e}")
-    echo(f"invariant distance  {r.invariant_distance:.3e}   tolerance {r.tolerance:.3e} = {r.tolerance / e:.4g} ε "
-         f"(ε of the coarser storage dtype, {max(r.storage_dtype_a, r.storage_dtype_b, key=lambda d: torch.finfo(getattr(torch, d)).eps)})")
+    echo(
+        f"invariant distance  {r.invariant_distance:.3e}   tolerance {r.tolerance:.3e} = {r.tolerance / e:.4g} ε "
+        f"(ε of the coarser storage dtype, {max(r.storage_dtype_a, r.storage_dtype_b, key=lambda d: torch.finfo(getattr(torch, d)).eps)})"
+    )
     echo(f"{'tensor group':16s} {'raw':>10s} {'invariant':>10s} {'tolerance':>10s} {'ratio':>8s}")
     for g, v in r.groups.items():
-        echo(f"{g:16s} {v['raw_distance']:10.3e} {v['invariant_distance']:10.3e} {v['tolerance']:10.3e} "
-             f"{v['ratio']:8.3g}")
-    echo(f"tolerance = λ·√(σ_A² + σ_B²) per group, σ the largest response of the canonical form to {r.probes} "
-         f"simulated roundings at each model's storage precision, λ = {r.lam:.3g}")
+        echo(
+            f"{g:16s} {v['raw_distance']:10.3e} {v['invariant_distance']:10.3e} {v['tolerance']:10.3e} "
+            f"{v['ratio']:8.3g}"
+        )
+    echo(
+        f"tolerance = λ·√(σ_A² + σ_B²) per group, σ the largest response of the canonical form to {r.probes} "
+        f"simulated roundings at each model's storage precision, λ = {r.lam:.3g}"
+    )
     if r.element is not None:
-        echo(f"element A → B: {r.element_steps} steps, κ ≤ {r.kappa:.4g}, ‖g·A − B‖/‖B‖ = {r.element_residual:.3e}"
-             + (f"; saved to {args.out}/element.npz" if args.out else ""))
+        echo(
+            f"element A → B: {r.element_steps} steps, κ ≤ {r.kappa:.4g}, ‖g·A − B‖/‖B‖ = {r.element_residual:.3e}"
+            + (f"; saved to {args.out}/element.npz" if args.out else "")
+        )
     ties = report["not_unique_a"] + report["not_unique_b"]
     if ties:
         echo(f"non-unique choices met (aligned to A in B): {sum(t['not_unique'] for t in ties)}")

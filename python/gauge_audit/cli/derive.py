@@ -8,9 +8,12 @@ from ..errors import GaugeAuditError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("derive", help="run the SymPy derivation of a claim and print its verdict",
-                              description="Run the SymPy derivation that settles CLAIM_ID: numbered steps, the "
-                                          "derived rule, the residual of the claimed rule and the verdict.")
+    p = subparsers.add_parser(
+        "derive",
+        help="run the SymPy derivation of a claim and print its verdict",
+        description="Run the SymPy derivation that settles CLAIM_ID: numbered steps, the "
+        "derived rule, the residual of the claimed rule and the verdict.",
+    )
     p.add_argument("claim_id", nargs="?", help="claim id from `gauge-audit claims`")
     p.add_argument("--list", action="store_true", help="list the claims that have a derivation")
     fmt = p.add_mutually_exclusive_group()

@@ -13,9 +13,12 @@ LM = ("gpt2", "llama", "qwen", "moe")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("nullity", help="measure the dimension of the symmetry group (Jacobian nullity) and explain it",
-                       description="Nullity of ∂outputs/∂parameters at a generic float64 point (rows ≥ 3·P), "
-                                   "compared with the theory's symmetry families and the papers' counts.")
+    p = sub.add_parser(
+        "nullity",
+        help="measure the dimension of the symmetry group (Jacobian nullity) and explain it",
+        description="Nullity of ∂outputs/∂parameters at a generic float64 point (rows ≥ 3·P), "
+        "compared with the theory's symmetry families and the papers' counts.",
+    )
     p.add_argument("--family", required=True, choices=sorted(FAMILIES))
     for name in ("d-model", "n-heads", "n-kv-heads", "d-head", "d-ff", "n-ctx", "vocab", "layers"):
         p.add_argument(f"--{name}", type=int)
@@ -23,29 +26,49 @@ def register(sub) -> None:
     p.add_argument("--norm", choices=NORMS)
     p.add_argument("--norm-eps", type=float, help="the norms' ε (default: the family's; 0 makes scale exact)")
     bias = p.add_mutually_exclusive_group()
-    bias.add_argument("--bias", dest="bias", action="store_const", const=True,
-                      help="biases on Q, K, V, O and the MLP")
+    bias.add_argument("--bias", dest="bias", action="store_const", const=True, help="biases on Q, K, V, O and the MLP")
     bias.add_argument("--no-bias", dest="bias", action="store_const", const=False, help="no biases at all")
     p.add_argument("--tied", action="store_true", help="tie the unembedding to the token embedding")
     p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k")
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--qk-norm", choices=QK_NORMS, help="RMSNorm on q and k before RoPE: per head with weights shared "
-                   "by the heads (Qwen3), or over all heads jointly (OLMo 2)")
+    p.add_argument(
+        "--qk-norm",
+        choices=QK_NORMS,
+        help="RMSNorm on q and k before RoPE: per head with weights shared "
+        "by the heads (Qwen3), or over all heads jointly (OLMo 2)",
+    )
     p.add_argument("--rotary-dim", type=int, metavar="R", help="RoPE rotates the first R coordinates of each head")
-    p.add_argument("--norm-placement", choices=("pre", "post", "output"),
-                   help="pre: x + f(n(x)); post: n(x + f(x)); output: x + n(f(x)) (OLMo 2)")
+    p.add_argument(
+        "--norm-placement",
+        choices=("pre", "post", "output"),
+        help="pre: x + f(n(x)); post: n(x + f(x)); output: x + n(f(x)) (OLMo 2)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
-    p.add_argument("--method", choices=("dense", "matrix-free"), default="dense",
-                   help="dense SVD of the Jacobian, or the matrix-free sketch with a Cholesky certificate")
+    p.add_argument(
+        "--method",
+        choices=("dense", "matrix-free"),
+        default="dense",
+        help="dense SVD of the Jacobian, or the matrix-free sketch with a Cholesky certificate",
+    )
     from ..nullity.cost import DEFAULT_MAX_MINUTES
     from ..nullity.matrixfree import ROUNDING
-    p.add_argument("--rounding", choices=ROUNDING, default=ROUNDING[0],
-                   help="matrix-free: the rounding-error model behind the Cholesky certificate "
-                        "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)")
-    p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES, metavar="M",
-                   help=f"refuse up front, with the estimate, a measurement the cost model puts above M minutes "
-                        f"(default: {DEFAULT_MAX_MINUTES:g}; 0: no limit) — or above the free memory (always)")
+
+    p.add_argument(
+        "--rounding",
+        choices=ROUNDING,
+        default=ROUNDING[0],
+        help="matrix-free: the rounding-error model behind the Cholesky certificate "
+        "(worst-case is rigorous; the others are Higham–Mary probabilistic bounds)",
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=DEFAULT_MAX_MINUTES,
+        metavar="M",
+        help=f"refuse up front, with the estimate, a measurement the cost model puts above M minutes "
+        f"(default: {DEFAULT_MAX_MINUTES:g}; 0: no limit) — or above the free memory (always)",
+    )
     p.add_argument("--plot", metavar="PATH", help="save the singular-value spectrum (dense) with the gap marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -55,16 +78,25 @@ def register(sub) -> None:
 def build_cfg(args):
     fam = FAMILIES[args.family]
     o = {}
-    for arg, field in (("d_model", "d_model"), ("n_heads", "n_heads"), ("n_kv_heads", "n_kv_heads"),
-                       ("d_head", "d_head"), ("d_ff", "d_ff"), ("n_ctx", "n_ctx"), ("vocab", "vocab"),
-                       ("layers", "n_layers"), ("experts", "experts"), ("top_k", "top_k")):
+    for arg, field in (
+        ("d_model", "d_model"),
+        ("n_heads", "n_heads"),
+        ("n_kv_heads", "n_kv_heads"),
+        ("d_head", "d_head"),
+        ("d_ff", "d_ff"),
+        ("n_ctx", "n_ctx"),
+        ("vocab", "vocab"),
+        ("layers", "n_layers"),
+        ("experts", "experts"),
+        ("top_k", "top_k"),
+    ):
         v = getattr(args, arg)
         if v is not None:
             if v < (0 if arg == "experts" else 1):
                 raise GaugeAuditError(f"--{arg.replace('_', '-')} must be a positive integer, got {v}")
             o[field] = v
     if args.n_heads is not None and args.n_kv_heads is None:
-        o["n_kv_heads"] = args.n_heads          # MHA unless --n-kv-heads says otherwise
+        o["n_kv_heads"] = args.n_heads  # MHA unless --n-kv-heads says otherwise
     if args.act:
         o["act"] = args.act
     if args.norm:
@@ -108,13 +140,19 @@ def run(args) -> int:
         raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
     if not (args.max_minutes >= 0 and math.isfinite(args.max_minutes)):
         raise GaugeAuditError("--max-minutes must be a finite number >= 0 (0: no limit)")
-    report = analyze(cfg, seed=args.seed, method=args.method, quiet=args.quiet or args.json,
-                     mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None,
-                     max_minutes=args.max_minutes or None)
+    report = analyze(
+        cfg,
+        seed=args.seed,
+        method=args.method,
+        quiet=args.quiet or args.json,
+        mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None,
+        max_minutes=args.max_minutes or None,
+    )
     if args.plot:
         if report.singular_values is None:
             raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
         from ..nullity.plot import plot_spectrum
+
         plot_spectrum(report, args.plot)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True, default=str))
@@ -124,23 +162,31 @@ def run(args) -> int:
 
 
 def format_report(r, label: str, v) -> str:
-    lines = [f"{r.cfg.family}: {label}  (seed {r.seed}, {r.method})",
-             f"  parameters P                {r.params}",
-             f"  Jacobian rows               {r.rows}  ({r.rows / r.params:.1f}·P)",
-             f"  measured nullity            {r.measured_nullity}   (gap ratio {r.gap_ratio:.3g}"
-             + (f", next-largest gap {r.second_gap:.3g})" if r.second_gap == r.second_gap else ")"),
-             f"  explained                   {r.explained}",
-             f"  unexplained                 {r.unexplained}",
-             "", "  explained by family:", f"    {'family':26s} {'dim':>6s}  {'formula':34s} {'max ‖Jv‖/‖J‖_F‖v‖':>18s}"]
+    lines = [
+        f"{r.cfg.family}: {label}  (seed {r.seed}, {r.method})",
+        f"  parameters P                {r.params}",
+        f"  Jacobian rows               {r.rows}  ({r.rows / r.params:.1f}·P)",
+        f"  measured nullity            {r.measured_nullity}   (gap ratio {r.gap_ratio:.3g}"
+        + (f", next-largest gap {r.second_gap:.3g})" if r.second_gap == r.second_gap else ")"),
+        f"  explained                   {r.explained}",
+        f"  unexplained                 {r.unexplained}",
+        "",
+        "  explained by family:",
+        f"    {'family':26s} {'dim':>6s}  {'formula':34s} {'max ‖Jv‖/‖J‖_F‖v‖':>18s}",
+    ]
     jf = r.extra["j_fro"]
     for f in r.families:
         mark = "" if f.flat else "  (not flat at this ε)"
         kind = {"exact": "", "eps-broken": " [ε-broken]", "data": " [data]"}[f.kind]
         res = f"{f.residual / jf:.2e}" if f.residual is not None else "-"
         lines.append(f"    {f.name + kind:26s} {f.rank if f.flat else 0:6d}  {f.formula[:34]:34s} {res:>18s}{mark}")
-    lines.append(f"  tolerance on ‖J·v‖/‖v‖: {r.tolerance_formula}  -> {'all within' if r.generators_ok else 'EXCEEDED'}")
+    lines.append(
+        f"  tolerance on ‖J·v‖/‖v‖: {r.tolerance_formula}  -> {'all within' if r.generators_ok else 'EXCEEDED'}"
+    )
     if r.overlap:
-        lines.append(f"  families overlap in {r.overlap} dimensions (Σ formulas {r.extra['predicted']} vs rank {r.explained})")
+        lines.append(
+            f"  families overlap in {r.overlap} dimensions (Σ formulas {r.extra['predicted']} vs rank {r.explained})"
+        )
     if r.unexplained:
         lines.append("  UNEXPLAINED flat directions — dominant parameter blocks (share):")
         for n, sh in r.unexplained_blocks:
@@ -149,15 +195,22 @@ def format_report(r, label: str, v) -> str:
         lines.append("  non-generic sample (data-dependent flat directions):")
         lines += [f"    {x}" for x in r.genericity.lines()]
     lines += ["", "  papers' counts for this configuration:"]
-    names = {"mgs": "MGS G_Model Σ h(d_k²+d_v²)", "mgs-variant": "MGS RoPE/GQA variant",
-             "van-nierop": "van Nierop eq. 17", "wiki-gqa": "wiki GQA n_q·d_k²+n_kv·d_v²",
-             "wiki-log-hfact": "wiki h(d_k²+d_v²)+log h!"}
+    names = {
+        "mgs": "MGS G_Model Σ h(d_k²+d_v²)",
+        "mgs-variant": "MGS RoPE/GQA variant",
+        "van-nierop": "van Nierop eq. 17",
+        "wiki-gqa": "wiki GQA n_q·d_k²+n_kv·d_v²",
+        "wiki-log-hfact": "wiki h(d_k²+d_v²)+log h!",
+    }
     for k, val in r.paper_counts.items():
         shown = f"{val:.2f}" if isinstance(val, float) else str(val)
         lines.append(f"    {names.get(k, k):32s} {shown:>10s}   (measured − claimed: {r.measured_nullity - val:+.6g})")
-    lines += ["", f"  functional dimension P − nullity = {r.functional_dimension};  wiki bound P/log P = "
-                  f"{r.fdof_bound:.1f}  -> fdof-bound {'HOLDS' if r.fdof_bound_holds else 'FAILS'}",
-              f"  maximality (G_max is everything): {v.verdict} — {v.reason}"]
+    lines += [
+        "",
+        f"  functional dimension P − nullity = {r.functional_dimension};  wiki bound P/log P = "
+        f"{r.fdof_bound:.1f}  -> fdof-bound {'HOLDS' if r.fdof_bound_holds else 'FAILS'}",
+        f"  maximality (G_max is everything): {v.verdict} — {v.reason}",
+    ]
     t = ", ".join(f"{k} {s:.1f}s" for k, s in r.timings.items())
     lines.append(f"  time: {t}")
     return "\n".join(lines)

@@ -11,11 +11,14 @@ from ..runtime import resolve_dtype
 
 
 def register(sub) -> None:
-    p = sub.add_parser("transform", help="write a gauge-transformed copy of a checkpoint, with a certificate",
-                       description="Apply a gauge action to a Hugging Face or GGUF checkpoint, write the result as a "
-                                   "Hugging Face directory (config.json, model.safetensors, tokenizer, "
-                                   "certificate.json) and certify with transformers' own float64 logits that the "
-                                   "function is unchanged.")
+    p = sub.add_parser(
+        "transform",
+        help="write a gauge-transformed copy of a checkpoint, with a certificate",
+        description="Apply a gauge action to a Hugging Face or GGUF checkpoint, write the result as a "
+        "Hugging Face directory (config.json, model.safetensors, tokenizer, "
+        "certificate.json) and certify with transformers' own float64 logits that the "
+        "function is unchanged.",
+    )
     p.add_argument("--checkpoint", required=True, metavar="DIR_OR_GGUF")
     p.add_argument("--action", required=True, help="action name (see gauge-audit check --list)")
     g = p.add_mutually_exclusive_group()
@@ -24,8 +27,12 @@ def register(sub) -> None:
     p.add_argument("--kappa", type=float, default=10.0, help="condition number of a sampled GL element")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist)")
     p.add_argument("--untie", action="store_true", help="untie the unembedding first (W_U = W_Eᵀ as its own tensor)")
-    p.add_argument("--dtype", default="same", choices=("same", "float64", "float32", "bfloat16"),
-                   help="dtype of the written weights (same: each tensor's stored dtype; GGUF: float32)")
+    p.add_argument(
+        "--dtype",
+        default="same",
+        choices=("same", "float64", "float32", "bfloat16"),
+        help="dtype of the written weights (same: each tensor's stored dtype; GGUF: float32)",
+    )
     p.add_argument("--json", action="store_true", help="print the certificate as JSON")
     p.set_defaults(func=run)
 
@@ -36,17 +43,30 @@ def run(args) -> int:
     if not args.kappa >= 1:
         raise GaugeAuditError("--kappa must be a number >= 1")
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
-    cert = transform(args.checkpoint, args.action, args.out, seed=args.seed, element=args.element,
-                     kappa=args.kappa, untie=args.untie, dtype=dtype, say=None if args.json else echo)
+    cert = transform(
+        args.checkpoint,
+        args.action,
+        args.out,
+        seed=args.seed,
+        element=args.element,
+        kappa=args.kappa,
+        untie=args.untie,
+        dtype=dtype,
+        say=None if args.json else echo,
+    )
     if args.json:
         print(json.dumps(cert.to_json(), sort_keys=True))
     else:
         if cert.untied:
             print(f"untied the unembedding: +{cert.untied['added_parameters']:,} parameters")
-        print(f"wrote {args.out}: {cert.written['tensors']} tensors ({cert.dtype}, "
-              f"{cert.written['bytes'] / 2**20:.1f} MiB), certificate.json")
-        print(f"{cert.action} (κ = {cert.kappa:.3g}): transformers' float64 logits change by "
-              f"{cert.max_rel_change:.3e} relative = {cert.residual_eps:.3g} ε({cert.dtype}); "
-              f"tolerance {cert.tolerance_eps:.3g} ε ({cert.tolerance_formula})")
+        print(
+            f"wrote {args.out}: {cert.written['tensors']} tensors ({cert.dtype}, "
+            f"{cert.written['bytes'] / 2**20:.1f} MiB), certificate.json"
+        )
+        print(
+            f"{cert.action} (κ = {cert.kappa:.3g}): transformers' float64 logits change by "
+            f"{cert.max_rel_change:.3e} relative = {cert.residual_eps:.3g} ε({cert.dtype}); "
+            f"tolerance {cert.tolerance_eps:.3g} ε ({cert.tolerance_formula})"
+        )
         print(f"verdict: {cert.verdict}; greedy next token {'unchanged' if cert.next_token_unchanged else 'CHANGED'}")
     return 0 if cert.verdict == "HOLDS" else 1

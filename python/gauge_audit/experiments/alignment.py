@@ -59,6 +59,7 @@ def _sample(cfg, g: torch.Generator):
         k = float(10 ** torch.rand(1, generator=g, dtype=torch.float64))
         s = torch.logspace(0, torch.log10(torch.tensor(k)).item(), d, dtype=torch.float64)
         return U @ torch.diag(s) @ V.T
+
     M = torch.stack([one() for _ in range(h)])
     N = torch.stack([one() for _ in range(h)])
     return M, N, torch.randperm(h, generator=g)
@@ -80,8 +81,10 @@ def closed_form(cfg, unflat, theta1, theta2):
     q2, k2, v2, o2 = (p2[f"blocks.0.attn.{k}"] for k in ("W_Q", "W_K", "W_V", "W_O"))
     inv1 = [torch.cat([(q1[i] @ k1[i].T).reshape(-1), (v1[i] @ o1[i]).reshape(-1)]) for i in range(cfg.n_heads)]
     inv2 = [torch.cat([(q2[i] @ k2[i].T).reshape(-1), (v2[i] @ o2[i]).reshape(-1)]) for i in range(cfg.n_heads)]
-    perm = min(itertools.permutations(range(cfg.n_heads)),
-               key=lambda pi: sum(float((inv2[pi[i]] - inv1[i]).norm()) for i in range(cfg.n_heads)))
+    perm = min(
+        itertools.permutations(range(cfg.n_heads)),
+        key=lambda pi: sum(float((inv2[pi[i]] - inv1[i]).norm()) for i in range(cfg.n_heads)),
+    )
     perm = torch.tensor(perm)
     q2, v2 = q2[perm], v2[perm]
     M = torch.stack([torch.linalg.lstsq(q2[i], q1[i]).solution for i in range(cfg.n_heads)])
@@ -96,36 +99,49 @@ def wiki_align_models(seed: int, full: bool) -> Finding:
     cfg, theta1, unflat, loss, _ = setup(seed)
     g = generator(seed + 41)
     M, N, perm = _sample(cfg, g)
-    theta2 = act(cfg, unflat, theta1, M, N, perm)          # θ₂ in θ₁'s orbit: distance 0 is reachable
+    theta2 = act(cfg, unflat, theta1, M, N, perm)  # θ₂ in θ₁'s orbit: distance 0 is reachable
     ref = float(theta1.norm())
     best = min(float((theta1 - act(cfg, unflat, theta2, *_sample(cfg, g))).norm()) / ref for _ in range(N_SAMPLES))
     aligned, *_ = closed_form(cfg, unflat, theta1, theta2)
     closed = float((theta1 - aligned).norm()) / ref
     tol = 1e3 * theta1.numel() * eps(torch.float64)
     syntax = _parses(WIKI_CODE)
-    text = (f"θ₂ = g·θ₁ (same orbit): align_models with {N_SAMPLES} samples reaches relative distance {best:.3f}; "
-            f"closed-form alignment {closed:.1e} (tol {tol:.1e})"
-            + (f"; the code as written does not parse ({syntax})" if syntax else ""))
+    text = (
+        f"θ₂ = g·θ₁ (same orbit): align_models with {N_SAMPLES} samples reaches relative distance {best:.3f}; "
+        f"closed-form alignment {closed:.1e} (tol {tol:.1e})"
+        + (f"; the code as written does not parse ({syntax})" if syntax else "")
+    )
     details = {"sampled": best, "closed_form": closed, "tolerance": tol, "syntax_error": syntax, "samples": N_SAMPLES}
     if closed > tol:
         return Finding(UNDECIDED, "the closed-form alignment did not reach the orbit point: " + text, details)
     if best > 1e3 * tol:
-        return Finding(FAILS, text, details,
-                       counterexample=f"seed {seed}: best of {N_SAMPLES} sampled τ leaves ‖θ₁ − τ(θ₂)‖/‖θ₁‖ = "
-                                      f"{best:.3f}, the closed form {closed:.1e}")
+        return Finding(
+            FAILS,
+            text,
+            details,
+            counterexample=f"seed {seed}: best of {N_SAMPLES} sampled τ leaves ‖θ₁ − τ(θ₂)‖/‖θ₁‖ = "
+            f"{best:.3f}, the closed form {closed:.1e}",
+        )
     return Finding(HOLDS, text, details)
 
 
 def _train(loss, theta0):
     v = theta0.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([v], max_iter=TRAIN_ITER, tolerance_grad=1e-7, tolerance_change=1e-30,
-                            history_size=50, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [v],
+        max_iter=TRAIN_ITER,
+        tolerance_grad=1e-7,
+        tolerance_change=1e-30,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
         val = loss(v)
         val.backward()
         return val
+
     opt.step(closure)
     return v.detach()
 
@@ -133,8 +149,9 @@ def _train(loss, theta0):
 @experiment("wiki-mode-connectivity")
 def wiki_mode_connectivity(seed: int, full: bool) -> Finding:
     cfg, teacher, unflat, loss, _ = setup(seed)
-    starts = [torch.randn(teacher.shape, generator=generator(seed + 500 + i), dtype=torch.float64) * 0.5
-              for i in range(2)]
+    starts = [
+        torch.randn(teacher.shape, generator=generator(seed + 500 + i), dtype=torch.float64) * 0.5 for i in range(2)
+    ]
     a, b = (_train(loss, s) for s in starts)
     la, lb = float(loss(a)), float(loss(b))
     aligned, M, N, perm, gap = closed_form(cfg, unflat, a, b)
@@ -152,25 +169,44 @@ def wiki_mode_connectivity(seed: int, full: bool) -> Finding:
     for v in (a, b):
         grad = torch.autograd.functional.jacobian(loss, v)
         w = torch.linalg.eigvalsh(torch.autograd.functional.hessian(loss, v))
-        crit.append({"loss": float(loss(v)), "grad_norm": float(grad.norm()), "lambda_min": float(w[0]),
-                     "lambda_max": float(w[-1]), "flat": int((w.abs() <= 1e-6 * w[-1]).sum())})
+        crit.append(
+            {
+                "loss": float(loss(v)),
+                "grad_norm": float(grad.norm()),
+                "lambda_min": float(w[0]),
+                "lambda_max": float(w[-1]),
+                "flat": int((w.abs() <= 1e-6 * w[-1]).sum()),
+            }
+        )
     # a (local) minimum: gradient and negative curvature both at the level the optimiser resolves
     minima = all(c["grad_norm"] <= 1e-6 and c["lambda_min"] >= -1e-6 * c["lambda_max"] for c in crit)
-    details = {"students": crit, "aligned_distance": dist, "invariant_gap": gap, "line": line,
-               "gauge_path": path, "min_det_on_path": min(dets), "train_iter": TRAIN_ITER}
-    text = (f"students from two seeds: loss {la:.4g}, {lb:.4g} (teacher 0), ‖∇L‖ "
-            f"{crit[0]['grad_norm']:.1e}, {crit[1]['grad_norm']:.1e}, λ_min/λ_max "
-            f"{crit[0]['lambda_min'] / crit[0]['lambda_max']:.1e}, {crit[1]['lambda_min'] / crit[1]['lambda_max']:.1e} "
-            f"({crit[0]['flat']}, {crit[1]['flat']} flat directions); after closed-form alignment "
-            f"‖θ_A − g·θ_B‖/‖θ_A‖ = {dist:.2g}; straight line θ_A → θ_B: max loss {max(line):.3g}")
+    details = {
+        "students": crit,
+        "aligned_distance": dist,
+        "invariant_gap": gap,
+        "line": line,
+        "gauge_path": path,
+        "min_det_on_path": min(dets),
+        "train_iter": TRAIN_ITER,
+    }
+    text = (
+        f"students from two seeds: loss {la:.4g}, {lb:.4g} (teacher 0), ‖∇L‖ "
+        f"{crit[0]['grad_norm']:.1e}, {crit[1]['grad_norm']:.1e}, λ_min/λ_max "
+        f"{crit[0]['lambda_min'] / crit[0]['lambda_max']:.1e}, {crit[1]['lambda_min'] / crit[1]['lambda_max']:.1e} "
+        f"({crit[0]['flat']}, {crit[1]['flat']} flat directions); after closed-form alignment "
+        f"‖θ_A − g·θ_B‖/‖θ_A‖ = {dist:.2g}; straight line θ_A → θ_B: max loss {max(line):.3g}"
+    )
     if not minima:
         return Finding(UNDECIDED, "training did not reach a minimum within the budget: " + text, details)
     tol = 1e3 * teacher.numel() * eps(torch.float64)
     if abs(la - lb) > tol * max(la, lb, 1e-300) * 1e3:
         # a gauge transformation preserves L exactly, so minima at different heights are not gauge-related
-        return Finding(FAILS, text + ": minima at different loss values cannot be one gauge transformation apart",
-                       details, counterexample=f"seed {seed}: local minima with L = {la:.4g} and L = {lb:.4g} "
-                                               "(and the teacher, L = 0)")
+        return Finding(
+            FAILS,
+            text + ": minima at different loss values cannot be one gauge transformation apart",
+            details,
+            counterexample=f"seed {seed}: local minima with L = {la:.4g} and L = {lb:.4g} (and the teacher, L = 0)",
+        )
     if dist <= 1e6 * tol and min(dets) > 0 and max(path) <= 1e-16 * max(1.0, la):
         return Finding(HOLDS, text, details)
     return Finding(UNDECIDED, text, details)

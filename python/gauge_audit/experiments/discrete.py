@@ -42,14 +42,16 @@ def wreath_order(n_q: int, n_kv: int) -> int:
     return math.factorial(g) ** n_kv * math.factorial(n_kv)
 
 
-def enumerate_preserving(n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d_head: int = 2,
-                         n: int = 5, batch: int = 2, edit=None) -> dict:
+def enumerate_preserving(
+    n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d_head: int = 2, n: int = 5, batch: int = 2, edit=None
+) -> dict:
     """Every (π, σ) of a random n_q:n_kv attention layer, classified; see the module docstring.
     ``edit(params)`` (optional) changes the weights in place first (tests tie or spoil heads)."""
     if n_q % n_kv:
         raise ValueError(f"n_q = {n_q} is not a multiple of n_kv = {n_kv}")
-    cfg = attn.config(d_model=d_model, n_heads=n_q, n_kv_heads=n_kv, d_head=d_head, n_ctx=n,
-                      attn_bias=False, out_bias=False)
+    cfg = attn.config(
+        d_model=d_model, n_heads=n_q, n_kv_heads=n_kv, d_head=d_head, n_ctx=n, attn_bias=False, out_bias=False
+    )
     model = build_config(cfg, seed=seed, device="cpu")
     if edit is not None:
         edit(model.params)
@@ -62,14 +64,14 @@ def enumerate_preserving(n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d
     v = torch.einsum("bnd,hde->bhne", x, p["W_V"])
     scores = torch.einsum("bine,bjme->bijnm", q, k) / math.sqrt(d_head)
     z = torch.einsum("bijnm,bjme->bijne", torch.softmax(scores, -1), v)
-    C = torch.einsum("bijne,ied->ijbnd", z, p["W_O"])          # (n_q, n_kv, B, n, d)
+    C = torch.einsum("bijne,ied->ijbnd", z, p["W_O"])  # (n_q, n_kv, B, n, d)
     slot_kv = torch.arange(n_q) // g
     pis = torch.tensor(list(itertools.permutations(range(n_q))))
     sigmas = torch.tensor(list(itertools.permutations(range(n_kv))))
-    pi_idx = pis.repeat_interleave(len(sigmas), 0)                # (cand, n_q)
-    sg_idx = sigmas.repeat(len(pis), 1)                           # (cand, n_kv)
-    kv_of_slot = sg_idx[:, slot_kv]                               # (cand, n_q)
-    terms = C[pi_idx, kv_of_slot]                                 # (cand, n_q, B, n, d)
+    pi_idx = pis.repeat_interleave(len(sigmas), 0)  # (cand, n_q)
+    sg_idx = sigmas.repeat(len(pis), 1)  # (cand, n_kv)
+    kv_of_slot = sg_idx[:, slot_kv]  # (cand, n_q)
+    terms = C[pi_idx, kv_of_slot]  # (cand, n_q, B, n, d)
     y_all = terms.sum(1)
     identity = C[torch.arange(n_q), slot_kv]
     y0 = identity.sum(0)
@@ -77,7 +79,7 @@ def enumerate_preserving(n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d
     direct = attention(model.params, "blocks.0.attn", cfg, x)
     e = eps(torch.float64)
     gamma = n_q * e / (1 - n_q * e)
-    bound = 2 * gamma * identity.abs().sum(0)                     # (B, n, d)
+    bound = 2 * gamma * identity.abs().sum(0)  # (B, n, d)
     decomposition = float(((direct - y0).abs() / bound.clamp_min(1e-300)).max())
     ratio = ((y_all - y0).abs() / bound.clamp_min(1e-300)).flatten(1).amax(1)
     keep = ratio <= 1.0
@@ -85,7 +87,11 @@ def enumerate_preserving(n_q: int, n_kv: int, seed: int = 0, d_model: int = 4, d
     group_of = slot_kv
     structural = (group_of[pi_idx] == kv_of_slot).all(1)
     return {
-        "n_q": n_q, "n_kv": n_kv, "g": g, "candidates": int(len(ratio)), "preserving": int(keep.sum()),
+        "n_q": n_q,
+        "n_kv": n_kv,
+        "g": g,
+        "candidates": int(len(ratio)),
+        "preserving": int(keep.sum()),
         "max_ratio_preserving": float(ratio[keep].max()) if keep.any() else None,
         "min_ratio_other": float(ratio[~keep].min()) if (~keep).any() else None,
         "decomposition_ratio": decomposition,
@@ -109,8 +115,10 @@ def enumerate_configs(configs, seed: int) -> tuple[list[dict], list[str]]:
 
 
 def _table(rows, claimed) -> list[str]:
-    return [f"{r['n_q']}:{r['n_kv']}: {r['preserving']}/{r['candidates']} preserve (claimed order {claimed(r)})"
-            for r in rows]
+    return [
+        f"{r['n_q']}:{r['n_kv']}: {r['preserving']}/{r['candidates']} preserve (claimed order {claimed(r)})"
+        for r in rows
+    ]
 
 
 def _sound(rows) -> str | None:
@@ -129,16 +137,21 @@ def judge_order(rows, skipped, claimed, name: str) -> Finding:
     details = {"rows": rows, "skipped": skipped, "claimed_orders": [claimed(r) for r in rows]}
     if bad:
         from .registry import UNDECIDED
+
         return Finding(UNDECIDED, bad, details)
     wrong = [r for r in rows if r["preserving"] != claimed(r)]
     margin = min(r["min_ratio_other"] for r in rows if r["min_ratio_other"] is not None)
-    text = (f"{'; '.join(_table(rows, claimed))}; separation: preserving ≤ "
-            f"{max(r['max_ratio_preserving'] for r in rows):.2g}× the rounding bound, others ≥ {margin:.3g}×")
+    text = (
+        f"{'; '.join(_table(rows, claimed))}; separation: preserving ≤ "
+        f"{max(r['max_ratio_preserving'] for r in rows):.2g}× the rounding bound, others ≥ {margin:.3g}×"
+    )
     if not wrong:
         return Finding(HOLDS, f"{name}: " + text, details)
     w = wrong[0]
-    counter = (f"n_q = {w['n_q']}, n_kv = {w['n_kv']}: {w['preserving']} head permutations preserve the "
-               f"function, the claimed group has order {claimed(w)}")
+    counter = (
+        f"n_q = {w['n_q']}, n_kv = {w['n_kv']}: {w['preserving']} head permutations preserve the "
+        f"function, the claimed group has order {claimed(w)}"
+    )
     return Finding(FAILS, f"{name}: " + text, details, counterexample=counter)
 
 
@@ -149,8 +162,11 @@ def gqa_discrete_group(seed: int, full: bool) -> Finding:
     f = judge_order(rows, skipped, lambda r: math.factorial(r["n_q"]) * math.factorial(r["n_kv"]), "|S_h × S_g|")
     if f.outcome == FAILS:
         f.details["derived_order"] = "(g!)^{n_kv}·n_kv! with g = n_q/n_kv: the wreath product S_g ≀ S_{n_kv}"
-        f.summary += "; the counts equal (n_q/n_kv)!^{n_kv}·n_kv! (S_{n_q/n_kv} ≀ S_{n_kv}) on every configuration" \
-            if all(r["preserving"] == wreath_order(r["n_q"], r["n_kv"]) for r in rows) else ""
+        f.summary += (
+            "; the counts equal (n_q/n_kv)!^{n_kv}·n_kv! (S_{n_q/n_kv} ≀ S_{n_kv}) on every configuration"
+            if all(r["preserving"] == wreath_order(r["n_q"], r["n_kv"]) for r in rows)
+            else ""
+        )
     return f
 
 
@@ -169,11 +185,17 @@ def wiki_gqa_wreath(seed: int, full: bool) -> Finding:
     if not symbol:
         return explained
     r = symbol[0]
-    explained.summary += (f"; but the symbol S_{{n_kv}} ≀ S_g (standard reading (S_{{n_kv}})^g ⋊ S_g) has order "
-                          f"{math.factorial(r['n_kv']) ** r['g'] * math.factorial(r['g'])} at {r['n_q']}:{r['n_kv']}")
-    return Finding(CORRECTED, explained.summary, explained.details,
-                   corrected_rule="the group is S_g ≀ S_{n_kv} = (S_g)^{n_kv} ⋊ S_{n_kv} (g = n_query/n_kv), "
-                                  "as the wiki's explanation says; its symbol has the factors reversed")
+    explained.summary += (
+        f"; but the symbol S_{{n_kv}} ≀ S_g (standard reading (S_{{n_kv}})^g ⋊ S_g) has order "
+        f"{math.factorial(r['n_kv']) ** r['g'] * math.factorial(r['g'])} at {r['n_q']}:{r['n_kv']}"
+    )
+    return Finding(
+        CORRECTED,
+        explained.summary,
+        explained.details,
+        corrected_rule="the group is S_g ≀ S_{n_kv} = (S_g)^{n_kv} ⋊ S_{n_kv} (g = n_query/n_kv), "
+        "as the wiki's explanation says; its symbol has the factors reversed",
+    )
 
 
 @experiment("head-perm-order")
@@ -208,22 +230,35 @@ def wiki_gqa_chain(seed: int, full: bool) -> Finding:
     rows = []
     for n_kv in (2, 3):
         gqa = preserving_query_perms(h, n_kv, seed)
-        rows.append({"n_kv": n_kv, "gqa_perms": len(gqa), "mqa_perms": len(mqa), "mha_perms": len(mha),
-                     "gqa_in_mha": gqa <= mha, "mqa_in_gqa": mqa <= gqa,
-                     "dims": [h * 2, n_kv * 2, 2]})            # in units of d_k² + d_v² (d_k = d_v)
+        rows.append(
+            {
+                "n_kv": n_kv,
+                "gqa_perms": len(gqa),
+                "mqa_perms": len(mqa),
+                "mha_perms": len(mha),
+                "gqa_in_mha": gqa <= mha,
+                "mqa_in_gqa": mqa <= gqa,
+                "dims": [h * 2, n_kv * 2, 2],
+            }
+        )  # in units of d_k² + d_v² (d_k = d_v)
     cont = all(r["dims"][0] > r["dims"][1] > r["dims"][2] for r in rows)
     disc = all(r["gqa_in_mha"] and r["mqa_in_gqa"] for r in rows)
-    text = ("; ".join(f"6:{r['n_kv']}: GQA keeps {r['gqa_perms']} head permutations, MQA {r['mqa_perms']} (⊂ GQA: "
-                      f"{r['mqa_in_gqa']}), dimensions {r['dims'][0]} > {r['dims'][1]} > {r['dims'][2]} ×(d_k²+d_v²)"
-                      for r in rows))
+    text = "; ".join(
+        f"6:{r['n_kv']}: GQA keeps {r['gqa_perms']} head permutations, MQA {r['mqa_perms']} (⊂ GQA: "
+        f"{r['mqa_in_gqa']}), dimensions {r['dims'][0]} > {r['dims'][1]} > {r['dims'][2]} ×(d_k²+d_v²)"
+        for r in rows
+    )
     details = {"rows": rows}
     if cont and disc:
         return Finding(HOLDS, text, details)
     if cont:
-        return Finding(CORRECTED, text + ": the chain holds for the continuous parts only", details,
-                       corrected_rule="the identity components form the chain (dimension h > n_kv > 1 times "
-                                      "d_k² + d_v²); the discrete part of MQA, S_h, is larger than GQA's "
-                                      "S_g ≀ S_{n_kv}, so G_MQA ⊄ G_GQA",
-                       counterexample=f"h = 6: MQA keeps all {len(mqa)} head permutations, GQA 6:2 only "
-                                      f"{rows[0]['gqa_perms']}")
+        return Finding(
+            CORRECTED,
+            text + ": the chain holds for the continuous parts only",
+            details,
+            corrected_rule="the identity components form the chain (dimension h > n_kv > 1 times "
+            "d_k² + d_v²); the discrete part of MQA, S_h, is larger than GQA's "
+            "S_g ≀ S_{n_kv}, so G_MQA ⊄ G_GQA",
+            counterexample=f"h = 6: MQA keeps all {len(mqa)} head permutations, GQA 6:2 only {rows[0]['gqa_perms']}",
+        )
     return Finding(FAILS, text, details)

@@ -40,14 +40,15 @@ def losses(logits: list[torch.Tensor], top_k: int) -> dict:
         probs = torch.softmax(lg, -1)
         P = probs.mean(0)
         top = lg.topk(top_k, -1).indices
-        f_k = torch.zeros(E, dtype=torch.float64).scatter_add_(0, top.flatten(), torch.ones(top.numel(),
-                                                                                          dtype=torch.float64))
+        f_k = torch.zeros(E, dtype=torch.float64).scatter_add_(
+            0, top.flatten(), torch.ones(top.numel(), dtype=torch.float64)
+        )
         f_k = f_k / top.numel()
         f_1 = torch.bincount(top[:, 0], minlength=E).to(torch.float64) / len(lg)
         out["switch"] += float(E * (f_k * P).sum())
         out["gshard"] += float(E * (f_1 * P).sum())
         lse = torch.logsumexp(lg, -1)
-        out["z"] += float((lse ** 2).mean())
+        out["z"] += float((lse**2).mean())
         out["lse_max"] = max(out["lse_max"], float(lse.abs().max()), float(lg.abs().max()))
     return out
 
@@ -93,18 +94,31 @@ def measure(seed: int = 0) -> dict:
         relabel = action.expert_relabel or (lambda el, layer, idx: idx)
         y1, logits1 = _run(model, new, inputs)
         after = losses(logits1, cfg.top_k)
-        gating = _gating_changes(logits0, logits1, lambda l, idx, el=el, relabel=relabel: relabel(el, l, idx),
-                                 cfg.top_k)
+        gating = _gating_changes(
+            logits0, logits1, lambda l, idx, el=el, relabel=relabel: relabel(el, l, idx), cfg.top_k
+        )
         err = float((y1 - y0).abs().max() / y0.abs().max())
         t, _ = tolerance(model, el.kappa, torch.float64, n)
         t_stat, _ = statistical_tolerance(model, el.kappa, torch.float64, n, y0.numel())
         verdict = verdict_for(err, t_stat, t, gating["topk_changed"])
         rel = {k: abs(after[k] - base[k]) / abs(base[k]) for k in ("switch", "gshard", "z")}
-        bound = {"switch": 4 * cfg.experts * t, "gshard": 4 * cfg.experts * t,
-                 "z": 2 * t * base["lse_max"] ** 2 / max(base["z"], 1e-300)}
-        rows.append({"action": action.name, "output": verdict, "output_error": err, "kappa": el.kappa,
-                     **gating, **{f"{k}_rel_change": rel[k] for k in rel}, **{f"{k}_bound": bound[k] for k in bound},
-                     **{f"{k}_changed": rel[k] > 1e3 * bound[k] for k in rel}})
+        bound = {
+            "switch": 4 * cfg.experts * t,
+            "gshard": 4 * cfg.experts * t,
+            "z": 2 * t * base["lse_max"] ** 2 / max(base["z"], 1e-300),
+        }
+        rows.append(
+            {
+                "action": action.name,
+                "output": verdict,
+                "output_error": err,
+                "kappa": el.kappa,
+                **gating,
+                **{f"{k}_rel_change": rel[k] for k in rel},
+                **{f"{k}_bound": bound[k] for k in bound},
+                **{f"{k}_changed": rel[k] > 1e3 * bound[k] for k in rel},
+            }
+        )
     return {"model": MODEL, "experts": cfg.experts, "top_k": cfg.top_k, "base": base, "rows": rows}
 
 
@@ -131,17 +145,29 @@ def wiki_load_balance_breaks(seed: int, full: bool) -> Finding:
         return Finding(UNDECIDED, "no true action held on the MoE model", m)
     broken = [r for r in rows if r["switch_changed"] or r["gshard_changed"]]
     z_broken = [r["action"] for r in rows if r["z_changed"]]
-    worst = max(rows, key=lambda r: max(r["switch_rel_change"] / r["switch_bound"],
-                                        r["gshard_rel_change"] / r["gshard_bound"]))
-    tail = (f"; the router z-loss (not a load-balancing loss) does change under {', '.join(z_broken)}"
-            if z_broken else "; the router z-loss is invariant too")
+    worst = max(
+        rows, key=lambda r: max(r["switch_rel_change"] / r["switch_bound"], r["gshard_rel_change"] / r["gshard_bound"])
+    )
+    tail = (
+        f"; the router z-loss (not a load-balancing loss) does change under {', '.join(z_broken)}"
+        if z_broken
+        else "; the router z-loss is invariant too"
+    )
     if broken:
-        return Finding(HOLDS, f"the load-balancing loss changes under {', '.join(r['action'] for r in broken)}: "
-                       + "; ".join(_fmt(r, "switch") for r in broken[:3]), m)
-    return Finding(FAILS, f"Switch and GShard load-balancing losses are invariant under all {len(rows)} true actions "
-                   f"on {m['model']} ({', '.join(r['action'] for r in rows)}); largest: {_fmt(worst, 'switch')}" + tail,
-                   m, counterexample=f"{m['model']}, seed {seed}: every gauge action leaves the load-balancing loss "
-                                     f"unchanged to ≤ {worst['switch_rel_change']:.1e} relative")
+        return Finding(
+            HOLDS,
+            f"the load-balancing loss changes under {', '.join(r['action'] for r in broken)}: "
+            + "; ".join(_fmt(r, "switch") for r in broken[:3]),
+            m,
+        )
+    return Finding(
+        FAILS,
+        f"Switch and GShard load-balancing losses are invariant under all {len(rows)} true actions "
+        f"on {m['model']} ({', '.join(r['action'] for r in rows)}); largest: {_fmt(worst, 'switch')}" + tail,
+        m,
+        counterexample=f"{m['model']}, seed {seed}: every gauge action leaves the load-balancing loss "
+        f"unchanged to ≤ {worst['switch_rel_change']:.1e} relative",
+    )
 
 
 @experiment("wiki-routing-no-new-symmetry")
@@ -152,7 +178,11 @@ def wiki_routing_no_new_symmetry(seed: int, full: bool) -> Finding:
     if not own:
         return Finding(HOLDS, "no symmetry acting on the router or the experts alone holds on the MoE model", m)
     text = "; ".join(f"{r['action']} keeps the output to {r['output_error']:.1e} relative" for r in own)
-    return Finding(FAILS, f"routing adds symmetries outside G_max (which acts on attention only): {text}; "
-                   f"router-offset is (ℝ^{{d_model}}, +) per MoE router, expert-perm S_E per MoE block", m,
-                   counterexample=f"{m['model']}, seed {seed}: W_router[:, e] ↦ W_router[:, e] + c for every e "
-                                  "leaves the function unchanged")
+    return Finding(
+        FAILS,
+        f"routing adds symmetries outside G_max (which acts on attention only): {text}; "
+        f"router-offset is (ℝ^{{d_model}}, +) per MoE router, expert-perm S_E per MoE block",
+        m,
+        counterexample=f"{m['model']}, seed {seed}: W_router[:, e] ↦ W_router[:, e] + c for every e "
+        "leaves the function unchanged",
+    )

@@ -23,8 +23,16 @@ def _checks(pairs, seed: int) -> list[dict]:
     out = []
     for model, action in pairs:
         r = check(build(model, seed=seed, device="cpu"), action, seed=seed)
-        out.append({"model": model, "action": action, "verdict": r.verdict, "residual_eps": r.residual_eps,
-                    "tolerance_statistical_eps": r.tolerance_statistical_eps, "tolerance_eps": r.tolerance_eps})
+        out.append(
+            {
+                "model": model,
+                "action": action,
+                "verdict": r.verdict,
+                "residual_eps": r.residual_eps,
+                "tolerance_statistical_eps": r.tolerance_statistical_eps,
+                "tolerance_eps": r.tolerance_eps,
+            }
+        )
     return out
 
 
@@ -32,13 +40,16 @@ def _all_hold(pairs, seed: int, what: str) -> Finding:
     rows = _checks(pairs, seed)
     bad = [r for r in rows if not r["verdict"].startswith("HOLDS")]
     worst = max(rows, key=lambda r: r["residual_eps"] / r["tolerance_eps"])
-    text = (f"{what}: {len(rows) - len(bad)}/{len(rows)} (model, action) pairs hold; worst {worst['action']} on "
-            f"{worst['model']}: {worst['residual_eps']:.3g} ε vs tol {worst['tolerance_statistical_eps']:.3g} ε "
-            f"statistical, {worst['tolerance_eps']:.3g} ε worst-case")
+    text = (
+        f"{what}: {len(rows) - len(bad)}/{len(rows)} (model, action) pairs hold; worst {worst['action']} on "
+        f"{worst['model']}: {worst['residual_eps']:.3g} ε vs tol {worst['tolerance_statistical_eps']:.3g} ε "
+        f"statistical, {worst['tolerance_eps']:.3g} ε worst-case"
+    )
     if bad:
         b = bad[0]
-        return Finding(FAILS, text, {"rows": rows},
-                       counterexample=f"{b['action']} on {b['model']}: {b['residual_eps']:.3g} ε")
+        return Finding(
+            FAILS, text, {"rows": rows}, counterexample=f"{b['action']} on {b['model']}: {b['residual_eps']:.3g} ε"
+        )
     return Finding(HOLDS, text, {"rows": rows})
 
 
@@ -54,8 +65,11 @@ def kv_basis_rewrite(seed: int, full: bool) -> Finding:
 def mgs_persists_layernorm(seed: int, full: bool) -> Finding:
     """The attention gauge group (qk-gl, vo-gl, head-perm) on models with LayerNorm, affine or not."""
     models = ("gpt2-tiny", "gpt2-tiny-noaffine", "bert-tiny")
-    return _all_hold([(m, a) for m in models for a in ("qk-gl", "vo-gl", "head-perm")], seed,
-                     "G_max with LayerNorm (pre-LN GPT-2, post-LN BERT, no-affine)")
+    return _all_hold(
+        [(m, a) for m in models for a in ("qk-gl", "vo-gl", "head-perm")],
+        seed,
+        "G_max with LayerNorm (pre-LN GPT-2, post-LN BERT, no-affine)",
+    )
 
 
 @experiment("wiki-arch-table-vo-perm")
@@ -98,16 +112,19 @@ def mgs_attention_weights_preserved(seed: int, full: bool) -> Finding:
         a1 = _head_probs(transformed(act, cfg, p0, el), cfg, x)
         # best matching of transformed heads to original ones (h ≤ 4: every permutation)
         import itertools
+
         best = min(float((a1[:, list(pi)] - a0).abs().max()) for pi in itertools.permutations(range(cfg.n_heads)))
         rows.append({"action": name, "kappa": el.kappa, "max_change_up_to_perm": best})
-    tol = 10.0 * cfg.d_model * cfg.d_head * eps(torch.float64) * 10.0   # κ·K·ε per score, ×10 for softmax
+    tol = 10.0 * cfg.d_model * cfg.d_head * eps(torch.float64) * 10.0  # κ·K·ε per score, ×10 for softmax
     true = [r for r in rows if r["action"] != "qk-same-action"]
     false = [r for r in rows if r["action"] == "qk-same-action"]
-    ok = all(r["max_change_up_to_perm"] <= tol for r in true) and all(r["max_change_up_to_perm"] > 1e3 * tol
-                                                                      for r in false)
+    ok = all(r["max_change_up_to_perm"] <= tol for r in true) and all(
+        r["max_change_up_to_perm"] > 1e3 * tol for r in false
+    )
     text = "; ".join(f"{r['action']}: {r['max_change_up_to_perm']:.2e}" for r in rows) + f" (tol {tol:.1e})"
-    return Finding(HOLDS if ok else FAILS, "attention matrices up to head permutation: " + text, {"rows": rows,
-                                                                                              "tolerance": tol})
+    return Finding(
+        HOLDS if ok else FAILS, "attention matrices up to head permutation: " + text, {"rows": rows, "tolerance": tol}
+    )
 
 
 @experiment("mgs-outside-gmax-order-one")
@@ -131,19 +148,25 @@ def mgs_outside_gmax_order_one(seed: int, full: bool) -> Finding:
             change = float((y1 - y0).abs().max() / y0.abs().max())
             rows.append({"t": t, "relative_change": change, "change_over_t": change / t})
     slopes = [math.log10(rows[i]["relative_change"] / rows[i + 1]["relative_change"]) / 2 for i in range(len(rows) - 1)]
-    text = ("M = I + t·S: " + ", ".join(f"t = {r['t']:g} → {r['relative_change']:.2e}" for r in rows)
-            + f"; log-log slopes {', '.join(f'{s:.3f}' for s in slopes)}")
+    text = (
+        "M = I + t·S: "
+        + ", ".join(f"t = {r['t']:g} → {r['relative_change']:.2e}" for r in rows)
+        + f"; log-log slopes {', '.join(f'{s:.3f}' for s in slopes)}"
+    )
     details = {"rows": rows, "slopes": slopes}
     order_one = all(r["relative_change"] > 1e-2 for r in rows)
     if order_one:
         return Finding(HOLDS, text, details)
-    linear = all(abs(s - 1) < 0.05 for s in slopes[1:])   # first order near G_max (t ≤ 10⁻²)
+    linear = all(abs(s - 1) < 0.05 for s in slopes[1:])  # first order near G_max (t ≤ 10⁻²)
     if linear and rows[0]["relative_change"] > 1e-2:
-        return Finding(CORRECTED, text + ": the change is proportional to the distance from G_max, O(1) only for "
-                       "elements at O(1) distance", details,
-                       corrected_rule="an element at distance t from G_max changes the output by Θ(t) (first order "
-                                      "in t), so O(1) only at O(1) distance",
-                       counterexample=f"t = {rows[-1]['t']:g}: change {rows[-1]['relative_change']:.2e}")
+        return Finding(
+            CORRECTED,
+            text + ": the change is proportional to the distance from G_max, O(1) only for elements at O(1) distance",
+            details,
+            corrected_rule="an element at distance t from G_max changes the output by Θ(t) (first order "
+            "in t), so O(1) only at O(1) distance",
+            counterexample=f"t = {rows[-1]['t']:g}: change {rows[-1]['relative_change']:.2e}",
+        )
     return Finding(FAILS, text, details, counterexample=f"t = {rows[-1]['t']:g}: {rows[-1]['relative_change']:.2e}")
 
 
@@ -155,13 +178,20 @@ def wiki_head_perm_equation(seed: int, full: bool) -> Finding:
     pre = "blocks.0.attn"
     v = torch.einsum("bnd,hde->bhne", x, p[f"{pre}.W_V"]) + p[f"{pre}.b_V"][None, :, None, :]
     z = _head_probs(p, cfg, x) @ v.repeat_interleave(cfg.group_size, dim=1)
-    diffs = [float((z[:, i] - z[:, j]).abs().max() / z.abs().max())
-             for i in range(cfg.n_heads) for j in range(i + 1, cfg.n_heads)]
+    diffs = [
+        float((z[:, i] - z[:, j]).abs().max() / z.abs().max())
+        for i in range(cfg.n_heads)
+        for j in range(i + 1, cfg.n_heads)
+    ]
     tol = cfg.d_model * cfg.n_ctx * eps(torch.float64) * 10
     text = f"smallest relative difference between two heads' outputs {min(diffs):.3f} (rounding ≤ {tol:.1e})"
     if min(diffs) > 1e3 * tol:
-        return Finding(FAILS, text, {"differences": diffs},
-                       counterexample=f"attn-tiny, seed {seed}: heads 0 and 1 differ by {diffs[0]:.3f} relative")
+        return Finding(
+            FAILS,
+            text,
+            {"differences": diffs},
+            counterexample=f"attn-tiny, seed {seed}: heads 0 and 1 differ by {diffs[0]:.3f} relative",
+        )
     return Finding(HOLDS, text, {"differences": diffs})
 
 
@@ -178,15 +208,29 @@ def wiki_theorem5_absolute(seed: int, full: bool) -> Finding:
             r = check(model, "qk-gl", inputs, seed=seed, kappa=kappa)
             with torch.no_grad():
                 norm = float(model.forward(model.params, inputs).abs().max())
-            rows.append({"scale": scale, "kappa": kappa, "absolute_error": r.max_rel_error * norm,
-                         "absolute_error_eps": r.max_rel_error * norm / e, "verdict": r.verdict})
+            rows.append(
+                {
+                    "scale": scale,
+                    "kappa": kappa,
+                    "absolute_error": r.max_rel_error * norm,
+                    "absolute_error_eps": r.max_rel_error * norm / e,
+                    "verdict": r.verdict,
+                }
+            )
     worst = max(rows, key=lambda r: r["absolute_error"])
-    text = ("absolute ∞-norm change: " + ", ".join(f"|X|×{r['scale']:g}, κ {r['kappa']:g}: {r['absolute_error_eps']:.3g} ε"
-                                                    for r in rows) + " vs the claimed 24 ε")
+    text = (
+        "absolute ∞-norm change: "
+        + ", ".join(f"|X|×{r['scale']:g}, κ {r['kappa']:g}: {r['absolute_error_eps']:.3g} ε" for r in rows)
+        + " vs the claimed 24 ε"
+    )
     if worst["absolute_error_eps"] > 24 * 10:
-        return Finding(FAILS, text, {"rows": rows},
-                       counterexample=f"inputs ×{worst['scale']:g}, κ = {worst['kappa']:g}: "
-                                      f"{worst['absolute_error_eps']:.3g} ε_mach > 24 ε_mach")
+        return Finding(
+            FAILS,
+            text,
+            {"rows": rows},
+            counterexample=f"inputs ×{worst['scale']:g}, κ = {worst['kappa']:g}: "
+            f"{worst['absolute_error_eps']:.3g} ε_mach > 24 ε_mach",
+        )
     return Finding(HOLDS, text, {"rows": rows})
 
 
@@ -199,19 +243,25 @@ def review_ln_single_token(seed: int, full: bool) -> Finding:
     ones = torch.ones(d, dtype=torch.float64) / math.sqrt(d)
     A = torch.randn(d, d, generator=g, dtype=torch.float64)
     P = torch.eye(d, dtype=torch.float64) - torch.outer(ones, ones)
-    K = P @ (A - A.T) @ P                                  # skew, K·1 = 0: exp(K) ∈ SO(d) fixes 1
+    K = P @ (A - A.T) @ P  # skew, K·1 = 0: exp(K) ∈ SO(d) fixes 1
     R = torch.linalg.matrix_exp(K)
     x = torch.randn(d, generator=g, dtype=torch.float64)
     gamma = 1 + 0.5 * torch.randn(d, generator=g, dtype=torch.float64)
     beta = 0.5 * torch.randn(d, generator=g, dtype=torch.float64)
     ln = torch.nn.functional.layer_norm
-    affine = float((ln(R @ x, (d,), gamma, beta, eps=0.0) - R @ ln(x, (d,), gamma, beta, eps=0.0)).abs().max()
-                   / ln(x, (d,), gamma, beta, eps=0.0).abs().max())
+    affine = float(
+        (ln(R @ x, (d,), gamma, beta, eps=0.0) - R @ ln(x, (d,), gamma, beta, eps=0.0)).abs().max()
+        / ln(x, (d,), gamma, beta, eps=0.0).abs().max()
+    )
     plain = float((ln(R @ x, (d,), eps=0.0) - R @ ln(x, (d,), eps=0.0)).abs().max() / ln(x, (d,), eps=0.0).abs().max())
     tol = 4 * d * eps(torch.float64)
     text = f"affine LayerNorm: relative mismatch {affine:.3f}; without γ, β: {plain:.2e} (rounding ≤ {tol:.1e})"
-    details = {"affine": affine, "no_affine": plain, "tolerance": tol, "rotation_fixes_ones":
-               float((R @ ones - ones).abs().max())}
+    details = {
+        "affine": affine,
+        "no_affine": plain,
+        "tolerance": tol,
+        "rotation_fixes_ones": float((R @ ones - ones).abs().max()),
+    }
     if affine > 1e-2 and plain <= tol:
         return Finding(HOLDS, text, details)
     return Finding(FAILS, text, details, counterexample=text)
@@ -224,13 +274,19 @@ def wiki_hard_gating_breaks(seed: int, full: bool) -> Finding:
     m = _measured(seed)
     rows = [r for r in m["rows"] if r["output"].startswith("HOLDS")]
     changed = [r for r in rows if r["top1_changed"]]
-    text = (f"learned hard (argmax) gate: top-1 choice changed for "
-            f"{sum(r['top1_changed'] for r in rows)} tokens over {len(rows)} true actions "
-            f"({', '.join(r['action'] for r in rows)})")
+    text = (
+        f"learned hard (argmax) gate: top-1 choice changed for "
+        f"{sum(r['top1_changed'] for r in rows)} tokens over {len(rows)} true actions "
+        f"({', '.join(r['action'] for r in rows)})"
+    )
     if changed:
         return Finding(HOLDS, text, m)
-    return Finding(FAILS, text + ": the hard gate reads the same hidden states, so it is invariant like top-k", m,
-                   counterexample=f"{m['model']}, seed {seed}: no token's argmax expert changes under any action")
+    return Finding(
+        FAILS,
+        text + ": the hard gate reads the same hidden states, so it is invariant like top-k",
+        m,
+        counterexample=f"{m['model']}, seed {seed}: no token's argmax expert changes under any action",
+    )
 
 
 @experiment("wiki-routing-table-invariant")
@@ -240,11 +296,16 @@ def wiki_routing_table_invariant(seed: int, full: bool) -> Finding:
     m = _measured(seed)
     rows = [r for r in m["rows"] if r["action"] in ("qk-gl", "vo-gl", "head-perm")]
     bad = [r for r in rows if r["probs_change"] > 1e3 * r["switch_bound"] or r["topk_changed"]]
-    text = ("under qk-gl, vo-gl, head-perm: " + "; ".join(
-        f"{r['action']}: softmax Δ {r['probs_change']:.1e}, top-k changes {r['topk_changed']}" for r in rows)
-        + "; a random router does not read the weights")
-    return Finding(FAILS if bad else HOLDS, text, m,
-                   counterexample=(f"{bad[0]['action']} changes the routing" if bad else None))
+    text = (
+        "under qk-gl, vo-gl, head-perm: "
+        + "; ".join(
+            f"{r['action']}: softmax Δ {r['probs_change']:.1e}, top-k changes {r['topk_changed']}" for r in rows
+        )
+        + "; a random router does not read the weights"
+    )
+    return Finding(
+        FAILS if bad else HOLDS, text, m, counterexample=(f"{bad[0]['action']} changes the routing" if bad else None)
+    )
 
 
 @experiment("wiki-ln-formula")
@@ -259,9 +320,18 @@ def wiki_ln_formula(seed: int, full: bool) -> Finding:
         mu, sigma = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True).sqrt()
         formula = gamma * (x - mu) / sigma + beta
         ref = torch.nn.functional.layer_norm(x, (d,), gamma, beta, eps=0.0)
-        rows.append({"d": d, "relative_difference": float((formula - ref).abs().max() / ref.abs().max()),
-                     "tolerance": 4 * d * eps(torch.float64)})
+        rows.append(
+            {
+                "d": d,
+                "relative_difference": float((formula - ref).abs().max() / ref.abs().max()),
+                "tolerance": 4 * d * eps(torch.float64),
+            }
+        )
     ok = all(r["relative_difference"] <= r["tolerance"] for r in rows)
     text = "; ".join(f"d = {r['d']}: {r['relative_difference']:.1e} (tol {r['tolerance']:.1e})" for r in rows)
-    return Finding(HOLDS if ok else FAILS, "the formula against torch.nn.functional.layer_norm: " + text,
-                   {"rows": rows}, counterexample=None if ok else text)
+    return Finding(
+        HOLDS if ok else FAILS,
+        "the formula against torch.nn.functional.layer_norm: " + text,
+        {"rows": rows},
+        counterexample=None if ok else text,
+    )

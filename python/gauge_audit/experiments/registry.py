@@ -30,7 +30,9 @@ EXPERIMENTS: dict[str, Callable[[int, bool], Finding]] = {}
 
 def experiment(claim_id: str):
     """Register ``fn(seed, full)`` as the experiment deciding ``claim_id``."""
+
     def deco(fn):
         EXPERIMENTS[claim_id] = fn
         return fn
+
     return deco

@@ -48,7 +48,7 @@ def setup(seed: int = 0):
         out, i = {}, 0
         for n, s in zip(names, shapes):
             k = math.prod(s)
-            out[n] = v[i:i + k].reshape(s)
+            out[n] = v[i : i + k].reshape(s)
             i += k
         return out
 
@@ -68,8 +68,12 @@ def gauge_map(cfg, M: torch.Tensor, N: torch.Tensor) -> torch.Tensor:
     I = torch.eye(cfg.d_model, dtype=M.dtype)
     Mi, Ni = torch.linalg.inv(M), torch.linalg.inv(N)
     h = cfg.n_heads
-    blocks = ([torch.kron(I, M[i].T.contiguous()) for i in range(h)] + [torch.kron(I, Mi[i].contiguous()) for i in range(h)]
-              + [torch.kron(I, N[i].T.contiguous()) for i in range(h)] + [torch.kron(Ni[i].contiguous(), I) for i in range(h)])
+    blocks = (
+        [torch.kron(I, M[i].T.contiguous()) for i in range(h)]
+        + [torch.kron(I, Mi[i].contiguous()) for i in range(h)]
+        + [torch.kron(I, N[i].T.contiguous()) for i in range(h)]
+        + [torch.kron(Ni[i].contiguous(), I) for i in range(h)]
+    )
     return torch.block_diag(*blocks)
 
 
@@ -83,6 +87,7 @@ def element(cfg, seed: int, kappa: float):
         V, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
         s = torch.logspace(0, math.log10(kappa), d, dtype=torch.float64) / math.sqrt(kappa)
         return U @ torch.diag(s) @ V.T
+
     return torch.stack([one() for _ in range(h)]), torch.stack([one() for _ in range(h)])
 
 
@@ -105,14 +110,16 @@ def invariant_sharpness(cfg, H: torch.Tensor, seed: int) -> tuple[float, int]:
         Ti = torch.linalg.inv(T)
         return torch.log(torch.linalg.eigvalsh(Ti.T @ H @ Ti)[-1])
 
-    opt = torch.optim.LBFGS([params], max_iter=MAX_ITER, tolerance_grad=1e-10, tolerance_change=1e-12,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [params], max_iter=MAX_ITER, tolerance_grad=1e-10, tolerance_change=1e-12, line_search_fn="strong_wolfe"
+    )
 
     def closure():
         opt.zero_grad()
         v = objective()
         v.backward()
         return v
+
     opt.step(closure)
     with torch.no_grad():
         value = float(torch.exp(objective()))
@@ -130,8 +137,13 @@ def measure(seed: int = 0) -> dict:
     H = hessian(loss, theta)
     grad = torch.autograd.functional.jacobian(loss, theta)
     e, P = eps(torch.float64), theta.numel()
-    base = {"loss": float(loss(theta)), "grad_norm": float(grad.norm()), "spectral": float(torch.linalg.eigvalsh(H)[-1]),
-            "trace": float(H.trace()), "inertia": inertia(H)}
+    base = {
+        "loss": float(loss(theta)),
+        "grad_norm": float(grad.norm()),
+        "spectral": float(torch.linalg.eigvalsh(H)[-1]),
+        "trace": float(H.trace()),
+        "inertia": inertia(H),
+    }
     rows = []
     for i, kappa in enumerate(KAPPAS):
         M, N = element(cfg, seed + 100 + i, kappa)
@@ -140,21 +152,38 @@ def measure(seed: int = 0) -> dict:
         H1 = hessian(loss, T @ theta)
         Ti = torch.linalg.inv(T)
         law = Ti.T @ H @ Ti
-        wrong = T.T @ H @ T                     # a plausible but wrong law (covariant instead of contravariant)
-        tol = kT ** 2 * n_out * P * e
-        rows.append({"kappa_element": kappa, "kappa_T": kT, "loss_after": float(loss(T @ theta)),
-                     "law_residual": float((H1 - law).norm() / H1.norm()),
-                     "wrong_law_residual": float((H1 - wrong).norm() / H1.norm()), "law_tolerance": tol,
-                     "spectral_after": float(torch.linalg.eigvalsh(H1)[-1]), "trace_after": float(H1.trace()),
-                     "spectral_ratio": float(torch.linalg.eigvalsh(H1)[-1]) / base["spectral"],
-                     "inertia_after": inertia(H1), "H_after": H1})
+        wrong = T.T @ H @ T  # a plausible but wrong law (covariant instead of contravariant)
+        tol = kT**2 * n_out * P * e
+        rows.append(
+            {
+                "kappa_element": kappa,
+                "kappa_T": kT,
+                "loss_after": float(loss(T @ theta)),
+                "law_residual": float((H1 - law).norm() / H1.norm()),
+                "wrong_law_residual": float((H1 - wrong).norm() / H1.norm()),
+                "law_tolerance": tol,
+                "spectral_after": float(torch.linalg.eigvalsh(H1)[-1]),
+                "trace_after": float(H1.trace()),
+                "spectral_ratio": float(torch.linalg.eigvalsh(H1)[-1]) / base["spectral"],
+                "inertia_after": inertia(H1),
+                "H_after": H1,
+            }
+        )
     # invariant sharpness from θ* and from g·θ* (the κ = 100 element)
     s0, it0 = invariant_sharpness(cfg, H, seed)
     s1, it1 = invariant_sharpness(cfg, rows[-1]["H_after"], seed)
     for r in rows:
         r.pop("H_after")
-    out = {"base": base, "rows": rows, "invariant_from_theta": s0, "invariant_from_g_theta": s1,
-           "iterations": [it0, it1], "cpu_s": time.process_time() - t0, "parameters": P, "outputs": n_out}
+    out = {
+        "base": base,
+        "rows": rows,
+        "invariant_from_theta": s0,
+        "invariant_from_g_theta": s1,
+        "iterations": [it0, it1],
+        "cpu_s": time.process_time() - t0,
+        "parameters": P,
+        "outputs": n_out,
+    }
     _CACHE[seed] = out
     return out
 
@@ -165,12 +194,16 @@ def wiki_sharpness_gauge_dependent(seed: int, full: bool) -> Finding:
     rows = m["rows"]
     law_ok = all(r["law_residual"] <= r["law_tolerance"] for r in rows)
     wrong_rejected = all(r["wrong_law_residual"] > 1e3 * r["law_tolerance"] for r in rows if r["kappa_element"] > 1)
-    text = (f"minimum: loss {m['base']['loss']:.1e}, ‖∇L‖ {m['base']['grad_norm']:.1e}; ‖∇²L‖₂ = "
-            f"{m['base']['spectral']:.4g} at θ*, then " + ", ".join(
-                f"{r['spectral_after']:.4g} (κ {r['kappa_element']:g}, ratio {r['spectral_ratio']:.3g})" for r in rows)
-            + f"; law ∇²L(gθ) = T^-T·H·T^-1 to ≤ {max(r['law_residual'] for r in rows):.1e} (tol "
-            f"{min(r['law_tolerance'] for r in rows):.1e}…); inertia {m['base']['inertia']} → "
-            f"{', '.join(str(tuple(r['inertia_after'])) for r in rows)}")
+    text = (
+        f"minimum: loss {m['base']['loss']:.1e}, ‖∇L‖ {m['base']['grad_norm']:.1e}; ‖∇²L‖₂ = "
+        f"{m['base']['spectral']:.4g} at θ*, then "
+        + ", ".join(
+            f"{r['spectral_after']:.4g} (κ {r['kappa_element']:g}, ratio {r['spectral_ratio']:.3g})" for r in rows
+        )
+        + f"; law ∇²L(gθ) = T^-T·H·T^-1 to ≤ {max(r['law_residual'] for r in rows):.1e} (tol "
+        f"{min(r['law_tolerance'] for r in rows):.1e}…); inertia {m['base']['inertia']} → "
+        f"{', '.join(str(tuple(r['inertia_after'])) for r in rows)}"
+    )
     details = {k: v for k, v in m.items()}
     if not (law_ok and wrong_rejected):
         return Finding(UNDECIDED, "the Hessian transformation law was not confirmed: " + text, details)
@@ -186,8 +219,10 @@ def wiki_invariant_sharpness(seed: int, full: bool) -> Finding:
     s0, s1 = m["invariant_from_theta"], m["invariant_from_g_theta"]
     raw = m["rows"][-1]["spectral_ratio"]
     rel = abs(s0 - s1) / max(s0, s1)
-    text = (f"min over the orbit of ‖∇²L‖₂: {s0:.6g} from θ*, {s1:.6g} from g·θ* (relative gap {rel:.1e}; "
-            f"L-BFGS {m['iterations']} iterations), while ‖∇²L‖₂ itself changed by ×{raw:.3g}")
+    text = (
+        f"min over the orbit of ‖∇²L‖₂: {s0:.6g} from θ*, {s1:.6g} from g·θ* (relative gap {rel:.1e}; "
+        f"L-BFGS {m['iterations']} iterations), while ‖∇²L‖₂ itself changed by ×{raw:.3g}"
+    )
     # the two runs start far apart on one orbit; agreement to 10⁻³ (vs a raw ratio ≫ 1) is the evidence
     if rel <= 1e-3 and s0 > 0 and abs(math.log(raw)) > math.log(10):
         return Finding(HOLDS, text, m)

@@ -18,5 +18,16 @@ stream), :mod:`.heads` (attention), :mod:`.ffn` (FFN and experts), :mod:`.pipeli
 from .comparison import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare
 from .pipeline import Canonical, canonicalize, conditions, function_check, unfixed
 
-__all__ = ["DIFFERENT", "EQUIVALENT", "Canonical", "Comparison", "Prepared", "canonicalize", "compare", "conditions",
-           "function_check", "prepare", "unfixed"]
+__all__ = [
+    "DIFFERENT",
+    "EQUIVALENT",
+    "Canonical",
+    "Comparison",
+    "Prepared",
+    "canonicalize",
+    "compare",
+    "conditions",
+    "function_check",
+    "prepare",
+    "unfixed",
+]

@@ -32,12 +32,12 @@ class Decision:
     """A set of ``n`` discrete choices of one kind (or a degeneracy) met by a step: their smallest
     margin and how many of them are ties."""
 
-    kind: str          # sign | order | phase | spectrum | match
+    kind: str  # sign | order | phase | spectrum | match
     where: str
-    margin: float      # smallest relative distance from a tie over the set (0: an exact tie)
-    threshold: float   # rounding the input to its storage precision can move a margin this much
+    margin: float  # smallest relative distance from a tie over the set (0: an exact tie)
+    threshold: float  # rounding the input to its storage precision can move a margin this much
     n: int = 1
-    n_ties: int = 0    # choices with margin ≤ threshold: not unique
+    n_ties: int = 0  # choices with margin ≤ threshold: not unique
 
     @classmethod
     def of(cls, kind: str, where: str, margins, threshold: float) -> Decision:
@@ -51,22 +51,28 @@ class Decision:
         return self.n_ties == 0
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "where": self.where, "min_margin": self.margin, "threshold": self.threshold,
-                "n": self.n, "not_unique": self.n_ties}
+        return {
+            "kind": self.kind,
+            "where": self.where,
+            "min_margin": self.margin,
+            "threshold": self.threshold,
+            "n": self.n,
+            "not_unique": self.n_ties,
+        }
 
 
 @dataclass
 class StepRecord:
     """One applied gauge-fixing element."""
 
-    family: str                  # the nullity theory's family it fixes (qk-gl, ln-writer-ones, …)
-    action: str                  # the action that applies the element
+    family: str  # the nullity theory's family it fixes (qk-gl, ln-writer-ones, …)
+    action: str  # the action that applies the element
     element: Element
-    condition: str               # the gauge condition, in words
+    condition: str  # the gauge condition, in words
     decisions: list[Decision] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    reads: frozenset = frozenset()    # tensors (besides those it writes) the element's effect depends on
-    writes: frozenset = frozenset()   # tensors it changed
+    reads: frozenset = frozenset()  # tensors (besides those it writes) the element's effect depends on
+    writes: frozenset = frozenset()  # tensors it changed
 
     @property
     def ties(self) -> list[Decision]:
@@ -85,7 +91,7 @@ def rounding_kappa(records) -> float:
     return math.prod(r.element.kappa for r in records if r.action not in DIAGONAL)
 
 
-SPANS = 4   # blocks are replaced in this many runs of consecutive blocks (a quarter of them at a time)
+SPANS = 4  # blocks are replaced in this many runs of consecutive blocks (a quarter of them at a time)
 
 
 def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Element | None:
@@ -94,9 +100,9 @@ def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Elemen
     if act.element_layout == "shared":
         return element
     if act.element_layout == "layers":
-        return Element({k: t[lo:lo + n] for k, t in element.parts.items()}, element.kappa, element.note)
+        return Element({k: t[lo : lo + n] for k, t in element.parts.items()}, element.kappa, element.note)
     parts = {}
-    for k, t in element.parts.items():   # "norms": keyed by the norm's name
+    for k, t in element.parts.items():  # "norms": keyed by the norm's name
         b = block_of(k + ".")
         if b is not None and lo <= b < lo + n:
             parts[_renumbered(k, b, b - lo)] = t
@@ -105,7 +111,7 @@ def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Elemen
 
 def _renumbered(name: str, i: int, j: int) -> str:
     prefix = f"blocks.{i}."
-    return f"blocks.{j}." + name[len(prefix):] if name.startswith(prefix) else name
+    return f"blocks.{j}." + name[len(prefix) :] if name.startswith(prefix) else name
 
 
 def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -> frozenset:
@@ -140,8 +146,10 @@ def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -
             if part is None:
                 continue
             sub = {_renumbered(k, block_of(k), block_of(k) - lo): params[k] for k in names}
-            new = {_renumbered(k, block_of(k), block_of(k) + lo): v
-                   for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
+            new = {
+                _renumbered(k, block_of(k), block_of(k) + lo): v
+                for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()
+            }
             del sub
         for k in names:
             if new[k] is not params[k]:
@@ -157,9 +165,16 @@ class Context:
     of the input and the product κ of the dense elements applied so far (how much the input's
     rounding may have been amplified)."""
 
-    def __init__(self, cfg: Config, params: Params, reference: Params | None, u: float,
-                 frozen: dict[str, Element] | None = None, whole: bool = False):
-        self.whole = whole   # apply each element with the whole-model rule (a new dict per step)
+    def __init__(
+        self,
+        cfg: Config,
+        params: Params,
+        reference: Params | None,
+        u: float,
+        frozen: dict[str, Element] | None = None,
+        whole: bool = False,
+    ):
+        self.whole = whole  # apply each element with the whole-model rule (a new dict per step)
         self.cfg = cfg
         self.params = params
         self.reference = reference
@@ -186,8 +201,9 @@ class Context:
         moves by at most ``sensitivity``·(relative input change)."""
         return sensitivity * self.u * self.kappa
 
-    def apply(self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(),
-              reads=()) -> None:
+    def apply(
+        self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(), reads=()
+    ) -> None:
         if self.whole:
             before = self.params
             self.params = ACTIONS[action].apply(self.cfg, before, element)
@@ -196,8 +212,9 @@ class Context:
             writes = apply_in_place(self.cfg, self.params, action, element)
         if action not in DIAGONAL:
             self.kappa *= element.kappa
-        self.records.append(StepRecord(family, action, element, condition, list(decisions), list(notes),
-                                       frozenset(reads), writes))
+        self.records.append(
+            StepRecord(family, action, element, condition, list(decisions), list(notes), frozenset(reads), writes)
+        )
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -212,13 +229,13 @@ def ones_basis(d: int) -> torch.Tensor:
     return u
 
 
-SIGN_SENSITIVITY = 3.0   # a relative change u of every entry moves Σ vᵢ³ by at most 3u·Σ|vᵢ|³
+SIGN_SENSITIVITY = 3.0  # a relative change u of every entry moves Σ vᵢ³ by at most 3u·Σ|vᵢ|³
 
 
 def signs(v: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The canonical sign of each vector along ``dim``: that of Σ vᵢ³ (the third moment; a vector
     and its negative differ there unless it vanishes), with margin |Σ vᵢ³| / Σ |vᵢ|³ ∈ [0, 1]."""
-    cube = (v ** 3).sum(dim)
+    cube = (v**3).sum(dim)
     scale = (v.abs() ** 3).sum(dim)
     sign = torch.where(cube < 0, -1.0, 1.0).to(torch.float64)
     margin = torch.where(scale > 0, cube.abs() / scale.clamp_min(torch.finfo(torch.float64).tiny), 0.0)

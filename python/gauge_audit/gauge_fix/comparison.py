@@ -76,8 +76,9 @@ def _float64(params: Params) -> Params:
     return {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
 
 
-def rounding_response(cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int,
-                      seed: int) -> dict[str, float]:
+def rounding_response(
+    cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int
+) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings δ of θ
     at its storage precision (squared norms, like :func:`sq_by_group`).
 
@@ -93,16 +94,22 @@ def rounding_response(cfg: Config, params: Params, canonical: Canonical, referen
         return response_by_runs(cfg, params, canonical, reference, probes, seed, u)
     worst: dict[str, float] = {}
     for p in range(probes):
-        c = canonicalize_owned(cfg, probe_params(params, u, seed, p), reference=reference,
-                               storage_dtype=canonical.storage_dtype, frozen=canonical)
+        c = canonicalize_owned(
+            cfg,
+            probe_params(params, u, seed, p),
+            reference=reference,
+            storage_dtype=canonical.storage_dtype,
+            frozen=canonical,
+        )
         for k, v in sq_by_group(c.params, canonical.params).items():
             worst[k] = max(worst.get(k, 0.0), v)
         del c
     return worst
 
 
-def rounding_response_recanonicalised(cfg: Config, params: Params, canonical: Canonical, reference: Params,
-                                      probes: int, seed: int) -> dict[str, float]:
+def rounding_response_recanonicalised(
+    cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int
+) -> dict[str, float]:
     """The same probes as :func:`rounding_response` through the public :func:`canonicalize`
     (validation, a float64 copy of the input, each step with the whole-model rule, permutations
     reused): the plain definition of the response, kept to check the fast path against
@@ -112,8 +119,9 @@ def rounding_response_recanonicalised(cfg: Config, params: Params, canonical: Ca
     for p in range(probes):
         probe = probe_params(params, u, seed, p)
         validate(cfg, probe)
-        c = canonicalize_owned(cfg, probe, reference=reference, storage_dtype=canonical.storage_dtype,
-                               frozen=canonical, whole=True)
+        c = canonicalize_owned(
+            cfg, probe, reference=reference, storage_dtype=canonical.storage_dtype, frozen=canonical, whole=True
+        )
         for k, v in _sq_by_group(c.params, canonical.params).items():
             worst[k] = max(worst.get(k, 0.0), v)
     return worst
@@ -130,8 +138,10 @@ def _commute(a: StepRecord, b: StepRecord) -> bool:
 
 def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
     """g_B⁻¹·g_A as a composite element, shortened; also the number of steps before shortening."""
-    chain = list(ca.records) + [StepRecord(r.family, r.action, inverse(r.action, r.element), r.condition,
-                                           reads=r.reads, writes=r.writes) for r in reversed(cb.records)]
+    chain = list(ca.records) + [
+        StepRecord(r.family, r.action, inverse(r.action, r.element), r.condition, reads=r.reads, writes=r.writes)
+        for r in reversed(cb.records)
+    ]
     n0 = len(chain)
     merged = True
     while merged:
@@ -141,8 +151,14 @@ def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
                 if chain[i].action == chain[j].action:
                     first, second = chain[i], chain[j]
                     el = compose(first.action, first.element, second.element)
-                    chain[i] = StepRecord(first.family, first.action, el, first.condition,
-                                          reads=first.reads | second.reads, writes=first.writes | second.writes)
+                    chain[i] = StepRecord(
+                        first.family,
+                        first.action,
+                        el,
+                        first.condition,
+                        reads=first.reads | second.reads,
+                        writes=first.writes | second.writes,
+                    )
                     del chain[j]
                     merged = True
                     break
@@ -192,16 +208,19 @@ class Comparison:
     storage_dtype_b: str
     probes: int
     lam: float
-    kappa: float | None = None                 # κ of the element mapping A to B (EQUIVALENT)
+    kappa: float | None = None  # κ of the element mapping A to B (EQUIVALENT)
     element_steps: int | None = None
-    element_residual: float | None = None      # ‖g·A − B‖_F / ‖B‖_F
+    element_residual: float | None = None  # ‖g·A − B‖_F / ‖B‖_F
     element: Element | None = None
     canonical_a: Canonical | None = field(default=None, repr=False)
     canonical_b: Canonical | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("element", "canonical_a", "canonical_b")}
+        out = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("element", "canonical_a", "canonical_b")
+        }
         out["not_unique_a"] = self.canonical_a.ties() if self.canonical_a else []
         out["not_unique_b"] = self.canonical_b.ties() if self.canonical_b else []
         out["unfixed"] = [{"family": f, "reason": r} for f, r in (self.canonical_a.unfixed if self.canonical_a else [])]
@@ -219,8 +238,9 @@ class Prepared:
     response: dict[str, float]
 
 
-def prepare(cfg: Config, params: Params, *, probes: int = 3, seed: int = 0,
-            storage_dtype: torch.dtype | None = None) -> Prepared:
+def prepare(
+    cfg: Config, params: Params, *, probes: int = 3, seed: int = 0, storage_dtype: torch.dtype | None = None
+) -> Prepared:
     """Canonicalise model A and measure its rounding response, for :func:`compare`.
     ``storage_dtype``: the precision A was stored in (default: the coarsest dtype of ``params``;
     a checkpoint read into float64 passes its file's dtype)."""
@@ -228,14 +248,25 @@ def prepare(cfg: Config, params: Params, *, probes: int = 3, seed: int = 0,
     if probes < 1:
         raise GaugeAuditError("probes must be >= 1")
     with one_thread():
-        ca = canonicalize_owned(cfg, _float64(params), reference=None,
-                                storage_dtype=storage_dtype or storage_dtype_of(params))
+        ca = canonicalize_owned(
+            cfg, _float64(params), reference=None, storage_dtype=storage_dtype or storage_dtype_of(params)
+        )
         return Prepared(cfg, params, ca, rounding_response(cfg, params, ca, ca.params, probes, seed))
 
 
-def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *, probes: int = 3, seed: int = 0,
-            with_element: bool = True, prepared: Prepared | None = None,
-            storage_dtype_a: torch.dtype | None = None, storage_dtype_b: torch.dtype | None = None) -> Comparison:
+def compare(
+    cfg_a: Config,
+    params_a: Params,
+    cfg_b: Config,
+    params_b: Params,
+    *,
+    probes: int = 3,
+    seed: int = 0,
+    with_element: bool = True,
+    prepared: Prepared | None = None,
+    storage_dtype_a: torch.dtype | None = None,
+    storage_dtype_b: torch.dtype | None = None,
+) -> Comparison:
     """Compare two models of the same architecture up to the whole symmetry group (see the module
     docstring).  Parameters may be in any floating dtype: that dtype is their storage precision,
     unless ``storage_dtype_a`` / ``storage_dtype_b`` say otherwise (checkpoints read into float64).
@@ -250,11 +281,18 @@ def compare(cfg_a: Config, params_a: Params, cfg_b: Config, params_b: Params, *,
         return _compare(prepared, params_b, probes, seed, with_element, storage_dtype_b)
 
 
-def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_element: bool,
-             storage_dtype_b: torch.dtype | None = None) -> Comparison:
+def _compare(
+    prep: Prepared,
+    params_b: Params,
+    probes: int,
+    seed: int,
+    with_element: bool,
+    storage_dtype_b: torch.dtype | None = None,
+) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
-    cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params,
-                            storage_dtype=storage_dtype_b or storage_dtype_of(params_b))
+    cb = canonicalize_owned(
+        cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_dtype_b or storage_dtype_of(params_b)
+    )
     raw, raw_groups = relative_distances(params_a, params_b)
     inv, inv_groups = relative_distances(ca.params, cb.params)
     den = _sq_by_group(ca.params)
@@ -267,13 +305,27 @@ def _compare(prep: Prepared, params_b: Params, probes: int, seed: int, with_elem
         tol = lam * math.sqrt((resp_a.get(gname, 0.0) + resp_b.get(gname, 0.0)) / scale)
         within = inv_groups[gname] <= tol
         ok = ok and within
-        groups[gname] = {"raw_distance": raw_groups[gname], "invariant_distance": inv_groups[gname],
-                         "tolerance": tol, "ratio": inv_groups[gname] / tol if tol > 0 else math.inf}
+        groups[gname] = {
+            "raw_distance": raw_groups[gname],
+            "invariant_distance": inv_groups[gname],
+            "tolerance": tol,
+            "ratio": inv_groups[gname] / tol if tol > 0 else math.inf,
+        }
     tol_all = lam * math.sqrt((sum(resp_a.values()) + sum(resp_b.values())) / sum(den.values()))
     ok = ok and inv <= tol_all
-    out = Comparison(EQUIVALENT if ok else DIFFERENT, raw, inv, tol_all, groups,
-                     str(ca.storage_dtype).replace("torch.", ""), str(cb.storage_dtype).replace("torch.", ""),
-                     probes, lam, canonical_a=ca, canonical_b=cb)
+    out = Comparison(
+        EQUIVALENT if ok else DIFFERENT,
+        raw,
+        inv,
+        tol_all,
+        groups,
+        str(ca.storage_dtype).replace("torch.", ""),
+        str(cb.storage_dtype).replace("torch.", ""),
+        probes,
+        lam,
+        canonical_a=ca,
+        canonical_b=cb,
+    )
     if ok and with_element:
         el, _ = element_a_to_b(ca, cb)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))

@@ -57,10 +57,17 @@ def fix_expert_perm(ctx: Context) -> None:
             order, m = match(torch.cdist(cols, ctx.reference[f"{pre}.W_router"].T))
             perms.append(order)
             margins.append(torch.tensor([m]))
-    ctx.apply("expert-perm", "expert-perm", Element({"perm": torch.stack(perms)}, 1.0),
-              "experts in decreasing order of their router-column norm",
-              decisions=[Decision.of("order" if ctx.reference is None else "match", "experts", torch.cat(margins),
-                                     ctx.threshold(2.0))])
+    ctx.apply(
+        "expert-perm",
+        "expert-perm",
+        Element({"perm": torch.stack(perms)}, 1.0),
+        "experts in decreasing order of their router-column norm",
+        decisions=[
+            Decision.of(
+                "order" if ctx.reference is None else "match", "experts", torch.cat(margins), ctx.threshold(2.0)
+            )
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- 11 ffn-perm
@@ -92,11 +99,15 @@ def fix_ffn_perm(ctx: Context) -> None:
             continue
         per = []
         for e in range(cfg.experts or 1):
+
             def sel(q, name, pre=pre, e=e):
                 t = q[f"{pre}.{name}"]
                 return t[e] if cfg.experts else t
-            sim = _cosines(_up(p, pre)[e] if cfg.experts else _up(p, pre),
-                           _up(ctx.reference, pre)[e] if cfg.experts else _up(ctx.reference, pre))
+
+            sim = _cosines(
+                _up(p, pre)[e] if cfg.experts else _up(p, pre),
+                _up(ctx.reference, pre)[e] if cfg.experts else _up(ctx.reference, pre),
+            )
             sim = sim + _cosines(sel(p, "W_out").T, sel(ctx.reference, "W_out").T)
             if f"{pre}.W_gate" in p:
                 sim = sim + _cosines(sel(p, "W_gate"), sel(ctx.reference, "W_gate"))
@@ -104,10 +115,17 @@ def fix_ffn_perm(ctx: Context) -> None:
             per.append(order)
             margins.append(torch.tensor([m]))
         perms.append(torch.stack(per) if cfg.experts else per[0])
-    ctx.apply("ffn-perm", "ffn-perm", Element({"perm": torch.stack(perms)}, 1.0),
-              "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
-              decisions=[Decision.of("order" if ctx.reference is None else "match", "hidden units",
-                                     torch.cat(margins), ctx.threshold(2.0))])
+    ctx.apply(
+        "ffn-perm",
+        "ffn-perm",
+        Element({"perm": torch.stack(perms)}, 1.0),
+        "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
+        decisions=[
+            Decision.of(
+                "order" if ctx.reference is None else "match", "hidden units", torch.cat(margins), ctx.threshold(2.0)
+            )
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- 14 scaling
@@ -146,12 +164,18 @@ def fix_scaling(ctx: Context) -> None:
             s = s * sign
         ss.append(s)
     s = torch.stack(ss)
-    decisions = [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] \
-        if margins else []
-    ctx.apply(f"{action}", action, Element({"s": s}, float(s.abs().max() / s.abs().min())),
-              "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖" + (", W_out[i] signed by its third moment"
-                                                                 if action == "swiglu-scaling" else ""),
-              decisions=decisions, notes=notes)
+    decisions = (
+        [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] if margins else []
+    )
+    ctx.apply(
+        f"{action}",
+        action,
+        Element({"s": s}, float(s.abs().max() / s.abs().min())),
+        "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖"
+        + (", W_out[i] signed by its third moment" if action == "swiglu-scaling" else ""),
+        decisions=decisions,
+        notes=notes,
+    )
 
 
 def cond_scaling(cfg: Config, p: Params) -> torch.Tensor | None:

@@ -93,12 +93,16 @@ def fix_head_perm(ctx: Context) -> None:
             margins.append(torch.tensor([m]))
             for j in range(nkv):
                 src = int(kv[layer, j])
-                qp[layer, j], m = match(_dist2(feat[src * g:(src + 1) * g], rfeat[j * g:(j + 1) * g]))
+                qp[layer, j], m = match(_dist2(feat[src * g : (src + 1) * g], rfeat[j * g : (j + 1) * g]))
                 margins.append(torch.tensor([m]))
     kind = "match" if ctx.reference is not None else "order"
-    ctx.apply("head-perm", "head-perm", Element({"kv_perm": kv, "q_perm": qp}, 1.0),
-              "KV groups, and query heads within each, in decreasing order of their score+output map norms",
-              decisions=[Decision.of(kind, "heads", torch.cat(margins), ctx.threshold(4.0))])
+    ctx.apply(
+        "head-perm",
+        "head-perm",
+        Element({"kv_perm": kv, "q_perm": qp}, 1.0),
+        "KV groups, and query heads within each, in decreasing order of their score+output map norms",
+        decisions=[Decision.of(kind, "heads", torch.cat(margins), ctx.threshold(4.0))],
+    )
 
 
 # ----------------------------------------------------------------------------- 12 qk-gl
@@ -178,7 +182,9 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
                 continue
             bal = balance(x, y)
             if not bal.rank_ok:
-                notes.append(f"{family} {where}: rank-deficient (a zero or degenerate head): left unchanged, not unique")
+                notes.append(
+                    f"{family} {where}: rank-deficient (a zero or degenerate head): left unchanged, not unique"
+                )
                 ms[layer, j] = bal.m
                 continue
             m = bal.m
@@ -194,18 +200,33 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     decisions = []
     if gaps:
         worst = max(s for _, s in gaps)
-        decisions.append(Decision.of("spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]),
-                                     ctx.threshold(2.0 * worst)))
+        decisions.append(
+            Decision.of(
+                "spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]), ctx.threshold(2.0 * worst)
+            )
+        )
     if phase:
-        decisions.append(Decision.of("phase" if ctx.reference is None else "match", f"{family} RoPE plane phases",
-                                     phase, ctx.threshold(2.0)))
+        decisions.append(
+            Decision.of(
+                "phase" if ctx.reference is None else "match", f"{family} RoPE plane phases", phase, ctx.threshold(2.0)
+            )
+        )
     if sgn and ctx.reference is None:
         flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
         decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
-    text = ("per RoPE plane: balanced norms, query columns orthogonal, signed" if rope else
-            "balanced factors with diagonal descending Grams, columns signed by their third moment")
-    ctx.apply(family, action, Element({"M" if family == "qk-gl" else "N": ms}, cond(ms)), text,
-              decisions=decisions, notes=notes)
+    text = (
+        "per RoPE plane: balanced norms, query columns orthogonal, signed"
+        if rope
+        else "balanced factors with diagonal descending Grams, columns signed by their third moment"
+    )
+    ctx.apply(
+        family,
+        action,
+        Element({"M" if family == "qk-gl" else "N": ms}, cond(ms)),
+        text,
+        decisions=decisions,
+        notes=notes,
+    )
 
 
 def cond_qk(cfg: Config, p: Params) -> torch.Tensor:

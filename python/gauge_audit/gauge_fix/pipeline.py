@@ -35,9 +35,15 @@ STEPS: tuple = (
     ("ln-reader-ones", stream.fix_reader_ones, {"ln-reader-ones": stream.cond_reader_ones}),
     ("router-offset", stream.fix_router_offset, {"router-offset": stream.cond_router_offset}),
     ("embed-offset", stream.fix_embed_offset, {"embed-offset": stream.cond_embed_offset}),
-    ("biases", stream.fix_bias_chain, {"stream-translation": stream.cond_segments,
-                                       "key-bias-shift": stream.cond_key_bias,
-                                       "value-bias-fold": stream.cond_value_bias}),
+    (
+        "biases",
+        stream.fix_bias_chain,
+        {
+            "stream-translation": stream.cond_segments,
+            "key-bias-shift": stream.cond_key_bias,
+            "value-bias-fold": stream.cond_value_bias,
+        },
+    ),
     ("ln-writer-ones", stream.fix_writer_ones, {"ln-writer-ones": stream.cond_writer_ones}),
     ("stream-rotation", stream.fix_stream_rotation, {"stream-rotation": stream.cond_stream_rotation}),
     ("head-perm", heads.fix_head_perm, {}),
@@ -70,20 +76,38 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
     if pre and cfg.norm == "none" and not cfg.tied:
         out.append(("stream-gl", "GL(d) of a norm-free stream: no canonical step yet"))
     biased = cfg.attn_bias and cfg.out_bias and (cfg.family == "attn" or cfg.mlp_bias)
-    stretches = (cfg.family == "attn" and cfg.n_layers > 1) or (pre and cfg.norm == "none") or \
-        (cfg.family != "attn" and cfg.norm_placement == "post" and cfg.norm == "layernorm")
+    stretches = (
+        (cfg.family == "attn" and cfg.n_layers > 1)
+        or (pre and cfg.norm == "none")
+        or (cfg.family != "attn" and cfg.norm_placement == "post" and cfg.norm == "layernorm")
+    )
     if stretches and (not biased or cfg.experts or (pre and cfg.tied)):
-        out.append(("stream-translation", "stretches of stream whose readers lack biases (the shift is absorbed "
-                                          "through reader weights or constrained): no canonical step yet"))
+        out.append(
+            (
+                "stream-translation",
+                "stretches of stream whose readers lack biases (the shift is absorbed "
+                "through reader weights or constrained): no canonical step yet",
+            )
+        )
     if cfg.family != "attn" and cfg.norm != "none" and cfg.norm_eps == 0:
-        out.append(("stream-scale" if cfg.norm_placement == "pre" else "segment-scale",
-                    "a symmetry only at norm ε = 0: not fixed"))
+        out.append(
+            (
+                "stream-scale" if cfg.norm_placement == "pre" else "segment-scale",
+                "a symmetry only at norm ε = 0: not fixed",
+            )
+        )
     if pre and cfg.pos != "learned" and cfg.vocab < cfg.d_model:
-        out.append(("first-block", "vocab < d_model: block 0 reads the stream at finitely many points "
-                                   "(unreached-readers, bias-trade, input-offset, tied-unembed-null): not fixed"))
+        out.append(
+            (
+                "first-block",
+                "vocab < d_model: block 0 reads the stream at finitely many points "
+                "(unreached-readers, bias-trade, input-offset, tied-unembed-null): not fixed",
+            )
+        )
     if cfg.experts and cfg.top_k == 1:
-        out.append(("router-top1", "top-1 routing: every router weight is locally flat; only the router "
-                                   "offset is fixed"))
+        out.append(
+            ("router-top1", "top-1 routing: every router weight is locally flat; only the router offset is fixed")
+        )
     return out
 
 
@@ -127,32 +151,48 @@ class Canonical:
         del conds
         steps = []
         for r in self.records:
-            steps.append({"family": r.family, "action": r.action, "condition": r.condition,
-                          "kappa": r.element.kappa, "decisions": [d.to_json() for d in r.decisions],
-                          "notes": r.notes})
-        return {"storage_dtype": str(self.storage_dtype).replace("torch.", ""),
-                "conditions": counts, "conditions_total": sum(counts.values()),
-                "condition_residual_max": residuals, "kappa": self.kappa, "rounding_kappa": self.rounding_kappa,
-                "steps": steps,
-                "not_unique": self.ties(), "notes": [n for r in self.records for n in r.notes] + self.notes,
-                "unfixed": [{"family": f, "reason": why} for f, why in self.unfixed]}
+            steps.append(
+                {
+                    "family": r.family,
+                    "action": r.action,
+                    "condition": r.condition,
+                    "kappa": r.element.kappa,
+                    "decisions": [d.to_json() for d in r.decisions],
+                    "notes": r.notes,
+                }
+            )
+        return {
+            "storage_dtype": str(self.storage_dtype).replace("torch.", ""),
+            "conditions": counts,
+            "conditions_total": sum(counts.values()),
+            "condition_residual_max": residuals,
+            "kappa": self.kappa,
+            "rounding_kappa": self.rounding_kappa,
+            "steps": steps,
+            "not_unique": self.ties(),
+            "notes": [n for r in self.records for n in r.notes] + self.notes,
+            "unfixed": [{"family": f, "reason": why} for f, why in self.unfixed],
+        }
 
 
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
     expected = FAMILIES[cfg.family].param_shapes(cfg)
-    lazy = isinstance(params, LazyParams)   # read on access: shapes known, each tensor checked as it is read
+    lazy = isinstance(params, LazyParams)  # read on access: shapes known, each tensor checked as it is read
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
-        raise GaugeAuditError(f"parameters do not match the {cfg.family} layout: "
-                              f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}, "
-                              f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}")
+        raise GaugeAuditError(
+            f"parameters do not match the {cfg.family} layout: "
+            f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}, "
+            f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}"
+        )
     for name, (shape, _) in expected.items():
         if lazy:
             if tuple(params.shapes[name]) != tuple(shape):
-                raise GaugeAuditError(f"parameter {name} has shape {tuple(params.shapes[name])}, "
-                                      f"expected {tuple(shape)}")
+                raise GaugeAuditError(
+                    f"parameter {name} has shape {tuple(params.shapes[name])}, expected {tuple(shape)}"
+                )
             continue
         if tuple(params[name].shape) != tuple(shape):
             raise GaugeAuditError(f"parameter {name} has shape {tuple(params[name].shape)}, expected {tuple(shape)}")
@@ -168,8 +208,14 @@ def storage_dtype_of(params: Params) -> torch.dtype:
 PERMUTATIONS = ("head-perm", "expert-perm", "ffn-perm")
 
 
-def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None,
-                 storage_dtype: torch.dtype | None = None, frozen: Canonical | None = None) -> Canonical:
+def canonicalize(
+    cfg: Config,
+    params: Params,
+    *,
+    reference: Params | None = None,
+    storage_dtype: torch.dtype | None = None,
+    frozen: Canonical | None = None,
+) -> Canonical:
     """The canonical form of ``params`` (any floating dtype; computed in float64 on the CPU).
 
     ``reference``: another canonical form of the same architecture; the compact residual freedoms
@@ -178,13 +224,25 @@ def canonicalize(cfg: Config, params: Params, *, reference: Params | None = None
     form of the unperturbed model, whose permutations are reused (rounding-response probes)."""
     validate(cfg, params)
     dtype = storage_dtype or storage_dtype_of(params)
-    return canonicalize_owned(cfg, {k: v.detach().to("cpu", torch.float64) for k, v in params.items()},
-                              reference=reference, storage_dtype=dtype, frozen=frozen)
+    return canonicalize_owned(
+        cfg,
+        {k: v.detach().to("cpu", torch.float64) for k, v in params.items()},
+        reference=reference,
+        storage_dtype=dtype,
+        frozen=frozen,
+    )
 
 
-def canonicalize_owned(cfg: Config, p64: Params, *, reference: Params | None, storage_dtype: torch.dtype,
-                       frozen: Canonical | None = None, whole: bool = False,
-                       keep: dict[str, Element] | None = None) -> Canonical:
+def canonicalize_owned(
+    cfg: Config,
+    p64: Params,
+    *,
+    reference: Params | None,
+    storage_dtype: torch.dtype,
+    frozen: Canonical | None = None,
+    whole: bool = False,
+    keep: dict[str, Element] | None = None,
+) -> Canonical:
     """:func:`canonicalize` of validated float64 parameters in a dict the caller hands over: the
     steps replace its tensors in place, block by block (:func:`.base.apply_in_place`), so the
     input is not kept beside the result.  ``whole``: each step with the whole-model rule instead
@@ -200,8 +258,15 @@ def canonicalize_owned(cfg: Config, p64: Params, *, reference: Params | None, st
     return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), storage_dtype)
 
 
-def function_check(cfg: Config, before: Params, after: Params, kappa: float, seed: int = 0,
-                   dtype: torch.dtype = torch.float64, element: Element | None = None) -> dict:
+def function_check(
+    cfg: Config,
+    before: Params,
+    after: Params,
+    kappa: float,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    element: Element | None = None,
+) -> dict:
     """Run both parameter sets on the same seeded inputs (:func:`gauge_audit.numeric.compare`):
     the max relative output change against the derived tolerances (worst case κ·L·K·ε,
     statistical κ·λ·√(L·K)·ε) and the verdict.  ``element``: the composite mapping ``before``
@@ -217,6 +282,13 @@ def function_check(cfg: Config, before: Params, after: Params, kappa: float, see
     if element is not None:
         relabel = lambda layer, idx: composite.ACTIONS[0].expert_relabel(element, layer, idx)  # noqa: E731
     r = compare(model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel)
-    return {"max_rel_error": r.max_rel_error, "residual_eps": r.residual_eps, "tolerance_eps": r.tolerance_eps,
-            "tolerance_statistical_eps": r.tolerance_statistical_eps, "kappa": kappa,
-            "formula": r.tolerance_formula, "verdict": r.verdict, "routing_changed": r.routing_changed}
+    return {
+        "max_rel_error": r.max_rel_error,
+        "residual_eps": r.residual_eps,
+        "tolerance_eps": r.tolerance_eps,
+        "tolerance_statistical_eps": r.tolerance_statistical_eps,
+        "kappa": kappa,
+        "formula": r.tolerance_formula,
+        "verdict": r.verdict,
+        "routing_changed": r.routing_changed,
+    }

@@ -33,7 +33,7 @@ from ..runtime import generator
 from .base import Params, _renumbered, _span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 
-RUN_ENTRIES = 1 << 23   # a run holds about this many parameters (64 MiB in float64), at least one block
+RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
 ROTATION = "stream-rotation"
 
 
@@ -121,8 +121,9 @@ def blockwise(cfg: Config, params: Params) -> bool:
     return cfg.n_layers > 1 and not segments(cfg, params)
 
 
-def response_by_runs(cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int,
-                     seed: int, u: float) -> dict[str, float]:
+def response_by_runs(
+    cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int, u: float
+) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
     one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
     index = {k: i for i, k in enumerate(params)}
@@ -145,13 +146,13 @@ def response_by_runs(cfg: Config, params: Params, canonical: Canonical, referenc
         base = _sub(canonical.params, names, lo)
         for p in range(probes):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
-            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0
-                       else outer64)
+            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0 else outer64)
             keep = _kept(cfg, canonical, lo, n)
             if rotations[p] is not None:
                 keep[ROTATION] = rotations[p]
-            c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype,
-                                   keep=keep)
+            c = canonicalize_owned(
+                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype, keep=keep
+            )
             if j == 0:
                 rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
                 sq_by_group({k: c.params[k] for k in outer}, base_outer, totals[p])

@@ -86,15 +86,22 @@ def fix_norm_shift(ctx: Context) -> None:
     biased, absorbed = _shift_norms(ctx.cfg, p)
     readers = norm_readers(ctx.cfg, p)
     if biased:
-        ctx.apply("norm-shift", "norm-shift", Element({n: -p[f"{n}.b"] for n in biased}, 1.0),
-                  "β = 0 for every affine pre-LayerNorm whose readers all have biases",
-                  reads=_reader_names([readers[n] for n in biased]))
+        ctx.apply(
+            "norm-shift",
+            "norm-shift",
+            Element({n: -p[f"{n}.b"] for n in biased}, 1.0),
+            "β = 0 for every affine pre-LayerNorm whose readers all have biases",
+            reads=_reader_names([readers[n] for n in biased]),
+        )
     if absorbed:
         p = ctx.params
-        ctx.apply("norm-shift", "norm-shift-absorbed",
-                  Element({n: p[f"{n}.w"] - p[f"{n}.b"] for n in absorbed}, 1.0),
-                  "β = γ for every affine pre-LayerNorm with a reader without a bias",
-                  reads={f"{n}.w" for n in absorbed} | _reader_names([readers[n] for n in absorbed]))
+        ctx.apply(
+            "norm-shift",
+            "norm-shift-absorbed",
+            Element({n: p[f"{n}.w"] - p[f"{n}.b"] for n in absorbed}, 1.0),
+            "β = γ for every affine pre-LayerNorm with a reader without a bias",
+            reads={f"{n}.w" for n in absorbed} | _reader_names([readers[n] for n in absorbed]),
+        )
 
 
 def cond_norm_shift(cfg: Config, p: Params) -> torch.Tensor | None:
@@ -106,8 +113,10 @@ def cond_norm_shift(cfg: Config, p: Params) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------- 3 reader-ones
 def _reader_sums(cfg: Config, p: Params) -> dict[str, torch.Tensor]:
     """γᵀ·W per absorbing column of every LayerNorm reader (1ᵀ·W without affine part)."""
-    return {w: torch.einsum("d,...df->...f", _gamma(p, norm, cfg.d_model), p[w])
-            for w, (norm, _, _) in reader_ones_columns(cfg, p).items()}
+    return {
+        w: torch.einsum("d,...df->...f", _gamma(p, norm, cfg.d_model), p[w])
+        for w, (norm, _, _) in reader_ones_columns(cfg, p).items()
+    }
 
 
 def fix_reader_ones(ctx: Context) -> None:
@@ -128,8 +137,13 @@ def fix_reader_ones(ctx: Context) -> None:
         reads |= {f"{norm}.w", f"{norm}.b"}
         if mode == "fold":
             reads.add(w.rsplit(".", 1)[0] + ".W_O")
-    ctx.apply("ln-reader-ones", "reader-ones", Element(parts, 1.0),
-              "γᵀ·W[:, j] = 0 for every LayerNorm reader column that can absorb a constant", reads=reads)
+    ctx.apply(
+        "ln-reader-ones",
+        "reader-ones",
+        Element(parts, 1.0),
+        "γᵀ·W[:, j] = 0 for every LayerNorm reader column that can absorb a constant",
+        reads=reads,
+    )
 
 
 def cond_reader_ones(cfg: Config, p: Params) -> torch.Tensor | None:
@@ -149,7 +163,7 @@ def _router_basis(cfg: Config, p: Params, i: int) -> torch.Tensor | None:
     if f"{cols[w][0]}.w" not in p:
         return ones_basis(cfg.d_model)
     q, _ = torch.linalg.qr(torch.cat([g[:, None], torch.eye(cfg.d_model, dtype=torch.float64)], 1))
-    return q[:, 1:cfg.d_model]
+    return q[:, 1 : cfg.d_model]
 
 
 def fix_router_offset(ctx: Context) -> None:
@@ -205,8 +219,12 @@ def fix_embed_offset(ctx: Context) -> None:
         c_tt = -proj @ _mean_rows(p["embed.W_tt"])
         parts["embed.W_tt"] = c_tt
     parts["embed.W_E"] = proj @ _mean_rows(p["embed.W_pos"]) - c_tt
-    ctx.apply("embed-offset", "embed-offset", Element(parts, 1.0),
-              "mean of the rows of W_pos (and W_tt) = 0" + (" on 1^⊥" if _offset_projected(cfg) else ""))
+    ctx.apply(
+        "embed-offset",
+        "embed-offset",
+        Element(parts, 1.0),
+        "mean of the rows of W_pos (and W_tt) = 0" + (" on 1^⊥" if _offset_projected(cfg) else ""),
+    )
 
 
 def cond_embed_offset(cfg: Config, p: Params) -> torch.Tensor | None:
@@ -244,8 +262,13 @@ def fix_bias_chain(ctx: Context) -> None:
         if label in segs:
             s = segs[label]
             c = -_opening_value(ctx.params, s.opening)
-            ctx.apply("stream-translation", "segment-shift", Element({label: c}, 1.0),
-                      f"the opening {s.opening} of stretch {label} adds 0", reads={w for w, _ in s.readers})
+            ctx.apply(
+                "stream-translation",
+                "segment-shift",
+                Element({label: c}, 1.0),
+                f"the opening {s.opening} of stretch {label} adds 0",
+                reads={w for w, _ in s.readers},
+            )
 
     def bias(i, name, family, action, reads=()):
         c = torch.zeros(shape, dtype=torch.float64)
@@ -288,8 +311,12 @@ def fix_writer_ones(ctx: Context) -> None:
     cfg, p = ctx.cfg, ctx.params
     writers = ln_writers(cfg, p)
     if writers:
-        ctx.apply("ln-writer-ones", "writer-ones", Element({w: -p[w].sum(-1) / cfg.d_model for w in writers}, 1.0),
-                  "every row of every writer into a LayerNorm is ⊥ 1")
+        ctx.apply(
+            "ln-writer-ones",
+            "writer-ones",
+            Element({w: -p[w].sum(-1) / cfg.d_model for w in writers}, 1.0),
+            "every row of every writer into a LayerNorm is ⊥ 1",
+        )
 
 
 def cond_writer_ones(cfg: Config, p: Params) -> torch.Tensor | None:
@@ -328,8 +355,11 @@ def fix_stream_rotation(ctx: Context) -> None:
     if ctx.reference is not None:
         q = procrustes(x, ctx.reference["embed.W_E"] @ u)
         sv = torch.linalg.svdvals(x.T @ (ctx.reference["embed.W_E"] @ u))
-        decisions.append(Decision.of("match", "stream rotation (Procrustes to the reference)",
-                                     float(sv[-1] / sv[0]), ctx.threshold(2.0)))
+        decisions.append(
+            Decision.of(
+                "match", "stream rotation (Procrustes to the reference)", float(sv[-1] / sv[0]), ctx.threshold(2.0)
+            )
+        )
     else:
         lam, vec = torch.linalg.eigh(x.T @ x)
         lam, vec = lam.flip(0), vec.flip(1)
@@ -337,16 +367,24 @@ def fix_stream_rotation(ctx: Context) -> None:
         q = vec * s
         top = float(lam[0]) if float(lam[0]) > 0 else 1.0
         spread = float((x * x).sum()) / top
-        decisions += [Decision.of("spectrum", "embedding Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top,
-                                  ctx.threshold(2.0 * spread)),
-                      Decision.of("sign", "stream axes", margin, ctx.threshold(SIGN_SENSITIVITY))]
+        decisions += [
+            Decision.of(
+                "spectrum", "embedding Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, ctx.threshold(2.0 * spread)
+            ),
+            Decision.of("sign", "stream axes", margin, ctx.threshold(SIGN_SENSITIVITY)),
+        ]
     r = u @ q @ u.T
     if cfg.norm in LN:
         r = r + 1.0 / cfg.d_model
     norms = [f"{n}.w" for n in norm_readers(cfg, p)]
-    ctx.apply("stream-rotation", "stream-rotation", Element({"R": r}, 1.0),
-              "embedding Gram diagonal, descending, axes signed by their third moment", decisions=decisions,
-              reads=set(norms))
+    ctx.apply(
+        "stream-rotation",
+        "stream-rotation",
+        Element({"R": r}, 1.0),
+        "embedding Gram diagonal, descending, axes signed by their third moment",
+        decisions=decisions,
+        reads=set(norms),
+    )
 
 
 def cond_stream_rotation(cfg: Config, p: Params) -> torch.Tensor | None:

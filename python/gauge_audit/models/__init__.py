@@ -9,5 +9,16 @@ from .families import FAMILIES
 from .model import Model
 from .registry import NAMED, build, build_config, config_of, model_names
 
-__all__ = ["ACTS", "NORMS", "Config", "validate", "FAMILIES", "NAMED", "Model", "build", "build_config", "config_of",
-           "model_names"]
+__all__ = [
+    "ACTS",
+    "NORMS",
+    "Config",
+    "validate",
+    "FAMILIES",
+    "NAMED",
+    "Model",
+    "build",
+    "build_config",
+    "config_of",
+    "model_names",
+]

@@ -10,8 +10,19 @@ from .layers import Params, attention, attention_shapes
 
 
 def config(**overrides) -> Config:
-    base = Config(family="attn", n_layers=1, norm="none", attn_bias=True, out_bias=True, mlp_bias=False,
-                  pos="none", causal=False, vocab=0, d_ff=0, unembed=False)
+    base = Config(
+        family="attn",
+        n_layers=1,
+        norm="none",
+        attn_bias=True,
+        out_bias=True,
+        mlp_bias=False,
+        pos="none",
+        causal=False,
+        vocab=0,
+        d_ff=0,
+        unembed=False,
+    )
     return validate(base).with_(**overrides) if overrides else validate(base)
 
 

@@ -11,15 +11,26 @@ from .layers import Params, block, block_shapes, norm_shapes, normalize
 
 
 def config(**overrides) -> Config:
-    base = Config(family="bert", norm="layernorm", norm_placement="post", norm_eps=1e-12, act="gelu",
-                  attn_bias=True, out_bias=True, mlp_bias=True, pos="learned", causal=False,
-                  n_types=2, embed_norm=True, unembed=False)
+    base = Config(
+        family="bert",
+        norm="layernorm",
+        norm_placement="post",
+        norm_eps=1e-12,
+        act="gelu",
+        attn_bias=True,
+        out_bias=True,
+        mlp_bias=True,
+        pos="learned",
+        causal=False,
+        n_types=2,
+        embed_norm=True,
+        unembed=False,
+    )
     return validate(base).with_(**overrides) if overrides else validate(base)
 
 
 def param_shapes(cfg: Config) -> dict:
-    shapes = {"embed.W_E": ((cfg.vocab, cfg.d_model), "embed"),
-              "embed.W_pos": ((cfg.n_ctx, cfg.d_model), "pos")}
+    shapes = {"embed.W_E": ((cfg.vocab, cfg.d_model), "embed"), "embed.W_pos": ((cfg.n_ctx, cfg.d_model), "pos")}
     if cfg.n_types:
         shapes["embed.W_tt"] = ((cfg.n_types, cfg.d_model), "pos")
     if cfg.embed_norm:

@@ -14,14 +14,14 @@ ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; 
 
 @dataclass(frozen=True)
 class Config:
-    family: str                 # gpt2 | bert | llama | qwen | moe | attn | gemma
+    family: str  # gpt2 | bert | llama | qwen | moe | attn | gemma
     d_model: int = 16
     n_layers: int = 2
     n_heads: int = 4
-    n_kv_heads: int = 4         # = n_heads: MHA; 1 < n_kv < n_heads: GQA; 1: MQA
+    n_kv_heads: int = 4  # = n_heads: MHA; 1 < n_kv < n_heads: GQA; 1: MQA
     d_head: int = 4
     d_ff: int = 32
-    n_ctx: int = 16             # maximum sequence length (learned positions) / default input length
+    n_ctx: int = 16  # maximum sequence length (learned positions) / default input length
     vocab: int = 64
     norm: str = "layernorm"
     norm_placement: str = "pre"  # pre: x + f(norm(x)) (GPT-2, LLaMA); post: norm(x + f(x)) (BERT);
@@ -29,27 +29,31 @@ class Config:
     #                              sandwich: x + norm'(f(norm(x))) (Gemma 2/3, models/gemma.py)
     norm_eps: float = 1e-5
     act: str = "gelu"
-    attn_bias: bool = True      # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
-    out_bias: bool = True       # b_O
+    attn_bias: bool = True  # b_Q, b_K, b_V (and b_O when mlp_bias: GPT-2/BERT style)
+    out_bias: bool = True  # b_O
     mlp_bias: bool = True
-    pos: str = "learned"        # learned | rope | none
-    rope_style: str = "half"    # half: planes (i, i + d/2) (GPT-NeoX/LLaMA-HF); interleaved: (2i, 2i+1) (original RoFormer/Meta)
+    pos: str = "learned"  # learned | rope | none
+    rope_style: str = (
+        "half"  # half: planes (i, i + d/2) (GPT-NeoX/LLaMA-HF); interleaved: (2i, 2i+1) (original RoFormer/Meta)
+    )
     rope_base: float = 10000.0
-    rope_type: str = "default"  # frequency table (models/rope.py): default | linear | dynamic | yarn | llama3 | longrope
-    rope_params: tuple = ()     # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
-    rotary_dim: int = 0         # coordinates of each head RoPE rotates (the first ones); 0: the whole head
-    window: int = 0             # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
+    rope_type: str = (
+        "default"  # frequency table (models/rope.py): default | linear | dynamic | yarn | llama3 | longrope
+    )
+    rope_params: tuple = ()  # that table's options as sorted (name, value) pairs (floats; tuples for longrope)
+    rotary_dim: int = 0  # coordinates of each head RoPE rotates (the first ones); 0: the whole head
+    window: int = 0  # > 0: sliding-window attention, position p sees p − window < s ≤ p (Mistral)
     parallel_residual: bool = False  # pre-norm x + Attn(n₁(x)) + FFN(n₂(x)) (GPT-NeoX/Pythia), not in sequence
-    qk_norm: str = "none"       # none | head: one RMSNorm over d_head on every query/key head, weights shared
+    qk_norm: str = "none"  # none | head: one RMSNorm over d_head on every query/key head, weights shared
     #                             by the heads (Qwen3)
     #                             | full: one RMSNorm over all query (all key) heads jointly (OLMo 2); both before RoPE
     causal: bool = True
-    tied: bool = False          # W_U = W_Eᵀ
-    unembed: bool = True        # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
+    tied: bool = False  # W_U = W_Eᵀ
+    unembed: bool = True  # the output is logits; False: the last hidden state (BERT, a bare GPT2Model)
     unembed_bias: bool = False
-    n_types: int = 0            # BERT token-type embeddings
-    embed_norm: bool = False    # BERT LayerNorm after the embedding sum
-    experts: int = 0            # > 0: the FFN is a top-k softmax-gated mixture of experts
+    n_types: int = 0  # BERT token-type embeddings
+    embed_norm: bool = False  # BERT LayerNorm after the embedding sum
+    experts: int = 0  # > 0: the FFN is a top-k softmax-gated mixture of experts
     top_k: int = 0
     router_renorm: bool = True  # the k kept gates renormalised to sum 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
 
@@ -75,26 +79,35 @@ def validate(cfg: Config) -> Config:
         need(isinstance(getattr(cfg, name), int) and getattr(cfg, name) >= 1, f"{name} must be a positive integer")
     need(cfg.family == "attn" or cfg.vocab >= 2, "vocab must be >= 2")
     need(cfg.family == "attn" or cfg.d_ff >= 1, "d_ff must be >= 1")
-    need(cfg.n_heads % cfg.n_kv_heads == 0,
-         f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
+    need(
+        cfg.n_heads % cfg.n_kv_heads == 0, f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})"
+    )
     need(cfg.norm in NORMS, f"norm must be one of {', '.join(NORMS)}")
     need(cfg.act in ACTS, f"act must be one of {', '.join(ACTS)}")
-    need(cfg.norm_placement in ("pre", "post", "output", "sandwich"),
-         "norm_placement must be pre, post, output or sandwich")
+    need(
+        cfg.norm_placement in ("pre", "post", "output", "sandwich"),
+        "norm_placement must be pre, post, output or sandwich",
+    )
     need(cfg.norm_placement != "sandwich" or cfg.family == "gemma", "sandwich norms are the gemma family's")
     need(cfg.pos in ("learned", "rope", "none"), "pos must be learned, rope or none")
     need(cfg.rope_style in ("half", "interleaved"), "rope_style must be half or interleaved")
     need(cfg.pos != "rope" or cfg.d_head % 2 == 0, "RoPE needs an even d_head")
-    need(isinstance(cfg.rotary_dim, int) and 0 <= cfg.rotary_dim <= cfg.d_head and cfg.rotary_dim % 2 == 0,
-         "rotary_dim must be an even number in 0..d_head (0: the whole head)")
-    need(cfg.pos == "rope" or (cfg.rope_type == "default" and not cfg.rope_params and cfg.rotary_dim == 0),
-         "RoPE options given without pos=rope")
+    need(
+        isinstance(cfg.rotary_dim, int) and 0 <= cfg.rotary_dim <= cfg.d_head and cfg.rotary_dim % 2 == 0,
+        "rotary_dim must be an even number in 0..d_head (0: the whole head)",
+    )
+    need(
+        cfg.pos == "rope" or (cfg.rope_type == "default" and not cfg.rope_params and cfg.rotary_dim == 0),
+        "RoPE options given without pos=rope",
+    )
     problem = scaling_problem(cfg.rope_type, cfg.rope_params, cfg.rotary_dim or cfg.d_head)
     need(problem is None, f"RoPE scaling: {problem}")
     need(isinstance(cfg.window, int) and cfg.window >= 0, "window must be a non-negative integer (0: none)")
     need(cfg.window == 0 or cfg.causal, "a sliding window needs causal attention")
-    need(not cfg.parallel_residual or (cfg.norm_placement == "pre" and cfg.family != "attn"),
-         "a parallel residual needs pre-norm blocks with an FFN")
+    need(
+        not cfg.parallel_residual or (cfg.norm_placement == "pre" and cfg.family != "attn"),
+        "a parallel residual needs pre-norm blocks with an FFN",
+    )
     need(cfg.qk_norm in QK_NORMS, f"qk_norm must be one of {', '.join(QK_NORMS)}")
     need(cfg.qk_norm == "none" or cfg.norm.startswith("rmsnorm"), "a QK-norm needs an RMSNorm model")
     need(not cfg.tied or cfg.family not in ("attn", "bert"), "--tied needs token embeddings and an unembedding")

@@ -11,6 +11,16 @@ from types import ModuleType
 
 from . import attn, bert, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
 
-FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "llama": llama, "qwen": qwen, "moe": moe,
-                                   "attn": attn, "qwen3": qwen3, "olmo2": olmo2,
-                                   "phi3": phi3, "neox": neox, "gemma": gemma}
+FAMILIES: dict[str, ModuleType] = {
+    "gpt2": gpt2,
+    "bert": bert,
+    "llama": llama,
+    "qwen": qwen,
+    "moe": moe,
+    "attn": attn,
+    "qwen3": qwen3,
+    "olmo2": olmo2,
+    "phi3": phi3,
+    "neox": neox,
+    "gemma": gemma,
+}

@@ -42,16 +42,16 @@ SLIDING, FULL = "sliding", "full"
 
 @dataclass(frozen=True)
 class GemmaConfig(Config):
-    qk_norm: str = "none"             # none | head (RMSNorm over d_head, weights shared by the heads)
-    gate_act: str = "gelu-tanh"       # activation of the FFN gate (GeGLU)
+    qk_norm: str = "none"  # none | head (RMSNorm over d_head, weights shared by the heads)
+    gate_act: str = "gelu-tanh"  # activation of the FFN gate (GeGLU)
     query_pre_attn_scalar: float = 0.0  # scores scaled by s^-1/2; 0: s = d_head
-    attn_softcap: float = 0.0         # c_a > 0: scores ↦ c_a·tanh(scores/c_a); 0: none
-    final_softcap: float = 0.0        # c_f > 0: logits ↦ c_f·tanh(logits/c_f); 0: none
-    window: int = 0                   # sliding-window length W of the sliding layers (0: none)
-    sliding_pattern: int = 0          # every p-th layer (p, 2p, ...) is full, the others sliding; 0: all full
-    layer_types: tuple = ()           # explicit per-layer "sliding" / "full" (overrides sliding_pattern)
-    rope_local_base: float = 0.0      # RoPE base of the sliding layers (0: rope_base)
-    rope_scale: float = 1.0           # linear RoPE scaling factor of the full layers
+    attn_softcap: float = 0.0  # c_a > 0: scores ↦ c_a·tanh(scores/c_a); 0: none
+    final_softcap: float = 0.0  # c_f > 0: logits ↦ c_f·tanh(logits/c_f); 0: none
+    window: int = 0  # sliding-window length W of the sliding layers (0: none)
+    sliding_pattern: int = 0  # every p-th layer (p, 2p, ...) is full, the others sliding; 0: all full
+    layer_types: tuple = ()  # explicit per-layer "sliding" / "full" (overrides sliding_pattern)
+    rope_local_base: float = 0.0  # RoPE base of the sliding layers (0: rope_base)
+    rope_scale: float = 1.0  # linear RoPE scaling factor of the full layers
 
     def layer_type(self, i: int) -> str:
         if self.layer_types:
@@ -75,8 +75,9 @@ def check(cfg: GemmaConfig) -> GemmaConfig:
             raise GaugeAuditError(f"invalid gemma config: {msg}")
 
     validate(cfg)
-    need(cfg.norm == "rmsnorm" and cfg.norm_placement == "sandwich",
-         "Gemma has weighted RMSNorms in sandwich placement")
+    need(
+        cfg.norm == "rmsnorm" and cfg.norm_placement == "sandwich", "Gemma has weighted RMSNorms in sandwich placement"
+    )
     need(cfg.act == "swiglu" and cfg.gate_act in ("gelu-tanh", "gelu"), "the FFN is GeGLU (gate_act gelu-tanh or gelu)")
     need(cfg.pos == "rope" and cfg.rope_style == "half", "Gemma uses half-split RoPE")
     need(not (cfg.attn_bias or cfg.out_bias or cfg.mlp_bias or cfg.unembed_bias), "Gemma has no biases")
@@ -87,27 +88,54 @@ def check(cfg: GemmaConfig) -> GemmaConfig:
     need(cfg.rope_scale >= 1, "rope_scale must be >= 1")
     need(isinstance(cfg.window, int) and cfg.window >= 0, "window must be an integer >= 0")
     need(isinstance(cfg.sliding_pattern, int) and cfg.sliding_pattern >= 0, "sliding_pattern must be >= 0")
-    need(not cfg.layer_types or (len(cfg.layer_types) == cfg.n_layers
-                                 and set(cfg.layer_types) <= {SLIDING, FULL}),
-         f"layer_types must name {cfg.n_layers} layers, each sliding or full")
-    need(cfg.window > 0 or all(cfg.layer_type(i) == FULL for i in range(cfg.n_layers)),
-         "sliding layers need a window > 0")
+    need(
+        not cfg.layer_types or (len(cfg.layer_types) == cfg.n_layers and set(cfg.layer_types) <= {SLIDING, FULL}),
+        f"layer_types must name {cfg.n_layers} layers, each sliding or full",
+    )
+    need(
+        cfg.window > 0 or all(cfg.layer_type(i) == FULL for i in range(cfg.n_layers)),
+        "sliding layers need a window > 0",
+    )
     return cfg
 
 
 def config(**overrides) -> GemmaConfig:
     """Gemma 3 defaults (qk_norm head, no soft-capping, sliding pattern 6, local base 10 000);
     Gemma 2: qk_norm="none", attn_softcap=50, final_softcap=30, sliding_pattern=2."""
-    base = GemmaConfig(family="gemma", norm="rmsnorm", norm_placement="sandwich", norm_eps=1e-6, act="swiglu",
-                       attn_bias=False, out_bias=False, mlp_bias=False, pos="rope", rope_style="half",
-                       rope_base=1e6, causal=True, tied=True, qk_norm="head", window=8, sliding_pattern=6,
-                       rope_local_base=1e4)
+    base = GemmaConfig(
+        family="gemma",
+        norm="rmsnorm",
+        norm_placement="sandwich",
+        norm_eps=1e-6,
+        act="swiglu",
+        attn_bias=False,
+        out_bias=False,
+        mlp_bias=False,
+        pos="rope",
+        rope_style="half",
+        rope_base=1e6,
+        causal=True,
+        tied=True,
+        qk_norm="head",
+        window=8,
+        sliding_pattern=6,
+        rope_local_base=1e4,
+    )
     return base.with_(**overrides) if overrides else check(base)
 
 
 def gemma2_config(**overrides) -> GemmaConfig:
-    return config(**{"qk_norm": "none", "attn_softcap": 50.0, "final_softcap": 30.0, "sliding_pattern": 2,
-                     "rope_base": 1e4, "rope_local_base": 0.0, **overrides})
+    return config(
+        **{
+            "qk_norm": "none",
+            "attn_softcap": 50.0,
+            "final_softcap": 30.0,
+            "sliding_pattern": 2,
+            "rope_base": 1e4,
+            "rope_local_base": 0.0,
+            **overrides,
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -121,8 +149,13 @@ def param_shapes(cfg: GemmaConfig) -> dict:
         # (attention_shapes includes the QK-norm weights attn.q_norm, attn.k_norm when qk_norm == "head")
         shapes[f"{p}.ln1_post.w"] = ((d,), "norm_w")
         shapes[f"{p}.ln2.w"] = ((d,), "norm_w")
-        shapes.update({f"{p}.mlp.W_gate": ((d, f), "weight"), f"{p}.mlp.W_in": ((d, f), "weight"),
-                       f"{p}.mlp.W_out": ((f, d), "weight")})
+        shapes.update(
+            {
+                f"{p}.mlp.W_gate": ((d, f), "weight"),
+                f"{p}.mlp.W_in": ((d, f), "weight"),
+                f"{p}.mlp.W_out": ((f, d), "weight"),
+            }
+        )
         shapes[f"{p}.ln2_post.w"] = ((d,), "norm_w")
     shapes["ln_final.w"] = ((d,), "norm_w")
     if not cfg.tied:
@@ -182,8 +215,9 @@ def attention(params: Params, cfg: GemmaConfig, layer: int, x: torch.Tensor) -> 
 
 
 def geglu(params: Params, prefix: str, cfg: GemmaConfig, x: torch.Tensor) -> torch.Tensor:
-    return (activation(cfg.gate_act, x @ params[f"{prefix}.W_gate"]) * (x @ params[f"{prefix}.W_in"])) \
-        @ params[f"{prefix}.W_out"]
+    return (activation(cfg.gate_act, x @ params[f"{prefix}.W_gate"]) * (x @ params[f"{prefix}.W_in"])) @ params[
+        f"{prefix}.W_out"
+    ]
 
 
 def block(params: Params, cfg: GemmaConfig, i: int, x: torch.Tensor) -> torch.Tensor:

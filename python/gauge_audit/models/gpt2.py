@@ -11,8 +11,17 @@ from .layers import Params, block, block_shapes, norm_shapes, normalize, unembed
 
 
 def config(**overrides) -> Config:
-    base = Config(family="gpt2", norm="layernorm", norm_placement="pre", act="gelu", attn_bias=True,
-                  out_bias=True, mlp_bias=True, pos="learned", causal=True)
+    base = Config(
+        family="gpt2",
+        norm="layernorm",
+        norm_placement="pre",
+        act="gelu",
+        attn_bias=True,
+        out_bias=True,
+        mlp_bias=True,
+        pos="learned",
+        causal=True,
+    )
     return validate(base).with_(**overrides) if overrides else validate(base)
 
 

@@ -43,8 +43,9 @@ def attention_shapes(cfg: Config, prefix: str) -> dict:
         f"{prefix}.W_O": ((h, e, d), "weight"),
     }
     if cfg.attn_bias:
-        out.update({f"{prefix}.b_Q": ((h, e), "bias"), f"{prefix}.b_K": ((g, e), "bias"),
-                    f"{prefix}.b_V": ((g, e), "bias")})
+        out.update(
+            {f"{prefix}.b_Q": ((h, e), "bias"), f"{prefix}.b_K": ((g, e), "bias"), f"{prefix}.b_V": ((g, e), "bias")}
+        )
     if cfg.out_bias:
         out[f"{prefix}.b_O"] = ((d,), "bias")
     if cfg.qk_norm == "head":
@@ -71,14 +72,20 @@ def ffn_shapes(cfg: Config, prefix: str) -> dict:
     """Dense MLP, or (experts > 0) a router plus E stacked expert MLPs."""
     if cfg.experts == 0:
         return mlp_shapes(cfg, f"{prefix}.mlp")
-    return {f"{prefix}.moe.W_router": ((cfg.d_model, cfg.experts), "weight"),
-            **mlp_shapes(cfg, f"{prefix}.moe", lead=(cfg.experts,))}
+    return {
+        f"{prefix}.moe.W_router": ((cfg.d_model, cfg.experts), "weight"),
+        **mlp_shapes(cfg, f"{prefix}.moe", lead=(cfg.experts,)),
+    }
 
 
 def block_shapes(cfg: Config, i: int) -> dict:
     p = f"blocks.{i}"
-    return {**norm_shapes(cfg, f"{p}.ln1"), **attention_shapes(cfg, f"{p}.attn"),
-            **norm_shapes(cfg, f"{p}.ln2"), **ffn_shapes(cfg, p)}
+    return {
+        **norm_shapes(cfg, f"{p}.ln1"),
+        **attention_shapes(cfg, f"{p}.attn"),
+        **norm_shapes(cfg, f"{p}.ln2"),
+        **ffn_shapes(cfg, p),
+    }
 
 
 # ----------------------------------------------------------------------------- layers
@@ -153,13 +160,14 @@ def head_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.T
 def full_norm(params: Params, key: str, cfg: Config, y: torch.Tensor) -> torch.Tensor:
     """QK-norm (OLMo 2): one RMSNorm over the concatenation of all heads, y/rms(y)·γ, γ of length heads·d_head."""
     b, h, n, e = y.shape
-    flat = y.transpose(1, 2).reshape(b, n, h * e)   # (B, n, heads·d_head), head-major as in the projection
+    flat = y.transpose(1, 2).reshape(b, n, h * e)  # (B, n, heads·d_head), head-major as in the projection
     flat = flat * torch.rsqrt((flat * flat).mean(-1, keepdim=True) + cfg.norm_eps) * params[key]
     return flat.reshape(b, n, h, e).transpose(1, 2)
 
 
 def attention(params: Params, prefix: str, cfg: Config, x: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ/√d_head + mask) v per head, then Σ_h z_h W_O[h] + b_O."""
+
     def proj(name: str) -> torch.Tensor:  # (B, heads, n, d_head)
         y = torch.einsum("bnd,hde->bhne", x, params[f"{prefix}.W_{name}"])
         if f"{prefix}.b_{name}" in params:
@@ -194,6 +202,7 @@ def mlp(params: Params, prefix: str, cfg: Config, x: torch.Tensor, e: int | None
 
     ``e`` selects one expert of a stacked MoE parameter set.
     """
+
     def get(name):
         t = params.get(f"{prefix}.{name}")
         return t if t is None or e is None else t[e]
@@ -247,8 +256,11 @@ def block(params: Params, cfg: Config, i: int, x: torch.Tensor, trace: dict | No
     """One transformer block; the norm placement decides pre-LN, post-LN or normed sublayer outputs."""
     p = f"blocks.{i}"
     if cfg.norm_placement == "pre" and cfg.parallel_residual:  # both sublayers read the same stream
-        return (x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
-                + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace))
+        return (
+            x
+            + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
+            + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace)
+        )
     if cfg.norm_placement == "pre":
         x = x + attention(params, f"{p}.attn", cfg, normalize(params, f"{p}.ln1", cfg, x))
         return x + ffn(params, p, cfg, normalize(params, f"{p}.ln2", cfg, x), trace)

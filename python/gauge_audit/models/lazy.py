@@ -22,8 +22,14 @@ class LazyParams(Mapping):
     """Named tensors in the project's layout (float64 on the CPU unless cast),
     produced by ``load(name)`` on every access."""
 
-    def __init__(self, shapes: Shapes, load: Callable[[str], torch.Tensor], dtype: torch.dtype = torch.float64,
-                 device: torch.device | str = "cpu", stable: bool = False):
+    def __init__(
+        self,
+        shapes: Shapes,
+        load: Callable[[str], torch.Tensor],
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+        stable: bool = False,
+    ):
         self.shapes = dict(shapes)
         self._load = load
         self.dtype = dtype
@@ -50,13 +56,16 @@ class LazyParams(Mapping):
     def cast(self, dtype: torch.dtype | None = None, device=None) -> LazyParams:
         """The same tensors, converted to ``dtype`` / ``device`` on access."""
         same = (dtype or self.dtype, torch.device(device or self.device)) == (self.dtype, self.device)
-        return LazyParams(self.shapes, self.__getitem__, dtype or self.dtype, device or self.device,
-                          stable=self.stable and same)
+        return LazyParams(
+            self.shapes, self.__getitem__, dtype or self.dtype, device or self.device, stable=self.stable and same
+        )
 
     def extended(self, extra: dict[str, tuple[tuple, Callable[[LazyParams], torch.Tensor]]]) -> LazyParams:
         """These tensors plus ``extra``: name → (shape, fn(params) -> tensor), computed on access."""
+
         def load(name: str) -> torch.Tensor:
             return extra[name][1](self) if name in extra else self[name]
+
         return LazyParams({**self.shapes, **{k: s for k, (s, _) in extra.items()}}, load, self.dtype, self.device)
 
     def numel(self) -> int:

@@ -14,7 +14,18 @@ sample_inputs = gpt2.sample_inputs
 
 
 def config(**overrides) -> Config:
-    base = Config(family="llama", norm="rmsnorm", norm_placement="pre", norm_eps=1e-6, act="swiglu",
-                  attn_bias=False, out_bias=False, mlp_bias=False, pos="rope", rope_style="half",
-                  causal=True, tied=False)
+    base = Config(
+        family="llama",
+        norm="rmsnorm",
+        norm_placement="pre",
+        norm_eps=1e-6,
+        act="swiglu",
+        attn_bias=False,
+        out_bias=False,
+        mlp_bias=False,
+        pos="rope",
+        rope_style="half",
+        causal=True,
+        tied=False,
+    )
     return validate(base).with_(**overrides) if overrides else validate(base)

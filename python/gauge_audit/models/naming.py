@@ -27,9 +27,9 @@ LEVEL_NAMES = ("model", "layer", "kv", "head")
 @dataclass(frozen=True)
 class ParamName:
     name: str
-    shape: tuple             # (rows, cols) in dimension names; vectors are 1×n rows
-    level: int               # MODEL / LAYER / KV / HEAD
-    kind: str                # weight | bias | norm_w | norm_b  (what an absent tensor means)
+    shape: tuple  # (rows, cols) in dimension names; vectors are 1×n rows
+    level: int  # MODEL / LAYER / KV / HEAD
+    kind: str  # weight | bias | norm_w | norm_b  (what an absent tensor means)
     doc: str
 
     @property
@@ -68,26 +68,46 @@ PARAMS: dict[str, ParamName] = {p.name: p for p in _P}
 FFN_NAMES = ("W_in", "b_in", "W_gate", "W_out", "b_out")
 _ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 _NORM = {"norm1": "ln1", "norm2": "ln2"}
-_MODEL_KEYS = {"W_E": "embed.W_E", "W_pos": "embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U",
-               "norm_f.w": "ln_final.w", "norm_f.b": "ln_final.b"}
+_MODEL_KEYS = {
+    "W_E": "embed.W_E",
+    "W_pos": "embed.W_pos",
+    "W_U": "unembed.W_U",
+    "b_U": "unembed.b_U",
+    "norm_f.w": "ln_final.w",
+    "norm_f.b": "ln_final.b",
+}
 
 
 def dims(cfg: Config) -> dict[str, int]:
     """The value of every dimension name for this configuration."""
-    return {"d_model": cfg.d_model, "d_k": cfg.d_head, "d_v": cfg.d_head, "d_ff": cfg.d_ff,
-            "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "vocab": cfg.vocab, "n_ctx": cfg.n_ctx,
-            "n_experts": cfg.experts}
+    return {
+        "d_model": cfg.d_model,
+        "d_k": cfg.d_head,
+        "d_v": cfg.d_head,
+        "d_ff": cfg.d_ff,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "vocab": cfg.vocab,
+        "n_ctx": cfg.n_ctx,
+        "n_experts": cfg.experts,
+    }
 
 
 @dataclass(frozen=True)
 class Location:
-    key: str                 # key of the project's parameter dict
-    index: tuple             # leading indices (head, KV head or expert)
+    key: str  # key of the project's parameter dict
+    index: tuple  # leading indices (head, KV head or expert)
     transposed: bool = False  # the tied unembedding: W_U = embed.W_Eᵀ
 
 
-def locate(cfg: Config, name: str, layer: int | None = None, kv: int | None = None, head: int | None = None,
-           expert: int | None = None) -> Location:
+def locate(
+    cfg: Config,
+    name: str,
+    layer: int | None = None,
+    kv: int | None = None,
+    head: int | None = None,
+    expert: int | None = None,
+) -> Location:
     """Where one instance of a paper-named parameter lives (whether or not the model has it)."""
     p = PARAMS[name]
     if p.level == MODEL:
@@ -116,5 +136,17 @@ def present(cfg: Config, name: str, keys) -> bool:
     return locate(cfg, name, layer, 0, 0, 0).key in keys
 
 
-__all__ = ["FFN_NAMES", "HEAD", "KV", "LAYER", "LEVEL_NAMES", "Location", "MODEL", "PARAMS", "ParamName", "dims",
-           "locate", "present"]
+__all__ = [
+    "FFN_NAMES",
+    "HEAD",
+    "KV",
+    "LAYER",
+    "LEVEL_NAMES",
+    "Location",
+    "MODEL",
+    "PARAMS",
+    "ParamName",
+    "dims",
+    "locate",
+    "present",
+]

@@ -21,6 +21,14 @@ sample_inputs = gpt2.sample_inputs
 
 
 def config(**overrides) -> Config:
-    base = gpt2.config().with_(family="neox", pos="rope", rope_style="half", d_head=8, d_model=32, rotary_dim=2,
-                               parallel_residual=True, act="gelu")
+    base = gpt2.config().with_(
+        family="neox",
+        pos="rope",
+        rope_style="half",
+        d_head=8,
+        d_model=32,
+        rotary_dim=2,
+        parallel_residual=True,
+        act="gelu",
+    )
     return validate(base).with_(**overrides) if overrides else base

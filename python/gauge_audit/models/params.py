@@ -58,6 +58,7 @@ def untie(cfg: Config, params):
         raise GaugeAuditError("the unembedding is already untied")
     new = cfg.with_(tied=False)
     if isinstance(params, LazyParams):
-        return new, params.extended({"unembed.W_U": ((cfg.d_model, cfg.vocab),
-                                                     lambda p: p["embed.W_E"].T.contiguous())})
+        return new, params.extended(
+            {"unembed.W_U": ((cfg.d_model, cfg.vocab), lambda p: p["embed.W_E"].T.contiguous())}
+        )
     return new, {**params, "unembed.W_U": params["embed.W_E"].T.contiguous()}

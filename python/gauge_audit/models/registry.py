@@ -45,8 +45,9 @@ def model_names() -> list[str]:
     return [*NAMED, *REAL, *UNTIED]
 
 
-def build_config(cfg: Config, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64,
-                 name: str | None = None) -> Model:
+def build_config(
+    cfg: Config, seed: int = 0, device: str = "auto", dtype: torch.dtype = torch.float64, name: str | None = None
+) -> Model:
     family = FAMILIES[cfg.family]
     dev = resolve_device(device)
     params = init_params(family.param_shapes(cfg), seed, dev, dtype)

@@ -37,12 +37,29 @@ _OPTIONS = {
     "default": {},
     "linear": {"factor": None},
     "dynamic": {"factor": None},
-    "yarn": {"factor": None, "original_max_position_embeddings": None, "attention_factor": 0.0,
-             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.0, "mscale_all_dim": 0.0, "truncate": 1.0},
-    "llama3": {"factor": None, "low_freq_factor": None, "high_freq_factor": None,
-               "original_max_position_embeddings": None},
-    "longrope": {"short_factor": None, "long_factor": None, "original_max_position_embeddings": None,
-                 "factor": 0.0, "attention_factor": 0.0},
+    "yarn": {
+        "factor": None,
+        "original_max_position_embeddings": None,
+        "attention_factor": 0.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 0.0,
+        "mscale_all_dim": 0.0,
+        "truncate": 1.0,
+    },
+    "llama3": {
+        "factor": None,
+        "low_freq_factor": None,
+        "high_freq_factor": None,
+        "original_max_position_embeddings": None,
+    },
+    "longrope": {
+        "short_factor": None,
+        "long_factor": None,
+        "original_max_position_embeddings": None,
+        "factor": 0.0,
+        "attention_factor": 0.0,
+    },
 }
 
 
@@ -100,7 +117,7 @@ def _yarn(cfg, R: int, base: float, theta: torch.Tensor) -> tuple[torch.Tensor, 
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = ((torch.arange(R // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    extrapolate = 1 - ramp                      # 1: keep θ_i (fast planes), 0: θ_i / factor (slow planes)
+    extrapolate = 1 - ramp  # 1: keep θ_i (fast planes), 0: θ_i / factor (slow planes)
     return theta / factor * (1 - extrapolate) + theta * extrapolate, af
 
 
@@ -124,7 +141,7 @@ def inverse_frequencies(cfg, n: int) -> tuple[torch.Tensor, float]:
         L0, factor = cfg.n_ctx, _option(cfg, "factor")
         L = max(n, L0)
         base = base * (factor * L / L0 - (factor - 1)) ** (R / (R - 2))
-    theta = 1.0 / base ** exponent
+    theta = 1.0 / base**exponent
     if kind == "linear":
         return theta / _option(cfg, "factor"), 1.0
     if kind == "yarn":

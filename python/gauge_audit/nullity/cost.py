@@ -36,26 +36,28 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 
-DEFAULT_MAX_MINUTES = 15.0   # the CLI's default budget (P ≈ 20 000 takes about a minute on 2 cores)
-MATRIX_FREE_SKETCH = 1.05    # sketch rows per certificate coordinate (matrixfree.analyze_matrix_free's default)
-FLUSH = 4096                 # rows per Gram update (matrixfree.FLUSH)
+DEFAULT_MAX_MINUTES = 15.0  # the CLI's default budget (P ≈ 20 000 takes about a minute on 2 cores)
+MATRIX_FREE_SKETCH = 1.05  # sketch rows per certificate coordinate (matrixfree.analyze_matrix_free's default)
+FLUSH = 4096  # rows per Gram update (matrixfree.FLUSH)
 
 
 @dataclass(frozen=True)
 class Estimate:
     method: str
-    params: int          # P
-    coords: int          # n: the coordinates the expensive step works on (≤ P)
-    rows: int            # m
+    params: int  # P
+    coords: int  # n: the coordinates the expensive step works on (≤ P)
+    rows: int  # m
     flops: float
     bytes: float
     seconds: float
-    gflops: float        # the machine rate the seconds assume
-    detail: str          # which terms dominate
+    gflops: float  # the machine rate the seconds assume
+    detail: str  # which terms dominate
 
     def describe(self) -> str:
-        return (f"P = {self.params:,} parameters: {self.method} needs ≈ {size_text(self.bytes)} of memory and "
-                f"≈ {duration_text(self.seconds)} at this machine's {self.gflops:.0f} GFLOP/s ({self.detail})")
+        return (
+            f"P = {self.params:,} parameters: {self.method} needs ≈ {size_text(self.bytes)} of memory and "
+            f"≈ {duration_text(self.seconds)} at this machine's {self.gflops:.0f} GFLOP/s ({self.detail})"
+        )
 
 
 def size_text(b: float) -> str:
@@ -79,6 +81,7 @@ def duration_text(s: float) -> str:
 
 def parameter_count(cfg: Config) -> int:
     from ..models import FAMILIES
+
     return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
 
 
@@ -88,13 +91,13 @@ def matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g, dtype=torch.float64)
     b = torch.randn(n, n, generator=g, dtype=torch.float64)
-    a @ b   # warm-up (thread pool, caches)
+    a @ b  # warm-up (thread pool, caches)
     best = math.inf
     for _ in range(repeats):
         t = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t)
-    return 2.0 * n ** 3 / max(best, 1e-9) / 1e9
+    return 2.0 * n**3 / max(best, 1e-9) / 1e9
 
 
 def available_memory() -> float:
@@ -112,8 +115,9 @@ def available_memory() -> float:
         return math.inf
 
 
-def estimate(cfg: Config, method: str, factor: float = 3.0, sketch: float = MATRIX_FREE_SKETCH,
-             gflops: float | None = None) -> Estimate:
+def estimate(
+    cfg: Config, method: str, factor: float = 3.0, sketch: float = MATRIX_FREE_SKETCH, gflops: float | None = None
+) -> Estimate:
     """Memory and time of :func:`gauge_audit.nullity.analyze` on ``cfg`` by the cost model above."""
     P = parameter_count(cfg)
     rate = gflops if gflops is not None else matmul_gflops()
@@ -127,17 +131,17 @@ def estimate(cfg: Config, method: str, factor: float = 3.0, sketch: float = MATR
         return Estimate(method, P, P, int(m), flops, memory, seconds, rate, detail)
     n = float(P)
     m = sketch * moe * n
-    gram, chol, rows = m * n * n, n ** 3 / 3.0, 6.0 * m * P
+    gram, chol, rows = m * n * n, n**3 / 3.0, 6.0 * m * P
     flops = gram + chol + rows
     seconds = (gram + chol) / (rate * 1e9) + rows / (0.1 * rate * 1e9)
     memory = 16.0 * n * n + 8.0 * (n + 1) * (FLUSH + 64)
-    detail = (f"Gram m·n² = {gram:.2g} and Cholesky n³/3 = {chol:.2g} flops, n ≤ {P:,} coordinates, "
-              f"m ≈ {m:,.0f} sketch rows")
+    detail = (
+        f"Gram m·n² = {gram:.2g} and Cholesky n³/3 = {chol:.2g} flops, n ≤ {P:,} coordinates, m ≈ {m:,.0f} sketch rows"
+    )
     return Estimate(method, P, int(n), int(m), flops, memory, seconds, rate, detail)
 
 
-def require_feasible(est: Estimate, max_minutes: float | None = DEFAULT_MAX_MINUTES,
-                     free: float | None = None) -> None:
+def require_feasible(est: Estimate, max_minutes: float | None = DEFAULT_MAX_MINUTES, free: float | None = None) -> None:
     """Raise (one line, with the estimate) if the measurement cannot fit in memory or time."""
     free = available_memory() if free is None else free
     why = []
@@ -146,5 +150,7 @@ def require_feasible(est: Estimate, max_minutes: float | None = DEFAULT_MAX_MINU
     if max_minutes is not None and est.seconds > 60.0 * max_minutes:
         why.append(f"longer than the --max-minutes budget of {max_minutes:g} min")
     if why:
-        raise GaugeAuditError(f"{est.describe()} — {' and '.join(why)}; refusing before starting "
-                              "(choose a smaller configuration, or raise --max-minutes if only the time is short)")
+        raise GaugeAuditError(
+            f"{est.describe()} — {' and '.join(why)}; refusing before starting "
+            "(choose a smaller configuration, or raise --max-minutes if only the time is short)"
+        )

@@ -42,9 +42,9 @@ class Span:
     the normalised stack, and — computed only when asked for — an orthonormal basis."""
 
     rank: int
-    s: torch.Tensor                       # singular values of the normalised stack, descending
-    rows: torch.Tensor = field(repr=False)          # the normalised stack (k × P)
-    _eig: tuple | None = field(default=None, repr=False)     # (U, √λ) of the Gram, fast path
+    s: torch.Tensor  # singular values of the normalised stack, descending
+    rows: torch.Tensor = field(repr=False)  # the normalised stack (k × P)
+    _eig: tuple | None = field(default=None, repr=False)  # (U, √λ) of the Gram, fast path
     _basis: torch.Tensor | None = field(default=None, repr=False)
 
     def basis(self) -> torch.Tensor:
@@ -87,8 +87,8 @@ def _gram(parts: list[torch.Tensor]) -> torch.Tensor:
             if common.numel() == 0:
                 continue
             blk = a[:, common] @ parts[j][:, common].T
-            G[offs[i]:offs[i + 1], offs[j]:offs[j + 1]] = blk
-            G[offs[j]:offs[j + 1], offs[i]:offs[i + 1]] = blk.T
+            G[offs[i] : offs[i + 1], offs[j] : offs[j + 1]] = blk
+            G[offs[j] : offs[j + 1], offs[i] : offs[i + 1]] = blk.T
     return G
 
 
@@ -97,8 +97,12 @@ def span_rank(blocks: list[torch.Tensor]) -> Span:
     P = blocks[0].shape[1]
     parts = [a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(1e-300) for a in blocks if a.shape[0]]
     if not parts:
-        return Span(0, torch.zeros(0, dtype=torch.float64), torch.zeros(0, P, dtype=torch.float64),
-                    _basis=torch.zeros(P, 0, dtype=torch.float64))
+        return Span(
+            0,
+            torch.zeros(0, dtype=torch.float64),
+            torch.zeros(0, P, dtype=torch.float64),
+            _basis=torch.zeros(P, 0, dtype=torch.float64),
+        )
     n = torch.cat(parts) if len(parts) > 1 else parts[0]
     k = n.shape[0]
     if 2 * k <= P:
@@ -108,7 +112,7 @@ def span_rank(blocks: list[torch.Tensor]) -> Span:
         if float(ev[0]) > 1e-4 * float(ev[-1]):
             root = torch.sqrt(ev.flip(0))
             return Span(k, root, n, _eig=(U.flip(1), root))
-    q, r = torch.linalg.qr(n.T)                       # P × k, k × k
+    q, r = torch.linalg.qr(n.T)  # P × k, k × k
     u, s, _ = torch.linalg.svd(r)
     # rank by the largest gap of the normalised generators' spectrum (extended by the noise floor)
     rank = numerical_rank(s, min_gap=1.0).rank
@@ -124,19 +128,19 @@ def support_rank(V: torch.Tensor) -> int:
 @dataclass
 class Unexplained:
     count: int
-    directions: torch.Tensor                 # (P × count) orthonormal, in ker J ∩ span(generators)^⊥
-    blocks: list[list[tuple[str, float]]]    # per direction: dominant parameter blocks (name, share)
+    directions: torch.Tensor  # (P × count) orthonormal, in ker J ∩ span(generators)^⊥
+    blocks: list[list[tuple[str, float]]]  # per direction: dominant parameter blocks (name, share)
 
 
 @dataclass
 class Explanation:
     families: list[Family]
-    explained: int                      # rank of the span of the flat families
-    predicted: int                      # Σ of their formulas
+    explained: int  # rank of the span of the flat families
+    predicted: int  # Σ of their formulas
     tolerance_formula: str
     all_within_tolerance: bool
-    overlap: int                        # predicted − explained (0: the families are independent)
-    span: Span = field(repr=False, default=None)           # of the flat families' generators
+    overlap: int  # predicted − explained (0: the families are independent)
+    span: Span = field(repr=False, default=None)  # of the flat families' generators
 
     @property
     def basis(self) -> torch.Tensor:
@@ -147,8 +151,14 @@ class Explanation:
         return {f.name: f.rank for f in self.families if f.flat}
 
 
-def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor], j_fro: float,
-                   threshold: float | None, exact_span: Span | None = None) -> Explanation:
+def check_families(
+    problem: Problem,
+    fams: list[Family],
+    JV: list[torch.Tensor],
+    j_fro: float,
+    threshold: float | None,
+    exact_span: Span | None = None,
+) -> Explanation:
     """Record residuals and ranks; decide ε-broken families against the rank threshold.
 
     ``JV[i]`` is J·vᵢ for the rows of family i (k × rows); ``threshold`` is the absolute
@@ -180,7 +190,7 @@ def check_families(problem: Problem, fams: list[Family], JV: list[torch.Tensor],
                 ok = False
     flat = [f for f in fams if f.flat]
     if all(f.kind != "eps-broken" for f in flat) and len(flat) == len(exact):
-        span = exact_span          # the flat families are exactly the exact ones
+        span = exact_span  # the flat families are exactly the exact ones
     else:
         span = span_rank([f.vectors for f in flat] or [torch.zeros(0, problem.P, dtype=torch.float64)])
     predicted = sum(f.expected for f in flat)
@@ -193,7 +203,7 @@ def unexplained_directions(problem: Problem, null: torch.Tensor, basis: torch.Te
         return Unexplained(0, null, [])
     res = null - basis @ (basis.T @ null) if basis.shape[1] else null
     u, s, _ = torch.linalg.svd(res, full_matrices=False)
-    count = int((s > 0.5).sum())   # singular values are ≈1 (outside the span) or ≈0 (inside)
+    count = int((s > 0.5).sum())  # singular values are ≈1 (outside the span) or ≈0 (inside)
     dirs = u[:, :count]
     blocks = []
     for i in range(count):
@@ -217,5 +227,16 @@ def frobenius(J: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(J))
 
 
-__all__ = ["Explanation", "Span", "Unexplained", "check_families", "unexplained_directions", "span_rank", "support_rank",
-           "generator_tolerance", "summarize_blocks", "frobenius", "math"]
+__all__ = [
+    "Explanation",
+    "Span",
+    "Unexplained",
+    "check_families",
+    "unexplained_directions",
+    "span_rank",
+    "support_rank",
+    "generator_tolerance",
+    "summarize_blocks",
+    "frobenius",
+    "math",
+]

@@ -70,10 +70,10 @@ from .families import Family, theory
 from .measure import EPS64, MIN_GAP, Problem, jacobian_pieces, make_problem, output_width, progress, project_outputs
 from .report import make_report
 
-U64 = EPS64 / 2     # unit roundoff of float64
+U64 = EPS64 / 2  # unit roundoff of float64
 
 
-LAMBDA = 10.0        # the probabilistic bound's confidence parameter (Higham & Mary 2019)
+LAMBDA = 10.0  # the probabilistic bound's confidence parameter (Higham & Mary 2019)
 
 
 ROUNDING = ("statistical", "probabilistic", "worst-case")
@@ -142,9 +142,9 @@ def pivot_coordinates(Q: torch.Tensor) -> torch.Tensor:
     P, k = Q.shape
     if k == 0:
         return torch.zeros(0, dtype=torch.long)
-    _, piv = torch.linalg.lu_factor(Q.float())   # only the pivot order is used: single precision suffices
+    _, piv = torch.linalg.lu_factor(Q.float())  # only the pivot order is used: single precision suffices
     perm = list(range(P))
-    for i, p in enumerate(piv.tolist()):     # LAPACK row swaps, 1-based
+    for i, p in enumerate(piv.tolist()):  # LAPACK row swaps, 1-based
         perm[i], perm[p - 1] = perm[p - 1], perm[i]
     return torch.tensor(sorted(perm[:k]), dtype=torch.long)
 
@@ -157,7 +157,7 @@ def syrk_lower(G: torch.Tensor, A: torch.Tensor, block: int = 1024) -> None:
         G[j:, j:e].addmm_(A[j:], A[j:e].T)
 
 
-SPARSE_COST = 30     # a sparse (CSR) product costs ~30× a dense one per multiply-add on CPU (measured)
+SPARSE_COST = 30  # a sparse (CSR) product costs ~30× a dense one per multiply-add on CPU (measured)
 
 
 class _Product:
@@ -171,7 +171,7 @@ class _Product:
         if nnz == 0:
             self.mode, self.M = "zero", None
         elif SPARSE_COST * nnz < g * s:
-            with warnings.catch_warnings():     # "sparse CSR support is in beta": products are all we use
+            with warnings.catch_warnings():  # "sparse CSR support is in beta": products are all we use
                 warnings.simplefilter("ignore", UserWarning)
                 self.mode, self.M = "sparse", V.to_sparse_csr()
         elif 2 * s <= V.shape[1]:
@@ -193,8 +193,9 @@ class _Images:
     split into the certificate's coordinates (``cols``) and the pivots' (``piv``)."""
 
     def __init__(self, fams: list[Family], cols: torch.Tensor, piv: torch.Tensor):
-        self.parts: list = [(_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), [])
-                      for f in fams]
+        self.parts: list = [
+            (_Product(f.vectors.index_select(1, cols)), _Product(f.vectors.index_select(1, piv)), []) for f in fams
+        ]
 
     def add(self, A: torch.Tensor, Bp: torch.Tensor) -> None:
         for on_cols, on_piv, out in self.parts:
@@ -206,14 +207,14 @@ class _Images:
 
 @dataclass
 class Sketch:
-    gram: torch.Tensor          # lower triangle of (S·J_{:,cols})ᵀ(S·J_{:,cols})
+    gram: torch.Tensor  # lower triangle of (S·J_{:,cols})ᵀ(S·J_{:,cols})
     images: list[torch.Tensor]  # per family: S·J·vᵢ (k × rows)
     rows: int
-    fro: float                  # ‖S·J‖_F (exact, all columns)
-    gram_seconds: float = 0.0   # time in the Gram's syrk updates (m·n² flops)
+    fro: float  # ‖S·J‖_F (exact, all columns)
+    gram_seconds: float = 0.0  # time in the Gram's syrk updates (m·n² flops)
 
 
-FLUSH = 4096         # rows per Gram update (BLAS-3 efficiency)
+FLUSH = 4096  # rows per Gram update (BLAS-3 efficiency)
 
 
 def _routes(layout, idx: torch.Tensor) -> list[tuple[str, int, int, torch.Tensor | None]]:
@@ -229,8 +230,9 @@ def _routes(layout, idx: torch.Tensor) -> list[tuple[str, int, int, torch.Tensor
     return out
 
 
-def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor, fams: list[Family],
-                  quiet: bool) -> Sketch:
+def stream_sketch(
+    problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor, fams: list[Family], quiet: bool
+) -> Sketch:
     """Stream S·J's rows once: each block is written, transposed, straight into a buffer of the
     certificate's coordinates (A, n × rows) and one of the pivots' (k × rows); the Gram's lower
     triangle and the generators' images are updated from those buffers every ≥ FLUSH rows."""
@@ -255,13 +257,13 @@ def stream_sketch(problem: Problem, proj, cols: torch.Tensor, piv: torch.Tensor,
 
     for done, pieces in jacobian_pieces(problem, proj=proj):
         r = next(iter(pieces.values())).shape[0]
-        if A is None:       # buffers for ≥ FLUSH rows plus one block
+        if A is None:  # buffers for ≥ FLUSH rows plus one block
             A = torch.empty(n, FLUSH + r, dtype=torch.float64)
             Bp = torch.empty(k, FLUSH + r, dtype=torch.float64)
         for buf, routes in ((A, to_cols), (Bp, to_piv)):
             for name, a, e, local in routes:
                 src = pieces[name].T
-                buf[a:e, fill:fill + r] = src if local is None else src[local]
+                buf[a:e, fill : fill + r] = src if local is None else src[local]
         fill += r
         m += r
         if fill >= FLUSH or done == b:
@@ -287,9 +289,11 @@ def inertia_below(G: torch.Tensor, tau: float) -> int:
     n, neg, i = G.shape[0], 0, 0
     pv = piv.tolist()
     while i < n:
-        if pv[i] < 0 and i + 1 < n:          # a 2×2 pivot block (lower storage)
-            blk = torch.tensor([[float(LD[i, i]), float(LD[i + 1, i])], [float(LD[i + 1, i]), float(LD[i + 1, i + 1])]],
-                               dtype=torch.float64)
+        if pv[i] < 0 and i + 1 < n:  # a 2×2 pivot block (lower storage)
+            blk = torch.tensor(
+                [[float(LD[i, i]), float(LD[i + 1, i])], [float(LD[i + 1, i]), float(LD[i + 1, i + 1])]],
+                dtype=torch.float64,
+            )
             neg += int((torch.linalg.eigvalsh(blk) < 0).sum())
             i += 2
         else:
@@ -335,9 +339,16 @@ def _sym_times(G: torch.Tensor, X: torch.Tensor, block: int = 2048) -> torch.Ten
     return Y
 
 
-def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "statistical",
-            flat: torch.Tensor | None = None, nonflat: torch.Tensor | None = None,
-            nonflat_images: torch.Tensor | None = None) -> dict:
+def certify(
+    G: torch.Tensor,
+    m: int,
+    seed: int,
+    quiet: bool,
+    rounding: str = "statistical",
+    flat: torch.Tensor | None = None,
+    nonflat: torch.Tensor | None = None,
+    nonflat_images: torch.Tensor | None = None,
+) -> dict:
     """The lower-end certificate from the (lower-stored) sketch Gram G on the coordinates off
     the exact generators' pivots.
 
@@ -377,7 +388,7 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
         GE2 = _sym_times(G, E2)
         gam = float(torch.linalg.matrix_norm(GE2 - E @ (E.T @ GE2), ord=2)) + c
         # the exact Gram of the block: (S·J·D·E₂)ᵀ(S·J·D·E₂) from exact images (E₂ = Z₂·R⁻¹ on the part ⊥ E₁)
-        coef = torch.linalg.lstsq(Z2, E2).solution            # E₂ = Z₂·coef
+        coef = torch.linalg.lstsq(Z2, E2).solution  # E₂ = Z₂·coef
         JE2 = nonflat_images.T @ coef
         a = float(torch.linalg.eigvalsh(JE2.T @ JE2)[0])
         schur = (a, gam)
@@ -386,14 +397,20 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
         G.addmm_(E, E.T, alpha=tr)
     G.diagonal().sub_(tau)
     t_chol = time.perf_counter()
-    L, info = timed_call(torch.linalg.cholesky_ex, G, desc="certificate: Cholesky",
-                         expected_seconds=n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
+    L, info = timed_call(
+        torch.linalg.cholesky_ex,
+        G,
+        desc="certificate: Cholesky",
+        expected_seconds=n**3 / 3 / (matmul_gflops() * 1e9),
+        disable=quiet,
+    )
     out["cholesky_seconds"] = time.perf_counter() - t_chol
 
-    def restore():         # G as it was (only when the Gram is needed again)
+    def restore():  # G as it was (only when the Gram is needed again)
         if E.shape[1]:
             G.addmm_(E, E.T, alpha=-tr)
         torch.diagonal(G).copy_(Gd)
+
     lam = tau - c
     if int(info) == 0 and schur is not None:
         a, gam = schur
@@ -404,29 +421,44 @@ def certify(G: torch.Tensor, m: int, seed: int, quiet: bool, rounding: str = "st
             # y = −(DGD + βEEᵀ − τI)⁻¹·(I − EEᵀ)·DGD·E₂, measured by the caller with exact products
             corr = _chol_solve(L, GE2 - E @ (E.T @ GE2))
             F = torch.linalg.qr(torch.cat([E2, E2 - corr], dim=1)).Q
-            progress(f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed off "
-                     f"{E2.shape[1]} ε-broken direction(s) below its resolution; measuring those exactly", quiet)
+            progress(
+                f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed off "
+                f"{E2.shape[1]} ε-broken direction(s) below its resolution; measuring those exactly",
+                quiet,
+            )
             return {**out, "below": E2.shape[1], "lambda_cert": lam, "directions": F * d[:, None]}
         lam = min(lam, lam_b)
     if int(info) == 0:
         x = torch.randn(n, 1, generator=generator(seed), dtype=torch.float64)
-        for _ in range(4):    # an estimate of λ_min off E for the report (inverse iteration, from above)
+        for _ in range(4):  # an estimate of λ_min off E for the report (inverse iteration, from above)
             x = _chol_solve(L, x)
             x = x / torch.linalg.vector_norm(x)
         est = float(torch.linalg.vector_norm(L.T @ x) ** 2) + tau
-        progress(f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed "
-                 f"(τ = {tau:.2e}, rounding bound {c:.2e})", quiet)
+        progress(
+            f"certificate: Cholesky of the {n}×{n} sketch Gram ({m} rows) − τI completed "
+            f"(τ = {tau:.2e}, rounding bound {c:.2e})",
+            quiet,
+        )
         return {**out, "below": 0, "lambda_cert": lam, "lambda_est": est}
     del L
     restore()
     Gf = torch.tril(G) + torch.tril(G, -1).T
     if E1.shape[1]:
         Gf.addmm_(E1, E1.T, alpha=tr)
-    nu = timed_call(inertia_below, Gf, tau, desc="certificate: LDLᵀ inertia",
-                    expected_seconds=2 * n ** 3 / 3 / (matmul_gflops() * 1e9), disable=quiet)
+    nu = timed_call(
+        inertia_below,
+        Gf,
+        tau,
+        desc="certificate: LDLᵀ inertia",
+        expected_seconds=2 * n**3 / 3 / (matmul_gflops() * 1e9),
+        disable=quiet,
+    )
     theta, X = low_eigenpairs(Gf, tau, nu, seed)
-    progress(f"certificate: {nu} eigenvalue(s) of the {n}×{n} sketch Gram ({m} rows) below τ = {tau:.2e} "
-             f"(Ritz values {float(theta[0]):.2e}…{float(theta[-1]):.2e}); measuring them exactly", quiet)
+    progress(
+        f"certificate: {nu} eigenvalue(s) of the {n}×{n} sketch Gram ({m} rows) below τ = {tau:.2e} "
+        f"(Ritz values {float(theta[0]):.2e}…{float(theta[-1]):.2e}); measuring them exactly",
+        quiet,
+    )
     return {**out, "below": nu, "lambda_cert": tau - c, "directions": X * d[:, None]}
 
 
@@ -438,7 +470,7 @@ def sketch_products(problem: Problem, proj, W: torch.Tensor, block: int = 32) ->
         return project_outputs(problem.forward_flat(theta).reshape(problem.batch, -1, width), proj).reshape(-1)
 
     one = vmap(lambda v: jvp(f, (problem.theta,), (v,))[1])
-    return torch.cat([one(W.T[i:i + block]) for i in range(0, W.shape[1], block)]).T
+    return torch.cat([one(W.T[i : i + block]) for i in range(0, W.shape[1], block)]).T
 
 
 def exact_singular_values(problem: Problem, proj, cols: torch.Tensor, X: torch.Tensor):
@@ -452,11 +484,10 @@ def exact_singular_values(problem: Problem, proj, cols: torch.Tensor, X: torch.T
 
 
 # ----------------------------------------------------------------------------- analysis
-MAX_FACTOR = 4.5     # sketch rows doubled up to ~4·(P − k) (the dense path uses 3·P full rows) before ν counts
+MAX_FACTOR = 4.5  # sketch rows doubled up to ~4·(P − k) (the dense path uses 3·P full rows) before ν counts
 
 
-def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 1.05,
-                        rounding: str = "statistical"):
+def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 1.05, rounding: str = "statistical"):
     factor = sketch * (max(1.0, cfg.experts / cfg.top_k) if cfg.experts else 1.0)
     timings: dict = {}
     # the certificate works on P − k coordinates (k: the architecture's exact generators, whose
@@ -466,8 +497,11 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     n_cert = max(1, probe.P - k_arch)
     while True:
         problem = make_problem(cfg, seed, batch=sketch_batch(cfg, n_cert, factor))
-        progress(f"{cfg.family}: P = {problem.P} parameters, sketch of {problem.batch} sequences × "
-                 f"{cfg.n_ctx} positions × {sketch_width(cfg)} rows, method matrix-free", quiet)
+        progress(
+            f"{cfg.family}: P = {problem.P} parameters, sketch of {problem.batch} sequences × "
+            f"{cfg.n_ctx} positions × {sketch_width(cfg)} rows, method matrix-free",
+            quiet,
+        )
         gen, fams = theory(problem, quiet)
         timings["setup"] = time.time() - t0
 
@@ -493,14 +527,16 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         JVf = [jv for f, jv in zip(fams, JV) if f.kind != "eps-broken"]
         JVf = torch.cat(JVf) if JVf else torch.zeros(0, sk.rows, dtype=torch.float64)
         null_norm = _basis_image_norm(exact, JVf, exact_span)
-        floor = max(null_norm, EPS64 * j_fro)      # the kernel's measured image, at least one rounding of ‖J‖
+        floor = max(null_norm, EPS64 * j_fro)  # the kernel's measured image, at least one rounding of ‖J‖
         # ε-broken generators: singular value ‖J·v‖/‖v off the exact kernel‖; flat when inside the gap
         eps_sv, flat_z, non_z, non_img = [], [], [], []
         for f, jv in zip(fams, JV):
             if f.kind != "eps-broken":
                 continue
             perp = exact_span.project_out(f.vectors)
-            sv = float((torch.linalg.vector_norm(jv, dim=1) / torch.linalg.vector_norm(perp, dim=1).clamp_min(1e-300)).max())
+            sv = float(
+                (torch.linalg.vector_norm(jv, dim=1) / torch.linalg.vector_norm(perp, dim=1).clamp_min(1e-300)).max()
+            )
             eps_sv.append(sv)
             # the same direction modulo the exact kernel, with zero pivot coordinates
             red = f.vectors - (torch.linalg.solve(B[piv], f.vectors[:, piv].T).T @ B.T) if B.shape[1] else f.vectors
@@ -510,9 +546,16 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
                 non_z.append(red[:, cols].T)
                 non_img.append(jv)
         t = time.time()
-        cert = certify(sk.gram, sk.rows, seed + 13, quiet, rounding,
-                       flat=torch.cat(flat_z, 1) if flat_z else None, nonflat=torch.cat(non_z, 1) if non_z else None,
-                       nonflat_images=torch.cat(non_img) if non_img else None)
+        cert = certify(
+            sk.gram,
+            sk.rows,
+            seed + 13,
+            quiet,
+            rounding,
+            flat=torch.cat(flat_z, 1) if flat_z else None,
+            nonflat=torch.cat(non_z, 1) if non_z else None,
+            nonflat_images=torch.cat(non_img) if non_img else None,
+        )
         sk.gram, gram_seconds = None, sk.gram_seconds
         timings["certificate"] = time.time() - t
         low_sv, nulls = None, 0
@@ -520,19 +563,24 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
             t = time.time()
             # exact singular values on the ν low directions and their guards: the ν smallest
             low_sv, low_vecs = exact_singular_values(problem, proj, cols, cert["directions"])
-            low_sv, low_vecs = low_sv[:cert["below"]], low_vecs[:, :cert["below"]]
+            low_sv, low_vecs = low_sv[: cert["below"]], low_vecs[:, : cert["below"]]
             nulls = int((low_sv <= MIN_GAP * floor).sum())
             timings["low_directions"] = time.time() - t
-            progress(f"the {cert['below']} low directions: exact singular values {float(low_sv[0]):.3e}…"
-                     f"{float(low_sv[-1]):.3e}; {nulls} within the kernel's gap", quiet)
+            progress(
+                f"the {cert['below']} low directions: exact singular values {float(low_sv[0]):.3e}…"
+                f"{float(low_sv[-1]):.3e}; {nulls} within the kernel's gap",
+                quiet,
+            )
         tol_rel, _ = ex.generator_tolerance(problem, j_fro)
         # certified: all but (exact + flat ε-broken + ν) singular values of S·J are ≥ √λ/max D, less J's rounding
         sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
         # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
-        null_side = max([floor] + [x for x in eps_sv if x <= MIN_GAP * floor]
-                        + ([float(low_sv[nulls - 1])] if nulls else []))
-        nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + \
-            ([float(x) for x in low_sv[nulls:]] if low_sv is not None else [])
+        null_side = max(
+            [floor] + [x for x in eps_sv if x <= MIN_GAP * floor] + ([float(low_sv[nulls - 1])] if nulls else [])
+        )
+        nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + (
+            [float(x) for x in low_sv[nulls:]] if low_sv is not None else []
+        )
         lowest_nonnull = min([sigma_low] + nonnull)
         gap = lowest_nonnull / null_side if null_side > 0 else float("inf")
         if (nulls == 0 and gap >= MIN_GAP) or factor * 2 > MAX_FACTOR:
@@ -546,19 +594,35 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     unexplained = nulls
     # an estimate of the smallest non-null singular value: the exact low ones (Rayleigh–Ritz), else
     # the inverse-iteration estimate behind the Cholesky certificate
-    sigma_est = (min([float(x) for x in low_sv[nulls:]] or [sigma_low]) if cert["below"]
-                 else math.sqrt(cert["lambda_est"]) / cert["dmax"])
+    sigma_est = (
+        min([float(x) for x in low_sv[nulls:]] or [sigma_low])
+        if cert["below"]
+        else math.sqrt(cert["lambda_est"]) / cert["dmax"]
+    )
     threshold = math.sqrt(null_side * lowest_nonnull) if lowest_nonnull > 0 else 0.0
     if gap < MIN_GAP:
         raise GaugeAuditError(
             f"matrix-free certificate too weak: the smallest certified non-null singular value {lowest_nonnull:.3g} "
             f"against the kernel's {null_side:.3g} (ratio {gap:.3g} < {MIN_GAP:.0e}); "
-            "run --method dense on a smaller configuration")
+            "run --method dense on a smaller configuration"
+        )
     expl = ex.check_families(problem, fams, JV, j_fro, threshold, exact_span)
     nullity = expl.explained + unexplained
     timings["generators"] = time.time() - t
-    report = make_report(problem, gen, fams, expl, nullity, gap, float("nan"), threshold / max(j_fro, 1e-300),
-                         "matrix-free", timings, j_fro, None)
+    report = make_report(
+        problem,
+        gen,
+        fams,
+        expl,
+        nullity,
+        gap,
+        float("nan"),
+        threshold / max(j_fro, 1e-300),
+        "matrix-free",
+        timings,
+        j_fro,
+        None,
+    )
     report.rows = sk.rows
     if unexplained:
         # the null directions live on the coordinates off the pivots; their parts outside the
@@ -567,16 +631,31 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         u = ex.unexplained_directions(problem, torch.linalg.qr(res).Q, expl.basis)
         report.unexplained_blocks = ex.summarize_blocks(u)
         report.unexplained_examples = u.blocks[:8]
-    report.extra.update({
-        "sigma_min_complement": sigma_low, "sigma_min_estimate": sigma_est, "kernel_residual": null_norm,
-        "sketch_rows": sk.rows, "sketch_sequences": problem.batch, "cholesky_shift": cert["shift"],
-        "gram_seconds": gram_seconds, "gram_flops": float(sk.rows) * cols.numel() ** 2,
-        "cholesky_seconds": cert.get("cholesky_seconds", 0.0), "cholesky_flops": cols.numel() ** 3 / 3,
-        "rounding_bound": cert["rounding"], "rounding_model": rounding, "eps_broken_singular_values": eps_sv,
-        "low_directions": cert["below"], "low_singular_values": [] if low_sv is None else low_sv.tolist(),
-        "eliminated_coordinates": problem.P - cols.numel()})
-    progress(f"matrix-free: nullity {nullity} (explained {expl.explained}, unexplained {unexplained}); "
-             f"smallest non-null singular value ≥ {lowest_nonnull:.3e}, kernel {null_side:.2e}, gap {gap:.3g}", quiet)
+    report.extra.update(
+        {
+            "sigma_min_complement": sigma_low,
+            "sigma_min_estimate": sigma_est,
+            "kernel_residual": null_norm,
+            "sketch_rows": sk.rows,
+            "sketch_sequences": problem.batch,
+            "cholesky_shift": cert["shift"],
+            "gram_seconds": gram_seconds,
+            "gram_flops": float(sk.rows) * cols.numel() ** 2,
+            "cholesky_seconds": cert.get("cholesky_seconds", 0.0),
+            "cholesky_flops": cols.numel() ** 3 / 3,
+            "rounding_bound": cert["rounding"],
+            "rounding_model": rounding,
+            "eps_broken_singular_values": eps_sv,
+            "low_directions": cert["below"],
+            "low_singular_values": [] if low_sv is None else low_sv.tolist(),
+            "eliminated_coordinates": problem.P - cols.numel(),
+        }
+    )
+    progress(
+        f"matrix-free: nullity {nullity} (explained {expl.explained}, unexplained {unexplained}); "
+        f"smallest non-null singular value ≥ {lowest_nonnull:.3e}, kernel {null_side:.2e}, gap {gap:.3g}",
+        quiet,
+    )
     return report
 
 

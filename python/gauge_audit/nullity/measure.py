@@ -102,8 +102,9 @@ def _cover(t: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
     return flat.reshape(t.shape)
 
 
-def generic_inputs(cfg: Config, n_params: int, seed: int, factor: float = 3.0, n: int | None = None,
-                   batch: int | None = None) -> dict:
+def generic_inputs(
+    cfg: Config, n_params: int, seed: int, factor: float = 3.0, n: int | None = None, batch: int | None = None
+) -> dict:
     """Inputs with rows = batch·(outputs per sequence) ≥ factor·P.  Token sequences have
     length n_ctx (every learned position is used) and every token / token type occurs."""
     n = cfg.n_ctx if n is None else n
@@ -184,21 +185,28 @@ class Genericity:
     """Data-dependent degeneracies of the sampled inputs (each creates flat directions
     that are not symmetries of the architecture)."""
 
-    dead: dict[str, list[int]] = field(default_factory=dict)            # ReLU units never positive
-    always_active: dict[str, list[int]] = field(default_factory=dict)   # ReLU units never negative
-    unrouted: dict[str, list[int]] = field(default_factory=dict)        # experts never in any top-k
+    dead: dict[str, list[int]] = field(default_factory=dict)  # ReLU units never positive
+    always_active: dict[str, list[int]] = field(default_factory=dict)  # ReLU units never negative
+    unrouted: dict[str, list[int]] = field(default_factory=dict)  # experts never in any top-k
     # per MoE layer and expert: directions (c × d) orthogonal to every input routed to it
     unreached: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
-        return not (any(self.dead.values()) or any(self.always_active.values()) or any(self.unrouted.values())
-                    or any(self.unreached.values()))
+        return not (
+            any(self.dead.values())
+            or any(self.always_active.values())
+            or any(self.unrouted.values())
+            or any(self.unreached.values())
+        )
 
     def lines(self) -> list[str]:
         out = []
-        for label, d in (("dead ReLU units", self.dead), ("always-active ReLU units", self.always_active),
-                         ("experts never routed", self.unrouted)):
+        for label, d in (
+            ("dead ReLU units", self.dead),
+            ("always-active ReLU units", self.always_active),
+            ("experts never routed", self.unrouted),
+        ):
             for k, v in d.items():
                 if v:
                     out.append(f"{label} in {k}: {v}")
@@ -287,6 +295,7 @@ def _seq_fn(problem: Problem):
     def f(params, one, proj=None):
         y = fam.forward(params, cfg, {k: v[None] for k, v in one.items()}).reshape(-1, width)
         return project_outputs(y, proj).reshape(-1)
+
     return f
 
 
@@ -302,8 +311,8 @@ def jacobian_pieces(problem: Problem, chunk: int | None = None, proj: torch.Tens
     jac = vmap(jacrev(f), in_dims=(None, 0) if proj is None else (None, 0, 0))
     params, b = problem.params(), problem.batch
     for i in range(0, b, chunk):
-        args = (params, {k: v[i:i + chunk] for k, v in problem.inputs.items()})
-        d = jac(*args) if proj is None else jac(*args, proj[i:i + chunk])
+        args = (params, {k: v[i : i + chunk] for k, v in problem.inputs.items()})
+        d = jac(*args) if proj is None else jac(*args, proj[i : i + chunk])
         yield min(b, i + chunk), {name: t.reshape(t.shape[0] * per, -1) for name, t in d.items()}
 
 
@@ -326,11 +335,11 @@ def dense_jacobian(problem: Problem, chunk: int | None = None, quiet: bool = Fal
 # ----------------------------------------------------------------------------- rank
 @dataclass
 class Spectrum:
-    singular_values: torch.Tensor   # descending, length P (zeros padded if rows < P)
+    singular_values: torch.Tensor  # descending, length P (zeros padded if rows < P)
     rank: int
-    threshold: float                # absolute: between s[rank-1] and s[rank]
-    gap_ratio: float                # s[rank-1] / s[rank]  (s[P] := the noise floor P·ε·s[0])
-    second_gap: float               # the next-largest gap ratio (how much cleaner the chosen gap is)
+    threshold: float  # absolute: between s[rank-1] and s[rank]
+    gap_ratio: float  # s[rank-1] / s[rank]  (s[P] := the noise floor P·ε·s[0])
+    second_gap: float  # the next-largest gap ratio (how much cleaner the chosen gap is)
     noise_floor: float
 
     @property
@@ -361,8 +370,10 @@ def numerical_rank(s: torch.Tensor, min_gap: float = MIN_GAP) -> Spectrum:
     best = float(ratios[i])
     second = float(ratios[int(order[1])]) if P > 1 else 1.0
     if best < min_gap:
-        raise GaugeAuditError(f"no clear gap in the singular-value spectrum (largest relative gap {best:.3g} < "
-                              f"{min_gap:.0e}); the numerical rank is not well defined at this point")
+        raise GaugeAuditError(
+            f"no clear gap in the singular-value spectrum (largest relative gap {best:.3g} < "
+            f"{min_gap:.0e}); the numerical rank is not well defined at this point"
+        )
     thr = math.sqrt(float(ext[i]) * float(ext[i + 1]))
     return Spectrum(s, i + 1, thr, best, second, floor)
 
@@ -372,13 +383,19 @@ def singular_values(J: torch.Tensor, quiet: bool = False) -> torch.Tensor:
     t0 = time.time()
     m, P = J.shape
     rate = matmul_gflops() * 1e9
-    if m > P:   # Householder QR: 2·m·P² − 2P³/3 flops
-        R = timed_call(torch.linalg.qr, J, mode="r", desc="QR of J", disable=quiet,
-                       expected_seconds=(2 * m * P * P - 2 * P ** 3 / 3) / rate).R
+    if m > P:  # Householder QR: 2·m·P² − 2P³/3 flops
+        R = timed_call(
+            torch.linalg.qr,
+            J,
+            mode="r",
+            desc="QR of J",
+            disable=quiet,
+            expected_seconds=(2 * m * P * P - 2 * P**3 / 3) / rate,
+        ).R
     else:
         R = J
     # values-only SVD of the P × P factor: ≈ 8P³/3 flops (bidiagonalisation), at about half the rate
-    s = timed_call(torch.linalg.svdvals, R, desc="SVD", disable=quiet, expected_seconds=16 * P ** 3 / 3 / rate)
+    s = timed_call(torch.linalg.svdvals, R, desc="SVD", disable=quiet, expected_seconds=16 * P**3 / 3 / rate)
     if s.numel() < P:
         s = torch.cat([s, torch.zeros(P - s.numel(), dtype=s.dtype)])
     progress(f"SVD of {m}×{P}: {time.time() - t0:.1f} s", quiet or time.time() - t0 < 2)
@@ -401,9 +418,10 @@ def jvp_rows(problem: Problem, V: torch.Tensor, chunk: int = 64) -> torch.Tensor
 
     def one(v):
         return jvp(f, (problem.theta,), (v,))[1]
+
     batched = vmap(one)
     for i in range(0, V.shape[0], chunk):
-        out.append(batched(V[i:i + chunk]))
+        out.append(batched(V[i : i + chunk]))
     return torch.cat(out) if out else torch.zeros(0, problem.rows, dtype=torch.float64)
 
 

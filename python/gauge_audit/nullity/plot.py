@@ -7,6 +7,7 @@ from ..errors import GaugeAuditError
 
 def plot_spectrum(report, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -20,8 +21,7 @@ def plot_spectrum(report, path: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.semilogy(range(1, P + 1), r, ".", ms=2, color="tab:blue", label="σ_i / σ_1")
     ax.axvline(rank + 0.5, color="tab:red", lw=1, label=f"measured rank {rank} (gap ×{report.gap_ratio:.2g})")
-    ax.axvline(predicted + 0.5, color="tab:green", lw=1, ls="--",
-               label=f"predicted rank P − explained = {predicted}")
+    ax.axvline(predicted + 0.5, color="tab:green", lw=1, ls="--", label=f"predicted rank P − explained = {predicted}")
     ax.axhline(report.threshold_rel, color="gray", lw=0.8, ls=":", label="threshold (geometric mean at the gap)")
     ax.set_xlabel("index i")
     ax.set_ylabel("relative singular value")

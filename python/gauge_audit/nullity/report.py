@@ -91,35 +91,82 @@ class NullityReport:
     def to_json(self) -> dict:
         return {
             "config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
-            "seed": self.seed, "method": self.method, "params": self.params, "rows": self.rows,
-            "measured_nullity": self.measured_nullity, "explained": self.explained,
-            "unexplained": self.unexplained, "families": self.family_dims(),
-            "family_details": [{"name": f.name, "formula": f.formula, "expected": f.expected, "rank": f.rank,
-                                "kind": f.kind, "flat": f.flat, "in_gmax": f.in_gmax,
-                                "max_residual_rel": (f.residual / self.extra["j_fro"]) if f.residual is not None
-                                else None} for f in self.families],
-            "gap_ratio": self.gap_ratio, "second_gap": self.second_gap, "threshold_rel": self.threshold_rel,
-            "paper_counts": self.paper_counts, "gmax_dimension": gmax_dimension(self.cfg),
+            "seed": self.seed,
+            "method": self.method,
+            "params": self.params,
+            "rows": self.rows,
+            "measured_nullity": self.measured_nullity,
+            "explained": self.explained,
+            "unexplained": self.unexplained,
+            "families": self.family_dims(),
+            "family_details": [
+                {
+                    "name": f.name,
+                    "formula": f.formula,
+                    "expected": f.expected,
+                    "rank": f.rank,
+                    "kind": f.kind,
+                    "flat": f.flat,
+                    "in_gmax": f.in_gmax,
+                    "max_residual_rel": (f.residual / self.extra["j_fro"]) if f.residual is not None else None,
+                }
+                for f in self.families
+            ],
+            "gap_ratio": self.gap_ratio,
+            "second_gap": self.second_gap,
+            "threshold_rel": self.threshold_rel,
+            "paper_counts": self.paper_counts,
+            "gmax_dimension": gmax_dimension(self.cfg),
             "beyond_gmax": self.measured_nullity - gmax_dimension(self.cfg),
-            "functional_dimension": self.functional_dimension, "fdof_bound": self.fdof_bound,
-            "fdof_bound_holds": self.fdof_bound_holds, "generators_within_tolerance": self.generators_ok,
-            "tolerance": self.tolerance_formula, "overlap": self.overlap,
+            "functional_dimension": self.functional_dimension,
+            "fdof_bound": self.fdof_bound,
+            "fdof_bound_holds": self.fdof_bound_holds,
+            "generators_within_tolerance": self.generators_ok,
+            "tolerance": self.tolerance_formula,
+            "overlap": self.overlap,
             "genericity": {"clean": self.genericity.clean, "notes": self.genericity.lines()},
-            "unexplained_blocks": self.unexplained_blocks, "timings_s": self.timings,
+            "unexplained_blocks": self.unexplained_blocks,
+            "timings_s": self.timings,
             "maximality": verdict(self).__dict__,
         }
 
 
-def make_report(problem: Problem, gen: Genericity, fams: list[Family], expl: ex.Explanation, nullity: int,
-            gap: float, second: float, thr_rel: float, method: str, timings: dict, j_fro: float,
-            s: torch.Tensor | None) -> NullityReport:
+def make_report(
+    problem: Problem,
+    gen: Genericity,
+    fams: list[Family],
+    expl: ex.Explanation,
+    nullity: int,
+    gap: float,
+    second: float,
+    thr_rel: float,
+    method: str,
+    timings: dict,
+    j_fro: float,
+    s: torch.Tensor | None,
+) -> NullityReport:
     return NullityReport(
-        cfg=problem.cfg, seed=problem.seed, method=method, params=problem.P, rows=problem.rows,
-        measured_nullity=nullity, gap_ratio=gap, second_gap=second, threshold_rel=thr_rel,
-        explained=expl.explained, unexplained=nullity - expl.explained, families=fams,
-        paper_counts=paper_counts(problem.cfg), genericity=gen, tolerance_formula=expl.tolerance_formula,
-        generators_ok=expl.all_within_tolerance, overlap=expl.overlap, singular_values=s, timings=timings,
-        extra={"j_fro": j_fro, "predicted": expl.predicted})
+        cfg=problem.cfg,
+        seed=problem.seed,
+        method=method,
+        params=problem.P,
+        rows=problem.rows,
+        measured_nullity=nullity,
+        gap_ratio=gap,
+        second_gap=second,
+        threshold_rel=thr_rel,
+        explained=expl.explained,
+        unexplained=nullity - expl.explained,
+        families=fams,
+        paper_counts=paper_counts(problem.cfg),
+        genericity=gen,
+        tolerance_formula=expl.tolerance_formula,
+        generators_ok=expl.all_within_tolerance,
+        overlap=expl.overlap,
+        singular_values=s,
+        timings=timings,
+        extra={"j_fro": j_fro, "predicted": expl.predicted},
+    )
 
 
 # ----------------------------------------------------------------------------- maximality verdict
@@ -129,7 +176,7 @@ class MaximalityVerdict:
 
     family: str
     config: str
-    verdict: str                 # HOLDS / FAILS / UNDECIDED (unexplained directions remain)
+    verdict: str  # HOLDS / FAILS / UNDECIDED (unexplained directions remain)
     measured_nullity: int
     gmax_dimension: int
     beyond_gmax: dict[str, int]  # the other families that make up the difference
@@ -148,8 +195,10 @@ def verdict(report: NullityReport) -> MaximalityVerdict:
         v, why = "HOLDS", "the measured symmetry dimension equals dim G_max"
     elif report.measured_nullity > gmax:
         v = "FAILS"
-        why = (f"nullity {report.measured_nullity} exceeds dim G_max = {gmax} by "
-               f"{report.measured_nullity - gmax}: " + ", ".join(f"{k} {n}" for k, n in beyond.items()))
+        why = (
+            f"nullity {report.measured_nullity} exceeds dim G_max = {gmax} by "
+            f"{report.measured_nullity - gmax}: " + ", ".join(f"{k} {n}" for k, n in beyond.items())
+        )
     else:
         v, why = "FAILS", f"nullity {report.measured_nullity} is below dim G_max = {gmax}: G_max is not all symmetric"
     return MaximalityVerdict(cfg.family, label, v, report.measured_nullity, gmax, beyond, report.unexplained, why)
@@ -158,8 +207,10 @@ def verdict(report: NullityReport) -> MaximalityVerdict:
 def describe(cfg: Config) -> str:
     parts = [f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads}/{cfg.n_kv_heads} d_k={cfg.d_head}"]
     if cfg.family != "attn":
-        parts.append(f"d_ff={cfg.d_ff} V={cfg.vocab} n={cfg.n_ctx} {cfg.act} {cfg.norm}"
-                     f"{'' if cfg.norm_placement == 'pre' else '-' + cfg.norm_placement}")
+        parts.append(
+            f"d_ff={cfg.d_ff} V={cfg.vocab} n={cfg.n_ctx} {cfg.act} {cfg.norm}"
+            f"{'' if cfg.norm_placement == 'pre' else '-' + cfg.norm_placement}"
+        )
         if cfg.experts:
             parts.append(f"E={cfg.experts} k={cfg.top_k}")
         if cfg.tied:

@@ -19,17 +19,38 @@ from .certify import CERTIFIABLE, Certificate, certify_all, certify_rule, value_
 from .error_study import ErrorStudy, eps24_verdict, plot_study, run_study, wiki_1e12_verdict
 from .referee import RefereeResult, referee_test
 from .residual import (
-                       ActionPrecision,
-                       Agreement,
-                       check_action,
-                       default_model,
-                       false_actions,
-                       torch_agreement,
-                       true_actions,
+    ActionPrecision,
+    Agreement,
+    check_action,
+    default_model,
+    false_actions,
+    torch_agreement,
+    true_actions,
 )
 from .verdicts import CLAIMS, PrecisionVerdict, claim_verdict
 
-__all__ = ["workdps", "CERTIFIABLE", "Certificate", "certify_all", "certify_rule", "value_g3_residuals",
-           "ErrorStudy", "eps24_verdict", "plot_study", "run_study", "wiki_1e12_verdict", "RefereeResult",
-           "referee_test", "ActionPrecision", "Agreement", "check_action", "default_model", "false_actions",
-           "torch_agreement", "true_actions", "CLAIMS", "PrecisionVerdict", "claim_verdict"]
+__all__ = [
+    "workdps",
+    "CERTIFIABLE",
+    "Certificate",
+    "certify_all",
+    "certify_rule",
+    "value_g3_residuals",
+    "ErrorStudy",
+    "eps24_verdict",
+    "plot_study",
+    "run_study",
+    "wiki_1e12_verdict",
+    "RefereeResult",
+    "referee_test",
+    "ActionPrecision",
+    "Agreement",
+    "check_action",
+    "default_model",
+    "false_actions",
+    "torch_agreement",
+    "true_actions",
+    "CLAIMS",
+    "PrecisionVerdict",
+    "claim_verdict",
+]

@@ -40,6 +40,7 @@ def vecmat(x: list, w: list) -> list:
         _COLS[id(w)] = hit
     return [dot(x, col) for col in hit[1]]
 
+
 _IVF = type(iv.mpf(0))
 MIN_DPS, MAX_DPS = 20, 2000
 
@@ -50,8 +51,10 @@ def workdps(dps: int) -> Iterator[None]:
     digits for the ``with`` body and restore the previous precisions afterwards, even
     on error: no global state leaks out of any function of this package."""
     if isinstance(dps, bool) or not isinstance(dps, int) or not MIN_DPS <= dps <= MAX_DPS:
-        raise GaugeAuditError(f"dps must be an integer in {MIN_DPS}..{MAX_DPS} (float64 inputs need "
-                              f"at least 16 digits to be exact), got {dps!r}")
+        raise GaugeAuditError(
+            f"dps must be an integer in {MIN_DPS}..{MAX_DPS} (float64 inputs need "
+            f"at least 16 digits to be exact), got {dps!r}"
+        )
     old_mp, old_iv = mp.prec, iv.prec
     try:
         mp.dps = dps
@@ -120,7 +123,7 @@ class IvContext:
 
     @staticmethod
     def power(base, exponent):
-        return base ** exponent
+        return base**exponent
 
     @staticmethod
     def rank_key(x):  # pragma: no cover - MoE routing is not certified
@@ -146,6 +149,7 @@ def iv_erf(x):
     the first omitted term, which is added as an interval [−T, T].  Every operation is
     itself an interval operation.
     """
+
     def at(t) -> iv.mpf:
         t = iv.mpf(t)  # a point (an endpoint of x)
         if ends(t)[0] >= 6:  # 0 < erfc(6) < 2.2e-17
@@ -154,7 +158,7 @@ def iv_erf(x):
             return iv.mpf([-1, -1 + mpmath.mpf(2) ** -55])
         t2 = t * t
         power = t  # (−1)^n t^(2n+1) / n!
-        term = t   # power / (2n + 1)
+        term = t  # power / (2n + 1)
         total = iv.mpf(0)
         n = 0
         tiny = mpmath.mpf(2) ** (-iv.prec - 10)
@@ -219,8 +223,9 @@ def _rope_tables(ctx, cfg: Config, n: int):
 
 def _rope(cfg: Config, v: list, table_p: list) -> list:
     half = cfg.d_head // 2
-    planes = [(i, i + half) for i in range(half)] if cfg.rope_style == "half" else \
-        [(2 * i, 2 * i + 1) for i in range(half)]
+    planes = (
+        [(i, i + half) for i in range(half)] if cfg.rope_style == "half" else [(2 * i, 2 * i + 1) for i in range(half)]
+    )
     out = list(v)
     for (i, j), (c, s) in zip(planes, table_p):
         out[i] = v[i] * c - v[j] * s
@@ -362,16 +367,19 @@ def plain_inputs(inputs: dict) -> dict:
     return {k: (v.detach().cpu().tolist() if hasattr(v, "detach") else v) for k, v in inputs.items()}
 
 
-def forward(cfg: Config, P: dict, inputs: dict, ctx=MP,
-            progress: Callable[[int, int], None] | None = None) -> list:
+def forward(cfg: Config, P: dict, inputs: dict, ctx=MP, progress: Callable[[int, int], None] | None = None) -> list:
     """Model output for every batch element: logits (decoders), last hidden state
     (BERT), or x + Attn(x) (the attention-only family).  Shape (batch, n, features)."""
     if cfg.experts and ctx is IV:
         raise GaugeAuditError("interval evaluation of top-k routing is not supported")
-    for feature, used in (("scaled RoPE", cfg.rope_type != "default"), ("partial rotary", cfg.rotary_dim),
-                          ("sliding-window attention", cfg.window), ("QK-norm", cfg.qk_norm != "none"),
-                          ("normed sublayer outputs", cfg.norm_placement == "output"),
-                          ("a parallel residual", cfg.parallel_residual)):
+    for feature, used in (
+        ("scaled RoPE", cfg.rope_type != "default"),
+        ("partial rotary", cfg.rotary_dim),
+        ("sliding-window attention", cfg.window),
+        ("QK-norm", cfg.qk_norm != "none"),
+        ("normed sublayer outputs", cfg.norm_placement == "output"),
+        ("a parallel residual", cfg.parallel_residual),
+    ):
         if used:
             raise GaugeAuditError(f"exact evaluation does not implement {feature}")
     inputs = plain_inputs(inputs)
@@ -391,5 +399,15 @@ def forward(cfg: Config, P: dict, inputs: dict, ctx=MP,
     return outs
 
 
-__all__ = ["MP", "IV", "MpContext", "IvContext", "exact_params", "forward", "plain_inputs", "norm", "iv_erf",
-           "transpose"]
+__all__ = [
+    "MP",
+    "IV",
+    "MpContext",
+    "IvContext",
+    "exact_params",
+    "forward",
+    "plain_inputs",
+    "norm",
+    "iv_erf",
+    "transpose",
+]

@@ -31,7 +31,7 @@ from .block import IV, ends, forward, workdps
 from .linalg import flatten, identity, matmul, transpose
 from .transforms import apply_rule, exact_rotation
 
-GRID = 32          # parameters and inputs rounded to multiples of 1/32
+GRID = 32  # parameters and inputs rounded to multiples of 1/32
 ELEMENT_GRID = 16  # group elements to multiples of 1/16
 CERT_DPS = 30
 
@@ -40,21 +40,21 @@ CERT_DPS = 30
 class Certificate:
     rule: str
     claim: str
-    model: str                      # the small config, in words
+    model: str  # the small config, in words
     dps: int
-    entry: list[int]                # (batch, token, feature) of the certified entry
-    interval: list[str]             # [lo, hi] of y'_entry − y_entry, exact decimal strings
-    lower_magnitude: float          # min |x| over the interval (> 0 ⇔ excludes 0)
-    width: float                    # hi − lo: the enclosure's own uncertainty
-    output_scale: float             # max |y| (upper bounds), to read the interval relative to
+    entry: list[int]  # (batch, token, feature) of the certified entry
+    interval: list[str]  # [lo, hi] of y'_entry − y_entry, exact decimal strings
+    lower_magnitude: float  # min |x| over the interval (> 0 ⇔ excludes 0)
+    width: float  # hi − lo: the enclosure's own uncertainty
+    output_scale: float  # max |y| (upper bounds), to read the interval relative to
     excludes_zero: bool
-    entries_excluding_zero: int     # how many output entries are certified changed
+    entries_excluding_zero: int  # how many output entries are certified changed
     entries: int
-    element: str                    # the rational element, in words
+    element: str  # the rational element, in words
     exact_facts: list[str] = field(default_factory=list)
     control_rule: str | None = None
     control_contains_zero: bool | None = None
-    control_max_abs: float | None = None   # max over entries of max |x| in the control intervals
+    control_max_abs: float | None = None  # max over entries of max |x| in the control intervals
 
     @property
     def verdict(self) -> str:
@@ -64,17 +64,23 @@ class Certificate:
         return {**asdict(self), "verdict": self.verdict}
 
     def render(self) -> str:
-        lines = [f"{self.rule}: certified counterexample on {self.model} (iv, dps {self.dps})",
-                 f"  element: {self.element}"]
+        lines = [
+            f"{self.rule}: certified counterexample on {self.model} (iv, dps {self.dps})",
+            f"  element: {self.element}",
+        ]
         lines += [f"  exact: {f}" for f in self.exact_facts]
         lines.append(f"  y'−y at entry {tuple(self.entry)} ∈ [{self.interval[0]}, {self.interval[1]}]")
-        lines.append(f"  excludes 0: {'yes' if self.excludes_zero else 'NO'}  (|y'−y| ≥ {self.lower_magnitude:.6g}, "
-                     f"width {self.width:.2g}; "
-                     f"output scale {self.output_scale:.4g}; {self.entries_excluding_zero}/{self.entries} entries "
-                     "certified changed)")
+        lines.append(
+            f"  excludes 0: {'yes' if self.excludes_zero else 'NO'}  (|y'−y| ≥ {self.lower_magnitude:.6g}, "
+            f"width {self.width:.2g}; "
+            f"output scale {self.output_scale:.4g}; {self.entries_excluding_zero}/{self.entries} entries "
+            "certified changed)"
+        )
         if self.control_rule:
-            lines.append(f"  control {self.control_rule}: every interval contains 0: "
-                         f"{'yes' if self.control_contains_zero else 'NO'} (max |·| {self.control_max_abs:.3g})")
+            lines.append(
+                f"  control {self.control_rule}: every interval contains 0: "
+                f"{'yes' if self.control_contains_zero else 'NO'} (max |·| {self.control_max_abs:.3g})"
+            )
         return "\n".join(lines)
 
 
@@ -150,8 +156,11 @@ def _control(rule: str, cfg: Config, el: dict) -> tuple[str, Config, dict] | Non
         return "qk-gl (W_K·M⁻ᵀ)", cfg, el
     if rule == "qk-gl-rope-generic":
         half = cfg.d_head // 2
-        planes = [(i, i + half) for i in range(half)] if cfg.rope_style == "half" else \
-            [(2 * i, 2 * i + 1) for i in range(half)]
+        planes = (
+            [(i, i + half) for i in range(half)]
+            if cfg.rope_style == "half"
+            else [(2 * i, 2 * i + 1) for i in range(half)]
+        )
 
         def project(m):
             p = [[Fraction(0)] * len(m) for _ in m]
@@ -159,8 +168,12 @@ def _control(rule: str, cfg: Config, el: dict) -> tuple[str, Config, dict] | Non
                 a, b = (m[i][i] + m[j][j]) / 2, (m[i][j] - m[j][i]) / 2
                 p[i][i], p[j][j], p[i][j], p[j][i] = a, a, b, -b
             return p
-        return "qk-gl with M projected onto the RoPE commutant", cfg, {"M": [[project(m) for m in ml]
-                                                                          for ml in el["M"]]}
+
+        return (
+            "qk-gl with M projected onto the RoPE commutant",
+            cfg,
+            {"M": [[project(m) for m in ml] for ml in el["M"]]},
+        )
     if rule == "qk-gl-untied-gqa":
         g = cfg.group_size
         tied = [[ml[(h // g) * g] for h in range(cfg.n_heads)] for ml in el["M"]]
@@ -172,8 +185,13 @@ def _control(rule: str, cfg: Config, el: dict) -> tuple[str, Config, dict] | Non
     return None  # pragma: no cover
 
 
-_CONTROL_RULE = {"qk-same-action": "qk-gl", "qk-gl-rope-generic": "qk-gl", "qk-gl-untied-gqa": "qk-gl-untied-gqa",
-                 "stream-rotation-paper": "stream-rotation", "gelu-scaling": "relu-scaling"}
+_CONTROL_RULE = {
+    "qk-same-action": "qk-gl",
+    "qk-gl-rope-generic": "qk-gl",
+    "qk-gl-untied-gqa": "qk-gl-untied-gqa",
+    "stream-rotation-paper": "stream-rotation",
+    "gelu-scaling": "relu-scaling",
+}
 
 
 def _diff_intervals(cfg: Config, P: dict, Q: dict, inputs: dict) -> tuple[list, float]:
@@ -239,8 +257,9 @@ def certificate_inputs(cfg: Config, seed: int) -> dict:
     return _inputs(cfg, seed)
 
 
-def certify_transform(rule: str, claim: str, cfg: Config, P: dict, Q: dict, inputs: dict, el_text: str,
-                      facts: list[str], dps: int) -> Certificate:
+def certify_transform(
+    rule: str, claim: str, cfg: Config, P: dict, Q: dict, inputs: dict, el_text: str, facts: list[str], dps: int
+) -> Certificate:
     """Interval enclosures of y(Q) − y(P) (P, Q exact rational parameters, at the working precision
     of the caller's ``workdps``): the entry whose interval lies farthest from 0, and how many
     entries exclude 0."""
@@ -256,8 +275,22 @@ def certify_transform(rule: str, claim: str, cfg: Config, P: dict, Q: dict, inpu
                 count += m > 0
                 if best is None or m > _mig(best):
                     best, where = x, [b, t, f]
-    return Certificate(rule, claim, _describe(cfg), dps, where, _interval_text(best), float(_mig(best)), _width(best),
-                       scale, _mig(best) > 0, int(count), total, el_text, facts)
+    return Certificate(
+        rule,
+        claim,
+        _describe(cfg),
+        dps,
+        where,
+        _interval_text(best),
+        float(_mig(best)),
+        _width(best),
+        scale,
+        _mig(best) > 0,
+        int(count),
+        total,
+        el_text,
+        facts,
+    )
 
 
 def attach_control(cert: Certificate, cfg: Config, P: dict, Qc: dict, inputs: dict, text: str) -> None:
@@ -310,17 +343,36 @@ def certify_value_g3(seed: int = 0, dps: int = CERT_DPS) -> Certificate:
         idx = flat.index(best)
         scale = float(max(_mag(x) for x in flatten(base)))
         cflat = flatten(ctrl)
-        cert = Certificate("value-g3-eq-g0", "value-g3-eq-g0", f"value path V·g3·g0·Ē, d_e={d_e}, d_h={d_h}, n={n}",
-                           dps, [idx // n, idx % n], _interval_text(best), float(_mig(best)), _width(best),
-                           scale, _mig(best) > 0, sum(_mig(x) > 0 for x in flat), len(flat),
-                           f"g0 = {_mat_str(g0)} (Cayley, rational)", facts,
-                           "g3 = g0⁻¹ = g0ᵀ", all(_contains_zero(x) for x in cflat),
-                           float(max(_mag(x) for x in cflat)))
+        cert = Certificate(
+            "value-g3-eq-g0",
+            "value-g3-eq-g0",
+            f"value path V·g3·g0·Ē, d_e={d_e}, d_h={d_h}, n={n}",
+            dps,
+            [idx // n, idx % n],
+            _interval_text(best),
+            float(_mig(best)),
+            _width(best),
+            scale,
+            _mig(best) > 0,
+            sum(_mig(x) > 0 for x in flat),
+            len(flat),
+            f"g0 = {_mat_str(g0)} (Cayley, rational)",
+            facts,
+            "g3 = g0⁻¹ = g0ᵀ",
+            all(_contains_zero(x) for x in cflat),
+            float(max(_mag(x) for x in cflat)),
+        )
     return cert
 
 
-CERTIFIABLE = ("qk-same-action", "value-g3-eq-g0", "stream-rotation-paper", "qk-gl-rope-generic",
-               "qk-gl-untied-gqa", "gelu-scaling")
+CERTIFIABLE = (
+    "qk-same-action",
+    "value-g3-eq-g0",
+    "stream-rotation-paper",
+    "qk-gl-rope-generic",
+    "qk-gl-untied-gqa",
+    "gelu-scaling",
+)
 
 
 def certify_all(seed: int = 0, dps: int = CERT_DPS, progress=None) -> list[Certificate]:
@@ -337,6 +389,7 @@ def value_g3_residuals(dps_list=(30, 50, 100), seed: int = 0) -> list[dict]:
     the paper's g3 = g0 and the corrected g3 = g0⁻¹ (inverse computed at that dps) with
     the float64 Cayley rotation g0 taken as exact."""
     from .linalg import inverse
+
     d_e, d_h, n = 4, 2, 3
     cfg = gpt2.config(d_model=d_e, n_heads=2, n_kv_heads=2, d_head=d_h, d_ff=8, n_layers=1, vocab=8, n_ctx=3)
     g = generator(seed)
@@ -355,9 +408,19 @@ def value_g3_residuals(dps_list=(30, 50, 100), seed: int = 0) -> list[dict]:
             def rel(g3, v=v, e=e, g0=g0, base=base, scale=scale):
                 y = matmul(matmul(matmul(v, g3), g0), e)
                 return max(abs(a - b) for a, b in zip(flatten(y), flatten(base))) / scale
+
             out.append({"dps": dps, "paper": float(rel(g0)), "corrected": float(rel(inverse(g0)))})
     return out
 
 
-__all__ = ["CERTIFIABLE", "Certificate", "attach_control", "certificate_inputs", "certify_all", "certify_rule",
-           "certify_transform", "rational_params", "value_g3_residuals"]
+__all__ = [
+    "CERTIFIABLE",
+    "Certificate",
+    "attach_control",
+    "certificate_inputs",
+    "certify_all",
+    "certify_rule",
+    "certify_transform",
+    "rational_params",
+    "value_g3_residuals",
+]

@@ -28,11 +28,11 @@ from ..numeric import check
 from ..runtime import eps, one_thread, resolve_device, resolve_dtype
 
 KAPPAS = (1.0, 1e2, 1e4, 1e6, 1e8, 1e10, 1e12)
-FULL_KAPPAS = tuple(10.0 ** k for k in range(13))
+FULL_KAPPAS = tuple(10.0**k for k in range(13))
 ACTIONS = ("qk-gl", "vo-gl")
-SATURATION = 1e-1          # relative error beyond which a point is excluded from the fit
-EPS_BOUND = 24.0           # the "Maximal Gauge Symmetry" abstract's 24 ε_mach
-WIKI_BOUND = 1e-12         # the wiki's relative error bound (GPT-2 small)
+SATURATION = 1e-1  # relative error beyond which a point is excluded from the fit
+EPS_BOUND = 24.0  # the "Maximal Gauge Symmetry" abstract's 24 ε_mach
+WIKI_BOUND = 1e-12  # the wiki's relative error bound (GPT-2 small)
 MINILM_KAPPAS = (1.0, 1e4, 1e8)
 
 
@@ -44,22 +44,22 @@ class Point:
     kappa: float
     seed: int
     max_rel_error: float
-    error_eps: float            # max_rel_error / ε(dtype)
+    error_eps: float  # max_rel_error / ε(dtype)
 
 
 @dataclass
 class Fit:
     action: str
     dtype: str
-    a: float                     # intercept of log10(err/ε) against log10 κ
-    b: float                     # slope: err ∝ κ^b
-    n_points: int                # κ values used (not saturated)
-    kappa_24eps: float | None    # κ where the fit crosses 24 ε (None: never within the fit's range of validity)
-    kappa_1e12: float | None     # κ where the fit crosses relative error 1e-12 (None: below at κ = 1 never)
+    a: float  # intercept of log10(err/ε) against log10 κ
+    b: float  # slope: err ∝ κ^b
+    n_points: int  # κ values used (not saturated)
+    kappa_24eps: float | None  # κ where the fit crosses 24 ε (None: never within the fit's range of validity)
+    kappa_1e12: float | None  # κ where the fit crosses relative error 1e-12 (None: below at κ = 1 never)
     max_kappa_within_24eps: float | None  # largest measured κ up to which every seed stayed ≤ 24 ε
     min_kappa_beyond_24eps: float | None  # smallest measured κ where some seed exceeded 24 ε
-    saturated_from: float | None          # smallest κ whose worst error reached SATURATION
-    fit_kappa_max: float = 1.0            # largest κ used by the fit
+    saturated_from: float | None  # smallest κ whose worst error reached SATURATION
+    fit_kappa_max: float = 1.0  # largest κ used by the fit
 
 
 @dataclass
@@ -84,13 +84,18 @@ class ErrorStudy:
         raise GaugeAuditError(f"no fit for {action} in {dtype}")
 
     def worst(self, action: str, dtype: str, kappa: float, points: list[Point] | None = None) -> float:
-        pts = [p for p in (self.points if points is None else points)
-               if p.action == action and p.dtype == dtype and p.kappa == kappa]
+        pts = [
+            p
+            for p in (self.points if points is None else points)
+            if p.action == action and p.dtype == dtype and p.kappa == kappa
+        ]
         return max(p.max_rel_error for p in pts)
 
     def render(self) -> str:
-        lines = [f"Floating-point error study: models {', '.join(self.models)}; seeds {self.seeds}; device {self.device}",
-                 "  worst relative output error over seeds, in units of ε(dtype)   (24 ε line: claim eps-24)"]
+        lines = [
+            f"Floating-point error study: models {', '.join(self.models)}; seeds {self.seeds}; device {self.device}",
+            "  worst relative output error over seeds, in units of ε(dtype)   (24 ε line: claim eps-24)",
+        ]
         head = f"  {'action':8s} {'dtype':9s} " + " ".join(f"{f'κ={k:.0e}':>9s}" for k in self.kappas)
         lines.append(head)
         for a in self.actions:
@@ -102,15 +107,19 @@ class ErrorStudy:
         for f in self.fits:
             k24 = "never" if f.kappa_24eps is None else f"{f.kappa_24eps:.3g}"
             k12 = "never" if f.kappa_1e12 is None else f"{f.kappa_1e12:.3g}"
-            lines.append(f"    {f.action:8s} {f.dtype:9s} a = {f.a:6.3f}  b = {f.b:5.3f}  (n={f.n_points})  "
-                         f"24ε crossed at κ ≈ {k24}  1e-12 crossed at κ ≈ {k12}  "
-                         f"[measured: ≤ 24ε up to κ = {_k(f.max_kappa_within_24eps)}, "
-                         f"> 24ε from κ = {_k(f.min_kappa_beyond_24eps)}]")
+            lines.append(
+                f"    {f.action:8s} {f.dtype:9s} a = {f.a:6.3f}  b = {f.b:5.3f}  (n={f.n_points})  "
+                f"24ε crossed at κ ≈ {k24}  1e-12 crossed at κ ≈ {k12}  "
+                f"[measured: ≤ 24ε up to κ = {_k(f.max_kappa_within_24eps)}, "
+                f"> 24ε from κ = {_k(f.min_kappa_beyond_24eps)}]"
+            )
         if self.minilm:
             lines.append("  MiniLM-L6 (real weights), seed 0:")
             for p in self.minilm:
-                lines.append(f"    {p.action:8s} {p.dtype:9s} κ = {p.kappa:8.0e}: rel err {p.max_rel_error:.3e} "
-                             f"= {p.error_eps:.4g} ε")
+                lines.append(
+                    f"    {p.action:8s} {p.dtype:9s} κ = {p.kappa:8.0e}: rel err {p.max_rel_error:.3e} "
+                    f"= {p.error_eps:.4g} ε"
+                )
         return "\n".join(lines)
 
 
@@ -154,18 +163,36 @@ def fit_points(points: list[Point], action: str, dtype: str, kappas: list[float]
         elif worst[k] > EPS_BOUND * e and beyond is None:
             beyond = k
     saturated = min((k for k, v in worst.items() if v >= SATURATION), default=None)
-    return Fit(action, dtype, a, b, len(used), cross(EPS_BOUND), cross(WIKI_BOUND / e), within, beyond, saturated,
-               max(k for k, _ in used))
+    return Fit(
+        action,
+        dtype,
+        a,
+        b,
+        len(used),
+        cross(EPS_BOUND),
+        cross(WIKI_BOUND / e),
+        within,
+        beyond,
+        saturated,
+        max(k for k, _ in used),
+    )
 
 
 def default_dtypes(device: torch.device) -> list[str]:
     return ["float64", "float32"] + (["bfloat16"] if device.type == "cuda" else [])
 
 
-def run_study(models: tuple[str, ...] = ("gpt2-tiny",), actions: tuple[str, ...] = ACTIONS,
-              kappas: tuple[float, ...] = KAPPAS, seeds: tuple[int, ...] = (0, 1, 2),
-              dtypes: list[str] | None = None, minilm: bool = True,
-              minilm_kappas: tuple[float, ...] = MINILM_KAPPAS, device: str = "auto", progress=None) -> ErrorStudy:
+def run_study(
+    models: tuple[str, ...] = ("gpt2-tiny",),
+    actions: tuple[str, ...] = ACTIONS,
+    kappas: tuple[float, ...] = KAPPAS,
+    seeds: tuple[int, ...] = (0, 1, 2),
+    dtypes: list[str] | None = None,
+    minilm: bool = True,
+    minilm_kappas: tuple[float, ...] = MINILM_KAPPAS,
+    device: str = "auto",
+    progress=None,
+) -> ErrorStudy:
     """Measure, fit and return the study (deterministic: same arguments → same numbers
     on the same device)."""
     dev = resolve_device(device)
@@ -176,7 +203,7 @@ def run_study(models: tuple[str, ...] = ("gpt2-tiny",), actions: tuple[str, ...]
         config_of(m)
     if any(k < 1 for k in kappas):
         raise GaugeAuditError("condition numbers must be >= 1")
-    with one_thread():   # the study's models are small
+    with one_thread():  # the study's models are small
         return _run(models, actions, kappas, seeds, dtypes, minilm, minilm_kappas, dev, progress)
 
 
@@ -198,8 +225,7 @@ def _run(models, actions, kappas, seeds, dtypes, minilm, minilm_kappas, dev, pro
             mini.append(_measure(model, "minilm", a, d, k, 0))
             if progress:
                 progress(len(todo) + j, total)
-    return ErrorStudy(list(models), list(actions), dtypes, list(kappas), list(seeds), str(dev.type), points, fits,
-                      mini)
+    return ErrorStudy(list(models), list(actions), dtypes, list(kappas), list(seeds), str(dev.type), points, fits, mini)
 
 
 def _measure(model, name: str, action: str, dtype: str, kappa: float, seed: int) -> Point:
@@ -218,6 +244,7 @@ def plot_study(study: ErrorStudy, path) -> str:
     action (worst seed), the individual seeds as faint dots, the fits dotted, MiniLM
     as stars, and the 24 ε line."""
     import matplotlib
+
     matplotlib.use("Agg")
     from pathlib import Path
 
@@ -238,17 +265,37 @@ def plot_study(study: ErrorStudy, path) -> str:
         for d in study.dtypes:
             e = eps(resolve_dtype(d))
             pts = [p for p in study.points if p.action == a and p.dtype == d and math.isfinite(p.error_eps)]
-            ax.scatter([p.kappa for p in pts], [max(p.error_eps, 1e-1) for p in pts], s=8, alpha=0.3,
-                       color=colors.get(d, "gray"))
+            ax.scatter(
+                [p.kappa for p in pts],
+                [max(p.error_eps, 1e-1) for p in pts],
+                s=8,
+                alpha=0.3,
+                color=colors.get(d, "gray"),
+            )
             worst = [min(study.worst(a, d, k), 1e30) / e for k in ks]
-            ax.plot(ks, worst, styles.get(a, "-"), marker="o", ms=4, color=colors.get(d, "gray"),
-                    label=f"{a} {d} (worst of {len(study.seeds)} seeds)")
+            ax.plot(
+                ks,
+                worst,
+                styles.get(a, "-"),
+                marker="o",
+                ms=4,
+                color=colors.get(d, "gray"),
+                label=f"{a} {d} (worst of {len(study.seeds)} seeds)",
+            )
             f = study.fit(a, d)
             fk = [k for k in ks if k <= f.fit_kappa_max]
             ax.plot(fk, [10 ** (f.a + f.b * math.log10(k)) for k in fk], ":", lw=1, color=colors.get(d, "gray"))
     for p in study.minilm:
-        ax.scatter([p.kappa], [p.error_eps], marker="*", s=90, color=colors.get(p.dtype, "gray"),
-                   edgecolor="black", linewidth=0.5, zorder=5)
+        ax.scatter(
+            [p.kappa],
+            [p.error_eps],
+            marker="*",
+            s=90,
+            color=colors.get(p.dtype, "gray"),
+            edgecolor="black",
+            linewidth=0.5,
+            zorder=5,
+        )
     if study.minilm:
         ax.scatter([], [], marker="*", s=90, color="white", edgecolor="black", label="MiniLM-L6 (real weights)")
     ax.axhline(EPS_BOUND, color="red", lw=1.2, label="24 ε (eps-24 claim)")
@@ -274,7 +321,7 @@ def plot_study(study: ErrorStudy, path) -> str:
 class ClaimVerdict:
     claim: str
     statement: str
-    verdict: str                 # HOLDS / FAILS / HOLDS-WITH-CORRECTION
+    verdict: str  # HOLDS / FAILS / HOLDS-WITH-CORRECTION
     corrected: str | None
     evidence: dict
 
@@ -289,7 +336,7 @@ class ClaimVerdict:
 
 
 def eps24_verdict(study: ErrorStudy) -> ClaimVerdict:
-    """"Gauge transformations preserve outputs to within 24 ε_mach relative error."
+    """ "Gauge transformations preserve outputs to within 24 ε_mach relative error."
     HOLDS if every measured point is ≤ 24 ε; HOLDS-WITH-CORRECTION if the well-conditioned
     end (κ = 1) is within 24 ε for every dtype and model (MiniLM included) but larger κ
     break it; FAILS if even κ = 1 exceeds 24 ε somewhere."""
@@ -297,32 +344,51 @@ def eps24_verdict(study: ErrorStudy) -> ClaimVerdict:
     over = [p for p in all_pts if p.error_eps > EPS_BOUND]
     k_min = min(study.kappas)
     at_one = [p for p in all_pts if p.kappa == k_min]
-    fits = {f"{f.action}/{f.dtype}": {"b": f.b, "kappa_24eps": f.kappa_24eps,
-                                      "max_kappa_within_24eps": f.max_kappa_within_24eps} for f in study.fits}
-    evidence = {"worst_error_eps_at_min_kappa": max(p.error_eps for p in at_one), "min_kappa": k_min,
-                "points_over_24eps": len(over), "points": len(all_pts), "fits": fits}
+    fits = {
+        f"{f.action}/{f.dtype}": {
+            "b": f.b,
+            "kappa_24eps": f.kappa_24eps,
+            "max_kappa_within_24eps": f.max_kappa_within_24eps,
+        }
+        for f in study.fits
+    }
+    evidence = {
+        "worst_error_eps_at_min_kappa": max(p.error_eps for p in at_one),
+        "min_kappa": k_min,
+        "points_over_24eps": len(over),
+        "points": len(all_pts),
+        "fits": fits,
+    }
     if not over:
-        return ClaimVerdict("eps-24", "gauge transformations preserve outputs within 24 ε_mach", "HOLDS", None, evidence)
+        return ClaimVerdict(
+            "eps-24", "gauge transformations preserve outputs within 24 ε_mach", "HOLDS", None, evidence
+        )
     if any(p.error_eps > EPS_BOUND for p in at_one):
-        return ClaimVerdict("eps-24", "gauge transformations preserve outputs within 24 ε_mach", "FAILS",
-                            None, evidence)
+        return ClaimVerdict(
+            "eps-24", "gauge transformations preserve outputs within 24 ε_mach", "FAILS", None, evidence
+        )
     crossings = [f.kappa_24eps for f in study.fits if f.kappa_24eps]
     k_star = min(crossings) if crossings else k_min
     slope = max(f.b for f in study.fits)
     return ClaimVerdict(
-        "eps-24", "gauge transformations preserve outputs within 24 ε_mach", "HOLDS-WITH-CORRECTION",
+        "eps-24",
+        "gauge transformations preserve outputs within 24 ε_mach",
+        "HOLDS-WITH-CORRECTION",
         f"≤ 24 ε only for well-conditioned elements, κ(g) ≲ {k_star:.3g} (fit; measured ≤ 24 ε up to "
         f"κ = {min(f.max_kappa_within_24eps or k_min for f in study.fits):.0e}); the error grows ∝ κ^b with "
-        f"b ≈ {slope:.2f} until it saturates, so a blanket 24 ε bound over the group is false", evidence)
+        f"b ≈ {slope:.2f} until it saturates, so a blanket 24 ε bound over the group is false",
+        evidence,
+    )
 
 
 def wiki_1e12_verdict(study: ErrorStudy) -> ClaimVerdict:
-    """"Relative error ≤ 1e-12 (GPT-2 small)."  Needs float64 (float32's ε ≈ 1.2e-7 is
+    """ "Relative error ≤ 1e-12 (GPT-2 small)."  Needs float64 (float32's ε ≈ 1.2e-7 is
     already above it) and κ below the fitted crossing."""
     statement = "relative output error of a random gauge transformation ≤ 1e-12 (GPT-2 small)"
     all_pts = study.points + study.minilm
-    by_dtype = {d: max(p.max_rel_error for p in all_pts if p.dtype == d and p.kappa == min(study.kappas))
-                for d in study.dtypes}
+    by_dtype = {
+        d: max(p.max_rel_error for p in all_pts if p.dtype == d and p.kappa == min(study.kappas)) for d in study.dtypes
+    }
     f64 = [f for f in study.fits if f.dtype == "float64"]
     k12 = min((f.kappa_1e12 for f in f64 if f.kappa_1e12), default=None)
     mini64 = {f"{p.action}@{p.kappa:.0e}": p.max_rel_error for p in study.minilm if p.dtype == "float64"}
@@ -334,7 +400,12 @@ def wiki_1e12_verdict(study: ErrorStudy) -> ClaimVerdict:
         return ClaimVerdict("wiki-1e-12", statement, "FAILS", None, evidence)
     low = [d for d, v in by_dtype.items() if v > WIKI_BOUND]
     return ClaimVerdict(
-        "wiki-1e-12", statement, "HOLDS-WITH-CORRECTION",
-        f"only in float64 and for κ(g) ≲ {k12:.3g}" + (f"; never in {', '.join(low)} (error ≥ "
-                                                         f"{min(by_dtype[d] for d in low):.2g} already at κ = 1)"
-                                                         if low else ""), evidence)
+        "wiki-1e-12",
+        statement,
+        "HOLDS-WITH-CORRECTION",
+        f"only in float64 and for κ(g) ≲ {k12:.3g}"
+        + (
+            f"; never in {', '.join(low)} (error ≥ {min(by_dtype[d] for d in low):.2g} already at κ = 1)" if low else ""
+        ),
+        evidence,
+    )

@@ -38,17 +38,17 @@ class RefereeResult:
     config: str
     sequences: int
     seq_len: int
-    output_scale: float              # max |y| over all outputs
-    paper_max_abs: float             # max |y_paper − y|
+    output_scale: float  # max |y| over all outputs
+    paper_max_abs: float  # max |y_paper − y|
     paper_rel: float
-    corrected_max_abs: float         # max |y_corrected − y|
+    corrected_max_abs: float  # max |y_corrected − y|
     corrected_rel: float
-    ln_token_paper: float            # max |LN(x·R; γ, β) − LN(x; γ, β)·R| (one token)
-    ln_token_corrected: float        # max |LN(x·R; γ, β·C) − LN(x; γ, β)·C|
-    torch_paper_max_abs: float       # the same comparison in torch float64 (R rounded to float64)
-    torch_corrected_rel_eps: float   # torch corrected-rule relative difference in units of ε64
-    rotation_orthogonality: float    # max |RᵀR − I| at dps (≈ 10^-dps)
-    rotation_fixes_ones: float       # max |R·1 − 1|
+    ln_token_paper: float  # max |LN(x·R; γ, β) − LN(x; γ, β)·R| (one token)
+    ln_token_corrected: float  # max |LN(x·R; γ, β·C) − LN(x; γ, β)·C|
+    torch_paper_max_abs: float  # the same comparison in torch float64 (R rounded to float64)
+    torch_corrected_rel_eps: float  # torch corrected-rule relative difference in units of ε64
+    rotation_orthogonality: float  # max |RᵀR − I| at dps (≈ 10^-dps)
+    rotation_fixes_ones: float  # max |R·1 − 1|
 
     @property
     def verdict(self) -> str:
@@ -64,25 +64,35 @@ class RefereeResult:
         return {**asdict(self), "verdict": self.verdict}
 
     def render(self) -> str:
-        return "\n".join([
-            "Referee's concrete test (van Nierop 2412.14543, review JSON `concrete_test`)",
-            f"  model: {self.config}; g ∈ SO(7) fixing 1 (RᵀR − I: {self.rotation_orthogonality:.1e}, "
-            f"R·1 − 1: {self.rotation_fixes_ones:.1e}); {self.sequences} sequences × {self.seq_len} tokens; "
-            f"mpmath dps {self.dps}; seed {self.seed}",
-            f"  output scale max|y| = {self.output_scale:.4g}",
-            f"  paper rule (γ, β unchanged, readers gᵀ·W):  max|Δy| = {self.paper_max_abs:.4g}  "
-            f"(relative {self.paper_rel:.3g});  torch float64: {self.torch_paper_max_abs:.4g}",
-            f"  single token: max|LN(x·g) − LN(x)·g| = {self.ln_token_paper:.4g}   ← O(1): the affine γ, β break it",
-            f"  corrected rule (β·C, C⁻¹·W, C = D_γ⁻¹ g D_γ):  max|Δy| = {self.corrected_max_abs:.3g}  "
-            f"(relative {self.corrected_rel:.3g});  torch float64: {self.torch_corrected_rel_eps:.3g} ε",
-            f"  single token: max|LN'(x·g) − LN(x)·C| = {self.ln_token_corrected:.3g}",
-            f"  verdict (ln-affine-rotation): {self.verdict}",
-        ])
+        return "\n".join(
+            [
+                "Referee's concrete test (van Nierop 2412.14543, review JSON `concrete_test`)",
+                f"  model: {self.config}; g ∈ SO(7) fixing 1 (RᵀR − I: {self.rotation_orthogonality:.1e}, "
+                f"R·1 − 1: {self.rotation_fixes_ones:.1e}); {self.sequences} sequences × {self.seq_len} tokens; "
+                f"mpmath dps {self.dps}; seed {self.seed}",
+                f"  output scale max|y| = {self.output_scale:.4g}",
+                f"  paper rule (γ, β unchanged, readers gᵀ·W):  max|Δy| = {self.paper_max_abs:.4g}  "
+                f"(relative {self.paper_rel:.3g});  torch float64: {self.torch_paper_max_abs:.4g}",
+                f"  single token: max|LN(x·g) − LN(x)·g| = {self.ln_token_paper:.4g}   ← O(1): the affine γ, β break it",
+                f"  corrected rule (β·C, C⁻¹·W, C = D_γ⁻¹ g D_γ):  max|Δy| = {self.corrected_max_abs:.3g}  "
+                f"(relative {self.corrected_rel:.3g});  torch float64: {self.torch_corrected_rel_eps:.3g} ε",
+                f"  single token: max|LN'(x·g) − LN(x)·C| = {self.ln_token_corrected:.3g}",
+                f"  verdict (ln-affine-rotation): {self.verdict}",
+            ]
+        )
 
 
 def referee_model(seed: int = 0):
-    cfg = gpt2.config(d_model=D_E, n_heads=D_E // D_H, n_kv_heads=D_E // D_H, d_head=D_H, d_ff=D_F, n_layers=1,
-                      vocab=16, n_ctx=SEQ_LEN)
+    cfg = gpt2.config(
+        d_model=D_E,
+        n_heads=D_E // D_H,
+        n_kv_heads=D_E // D_H,
+        d_head=D_H,
+        d_ff=D_F,
+        n_layers=1,
+        vocab=16,
+        n_ctx=SEQ_LEN,
+    )
     return build_config(cfg, seed, "cpu", torch.float64, name="referee block")
 
 
@@ -124,11 +134,23 @@ def referee_test(seed: int = 0, dps: int = 50, sequences: int = N_SEQ, progress=
         gamma = P["blocks.0.ln1.w"]
         c = [[r[i][k] * gamma[k] / gamma[i] for k in range(D_E)] for i in range(D_E)]
         ln_fixed = _maxabs_diff(norm(MP, cfg, fixed, "blocks.0.ln1", xr), vecmat(ln_x, c))
-        ortho = max(abs(sum(r[k][i] * r[k][j] for k in range(D_E)) - (1 if i == j else 0))
-                    for i in range(D_E) for j in range(D_E))
+        ortho = max(
+            abs(sum(r[k][i] * r[k][j] for k in range(D_E)) - (1 if i == j else 0))
+            for i in range(D_E)
+            for j in range(D_E)
+        )
         ones = max(abs(sum(row) - 1) for row in r)
-        result = [float(scale), float(d_paper), float(d_paper / scale), float(d_fixed), float(d_fixed / scale),
-                  float(ln_paper), float(ln_fixed), float(ortho), float(ones)]
+        result = [
+            float(scale),
+            float(d_paper),
+            float(d_paper / scale),
+            float(d_fixed),
+            float(d_fixed / scale),
+            float(ln_paper),
+            float(ln_fixed),
+            float(ortho),
+            float(ones),
+        ]
 
     # torch float64 cross-check with the float64 rotation the sampler drew.
     el64 = Element({"R": sample.parts["R"]}, sample.kappa)
@@ -140,5 +162,21 @@ def referee_test(seed: int = 0, dps: int = 50, sequences: int = N_SEQ, progress=
     torch_fixed = float((tc - t0).abs().max() / t0.abs().max()) / eps(torch.float64)
 
     scale, dp, dpr, df, dfr, lnp, lnf, ortho, ones = result
-    return RefereeResult(seed, dps, f"1 pre-LN block, d_e={D_E}, d_h={D_H} (2 heads), d_f={D_F}, learned γ, β, GELU",
-                         sequences, SEQ_LEN, scale, dp, dpr, df, dfr, lnp, lnf, torch_paper, torch_fixed, ortho, ones)
+    return RefereeResult(
+        seed,
+        dps,
+        f"1 pre-LN block, d_e={D_E}, d_h={D_H} (2 heads), d_f={D_F}, learned γ, β, GELU",
+        sequences,
+        SEQ_LEN,
+        scale,
+        dp,
+        dpr,
+        df,
+        dfr,
+        lnp,
+        lnf,
+        torch_paper,
+        torch_fixed,
+        ortho,
+        ones,
+    )

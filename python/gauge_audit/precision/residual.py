@@ -41,10 +41,10 @@ BATCH, SEQ = 2, 4
 @dataclass
 class DpsResidual:
     dps: int
-    residual: float        # relative max-abs output change (0.0 when exactly zero)
-    log10: float | None    # log10 of the residual (None when exactly zero)
-    bound: float           # κ·L·K·u(dps)
-    within: bool           # residual ≤ bound
+    residual: float  # relative max-abs output change (0.0 when exactly zero)
+    log10: float | None  # log10 of the residual (None when exactly zero)
+    bound: float  # κ·L·K·u(dps)
+    within: bool  # residual ≤ bound
 
 
 @dataclass
@@ -55,10 +55,10 @@ class ActionPrecision:
     model: str
     seed: int
     kappa: float
-    expected: str                  # HOLDS / FAILS: what the theory predicts here
-    verdict: str                   # HOLDS (≤ bound at every dps, shrinking) / FAILS (O(1) residual)
+    expected: str  # HOLDS / FAILS: what the theory predicts here
+    verdict: str  # HOLDS (≤ bound at every dps, shrinking) / FAILS (O(1) residual)
     residuals: list[DpsResidual]
-    shrinks: bool                  # max(r, u) strictly decreases 30 → 50 → 100
+    shrinks: bool  # max(r, u) strictly decreases 30 → 50 → 100
     bound_formula: str
     certificate: dict | None = None  # for false rules with --certify: see certify.Certificate
     notes: list[str] = field(default_factory=list)
@@ -135,8 +135,15 @@ def dps_verdict(rows: list[DpsResidual]) -> tuple[str, bool]:
     return "INCONCLUSIVE", shrinks  # pragma: no cover - neither exact nor O(1)
 
 
-def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | list[int] = DEFAULT_DPS,
-                 seed: int = 0, kappa: float = 10.0, certify: bool = False, progress=None) -> ActionPrecision:
+def check_action(
+    action: str,
+    model: str | None = None,
+    dps: tuple[int, ...] | list[int] = DEFAULT_DPS,
+    seed: int = 0,
+    kappa: float = 10.0,
+    certify: bool = False,
+    progress=None,
+) -> ActionPrecision:
     """Residuals of ``action`` at each dps on a one-layer ``model`` (default: the first
     named tiny model it applies to).  HOLDS when every residual is within κ·L·K·u and
     they shrink with dps; FAILS when the residual stays O(1) (≥ 1e-3 at every dps)."""
@@ -161,10 +168,20 @@ def check_action(action: str, model: str | None = None, dps: tuple[int, ...] | l
             progress(i + 1, len(set(dps)))
     verdict, shrinks = dps_verdict(rows)
     expected = "HOLDS" if act.expected_holds(m.cfg) else "FAILS"
-    result = ActionPrecision(action, name, seed, el.kappa, expected, verdict, rows, shrinks,
-                             f"κ·L·K·u = {el.kappa:.3g}·{layers}·{k}·2^(1−prec)  (K = {k_text})")
+    result = ActionPrecision(
+        action,
+        name,
+        seed,
+        el.kappa,
+        expected,
+        verdict,
+        rows,
+        shrinks,
+        f"κ·L·K·u = {el.kappa:.3g}·{layers}·{k}·2^(1−prec)  (K = {k_text})",
+    )
     if certify and expected == "FAILS":
         from .certify import certify_rule
+
         result.certificate = certify_rule(action, seed=seed).to_json()
     return result
 
@@ -174,17 +191,16 @@ class Agreement:
     model: str
     seed: int
     dps: int
-    rel_diff: float          # max |y_torch − y_mp| / max |y_mp|
-    diff_eps: float          # in units of float64 ε
-    bound: float             # L·K·ε64 (numeric.tolerance with κ = 1)
+    rel_diff: float  # max |y_torch − y_mp| / max |y_mp|
+    diff_eps: float  # in units of float64 ε
+    bound: float  # L·K·ε64 (numeric.tolerance with κ = 1)
     within: bool
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def torch_agreement(name: str = "gpt2-tiny", seed: int = 0, dps: int = 30, n_layers: int | None = None
-                    ) -> Agreement:
+def torch_agreement(name: str = "gpt2-tiny", seed: int = 0, dps: int = 30, n_layers: int | None = None) -> Agreement:
     """The torch float64 forward vs the independent mpmath forward on the same
     parameters and inputs: they must agree to float64 accuracy, L·K·ε."""
     cfg = config_of(name)

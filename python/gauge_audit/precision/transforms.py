@@ -83,16 +83,17 @@ def exact_rotation(r0: list, cfg: Config | None = None, fix_ones: bool | None = 
     d = len(r0)
     one = r0[0][0] * 0 + 1
     eye = identity(d, one, one * 0)
-    a0 = matmul(sub(eye, r0), inverse(add(eye, r0)))        # inverse Cayley: skew up to rounding
+    a0 = matmul(sub(eye, r0), inverse(add(eye, r0)))  # inverse Cayley: skew up to rounding
     a = scale(sub(a0, transpose(a0)), one / 2)
     if fix_ones if fix_ones is not None else cfg.norm.startswith("layernorm"):
         p = [[(one if i == j else one * 0) - one / d for j in range(d)] for i in range(d)]
-        a = matmul(matmul(p, a), p)                          # A·1 = 0 ⇒ R·1 = 1
+        a = matmul(matmul(p, a), p)  # A·1 = 0 ⇒ R·1 = 1
     return cayley(a)
 
 
 def _check_applies(cfg: Config, name: str) -> None:
     from ..actions import get_action
+
     reason = get_action(name).applies(cfg) if name in _TORCH_NAMES else None
     if reason:
         raise GaugeAuditError(f"rule {name} does not apply to this model: {reason}")
@@ -329,12 +330,23 @@ def expert_perm(cfg: Config, P: dict, el: dict) -> dict:
 
 
 RULES: dict[str, Rule] = {
-    "qk-gl": qk_gl, "vo-gl": vo_gl, "head-perm": head_perm, "key-bias-shift": key_bias_shift,
-    "value-bias-fold": value_bias_fold, "qk-same-action": qk_same_action,
-    "qk-gl-rope-generic": qk_gl, "qk-gl-untied-gqa": qk_gl_untied_gqa,
-    "norm-scale": norm_scale, "norm-shift": norm_shift, "stream-rotation": stream_rotation,
-    "stream-rotation-paper": stream_rotation_paper, "ffn-perm": ffn_perm, "relu-scaling": relu_scaling,
-    "swiglu-scaling": swiglu_scaling, "gelu-scaling": gelu_scaling, "expert-perm": expert_perm,
+    "qk-gl": qk_gl,
+    "vo-gl": vo_gl,
+    "head-perm": head_perm,
+    "key-bias-shift": key_bias_shift,
+    "value-bias-fold": value_bias_fold,
+    "qk-same-action": qk_same_action,
+    "qk-gl-rope-generic": qk_gl,
+    "qk-gl-untied-gqa": qk_gl_untied_gqa,
+    "norm-scale": norm_scale,
+    "norm-shift": norm_shift,
+    "stream-rotation": stream_rotation,
+    "stream-rotation-paper": stream_rotation_paper,
+    "ffn-perm": ffn_perm,
+    "relu-scaling": relu_scaling,
+    "swiglu-scaling": swiglu_scaling,
+    "gelu-scaling": gelu_scaling,
+    "expert-perm": expert_perm,
 }
 _TORCH_NAMES = frozenset(RULES)
 

@@ -48,19 +48,29 @@ def _holds_claim(claim: str, action: str, model: str | None = None):
     def run(seed: int) -> PrecisionVerdict:
         r = check_action(action, model, seed=seed)
         ok = r.verdict == HOLDS
-        return PrecisionVerdict(claim, HOLDS if ok else FAILS,
-                                f"{action} on {r.model}: relative residual {_res(r)} (bound κ·L·K·u; shrinks: {r.shrinks})",
-                                None, {"action": r.to_json()})
+        return PrecisionVerdict(
+            claim,
+            HOLDS if ok else FAILS,
+            f"{action} on {r.model}: relative residual {_res(r)} (bound κ·L·K·u; shrinks: {r.shrinks})",
+            None,
+            {"action": r.to_json()},
+        )
+
     return run
 
 
 def _certified_false(claim: str, rule: str, corrected: str):
     def run(seed: int) -> PrecisionVerdict:
         c = certify_rule(rule, seed=seed)
-        return PrecisionVerdict(claim, FAILS if c.excludes_zero else "INCONCLUSIVE",
-                                f"certified counterexample ({c.model}): y'−y ∈ [{c.interval[0]}, {c.interval[1]}] "
-                                f"excludes 0; control ({c.control_rule}) contains 0: {c.control_contains_zero}",
-                                corrected, {"certificate": c.to_json()})
+        return PrecisionVerdict(
+            claim,
+            FAILS if c.excludes_zero else "INCONCLUSIVE",
+            f"certified counterexample ({c.model}): y'−y ∈ [{c.interval[0]}, {c.interval[1]}] "
+            f"excludes 0; control ({c.control_rule}) contains 0: {c.control_contains_zero}",
+            corrected,
+            {"certificate": c.to_json()},
+        )
+
     return run
 
 
@@ -68,10 +78,13 @@ def _value_g3(seed: int) -> PrecisionVerdict:
     c = certify_rule("value-g3-eq-g0", seed=seed)
     rows = value_g3_residuals(seed=seed)
     return PrecisionVerdict(
-        "value-g3-eq-g0", FAILS if c.excludes_zero else "INCONCLUSIVE",
+        "value-g3-eq-g0",
+        FAILS if c.excludes_zero else "INCONCLUSIVE",
         f"V·g0·g0·Ē − V·Ē ∈ [{c.interval[0]}, {c.interval[1]}] (certified ≠ 0); with g3 = g0⁻¹: "
         + ", ".join(f"dps {r['dps']}: {r['corrected']:.1e}" for r in rows),
-        "g3 = g0⁻¹ (= g0ᵀ); g3 = g0 only for involutions", {"certificate": c.to_json(), "mp_residuals": rows})
+        "g3 = g0⁻¹ (= g0ᵀ); g3 = g0 only for involutions",
+        {"certificate": c.to_json(), "mp_residuals": rows},
+    )
 
 
 def _ln_affine(seed: int) -> PrecisionVerdict:
@@ -81,11 +94,13 @@ def _ln_affine(seed: int) -> PrecisionVerdict:
     fixed = ref.corrected_rel <= 10.0 ** (10 - ref.dps)
     verdict = HOLDS if not paper_fails else (HWC if fixed else FAILS)
     return PrecisionVerdict(
-        "ln-affine-rotation", verdict,
+        "ln-affine-rotation",
+        verdict,
         f"referee test: paper rule max|Δy| = {ref.paper_max_abs:.3g} (certified ≠ 0 on a rational model); "
         f"corrected rule {ref.corrected_rel:.1e} relative at dps {ref.dps}",
         "β ↦ β·C and readers W ↦ C⁻¹·W with C = D_γ⁻¹·g·D_γ (γ unchanged)",
-        {"referee": ref.to_json(), "certificate": c.to_json()})
+        {"referee": ref.to_json(), "certificate": c.to_json()},
+    )
 
 
 def _reviewer_no_fix(seed: int) -> PrecisionVerdict:
@@ -96,10 +111,13 @@ def _reviewer_no_fix(seed: int) -> PrecisionVerdict:
     else:
         verdict = HWC if fixed.verdict == HOLDS else HOLDS
     return PrecisionVerdict(
-        "ln-reviewer-no-fix", verdict,
+        "ln-reviewer-no-fix",
+        verdict,
         f"γ, β unchanged: certified ≠ 0; but β ↦ β·C with readers C⁻¹·W is exact ({_res(fixed)})",
         "no γ', β' alone restore LN equivariance, but moving D_γ⁻¹·g·D_γ into β and the readers does: the "
-        "symmetry survives in a corrected form", {"certificate": c.to_json(), "corrected": fixed.to_json()})
+        "symmetry survives in a corrected form",
+        {"certificate": c.to_json(), "corrected": fixed.to_json()},
+    )
 
 
 def _noaffine(seed: int) -> PrecisionVerdict:
@@ -114,11 +132,13 @@ def _rmsnorm(seed: int) -> PrecisionVerdict:
     else:
         verdict = HWC if fixed.verdict == HOLDS else FAILS
     return PrecisionVerdict(
-        "rmsnorm-rotation", verdict,
+        "rmsnorm-rotation",
+        verdict,
         f"weighted RMSNorm, rotation in SO(d): readers by gᵀ with γ unchanged: {_res(paper)}; "
         f"corrected rule: {_res(fixed)}",
         "readers C⁻¹·W with C = D_γ⁻¹·g·D_γ; the group is all of SO(d_e) (RMSNorm has no mean subtraction)",
-        {"paper": paper.to_json(), "corrected": fixed.to_json()})
+        {"paper": paper.to_json(), "corrected": fixed.to_json()},
+    )
 
 
 def _with_contrast(claim: str, action: str, model: str, rule: str):
@@ -126,9 +146,14 @@ def _with_contrast(claim: str, action: str, model: str, rule: str):
         r = check_action(action, model, seed=seed)
         c = certify_rule(rule, seed=seed)
         ok = r.verdict == HOLDS and c.excludes_zero
-        return PrecisionVerdict(claim, HOLDS if ok else FAILS,
-                                f"{action} on {model}: {_res(r)}; contrast {rule} certified ≠ 0: {c.excludes_zero}",
-                                None, {"action": r.to_json(), "contrast": c.to_json()})
+        return PrecisionVerdict(
+            claim,
+            HOLDS if ok else FAILS,
+            f"{action} on {model}: {_res(r)}; contrast {rule} certified ≠ 0: {c.excludes_zero}",
+            None,
+            {"action": r.to_json(), "contrast": c.to_json()},
+        )
+
     return run
 
 
@@ -136,10 +161,13 @@ def _relu(seed: int) -> PrecisionVerdict:
     r = check_action("relu-scaling", seed=seed)
     c = certify_rule("gelu-scaling", seed=seed)
     return PrecisionVerdict(
-        "relu-forces-identity", FAILS if r.verdict == HOLDS else HOLDS,
-        f"ReLU: positive hidden scalings are exact symmetries ({_res(r)}); GELU: certified ≠ 0 "
-        f"({c.excludes_zero})", "f(0) = positive diagonal, f(1) = f(0)⁻¹ for ReLU; identity (up to permutation) "
-        "only for non-homogeneous activations such as GELU", {"relu": r.to_json(), "gelu": c.to_json()})
+        "relu-forces-identity",
+        FAILS if r.verdict == HOLDS else HOLDS,
+        f"ReLU: positive hidden scalings are exact symmetries ({_res(r)}); GELU: certified ≠ 0 ({c.excludes_zero})",
+        "f(0) = positive diagonal, f(1) = f(0)⁻¹ for ReLU; identity (up to permutation) "
+        "only for non-homogeneous activations such as GELU",
+        {"relu": r.to_json(), "gelu": c.to_json()},
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -148,8 +176,10 @@ def study_for(seed: int, full: bool = False):
     share it).  ``full``: κ = 10⁰…10¹² in every decade, 5 seeds, three architectures."""
     if full:
         from .error_study import FULL_KAPPAS
-        return run_study(models=("gpt2-tiny", "llama-tiny", "bert-tiny"), kappas=FULL_KAPPAS,
-                         seeds=tuple(range(seed, seed + 5)))
+
+        return run_study(
+            models=("gpt2-tiny", "llama-tiny", "bert-tiny"), kappas=FULL_KAPPAS, seeds=tuple(range(seed, seed + 5))
+        )
     return run_study(seeds=(seed, seed + 1, seed + 2))
 
 

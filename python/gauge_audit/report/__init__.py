@@ -57,13 +57,16 @@ def terminal_table(report: AuditReport, width: int = 140) -> str:
     lines.append("-" * width)
     for (cid, source, verdict, ev), r in zip(table_rows(report), report.results):
         src = textwrap.wrap(source, src_w) or [""]
-        if r.verdict.corrected_rule:      # what decides the verdict, after the checkers' lines
+        if r.verdict.corrected_rule:  # what decides the verdict, after the checkers' lines
             ev = [*ev, f"⇒ corrected rule: {r.verdict.corrected_rule}"]
         elif r.verdict.counterexample:
             ev = [*ev, f"⇒ counterexample: {r.verdict.counterexample}"]
-        wrapped = [w for e in ev or ["(no checker)"]
-                   for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
-                   for w in w]
+        wrapped = [
+            w
+            for e in ev or ["(no checker)"]
+            for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
+            for w in w
+        ]
         for k in range(max(len(src), len(wrapped))):
             lead = f"{cid:28s} {verdict:22s}" if k == 0 else " " * 51
             left = src[k] if k < len(src) else ""
@@ -80,22 +83,38 @@ def _md_cell(s: str) -> str:
 
 def markdown(report: AuditReport, plot_names: Sequence[str] = ()) -> str:
     data = report.to_json()
-    out = ["# gauge-audit report", "",
-           f"Seed {report.seed}{' (full)' if report.full else ''}. Verdicts: "
-           + ", ".join(f"{v} {n}" for v, n in data["summary"].items()) + ".", "",
-           "| claim | source | verdict | evidence |", "|---|---|---|---|"]
+    out = [
+        "# gauge-audit report",
+        "",
+        f"Seed {report.seed}{' (full)' if report.full else ''}. Verdicts: "
+        + ", ".join(f"{v} {n}" for v, n in data["summary"].items())
+        + ".",
+        "",
+        "| claim | source | verdict | evidence |",
+        "|---|---|---|---|",
+    ]
     for cid, source, verdict, ev in table_rows(report):
         out.append(f"| `{cid}` | {_md_cell(source)} | **{verdict}** | {'<br>'.join(_md_cell(e) for e in ev)} |")
     out.append("")
     for n, name in enumerate(plot_names, 1):
-        out += [f"![Figure {n}. {FIGURE_TITLES.get(name, name)}]({name})", "",
-                f"*Figure {n}. {FIGURE_TITLES.get(name, name)}*", ""]
+        out += [
+            f"![Figure {n}. {FIGURE_TITLES.get(name, name)}]({name})",
+            "",
+            f"*Figure {n}. {FIGURE_TITLES.get(name, name)}*",
+            "",
+        ]
     for section in _extra_sections(data.get("extras", {})):
         out += section + [""]
     out += ["## Claims", ""]
     for c in data["claims"]:
-        out += [f"### `{c['id']}` — {c['verdict']}", "", f"*{c['document']}*, {c['location']} "
-                f"({c['file']}:{c['line']})", "", f"> {c['statement']}", ""]
+        out += [
+            f"### `{c['id']}` — {c['verdict']}",
+            "",
+            f"*{c['document']}*, {c['location']} ({c['file']}:{c['line']})",
+            "",
+            f"> {c['statement']}",
+            "",
+        ]
         if c.get("rule"):
             out += [f"Rule: `{c['rule']}`", ""]
         out += [f"Verdict: **{c['verdict']}** — {c['why']}."]
@@ -115,9 +134,11 @@ def markdown(report: AuditReport, plot_names: Sequence[str] = ()) -> str:
             rows = [r for k in ("results", "corrected") if isinstance(details.get(k), list) for r in details[k]]
             for row in rows:
                 if isinstance(row, dict) and "residual_eps" in row:
-                    out.append(f"    - {row['model']}: {row['verdict']}, max rel error {row['max_rel_error']:.3e} "
-                               f"= {row['residual_eps']:.4g} ε (tol {_stat(row)}{row['tolerance_eps']:.4g} ε worst-case, "
-                               f"κ {row['kappa']:.3g})")
+                    out.append(
+                        f"    - {row['model']}: {row['verdict']}, max rel error {row['max_rel_error']:.3e} "
+                        f"= {row['residual_eps']:.4g} ε (tol {_stat(row)}{row['tolerance_eps']:.4g} ε worst-case, "
+                        f"κ {row['kappa']:.3g})"
+                    )
         out.append("")
     return "\n".join(out) + "\n"
 

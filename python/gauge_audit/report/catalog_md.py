@@ -33,8 +33,10 @@ def _tested_by(c: Claim) -> str:
     if c.corrected_action:
         parts.append(f"corrected: `{c.corrected_action}`")
     if c.formula:
-        parts.append(f"formula `{_cell(c.formula)}`" + (f" {c.relation} {c.claimed_value:g}"
-                                                        if c.claimed_value is not None else ""))
+        parts.append(
+            f"formula `{_cell(c.formula)}`"
+            + (f" {c.relation} {c.claimed_value:g}" if c.claimed_value is not None else "")
+        )
     return "; ".join(parts) or "—"
 
 
@@ -53,15 +55,21 @@ def render(catalog: dict[str, Claim] | None = None) -> str:
         by_doc.setdefault(c.document.key, []).append(c)
     for claims in by_doc.values():
         d = claims[0].document
-        lines += [f"## {d.title}", "", f"{', '.join(d.authors)}. *{d.reference}*. File `{d.file}`, "
-                  f"{len(claims)} claims.", ""]
+        lines += [
+            f"## {d.title}",
+            "",
+            f"{', '.join(d.authors)}. *{d.reference}*. File `{d.file}`, {len(claims)} claims.",
+            "",
+        ]
         if d.note:
             lines += [_cell(d.note), ""]
         lines += ["| id | location | kind | statement | checkers | tested by |", "|---|---|---|---|---|---|"]
         for c in claims:
             src = "" if c.source in ("", d.key, d.title) else f" ({_cell(c.source)})"
-            lines.append(f"| `{c.id}` | {_cell(c.location)}{src} | {c.kind} | {_cell(c.statement)} | "
-                         f"{', '.join(c.checkers)} | {_tested_by(c)} |")
+            lines.append(
+                f"| `{c.id}` | {_cell(c.location)}{src} | {c.kind} | {_cell(c.statement)} | "
+                f"{', '.join(c.checkers)} | {_tested_by(c)} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -34,7 +34,10 @@ def count_rows(results, unchecked: list[Unchecked]) -> list[list]:
 
 def counts_table(results) -> dict:
     """The per-document table in the report's extras format."""
-    return {"title": "Claims per source document",
-            "note": "read but not checkable: statements without checkable content (analogies, advice, undefined "
-                    "objects), listed with the reason in proofs.md.",
-            "columns": COLUMNS, "rows": count_rows(results, unchecked_for(results))}
+    return {
+        "title": "Claims per source document",
+        "note": "read but not checkable: statements without checkable content (analogies, advice, undefined "
+        "objects), listed with the reason in proofs.md.",
+        "columns": COLUMNS,
+        "rows": count_rows(results, unchecked_for(results)),
+    }

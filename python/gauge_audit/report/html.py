@@ -22,8 +22,16 @@ table.mx td{border:none;padding:1px 6px;text-align:center}table.res td,table.res
 .ev{margin:.6em 0}.ev h4{margin:.2em 0;font-size:14px}figure{margin:1.5em 0}figcaption{font-style:italic;color:#444}
 sub,sup{font-size:75%}"""
 
-_RES_COLUMNS = ("rule", "model", "verdict", "max rel. error", "residual / ε", "statistical tol. / ε",
-                "worst-case tol. / ε", "κ")
+_RES_COLUMNS = (
+    "rule",
+    "model",
+    "verdict",
+    "max rel. error",
+    "residual / ε",
+    "statistical tol. / ε",
+    "worst-case tol. / ε",
+    "κ",
+)
 
 
 def _num(v, fmt: str) -> str:
@@ -46,27 +54,35 @@ def _residual_table(details: dict) -> str:
         f"{e(str(r.get('verdict', '')))}</td><td>{_num(r.get('max_rel_error'), '.3e')}</td>"
         f"<td>{_num(r.get('residual_eps'), '.4g')}</td><td>{_num(r.get('tolerance_statistical_eps'), '.4g')}</td>"
         f"<td>{_num(r.get('tolerance_eps'), '.4g')}</td><td>{_num(r.get('kappa'), '.3g')}</td></tr>"
-        for label, r in rows)
+        for label, r in rows
+    )
     return f"<table class='res'><tr>{head}</tr>{body}</table>"
 
 
 def _claim_details(c: dict) -> str:
     e = html.escape
-    parts = [f"<p><i>{e(c['document'])}</i>, {e(c['location'])} ({e(c['file'])}:{c['line']}); kind "
-             f"<code>{e(c['kind'])}</code></p><blockquote>{typeset(c['statement'])}</blockquote>"]
+    parts = [
+        f"<p><i>{e(c['document'])}</i>, {e(c['location'])} ({e(c['file'])}:{c['line']}); kind "
+        f"<code>{e(c['kind'])}</code></p><blockquote>{typeset(c['statement'])}</blockquote>"
+    ]
     if c.get("rule"):
         parts.append(f"<p><b>Rule as stated:</b> {typeset(c['rule'])}</p>")
     parts.append(f"<p><b>Verdict:</b> {e(c['verdict'])} — {typeset(c['why'])}</p>")
-    for label, key in (("Corrected rule", "corrected_rule"), ("Counterexample", "counterexample"),
-                       ("Conflicts", "conflicts")):
+    for label, key in (
+        ("Corrected rule", "corrected_rule"),
+        ("Counterexample", "counterexample"),
+        ("Conflicts", "conflicts"),
+    ):
         val = c.get(key)
         if val:
             val = "; ".join(val) if isinstance(val, list) else val
             parts.append(f"<p><b>{label}:</b> {typeset(val)}</p>")
     for checker, ev in c["evidence"].items():
         details = ev.get("details") or {}
-        parts.append(f"<div class='ev'><h4>{e(checker)} — <span class='{e(ev['outcome'])}'>{e(ev['outcome'])}"
-                     f"</span></h4><p>{typeset(ev['summary'])}</p>")
+        parts.append(
+            f"<div class='ev'><h4>{e(checker)} — <span class='{e(ev['outcome'])}'>{e(ev['outcome'])}"
+            f"</span></h4><p>{typeset(ev['summary'])}</p>"
+        )
         if details.get("steps"):
             parts.append("<ol>" + "".join(f"<li>{typeset(s)}</li>" for s in details["steps"]) + "</ol>")
         parts.append(_residual_table(details) + "</div>")
@@ -84,39 +100,50 @@ def _fmt(v) -> str:
 def reason(c: dict, width: int = 160) -> str:
     """One line: the verdict's reason, then what decides it — the corrected rule or the counterexample."""
     decisive = c.get("corrected_rule") or c.get("counterexample")
-    why = brief(c["why"], width // 3).removesuffix(" …")   # its checker list stays in the details
+    why = brief(c["why"], width // 3).removesuffix(" …")  # its checker list stays in the details
     return why + (f": {brief(decisive, width - len(why))}" if decisive else "")
 
 
 def render(data: dict, plots: dict[str, bytes]) -> str:
     """``data`` is report.json's content; ``plots`` maps a figure's file name to its PNG bytes."""
     e = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>gauge-audit report</title>",
-             f"<style>{_CSS}</style></head><body><h1>gauge-audit report</h1>",
-             f"<p>Seed {data['seed']}{' (full)' if data.get('full') else ''}. Verdicts: "
-             + ", ".join(f"{e(v)} {n}" for v, n in data["summary"].items()) + ". Each row's details (the rule, "
-             "the corrected rule, the counterexample, every checker's evidence with its derivation steps and "
-             "residuals) open below it.</p>",
-             "<table><tr><th>claim</th><th>source</th><th>verdict</th><th>reason</th></tr>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>gauge-audit report</title>",
+        f"<style>{_CSS}</style></head><body><h1>gauge-audit report</h1>",
+        f"<p>Seed {data['seed']}{' (full)' if data.get('full') else ''}. Verdicts: "
+        + ", ".join(f"{e(v)} {n}" for v, n in data["summary"].items())
+        + ". Each row's details (the rule, "
+        "the corrected rule, the counterexample, every checker's evidence with its derivation steps and "
+        "residuals) open below it.</p>",
+        "<table><tr><th>claim</th><th>source</th><th>verdict</th><th>reason</th></tr>",
+    ]
     for c in data["claims"]:
         src = f"{c['document']}, {c['location']}"
         outcomes = ", ".join(f"{k} {v['outcome']}" for k, v in c["evidence"].items())
-        parts.append(f"<tr id='{e(c['id'])}'><td><code>{e(c['id'])}</code></td><td>{e(src)}</td>"
-                     f"<td class='{e(c['verdict'])}'><b>{e(c['verdict'])}</b></td>"
-                     f"<td>{typeset(reason(c))}</td></tr>"
-                     f"<tr class='detail'><td colspan='4'><details><summary>details: "
-                     f"{e(outcomes)}</summary>"
-                     f"{_claim_details(c)}</details></td></tr>")
+        parts.append(
+            f"<tr id='{e(c['id'])}'><td><code>{e(c['id'])}</code></td><td>{e(src)}</td>"
+            f"<td class='{e(c['verdict'])}'><b>{e(c['verdict'])}</b></td>"
+            f"<td>{typeset(reason(c))}</td></tr>"
+            f"<tr class='detail'><td colspan='4'><details><summary>details: "
+            f"{e(outcomes)}</summary>"
+            f"{_claim_details(c)}</details></td></tr>"
+        )
     parts.append("</table>")
     for n, (name, png) in enumerate(sorted(plots.items()), 1):
         title = FIGURE_TITLES.get(name, name)
-        parts.append(f"<figure><img alt='{e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-                     f"<figcaption>Figure {n}. {e(title)}</figcaption></figure>")
+        parts.append(
+            f"<figure><img alt='{e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+            f"<figcaption>Figure {n}. {e(title)}</figcaption></figure>"
+        )
     for ex in _extras(data.get("extras", {})):
-        parts.append(f"<h2>{e(ex['title'])}</h2>" + (f"<p>{typeset(ex['note'])}</p>" if ex.get("note") else "")
-                     + "<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in ex["columns"]) + "</tr>"
-                     + "".join("<tr>" + "".join(f"<td>{typeset(_fmt(v))}</td>" for v in row) + "</tr>"
-                               for row in ex["rows"])
-                     + "</table>")
+        parts.append(
+            f"<h2>{e(ex['title'])}</h2>"
+            + (f"<p>{typeset(ex['note'])}</p>" if ex.get("note") else "")
+            + "<table><tr>"
+            + "".join(f"<th>{e(c)}</th>" for c in ex["columns"])
+            + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{typeset(_fmt(v))}</td>" for v in row) + "</tr>" for row in ex["rows"])
+            + "</table>"
+        )
     parts.append("</body></html>\n")
     return "".join(parts)

@@ -83,9 +83,9 @@ def typeset(text: str) -> str:
             pieces.append(_inline(text[i:]))
             break
         end = _closing(text, j + len("Matrix"))
-        grid = _matrix(text[j + len("Matrix") + 1:end - 1]) if end > 0 else None
+        grid = _matrix(text[j + len("Matrix") + 1 : end - 1]) if end > 0 else None
         if grid is None:
-            pieces.append(_inline(text[i:j + len(_MATRIX)]))
+            pieces.append(_inline(text[i : j + len(_MATRIX)]))
             i = j + len(_MATRIX)
             continue
         pieces.append(_inline(text[i:j]))
@@ -98,7 +98,7 @@ def _inline(text: str) -> str:
     """Text with backtick spans as code (their content verbatim) and the rest typeset."""
     out, last = [], 0
     for m in _CODE.finditer(text):
-        out.append(_expr(text[last:m.start()]))
+        out.append(_expr(text[last : m.start()]))
         out.append(f"<code>{html.escape(m.group(1))}</code>")
         last = m.end()
     out.append(_expr(text[last:]))

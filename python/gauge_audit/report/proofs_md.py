@@ -34,7 +34,7 @@ def tests_by_claim(claim_ids, tests_dir: Path = TESTS_DIR) -> dict[str, list[str
     out: dict[str, list[str]] = {cid: [] for cid in claim_ids}
     for path in sorted(tests_dir.glob("*.py")):
         for name in _TEST_DEF.findall(path.read_text(encoding="utf-8")):
-            rest = name[len("test_"):]
+            rest = name[len("test_") :]
             for cid in ids:  # longest id first: qk_gl_rope_generic before qk_gl
                 u = cid.replace("-", "_")
                 if rest == u or rest.startswith(u + "_"):
@@ -71,21 +71,36 @@ def render(report: AuditReport, catalog=None) -> str:
         fn = f"`gauge_audit.symbolic.{DERIVATIONS[cid].__name__}`" if cid in DERIVATIONS else "—"
         thms = ", ".join(f"`{t}`" for t in lean.get(cid, [])) or "—"
         tst = ", ".join(f"`{t}`" for t in tests.get(cid, [])) or "—"
-        lines.append(f"| `{cid}` | {_cell(c.document.key + ': ' + c.location)} | {_cell(c.statement)} | {fn} | "
-                     f"{thms} | {tst} | {verdicts[cid]} |")
-    lines += ["", "## Claims per source document", "",
-              "Counted from the verdicts above and the `[[unchecked]]` rows of `claims/*.toml`.", "",
-              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines.append(
+            f"| `{cid}` | {_cell(c.document.key + ': ' + c.location)} | {_cell(c.statement)} | {fn} | "
+            f"{thms} | {tst} | {verdicts[cid]} |"
+        )
+    lines += [
+        "",
+        "## Claims per source document",
+        "",
+        "Counted from the verdicts above and the `[[unchecked]]` rows of `claims/*.toml`.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     results = report.results
     unchecked = unchecked_for(results)
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in count_rows(results, unchecked)]
-    lines += ["", "## Read but not checkable", "",
-              "Statements of the sources with no checkable content (analogy, advice, a vague \"may\", an object the",
-              "source never defines, a restatement decided under another id), kept with the reason so that nothing read",
-              "is dropped silently (the `[[unchecked]]` rows of `claims/*.toml`).", "",
-              "| document | quote | section | reason |", "|---|---|---|---|"]
-    lines += [f"| {_cell(u.document.key)} | {_cell(u.quote)} | {_cell(u.location)} | {_cell(u.reason)} |"
-              for u in unchecked]
+    lines += [
+        "",
+        "## Read but not checkable",
+        "",
+        'Statements of the sources with no checkable content (analogy, advice, a vague "may", an object the',
+        "source never defines, a restatement decided under another id), kept with the reason so that nothing read",
+        "is dropped silently (the `[[unchecked]]` rows of `claims/*.toml`).",
+        "",
+        "| document | quote | section | reason |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {_cell(u.document.key)} | {_cell(u.quote)} | {_cell(u.location)} | {_cell(u.reason)} |" for u in unchecked
+    ]
     return "\n".join(lines) + "\n"
 
 

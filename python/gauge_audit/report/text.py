@@ -10,9 +10,9 @@ def brief(text: str, width: int) -> str:
     cuts, depth = [], 0
     for i, ch in enumerate(text):
         depth += ch in "([{" and 1 or (ch in ")]}" and -1 or 0)
-        if depth == 0 and ch in ";." and text[i + 1:i + 2] == " ":
+        if depth == 0 and ch in ";." and text[i + 1 : i + 2] == " ":
             cuts.append(i)
-        elif depth == 1 and ch == "(" and text[i - 1:i] == " ":   # before a parenthetical
+        elif depth == 1 and ch == "(" and text[i - 1 : i] == " ":  # before a parenthetical
             cuts.append(i - 1)
     if len(text) <= width:
         return text

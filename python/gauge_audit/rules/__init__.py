@@ -12,5 +12,17 @@ from ..claims.rule import Rule, parse_rule
 from .engine import Ctx, NotApplicable, ProjectView, Shape, applicability, apply
 from .torch_check import check_rule, draw, models_for, transform
 
-__all__ = ["Ctx", "NotApplicable", "ProjectView", "Rule", "Shape", "applicability", "apply", "check_rule", "draw",
-           "models_for", "parse_rule", "transform"]
+__all__ = [
+    "Ctx",
+    "NotApplicable",
+    "ProjectView",
+    "Rule",
+    "Shape",
+    "applicability",
+    "apply",
+    "check_rule",
+    "draw",
+    "models_for",
+    "parse_rule",
+    "transform",
+]

@@ -23,7 +23,7 @@ from ..claims.matexpr import Node
 from ..errors import GaugeAuditError
 from ..precision import linalg as la
 
-SINGULAR_LIMIT = 1e14   # κ beyond which a float64 inverse is refused (as for user-supplied elements)
+SINGULAR_LIMIT = 1e14  # κ beyond which a float64 inverse is refused (as for user-supplied elements)
 
 
 def _shape_error(op: str, a, b) -> GaugeAuditError:
@@ -101,8 +101,7 @@ def _signed_permutation(a: torch.Tensor) -> bool:
     n = a.shape[0]
     # n non-zeros with one in every row and every column: one per row and column; then only those n
     # entries need to be ±1
-    return (int(nz.sum()) == n and bool(nz.any(0).all()) and bool(nz.any(1).all())
-            and bool((a[nz].abs() == 1).all()))
+    return int(nz.sum()) == n and bool(nz.any(0).all()) and bool(nz.any(1).all()) and bool((a[nz].abs() == 1).all())
 
 
 class TorchOps(Ops):
@@ -162,7 +161,7 @@ class TorchOps(Ops):
         if a.shape[0] != a.shape[1] or a.shape[0] == 1:
             return 1.0
         if _signed_permutation(a.detach()):
-            return 1.0   # orthogonal: every singular value is exactly 1 (what svdvals returns too), O(n²)
+            return 1.0  # orthogonal: every singular value is exactly 1 (what svdvals returns too), O(n²)
         sv = torch.linalg.svdvals(a.detach())
         return float(sv[0] / sv[-1]) if float(sv[-1]) > 0 else float("inf")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-CLAIM_SECONDS = 30.0      # one rule claim, all checkers
-SYMBOLIC_SECONDS = 20.0   # the symbolic checker's searches (the other checkers' own work is size-bounded)
+CLAIM_SECONDS = 30.0  # one rule claim, all checkers
+SYMBOLIC_SECONDS = 20.0  # the symbolic checker's searches (the other checkers' own work is size-bounded)
 # shares of the symbolic budget: the correction search may take 60 % of it, the condition search what is
 # left but 10 % kept for the small counterexample (which falls back to the generic draw when cut)
 SEARCH_SHARE = {"correction": 0.6, "condition": 1.0, "counterexample": 1.0}
@@ -67,8 +67,9 @@ class Budget:
         if self.seconds is None:
             return Budget(None, self.wall_deadline, cut=self.cut)
         left = max(0.0, self.start + self.seconds - time.process_time())
-        return Budget(max(0.0, min(share * self.seconds, left - reserve * self.seconds)), self.wall_deadline,
-                      cut=self.cut)
+        return Budget(
+            max(0.0, min(share * self.seconds, left - reserve * self.seconds)), self.wall_deadline, cut=self.cut
+        )
 
     def record(self, what: str) -> None:
         self.cut.append(what)

@@ -50,8 +50,12 @@ class Ctx:
 
     def at(self, level: int, expert: bool = False) -> Ctx:
         """The coarser context of a parameter (or unit) at ``level``; the expert kept when asked."""
-        return Ctx(self.layer if level >= LAYER else None, self.kv if level >= KV else None,
-                   self.head if level >= HEAD else None, self.expert if expert else None)
+        return Ctx(
+            self.layer if level >= LAYER else None,
+            self.kv if level >= KV else None,
+            self.head if level >= HEAD else None,
+            self.expert if expert else None,
+        )
 
     def label(self) -> str:
         parts = []
@@ -74,7 +78,7 @@ class Shape:
     n_layers: int
     n_heads: int
     n_kv: int
-    experts: int           # 0: dense FFN
+    experts: int  # 0: dense FFN
     tied: bool
 
     @property
@@ -197,9 +201,11 @@ def _resolve(shape: tuple, dims: dict) -> tuple:
     return tuple(dims[d] if isinstance(d, str) else d for d in shape)
 
 
-_ENDS = {"W_E": "the model has no token embedding: its input is not produced by parameters, so a rule that "
-                "transforms the embedding's output cannot be applied to it",
-         "W_U": "the model has no unembedding: its output is the residual stream itself"}
+_ENDS = {
+    "W_E": "the model has no token embedding: its input is not produced by parameters, so a rule that "
+    "transforms the embedding's output cannot be applied to it",
+    "W_U": "the model has no unembedding: its output is the residual stream itself",
+}
 
 
 def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str | None:
@@ -215,20 +221,24 @@ def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str |
             if m.param in _ENDS:
                 return _ENDS[m.param]
             if p.kind != "norm_w" and vanishes_at_zero(m):
-                continue          # nothing to transform: an absent bias stays zero, an absent weight absent
+                continue  # nothing to transform: an absent bias stays zero, an absent weight absent
             what = "a weight-free norm computes with γ = 1" if p.kind == "norm_w" else "the rule gives it a value"
             return f"the model has no {m.param} ({p.doc}) but {what}"
         for name in sorted(n for n in m.node.names() if n in PARAMS):
             if not has(name) and PARAMS[name].kind == "weight":
                 return f"the rule reads {name} ({PARAMS[name].doc}), which the model lacks"
         if shape.experts and m.param not in FFN_NAMES and _touches_ffn(m) and m.param != "W_router":
-            return (f"the map of {m.param} reads expert tensors of a mixture of experts "
-                    "(one value per expert for one shared tensor)")
+            return (
+                f"the map of {m.param} reads expert tensors of a mixture of experts "
+                "(one value per expert for one shared tensor)"
+            )
         per = len(shape.contexts(m.context_level)) // max(1, len(shape.contexts(p.level)))
         if per > 1 and m.increment is None:
-            return (f"{m.param} is shared by {per} elements of a {rule.scope}-scoped rule (e.g. a KV head "
-                    f"read by {shape.group} query heads); write its map as an increment ({m.param} + …) "
-                    "or use a coarser scope (kv-group)")
+            return (
+                f"{m.param} is shared by {per} elements of a {rule.scope}-scoped rule (e.g. a KV head "
+                f"read by {shape.group} query heads); write its map as an increment ({m.param} + …) "
+                "or use a coarser scope (kv-group)"
+            )
     try:
         env = {name: _resolve(PARAMS[name].shape, shape.dims) for name in rule.referenced}
         for e in rule.elements:
@@ -241,8 +251,9 @@ def applicability(rule: Rule, shape: Shape, has: Callable[[str], bool]) -> str |
         except GaugeAuditError as exc:
             return f"{m.param} ↦ {m.text}: {exc} (dimensions {_dims_text(shape.dims)})"
         if got != env[m.param]:
-            return (f"{m.param} ↦ {m.text} is {got[0]}×{got[1]} but {m.param} is "
-                    f"{env[m.param][0]}×{env[m.param][1]} here")
+            return (
+                f"{m.param} ↦ {m.text} is {got[0]}×{got[1]} but {m.param} is {env[m.param][0]}×{env[m.param][1]} here"
+            )
     return None
 
 
@@ -256,17 +267,18 @@ def units(rule: Rule, shape: Shape) -> list[Ctx]:
     return shape.contexts(rule.scope_level)
 
 
-def apply(rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map] | None = None,
-          check_tied: bool = True) -> dict:
+def apply(
+    rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map] | None = None, check_tied: bool = True
+) -> dict:
     """New values ``{(name, ctx): value}`` of every instance the rule maps (simultaneously, from the
     original parameters); ``elements[unit][symbol]`` are the group elements.  ``check_tied``: verify
     a tied model's W_U against its W_E (off inside forward-mode differentiation)."""
     shape, ops = view.shape, view.ops
     changes: dict = {}
-    for m in (rule.maps if maps is None else maps):
+    for m in rule.maps if maps is None else maps:
         p = PARAMS[m.param]
         if not view.has(m.param):
-            continue          # applicability(): absent and mapped to zero / left absent
+            continue  # applicability(): absent and mapped to zero / left absent
         ffn_ctx = bool(shape.experts) and _touches_ffn(m)
         groups: dict[Ctx, list[Ctx]] = defaultdict(list)
         for c in shape.contexts(m.context_level, experts=ffn_ctx):
@@ -275,8 +287,7 @@ def apply(rule: Rule, view: View, elements: dict[Ctx, dict], maps: Iterable[Map]
         for inst, ctxs in groups.items():
             if len(ctxs) > 1 and m.increment is None:
                 raise NotApplicable(f"{m.param} at {inst.label()} is shared by {len(ctxs)} elements")
-            vals = [ops.dense(evaluate(node, _env(rule, view, c, m, ffn_ctx, elements), ops, shape.dims))
-                    for c in ctxs]
+            vals = [ops.dense(evaluate(node, _env(rule, view, c, m, ffn_ctx, elements), ops, shape.dims)) for c in ctxs]
             if m.increment is None:
                 new = vals[0]
             else:
@@ -305,8 +316,10 @@ def _check_tied(view: View, changes: dict) -> None:
     w_u = changes[("W_U", Ctx())]
     w_e = changes.get(("W_E", Ctx()), view.value("W_E", Ctx()))
     if not view.same(w_u, ops.transpose(w_e)):
-        raise NotApplicable("the unembedding is tied (W_U = W_Eᵀ) but the rule's W_U is not the transpose of "
-                            "its W_E; untie the unembedding first")
+        raise NotApplicable(
+            "the unembedding is tied (W_U = W_Eᵀ) but the rule's W_U is not the transpose of "
+            "its W_E; untie the unembedding first"
+        )
 
 
 # ----------------------------------------------------------------------------- the project's layout
@@ -319,7 +332,7 @@ class ProjectView(View):
         self.shape = Shape.of(cfg)
         self.ops = ops or TorchOps()
         self.lists = isinstance(self.ops, ListOps)
-        self.tolerance = tolerance     # relative, for the tied-embedding consistency check
+        self.tolerance = tolerance  # relative, for the tied-embedding consistency check
 
     def has(self, name: str) -> bool:
         return present(self.cfg, name, self.params)
@@ -341,9 +354,12 @@ class ProjectView(View):
 
     def same(self, a, b) -> bool:
         if self.lists:
-            return all(x == y for x, y in zip(la.flatten(a), la.flatten(b))) if not self.tolerance else \
-                max(abs(x - y) for x, y in zip(la.flatten(a), la.flatten(b))) <= \
-                self.tolerance * max(abs(x) for x in la.flatten(b))
+            return (
+                all(x == y for x, y in zip(la.flatten(a), la.flatten(b)))
+                if not self.tolerance
+                else max(abs(x - y) for x, y in zip(la.flatten(a), la.flatten(b)))
+                <= self.tolerance * max(abs(x) for x in la.flatten(b))
+            )
         return float((a - b).abs().max()) <= self.tolerance * float(b.abs().max())
 
     def updated(self, changes: dict) -> dict:
@@ -352,7 +368,7 @@ class ProjectView(View):
         for (name, ctx), value in changes.items():
             loc = self._loc(name, ctx)
             if loc.transposed:
-                continue           # the tied W_U follows W_E (checked consistent in apply)
+                continue  # the tied W_U follows W_E (checked consistent in apply)
             if self.lists:
                 out[loc.key] = _set_list(out[loc.key], loc.index, value, vector=PARAMS[name].shape[0] == 1)
                 continue
@@ -378,8 +394,10 @@ def _set_list(tree, index: tuple, value, vector: bool):
 def rounding_terms(node: Node, dims: dict) -> int:
     """Σ of the inner lengths of the expression's products and inverses (each length-k inner
     product or k×k elimination carries ≲ k·ε relative error): the K of a map."""
+
     def size(d):
         return dims[d] if isinstance(d, str) else d
+
     own = 0
     if node.op == "matmul":
         own = size(node.args[0].shape[1])
@@ -414,7 +432,7 @@ def sandwich_kappa(rule: Rule, view: View, elements: dict) -> float:
         if not view.has(m.param):
             continue
         ffn_ctx = bool(shape.experts) and _touches_ffn(m)
-        sides = [(_chain(side), _side_level(rule, side)) for side in (fs[:i], fs[i + 1:]) if side]
+        sides = [(_chain(side), _side_level(rule, side)) for side in (fs[:i], fs[i + 1 :]) if side]
         for c in shape.contexts(m.context_level):
             env = _env(rule, view, replace(c, expert=0) if ffn_ctx else c, m, ffn_ctx, elements)
             k = 1.0
@@ -444,5 +462,16 @@ def _chain(fs: list[Node]) -> Node:
     return out
 
 
-__all__ = ["Ctx", "NotApplicable", "ProjectView", "Shape", "View", "applicability", "apply", "factors",
-           "rounding_terms", "sandwich_kappa", "units"]
+__all__ = [
+    "Ctx",
+    "NotApplicable",
+    "ProjectView",
+    "Shape",
+    "View",
+    "applicability",
+    "apply",
+    "factors",
+    "rounding_terms",
+    "sandwich_kappa",
+    "units",
+]

@@ -24,7 +24,7 @@ from ..errors import GaugeAuditError
 from ..precision.linalg import inverse
 from ..precision.transforms import exact_rotation
 
-TRANSLATION_SCALE = 0.1   # as the built-in bias shifts
+TRANSLATION_SCALE = 0.1  # as the built-in bias shifts
 
 
 def size(el: Element, dims: dict) -> int:
@@ -102,7 +102,7 @@ def tangent_basis(el: Element, dims: dict) -> list[torch.Tensor]:
                 a = torch.zeros(n, n, dtype=torch.float64)
                 a[i, j], a[j, i] = 1.0, -1.0
                 cands.append(p @ a @ p)
-        if cands:   # an orthonormal basis of their span (dimension (n−1)(n−2)/2), from the SVD
+        if cands:  # an orthonormal basis of their span (dimension (n−1)(n−2)/2), from the SVD
             _, sv, vh = torch.linalg.svd(torch.stack([c.reshape(-1) for c in cands]), full_matrices=False)
             out = [vh[k].reshape(n, n) for k in range((n - 1) * (n - 2) // 2)]
     elif grp in ("diagonal", "positive-diagonal", "translation"):
@@ -135,8 +135,10 @@ def dyadic(el: Element, value: torch.Tensor, grid: int) -> list:
     """The draw rounded to multiples of 1/grid (Fractions) for a certificate: still in its group
     (rotations re-made exactly orthogonal, diagonals kept non-zero / positive, permutations and
     translations exact), and checked invertible."""
+
     def frac(x: float) -> Fraction:
         return Fraction(round(x * grid), grid)
+
     rounded = torch.tensor([[float(frac(x)) for x in row] for row in value.tolist()], dtype=torch.float64)
     if el.group in ("diagonal", "positive-diagonal", "scalar"):
         rounded = torch.where(rounded == 0, torch.sign(value) / grid, rounded)
@@ -146,5 +148,4 @@ def dyadic(el: Element, value: torch.Tensor, grid: int) -> list:
     return data
 
 
-__all__ = ["dyadic", "exact", "identity", "rotation_fixing_ones", "sample", "size",
-           "tangent_basis"]
+__all__ = ["dyadic", "exact", "identity", "rotation_fixing_ones", "sample", "size", "tangent_basis"]

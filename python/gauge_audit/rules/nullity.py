@@ -34,18 +34,18 @@ from .groups import identity, tangent_basis
 @dataclass
 class RuleNullity:
     config: str
-    generators: int                 # tangent vectors (units × Lie-algebra dimension), non-zero ones
-    rank: int                       # their rank
-    flat: bool                      # every ‖J·v‖/‖v‖ within the tolerance
-    max_residual_rel: float         # max ‖J·v‖/(‖v‖·‖J‖_F)
-    tolerance_rel: float            # L·K·ε
+    generators: int  # tangent vectors (units × Lie-algebra dimension), non-zero ones
+    rank: int  # their rank
+    flat: bool  # every ‖J·v‖/‖v‖ within the tolerance
+    max_residual_rel: float  # max ‖J·v‖/(‖v‖·‖J‖_F)
+    tolerance_rel: float  # L·K·ε
     tolerance_formula: str
-    new_directions: int             # flat generator directions outside the explained span
+    new_directions: int  # flat generator directions outside the explained span
     measured_nullity: int
     explained: int
     unexplained_before: int
     unexplained_after: int
-    contained_in: list[str] = field(default_factory=list)   # theory families whose span holds every flat generator
+    contained_in: list[str] = field(default_factory=list)  # theory families whose span holds every flat generator
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -59,18 +59,20 @@ def generators(rule: Rule, problem: Problem) -> torch.Tensor:
     shape = Shape.of(cfg)
     ident = {u: {el.symbol: identity(el, shape.dims) for el in rule.elements} for u in units(rule, shape)}
     with torch.no_grad():
-        base = apply(rule, view, ident)              # also checks a tied W_U once, on the primal
+        base = apply(rule, view, ident)  # also checks a tied W_U once, on the primal
     keys = [k for k in base if not view._loc(*k).transposed]
     rows = []
     layout = problem.layout
     for u in ident:
         for el in rule.elements:
             for a in tangent_basis(el, shape.dims):
+
                 def f(t, u=u, el=el, a=a):
                     els = {w: dict(v) for w, v in ident.items()}
                     els[u][el.symbol] = ident[u][el.symbol] + t * a
                     ch = apply(rule, view, els, check_tied=False)
                     return torch.cat([ch[k].reshape(-1) for k in keys])
+
                 _, dv = jvp(f, (torch.zeros((), dtype=torch.float64),), (torch.ones((), dtype=torch.float64),))
                 v = torch.zeros(layout.size, dtype=torch.float64)
                 off = 0
@@ -79,7 +81,7 @@ def generators(rule: Rule, problem: Problem) -> torch.Tensor:
                     n = base[(name, ctx)].numel()
                     block = v[layout.span(loc.key)].view(layout.shapes[layout.names.index(loc.key)])
                     target = block[loc.index] if loc.index else block
-                    target.copy_(dv[off:off + n].reshape(target.shape))
+                    target.copy_(dv[off : off + n].reshape(target.shape))
                     off += n
                 rows.append(v)
     if not rows:
@@ -91,6 +93,7 @@ def check(rule: Rule, report, seed: int = 0) -> RuleNullity:
     """``report``: the :class:`~gauge_audit.nullity.NullityReport` of the configuration (its
     parameter point is rebuilt from the same seed, its families give the explained span)."""
     from ..nullity.analysis import describe
+
     problem = make_problem(report.cfg, seed)
     V = generators(rule, problem)
     norms = torch.linalg.vector_norm(V, dim=1)
@@ -112,9 +115,21 @@ def check(rule: Rule, report, seed: int = 0) -> RuleNullity:
         unit = flat_rows / torch.linalg.vector_norm(flat_rows, dim=1, keepdim=True)
         new = int((torch.linalg.svdvals(theory.project_out(unit)) > math.sqrt(EPS64)).sum())
         contained = [f.name for f in fams if f.vectors.shape[0] and _inside(unit, spans[f.name])]
-    return RuleNullity(f"{report.cfg.family} {describe(report.cfg)}", int(V.shape[0]), rank, flat, worst / j_fro,
-                       tol / j_fro, formula, new, report.measured_nullity, report.explained, report.unexplained,
-                       max(0, report.unexplained - new), contained)
+    return RuleNullity(
+        f"{report.cfg.family} {describe(report.cfg)}",
+        int(V.shape[0]),
+        rank,
+        flat,
+        worst / j_fro,
+        tol / j_fro,
+        formula,
+        new,
+        report.measured_nullity,
+        report.explained,
+        report.unexplained,
+        max(0, report.unexplained - new),
+        contained,
+    )
 
 
 def _theory(report, P: int) -> tuple[list, object, dict]:

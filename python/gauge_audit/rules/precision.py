@@ -53,7 +53,7 @@ class RulePrecision:
     model: str
     seed: int
     kappa: float
-    verdict: str                   # HOLDS / FAILS / INCONCLUSIVE
+    verdict: str  # HOLDS / FAILS / INCONCLUSIVE
     residuals: list[DpsResidual]
     shrinks: bool
     bound_formula: str
@@ -66,6 +66,7 @@ class RulePrecision:
 def default_model(rule: Rule, names: list[str] | None = None) -> str:
     """The first named tiny model (table order, or among ``names``) the rule applies to."""
     from ..models import FAMILIES
+
     for name in names or list(NAMED):
         if name == "minilm":
             continue
@@ -84,8 +85,16 @@ def _apply_lists(rule: Rule, cfg: Config, P: dict, elements: dict, num) -> dict:
     return view.updated(apply(rule, view, elements))
 
 
-def check(rule: Rule, model: str | None = None, dps=DEFAULT_DPS, seed: int = 0, kappa: float = 10.0,
-          certify: bool = True, corrected: Rule | None = None, progress=None) -> RulePrecision:
+def check(
+    rule: Rule,
+    model: str | None = None,
+    dps=DEFAULT_DPS,
+    seed: int = 0,
+    kappa: float = 10.0,
+    certify: bool = True,
+    corrected: Rule | None = None,
+    progress=None,
+) -> RulePrecision:
     name = model or default_model(rule)
     if name == "minilm":
         raise GaugeAuditError("the mpmath reference runs on the tiny models only")
@@ -135,8 +144,9 @@ def _reference(name: str, seed: int, dps: int) -> tuple[dict, list]:
 
 def certificate_config(cfg: Config) -> Config:
     """A smaller copy of the architecture for interval arithmetic (d_model 4, one layer)."""
-    over = dict(d_model=4, n_layers=1, n_heads=2, n_kv_heads=1 if cfg.n_kv_heads < cfg.n_heads else 2, d_head=2,
-                n_ctx=3)
+    over = dict(
+        d_model=4, n_layers=1, n_heads=2, n_kv_heads=1 if cfg.n_kv_heads < cfg.n_heads else 2, d_head=2, n_ctx=3
+    )
     if cfg.family != "attn":
         over.update(d_ff=8, vocab=8)
     return cfg.with_(**over)
@@ -154,8 +164,10 @@ def certificate(rule: Rule, cfg: Config, seed: int = 0, corrected: Rule | None =
     d = draw(rule, Shape.of(c), seed + 1, 4.0)
     with workdps(CERT_DPS):
         P = rational_params(model.params)
-        els = {u: {el.symbol: dyadic(el, v[el.symbol], ELEMENT_GRID) for el in rule.elements}
-               for u, v in d.elements.items()}
+        els = {
+            u: {el.symbol: dyadic(el, v[el.symbol], ELEMENT_GRID) for el in rule.elements}
+            for u, v in d.elements.items()
+        }
         Q = _apply_lists(rule, c, P, els, Fraction)
         first = next(iter(els.values()))
         text = "; ".join(f"{s} = {_mat(v)}" for s, v in first.items()) + (" (first unit)" if len(els) > 1 else "")

@@ -33,8 +33,8 @@ from sympy.solvers.solveset import NonlinearError
 
 from .budget import Budget
 
-SAMPLE_RANGE = 2 ** 12          # |random integer| ≤ this at a sample point (0 excluded)
-EXTRA_POINTS = 2                # points beyond full rank that must stay consistent
+SAMPLE_RANGE = 2**12  # |random integer| ≤ this at a sample point (0 excluded)
+EXTRA_POINTS = 2  # points beyond full rank that must stay consistent
 POLY_LIMITS = {"unknowns": 4, "degree": 2, "equations": 24}
 
 
@@ -62,11 +62,11 @@ def _at(e, point: dict, xs: list):
     """The residual's numerator at a point, expanded: a polynomial in the unknowns (None: a pole)."""
     try:
         v = sp.sympify(e).xreplace(point)
-    except ZeroDivisionError:   # pragma: no cover - a pole at the point
+    except ZeroDivisionError:  # pragma: no cover - a pole at the point
         return None
     if v.has(sp.zoo, sp.nan, sp.oo):
         return None
-    if v.is_polynomial(*xs):           # the usual case: no unknown in a denominator (no together needed)
+    if v.is_polynomial(*xs):  # the usual case: no unknown in a denominator (no together needed)
         return sp.expand(v)
     num, _ = sp.fraction(sp.together(v))
     return sp.expand(num)
@@ -81,8 +81,9 @@ def _degree(e, xs) -> int:
     return sp.Poly(e, *xs).total_degree() if e.free_symbols & set(xs) else 0
 
 
-def solve_sampled(residuals: list, xs: list, fixed_syms: set, rng: random.Random, budget: Budget,
-                  max_points: int | None = None) -> tuple[dict | None, dict, str]:
+def solve_sampled(
+    residuals: list, xs: list, fixed_syms: set, rng: random.Random, budget: Budget, max_points: int | None = None
+) -> tuple[dict | None, dict, str]:
     """The unique values of the unknowns ``xs`` that make every residual vanish at every sampled
     point, or None.  ``fixed_syms``: symbols held at one common random point (returned, so the
     caller can name the solution there).  Returns (solution or None, the fixed point, why not)."""
@@ -127,9 +128,15 @@ def solve_sampled(residuals: list, xs: list, fixed_syms: set, rng: random.Random
         return (sol, fixed, "") if sol is not None else (None, fixed, f"not unique (rank {rank} of {len(xs)})")
     lim = POLY_LIMITS
     if len(xs) > lim["unknowns"] or degree > lim["degree"]:
-        return None, fixed, (f"a polynomial system of {len(xs)} unknowns and degree {degree} exceeds the solver's "
-                             f"size limit ({lim['unknowns']} unknowns, degree {lim['degree']}): not attempted")
-    eqs = eqs[:lim["equations"]]     # a subset: its solutions contain the system's (the caller re-checks)
+        return (
+            None,
+            fixed,
+            (
+                f"a polynomial system of {len(xs)} unknowns and degree {degree} exceeds the solver's "
+                f"size limit ({lim['unknowns']} unknowns, degree {lim['degree']}): not attempted"
+            ),
+        )
+    eqs = eqs[: lim["equations"]]  # a subset: its solutions contain the system's (the caller re-checks)
     budget.check()
     try:
         sols = sp.solve(eqs, xs, dict=True)

@@ -80,9 +80,17 @@ def transform(cfg: Config, params: dict, rule: Rule, d: Draw) -> tuple[dict, flo
     return new, kappa
 
 
-def check_rule(model: Model, rule: Rule, inputs: dict | None = None, *, seed: int = 0,
-               dtype: torch.dtype | str = torch.float64, kappa: float = 10.0, label: str = "rule",
-               expected_holds: bool = True) -> CheckResult:
+def check_rule(
+    model: Model,
+    rule: Rule,
+    inputs: dict | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | str = torch.float64,
+    kappa: float = 10.0,
+    label: str = "rule",
+    expected_holds: bool = True,
+) -> CheckResult:
     """Apply ``rule`` to ``model`` (elements drawn from ``seed + 1``, inputs from ``seed``) and
     measure the output change against the derived tolerances."""
     why = reason(rule, model.cfg, model.params)
@@ -98,6 +106,7 @@ def models_for(rule: Rule, names: list[str]) -> tuple[list[str], dict[str, str]]
     """The named models the rule applies to, and the reason for each one it does not."""
     ok, skipped = [], {}
     from ..models import FAMILIES
+
     for name in names:
         cfg = config_of(name)
         why = reason(rule, cfg, FAMILIES[cfg.family].param_shapes(cfg))

@@ -61,21 +61,68 @@ def derive(claim_id: str) -> Derivation:
     try:
         fn = DERIVATIONS[claim_id]
     except KeyError:
-        raise GaugeAuditError(f"no symbolic derivation for claim {claim_id!r} (see `gauge-audit derive --list`)") from None
+        raise GaugeAuditError(
+            f"no symbolic derivation for claim {claim_id!r} (see `gauge-audit derive --list`)"
+        ) from None
     return fn()
 
 
 # Written out (not built from DERIVATIONS) so that tools reading the source see every export;
 # tests/test_symbolic.py checks that it names every derivation.
-__all__ = ["DERIVATIONS", "Derivation", "FAILS", "HOLDS", "HOLDS_WITH_CORRECTION", "VERDICTS", "count_nierop",
-           "count_transformer_base", "count_wiki_attn_params", "count_wiki_dim_theta", "count_wiki_log_hfact",
-           "derive", "fdof_bound", "gqa_tied", "gqa_wiki_formula", "head_perm", "hg_savings", "ln_affine_rotation",
-           "ln_noaffine_rotation", "ln_reviewer_no_fix", "maximality", "maximality_model", "mgs_relative_encodings",
-           "moe_expert_perm", "moe_routing", "nierop_eq14_h", "nierop_eq14_transpose",
-           "nierop_linear_layer_condition", "nierop_skip_rotations", "nierop_skip_ties", "nierop_table1_arithmetic",
-           "pith_ln_sphere", "pith_so_stabilizer_dim", "qk_gl", "qk_orthogonal_only", "qk_same_action",
-           "relu_forces_identity", "review_g3_inverse", "rmsnorm_rotation", "rope_commutant", "value_g3_eq_g0",
-           "vo_gl", "wiki_eps_mach", "wiki_gmax_infinite", "wiki_gpt2_110m", "wiki_gpt2_redundancy_table",
-           "wiki_gqa_dim_table", "wiki_gqa_percent_table", "wiki_lora_subgroup", "wiki_orbit_stability",
-           "wiki_qk_lemma1", "wiki_rank_bound", "wiki_rope_relative", "wiki_theorem3_left_action",
-           "wiki_vo_convention"]
+__all__ = [
+    "DERIVATIONS",
+    "Derivation",
+    "FAILS",
+    "HOLDS",
+    "HOLDS_WITH_CORRECTION",
+    "VERDICTS",
+    "count_nierop",
+    "count_transformer_base",
+    "count_wiki_attn_params",
+    "count_wiki_dim_theta",
+    "count_wiki_log_hfact",
+    "derive",
+    "fdof_bound",
+    "gqa_tied",
+    "gqa_wiki_formula",
+    "head_perm",
+    "hg_savings",
+    "ln_affine_rotation",
+    "ln_noaffine_rotation",
+    "ln_reviewer_no_fix",
+    "maximality",
+    "maximality_model",
+    "mgs_relative_encodings",
+    "moe_expert_perm",
+    "moe_routing",
+    "nierop_eq14_h",
+    "nierop_eq14_transpose",
+    "nierop_linear_layer_condition",
+    "nierop_skip_rotations",
+    "nierop_skip_ties",
+    "nierop_table1_arithmetic",
+    "pith_ln_sphere",
+    "pith_so_stabilizer_dim",
+    "qk_gl",
+    "qk_orthogonal_only",
+    "qk_same_action",
+    "relu_forces_identity",
+    "review_g3_inverse",
+    "rmsnorm_rotation",
+    "rope_commutant",
+    "value_g3_eq_g0",
+    "vo_gl",
+    "wiki_eps_mach",
+    "wiki_gmax_infinite",
+    "wiki_gpt2_110m",
+    "wiki_gpt2_redundancy_table",
+    "wiki_gqa_dim_table",
+    "wiki_gqa_percent_table",
+    "wiki_lora_subgroup",
+    "wiki_orbit_stability",
+    "wiki_qk_lemma1",
+    "wiki_rank_bound",
+    "wiki_rope_relative",
+    "wiki_theorem3_left_action",
+    "wiki_vo_convention",
+]

@@ -56,9 +56,13 @@ def qk_gl() -> Derivation:
     ]
     ok = resid == sp.ZeroMatrix(n, n) or resid == 0
     return Derivation(
-        claim="qk-gl", title="Query–key GL(d_k) action", claimed=c.statement,
-        verdict=decide(bool(ok) and solved_ok), derived="W_K' = W_K·M^-T for W_Q' = W_Q·M (any invertible M)",
-        residual=resid, steps=steps,
+        claim="qk-gl",
+        title="Query–key GL(d_k) action",
+        claimed=c.statement,
+        verdict=decide(bool(ok) and solved_ok),
+        derived="W_K' = W_K·M^-T for W_Q' = W_Q·M (any invertible M)",
+        residual=resid,
+        steps=steps,
         data={"solved_partner": sp.sstr(solved), "lie_dimension": dims.dimension},
         exprs=[("scores", SCORES), ("transformed scores", new), ("residual", resid), ("solved partner", solved)],
     )
@@ -78,8 +82,9 @@ def qk_same_action() -> Derivation:
     r = Xs * W1 * Ms * (Xs * W2 * Ms).T - Xs * W1 * (Xs * W2).T
     eqs = coefficient_equations(r, list(Xs) + list(W1) + list(W2))
     mmt = [sp.expand(e) for e in (Ms * Ms.T - sp.eye(2)) if sp.expand(e) != 0]
-    condition_is_orthogonality = all(any(sp.expand(e - m) == 0 or sp.expand(e + m) == 0 for m in mmt) for e in eqs) \
-        and all(any(sp.expand(e - m) == 0 or sp.expand(e + m) == 0 for e in eqs) for m in mmt)
+    condition_is_orthogonality = all(
+        any(sp.expand(e - m) == 0 or sp.expand(e + m) == 0 for m in mmt) for e in eqs
+    ) and all(any(sp.expand(e - m) == 0 or sp.expand(e + m) == 0 for e in eqs) for m in mmt)
     Mc = sp.diag(2, 1)
     num = (Xs * W1 * Mc * (Xs * W2 * Mc).T - Xs * W1 * (Xs * W2).T)[0]
     inst = {s: 1 for s in list(Xs) + list(W1) + list(W2)}
@@ -97,11 +102,16 @@ def qk_same_action() -> Derivation:
     ]
     verdict = decide(False, corr_ok, substance_kept=False) if num_val != 0 else decide(True)
     return Derivation(
-        claim="qk-same-action", title="Same matrix on queries and keys", claimed=c.statement, verdict=verdict,
-        derived="same-action rule preserves scores iff M·Mᵀ = I", residual=sp.sstr(factored),
+        claim="qk-same-action",
+        title="Same matrix on queries and keys",
+        claimed=c.statement,
+        verdict=verdict,
+        derived="same-action rule preserves scores iff M·Mᵀ = I",
+        residual=sp.sstr(factored),
         corrected_rule="W_Q→W_Q·M, W_K→W_K·M^-T (any M ∈ GL(d_k)); the same-M rule only for M ∈ O(d_k)",
         counterexample=f"M = diag(2,1), x = (1,1), W_Q = W_K = ones(2,2): score changes by {num_val}",
-        steps=steps, data={"condition_equations": [sp.sstr(e) for e in eqs], "counterexample_residual": int(num_val)},
+        steps=steps,
+        data={"condition_equations": [sp.sstr(e) for e in eqs], "counterexample_residual": int(num_val)},
         exprs=[("residual", factored)],
     )
 
@@ -126,11 +136,16 @@ def qk_orthogonal_only() -> Derivation:
     ]
     claimed_ok = not (r == sp.zeros(1, 1) and non_orth) and qk_part == o_dim
     return Derivation(
-        claim="qk-orthogonal-only", title="Is the QK symmetry only O(d_k)^h?", claimed=c.statement,
-        verdict=decide(claimed_ok), derived=f"QK symmetry algebra dimension per head = d_k² (computed {qk_part // 2} at d_k=2)",
-        residual=sp.sstr(r), corrected_rule="query–key symmetry is GL(d_k)^h acting by (M, M^-T)",
+        claim="qk-orthogonal-only",
+        title="Is the QK symmetry only O(d_k)^h?",
+        claimed=c.statement,
+        verdict=decide(claimed_ok),
+        derived=f"QK symmetry algebra dimension per head = d_k² (computed {qk_part // 2} at d_k=2)",
+        residual=sp.sstr(r),
+        corrected_rule="query–key symmetry is GL(d_k)^h acting by (M, M^-T)",
         counterexample="M = diag(2,1) with W_K → W_K·M^-T leaves every score unchanged",
-        steps=steps, data={"qk_lie_dimension": qk_part, "orthogonal_dimension": o_dim, "lie_dimension": dims.dimension},
+        steps=steps,
+        data={"qk_lie_dimension": qk_part, "orthogonal_dimension": o_dim, "lie_dimension": dims.dimension},
         exprs=[("residual", r)],
     )
 
@@ -150,9 +165,17 @@ def vo_gl() -> Derivation:
         f"Residual: {resid}. The attention pattern multiplies on the left and is untouched.",
         f"Solve (d_v = 2): W_O→B·W_O with unknown B; {len(eqs)} coefficient equations give B = {sp.sstr(solved)} = N⁻¹: {solved_ok}.",
     ]
-    return Derivation(claim="vo-gl", title="Value–output GL(d_v) action", claimed=c.statement, verdict=decide(ok),
-                      derived="W_O' = N^-1·W_O for W_V' = W_V·N", residual=resid, steps=steps,
-                      data={"solved_partner": sp.sstr(solved)}, exprs=[("residual", resid), ("solved", solved)])
+    return Derivation(
+        claim="vo-gl",
+        title="Value–output GL(d_v) action",
+        claimed=c.statement,
+        verdict=decide(ok),
+        derived="W_O' = N^-1·W_O for W_V' = W_V·N",
+        residual=resid,
+        steps=steps,
+        data={"solved_partner": sp.sstr(solved)},
+        exprs=[("residual", resid), ("solved", solved)],
+    )
 
 
 def _head_terms(h: int, perm: list[int], head):
@@ -177,9 +200,17 @@ def head_perm() -> Derivation:
         f"Permuting only the queries (not the whole head) leaves residual {sp.sstr(broken)} ≠ 0.",
         "S_h is finite: it contributes no dimensions to the symmetry count (cf. count-wiki-log-hfact).",
     ]
-    return Derivation(claim="head-perm", title="Head permutation", claimed=c.statement, verdict=decide(resid == 0),
-                      derived="Σ_i head(θ_π(i)) = Σ_i head(θ_i) for every π ∈ S_h (dimension 0)", residual=resid,
-                      steps=steps, data={"group_dimension": 0}, exprs=[("residual", resid)])
+    return Derivation(
+        claim="head-perm",
+        title="Head permutation",
+        claimed=c.statement,
+        verdict=decide(resid == 0),
+        derived="Σ_i head(θ_π(i)) = Σ_i head(θ_i) for every π ∈ S_h (dimension 0)",
+        residual=resid,
+        steps=steps,
+        data={"group_dimension": 0},
+        exprs=[("residual", resid)],
+    )
 
 
 def _moe(perm_router, perm_experts, E=3):
@@ -205,9 +236,17 @@ def moe_expert_perm() -> Derivation:
         f"Permute experts but not the router: residual {sp.sstr(broken)} ≠ 0.",
         "The group is S_E: |S_E| = E!, finite, so it adds no continuous dimension.",
     ]
-    return Derivation(claim="moe-expert-perm", title="Expert permutation", claimed=c.statement,
-                      verdict=decide(resid == 0 and broken != 0), derived="(router rows, experts) → permuted jointly",
-                      residual=resid, steps=steps, data={"group_dimension": 0}, exprs=[("residual", resid)])
+    return Derivation(
+        claim="moe-expert-perm",
+        title="Expert permutation",
+        claimed=c.statement,
+        verdict=decide(resid == 0 and broken != 0),
+        derived="(router rows, experts) → permuted jointly",
+        residual=resid,
+        steps=steps,
+        data={"group_dimension": 0},
+        exprs=[("residual", resid)],
+    )
 
 
 @derivation("moe-routing")
@@ -221,8 +260,11 @@ def moe_routing() -> Derivation:
     attn = A * X * WV * WO
     attn_new = A * (X * WV * N) * (N.I * WO)
     router_resid = sp.simplify((X + attn_new) * Wr - (X + attn) * Wr)
-    ok = scores_new in (0, sp.ZeroMatrix(n, n)) and ov_new in (0, sp.ZeroMatrix(n, d)) \
+    ok = (
+        scores_new in (0, sp.ZeroMatrix(n, n))
+        and ov_new in (0, sp.ZeroMatrix(n, d))
         and router_resid in (0, sp.ZeroMatrix(n, Wr.shape[1]))
+    )
     steps = [
         f"Under (M, N) ∈ G_max the scores change by {scores_new} and the value circuit by {ov_new}, so A = {P}(S/√d_k) "
         "and the attention output are unchanged.",
@@ -231,10 +273,25 @@ def moe_routing() -> Derivation:
         "Caveat: for stream rotations (van Nierop's g(0)) the router is a reader and must transform as W_r→g·W_r; "
         "MGS's G_max acts inside attention only, so the claim as stated holds.",
     ]
-    return Derivation(claim="moe-routing", title="MoE routing invariance", claimed=c.statement, verdict=decide(ok),
-                      derived="router logits unchanged under every (M, N) ∈ G_max", residual=router_resid, steps=steps,
-                      exprs=[("router residual", router_resid)])
+    return Derivation(
+        claim="moe-routing",
+        title="MoE routing invariance",
+        claimed=c.statement,
+        verdict=decide(ok),
+        derived="router logits unchanged under every (M, N) ∈ G_max",
+        residual=router_resid,
+        steps=steps,
+        exprs=[("router residual", router_resid)],
+    )
 
 
-__all__ = ["qk_gl", "qk_same_action", "qk_orthogonal_only", "vo_gl", "head_perm", "moe_expert_perm", "moe_routing",
-           "FAILS"]
+__all__ = [
+    "qk_gl",
+    "qk_same_action",
+    "qk_orthogonal_only",
+    "vo_gl",
+    "head_perm",
+    "moe_expert_perm",
+    "moe_routing",
+    "FAILS",
+]

@@ -30,12 +30,12 @@ def _arch(name: str) -> counts.ArchConfig:
         raise GaugeAuditError(f"unknown architecture {name!r} (known: {', '.join(counts.ARCHITECTURES)})") from None
 
 
-
 def _formula(cl) -> str:
     """The formula of a counting claim (every claim these derivations settle states one)."""
     if cl.formula is None:  # pragma: no cover - the catalog's counting claims all have one
         raise GaugeAuditError(f"claim {cl.id} states no formula")
     return cl.formula
+
 
 @derivation("count-nierop")
 def count_nierop() -> Derivation:
@@ -56,9 +56,20 @@ def count_nierop() -> Derivation:
             rounded = round(float(pct), 1)
             match = abs(rounded - claimed_pct) < 1e-9
             corr = counts.corrected_count(_arch(m["arch"]))
-            rows.append(dict(row=m["row"], name=m["name"], params=total, redundancy=red, percent=float(pct),
-                             rounded=rounded, claimed=claimed_pct, match=match, corrected=corr.established,
-                             corrected_with_conjectures=corr.total))
+            rows.append(
+                dict(
+                    row=m["row"],
+                    name=m["name"],
+                    params=total,
+                    redundancy=red,
+                    percent=float(pct),
+                    rounded=rounded,
+                    claimed=claimed_pct,
+                    match=match,
+                    corrected=corr.established,
+                    corrected_with_conjectures=corr.total,
+                )
+            )
             if match:
                 matched_rows.setdefault(m["row"], []).append(m["name"])
     reproduced = all(r in matched_rows for r in range(1, len(cl.claimed_percent) + 1))
@@ -67,14 +78,18 @@ def count_nierop() -> Derivation:
     seen = set()
     lines = []
     for r in rows:
-        lines.append(f"{r['name']} with {r['params']:,} parameters: redundancy {r['redundancy']:,} = {r['percent']:.3f} % "
-                     f"→ {r['rounded']} % (claimed {r['claimed']} %){'  ✓' if r['match'] else ''}")
+        lines.append(
+            f"{r['name']} with {r['params']:,} parameters: redundancy {r['redundancy']:,} = {r['percent']:.3f} % "
+            f"→ {r['rounded']} % (claimed {r['claimed']} %){'  ✓' if r['match'] else ''}"
+        )
     corr_lines = []
     for r in rows:
         if r["match"] and r["name"] not in seen:
             seen.add(r["name"])
-            corr_lines.append(f"{r['name']}: formula {r['redundancy']:,} vs established corrected count "
-                              f"{r['corrected']:,} (with conjectures {r['corrected_with_conjectures']:,})")
+            corr_lines.append(
+                f"{r['name']}: formula {r['redundancy']:,} vs established corrected count "
+                f"{r['corrected']:,} (with conjectures {r['corrected_with_conjectures']:,})"
+            )
     llama = ", ".join(matched_rows.get(3, [])) or "none"
     steps = [
         f"Claim-file formula parsed with the restricted parser: {sp.sstr(expr)}; equals eq. (17) "
@@ -89,14 +104,25 @@ def count_nierop() -> Derivation:
     ]
     first = mismatch[0] if mismatch else None
     return Derivation(
-        claim="count-nierop", title="van Nierop eq. (17) and Table 1", claimed=cl.statement,
-        verdict=decide(claimed_ok), derived="; ".join(corr_lines) or "no row reproduced",
-        residual=f"formula − corrected = {first['redundancy'] - first['corrected']:,} ({first['name']})" if first else "0",
+        claim="count-nierop",
+        title="van Nierop eq. (17) and Table 1",
+        claimed=cl.statement,
+        verdict=decide(claimed_ok),
+        derived="; ".join(corr_lines) or "no row reproduced",
+        residual=f"formula − corrected = {first['redundancy'] - first['corrected']:,} ({first['name']})"
+        if first
+        else "0",
         corrected_rule="use counts.corrected_count(config): " + "; ".join(corr_lines),
         counterexample=f"{first['name']}: eq. (17) gives {first['redundancy']:,}, established count {first['corrected']:,}"
-        if first else None,
-        steps=steps, data={"rows": rows, "table_reproduced": reproduced, "llama_match": matched_rows.get(3, []),
-                           "formula_matches_eq17": formula_matches},
+        if first
+        else None,
+        steps=steps,
+        data={
+            "rows": rows,
+            "table_reproduced": reproduced,
+            "llama_match": matched_rows.get(3, []),
+            "formula_matches_eq17": formula_matches,
+        },
         exprs=[("eq. (17)", paper)],
     )
 
@@ -108,8 +134,11 @@ def count_transformer_base() -> Derivation:
     value = int(evaluate_formula(_formula(cl), {k: p[k] for k in ("L", "h", "d_k", "d_v")}))
     model = counts.mgs_model_dim(p["L"], p["h"], p["d_k"], p["d_v"])
     corr = counts.corrected_count(_arch(p["arch"]))
-    claimed_ok = value == model and _relation_holds(value, cl.claimed_value, cl.relation) \
+    claimed_ok = (
+        value == model
+        and _relation_holds(value, cl.claimed_value, cl.relation)
         and _relation_holds(corr.established, cl.claimed_value, cl.relation)
+    )
     steps = [
         f"G_Model = ∏_l G_Layer: Σ_l h(d_k² + d_v²) with L = {p['L']}, h = {p['h']}, d_k = d_v = {p['d_k']}: "
         f"{p['L']}·{p['h']}·({p['d_k']}² + {p['d_v']}²) = {value:,} (counts.mgs_model_dim: {model:,}).",
@@ -120,11 +149,14 @@ def count_transformer_base() -> Derivation:
         "The attention GL part alone already exceeds 1.1 M; the corrected count adds bias shifts and stays above.",
     ]
     return Derivation(
-        claim="count-transformer-base", title="Over 1.1 M redundant dimensions in Transformer-Base",
-        claimed=cl.statement, verdict=decide(claimed_ok),
+        claim="count-transformer-base",
+        title="Over 1.1 M redundant dimensions in Transformer-Base",
+        claimed=cl.statement,
+        verdict=decide(claimed_ok),
         derived=f"L·h·(d_k²+d_v²) = {value:,}; established corrected count {corr.established:,}",
         residual=f"{value:,} − {cl.claimed_value:,} = {value - cl.claimed_value:,} (≥ 0 required)",
-        steps=steps, data={"value": value, "corrected": corr.as_dict(), "corrected_established": corr.established},
+        steps=steps,
+        data={"value": value, "corrected": corr.as_dict(), "corrected_established": corr.established},
         exprs=[("count", parse_formula(_formula(cl)))],
     )
 
@@ -149,12 +181,19 @@ def count_wiki_log_hfact() -> Derivation:
         f"{ {k: sp.sstr(v) for k, v in wiki_vals.items()} } — not even an integer.",
         f"Residual wiki − derived = {resid}; at h = {p['h']}, d_k = d_v = {p['d_k']}: {sp.sstr(at)} ≈ {sp.N(at, 8)}.",
     ]
-    return Derivation(claim="count-wiki-log-hfact", title="dim G_max = h(d_k²+d_v²) + log(h!)", claimed=cl.statement,
-                      verdict=decide(claimed_ok, True), derived=derived, residual=resid,
-                      corrected_rule="dim G_max = h(d_k² + d_v²) (S_h adds nothing)",
-                      counterexample=f"h = 2, d_k = d_v = 2: exact dimension {lie[2]}, formula {sp.sstr(wiki_vals[2])}",
-                      steps=steps, data={"lie": lie, "residual": sp.sstr(resid)},
-                      exprs=[("wiki", expr), ("derived", derived), ("residual", resid)])
+    return Derivation(
+        claim="count-wiki-log-hfact",
+        title="dim G_max = h(d_k²+d_v²) + log(h!)",
+        claimed=cl.statement,
+        verdict=decide(claimed_ok, True),
+        derived=derived,
+        residual=resid,
+        corrected_rule="dim G_max = h(d_k² + d_v²) (S_h adds nothing)",
+        counterexample=f"h = 2, d_k = d_v = 2: exact dimension {lie[2]}, formula {sp.sstr(wiki_vals[2])}",
+        steps=steps,
+        data={"lie": lie, "residual": sp.sstr(resid)},
+        exprs=[("wiki", expr), ("derived", derived), ("residual", resid)],
+    )
 
 
 @derivation("count-wiki-attn-params")
@@ -172,11 +211,17 @@ def count_wiki_attn_params() -> Derivation:
         "The wiki's per-matrix redundancy split (300K/300K/250K/250K) is also asymmetric although d_k = d_v: the GL "
         f"parts are L·h·d_k² = {p['L'] * p['h'] * p['d_k'] ** 2:,} for QK and the same for VO.",
     ]
-    return Derivation(claim="count-wiki-attn-params", title="~44 M attention parameters in the 110 M model",
-                      claimed=cl.statement, verdict=decide(ok), derived=f"{weights + biases:,} attention parameters",
-                      residual=f"{cl.claimed_value:,} − {weights + biases:,} = {cl.claimed_value - weights - biases:,}",
-                      corrected_rule=f"≈ {round((weights + biases) / 1e6, 1)} M attention parameters",
-                      steps=steps, data={"weights": weights, "biases": biases})
+    return Derivation(
+        claim="count-wiki-attn-params",
+        title="~44 M attention parameters in the 110 M model",
+        claimed=cl.statement,
+        verdict=decide(ok),
+        derived=f"{weights + biases:,} attention parameters",
+        residual=f"{cl.claimed_value:,} − {weights + biases:,} = {cl.claimed_value - weights - biases:,}",
+        corrected_rule=f"≈ {round((weights + biases) / 1e6, 1)} M attention parameters",
+        steps=steps,
+        data={"weights": weights, "biases": biases},
+    )
 
 
 @derivation("count-wiki-dim-theta")
@@ -193,10 +238,17 @@ def count_wiki_dim_theta() -> Derivation:
         f"(one GPT-2 layer: {check:,}).",
         f"Residual: {resid} — the formula double counts.",
     ]
-    return Derivation(claim="count-wiki-dim-theta", title="dim Θ = 4h(d_k+d_v)·d_model", claimed=cl.statement,
-                      verdict=decide(resid == 0), derived=sp.factor(actual), residual=resid,
-                      corrected_rule="dim Θ = 2h(d_k + d_v)·d_model (per layer, no biases)",
-                      steps=steps, exprs=[("wiki", expr), ("actual", actual), ("residual", resid)])
+    return Derivation(
+        claim="count-wiki-dim-theta",
+        title="dim Θ = 4h(d_k+d_v)·d_model",
+        claimed=cl.statement,
+        verdict=decide(resid == 0),
+        derived=sp.factor(actual),
+        residual=resid,
+        corrected_rule="dim Θ = 2h(d_k + d_v)·d_model (per layer, no biases)",
+        steps=steps,
+        exprs=[("wiki", expr), ("actual", actual), ("residual", resid)],
+    )
 
 
 @derivation("fdof-bound")
@@ -220,12 +272,17 @@ def fdof_bound() -> Derivation:
         "no symmetry count approaches 1 − 1/log P. (Degeneracies beyond symmetries would have to supply the rest; "
         "the nullity audit measures the actual Jacobian rank.)",
     ]
-    return Derivation(claim="fdof-bound", title="fdof ≤ P / log P", claimed=cl.statement, verdict=decide(ok),
-                      derived=f"fdof = P − dim(symmetries) ≈ {ours:,} for {corr.config.name}",
-                      residual=f"fdof − P/log P ≈ {own - float(bound):,.0f} (document's own count)",
-                      counterexample=f"P = {P:,}: document's own redundancy gives fdof = {own:,} > P/log P ≈ "
-                                     f"{float(bound):,.0f}",
-                      steps=steps, data={"bound": float(bound), "fdof_own": own, "fdof_corrected": ours})
+    return Derivation(
+        claim="fdof-bound",
+        title="fdof ≤ P / log P",
+        claimed=cl.statement,
+        verdict=decide(ok),
+        derived=f"fdof = P − dim(symmetries) ≈ {ours:,} for {corr.config.name}",
+        residual=f"fdof − P/log P ≈ {own - float(bound):,.0f} (document's own count)",
+        counterexample=f"P = {P:,}: document's own redundancy gives fdof = {own:,} > P/log P ≈ {float(bound):,.0f}",
+        steps=steps,
+        data={"bound": float(bound), "fdof_own": own, "fdof_corrected": ours},
+    )
 
 
 @derivation("maximality-model")
@@ -236,21 +293,33 @@ def maximality_model() -> Derivation:
         cfg = _arch(name)
         corr = counts.corrected_count(cfg)
         layer_product = corr.as_dict()["attn_qk"] + corr.as_dict()["attn_vo"]
-        extra = {c.name: c.value for c in corr.components
-                 if c.status == counts.ESTABLISHED and c.name not in ("attn_qk", "attn_vo") and c.value}
+        extra = {
+            c.name: c.value
+            for c in corr.components
+            if c.status == counts.ESTABLISHED and c.name not in ("attn_qk", "attn_vo") and c.value
+        }
         rows.append(dict(arch=cfg.name, product=layer_product, established=corr.established, extra=extra))
     ok = all(not r["extra"] for r in rows)
     steps = [
         "G_Model = ∏_l G_Layer counts only attention-internal transforms.",
-        *[f"{r['arch']}: ∏ G_Layer has dimension {r['product']:,}; established corrected count {r['established']:,}; "
-          f"symmetries outside the product: {r['extra']}" for r in rows],
+        *[
+            f"{r['arch']}: ∏ G_Layer has dimension {r['product']:,}; established corrected count {r['established']:,}; "
+            f"symmetries outside the product: {r['extra']}"
+            for r in rows
+        ],
         "Each extra component is derived in this module: SwiGLU/ReLU scaling (relu-forces-identity), stream rotation "
         "(ln-affine-rotation / rmsnorm-rotation), norm scale, bias shifts.",
     ]
     r0 = next((r for r in rows if r["extra"]), rows[0])
-    return Derivation(claim="maximality-model", title="Full-model group = product of layer groups",
-                      claimed=cl.statement, verdict=decide(ok),
-                      derived="; ".join(f"{r['arch']}: {r['established']:,}" for r in rows),
-                      residual=f"{r0['arch']}: {r0['established'] - r0['product']:,} extra dimensions",
-                      counterexample=f"{r0['arch']}: {r0['extra']}", corrected_rule="G_Model ⊋ ∏ G_Layer: add the "
-                      "components of counts.corrected_count", steps=steps, data={"rows": rows})
+    return Derivation(
+        claim="maximality-model",
+        title="Full-model group = product of layer groups",
+        claimed=cl.statement,
+        verdict=decide(ok),
+        derived="; ".join(f"{r['arch']}: {r['established']:,}" for r in rows),
+        residual=f"{r0['arch']}: {r0['established'] - r0['product']:,} extra dimensions",
+        counterexample=f"{r0['arch']}: {r0['extra']}",
+        corrected_rule="G_Model ⊋ ∏ G_Layer: add the components of counts.corrected_count",
+        steps=steps,
+        data={"rows": rows},
+    )

@@ -44,6 +44,7 @@ def _half(x):
 # ------------------------------------------------------------------------------------------
 # the papers' formulas
 
+
 def mgs_layer_dim(h, d_k, d_v):
     """MGS G_max = ((GL(d_k))^h × (GL(d_v))^h) ⋊ S_h; S_h adds no dimension."""
     return h * (d_k**2 + d_v**2)
@@ -101,6 +102,7 @@ def symbols(*names: str):
 # ------------------------------------------------------------------------------------------
 # our corrected count
 
+
 @dataclass(frozen=True)
 class ArchConfig:
     """A decoder/encoder stack, enough to count its continuous gauge symmetries."""
@@ -109,35 +111,50 @@ class ArchConfig:
     d_model: int
     n_heads: int
     d_k: int
-    d_v: int | None = None          # default d_k
-    n_kv_heads: int | None = None   # default n_heads (MHA); < n_heads: GQA, 1: MQA
+    d_v: int | None = None  # default d_k
+    n_kv_heads: int | None = None  # default n_heads (MHA); < n_heads: GQA, 1: MQA
     d_ff: int = 0
-    norm: str = "layernorm"         # layernorm | rmsnorm | none
+    norm: str = "layernorm"  # layernorm | rmsnorm | none
     norm_affine: bool = True
-    norm_placement: str = "pre"     # pre | post
+    norm_placement: str = "pre"  # pre | post
     final_norm: bool = True
-    attn_bias: bool = False         # biases on Q, K, V and O
+    attn_bias: bool = False  # biases on Q, K, V and O
     mlp_bias: bool = False
-    activation: str = "gelu"        # relu | gelu | silu | swiglu
+    activation: str = "gelu"  # relu | gelu | silu | swiglu
     rope: bool = False
     tied_embeddings: bool = False
     vocab_size: int = 0
-    n_positions: int = 0            # learned absolute positions (0: none)
+    n_positions: int = 0  # learned absolute positions (0: none)
     name: str = ""
-    out_bias: bool | None = None    # bias on the attention output projection (default: attn_bias)
+    out_bias: bool | None = None  # bias on the attention output projection (default: attn_bias)
     unembed_bias: bool = False
 
     @classmethod
     def from_model(cls, cfg) -> ArchConfig:
         """The count's view of a reference-model :class:`~gauge_audit.models.Config` (no MoE)."""
         base = {"layernorm-noaffine": "layernorm", "rmsnorm-noweight": "rmsnorm"}.get(cfg.norm, cfg.norm)
-        return cls(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_head,
-                   n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff if cfg.family != "attn" else 0, norm=base,
-                   norm_affine=cfg.norm in ("layernorm", "rmsnorm"), norm_placement=cfg.norm_placement,
-                   final_norm=cfg.family not in ("attn", "bert"), attn_bias=cfg.attn_bias, out_bias=cfg.out_bias,
-                   unembed_bias=cfg.unembed_bias, mlp_bias=cfg.mlp_bias, activation=cfg.act, rope=cfg.pos == "rope",
-                   tied_embeddings=cfg.tied, vocab_size=cfg.vocab, n_positions=cfg.n_ctx if cfg.pos == "learned" else 0,
-                   name=f"{cfg.family} (reference config)")
+        return cls(
+            n_layers=cfg.n_layers,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            d_k=cfg.d_head,
+            n_kv_heads=cfg.n_kv_heads,
+            d_ff=cfg.d_ff if cfg.family != "attn" else 0,
+            norm=base,
+            norm_affine=cfg.norm in ("layernorm", "rmsnorm"),
+            norm_placement=cfg.norm_placement,
+            final_norm=cfg.family not in ("attn", "bert"),
+            attn_bias=cfg.attn_bias,
+            out_bias=cfg.out_bias,
+            unembed_bias=cfg.unembed_bias,
+            mlp_bias=cfg.mlp_bias,
+            activation=cfg.act,
+            rope=cfg.pos == "rope",
+            tied_embeddings=cfg.tied,
+            vocab_size=cfg.vocab,
+            n_positions=cfg.n_ctx if cfg.pos == "learned" else 0,
+            name=f"{cfg.family} (reference config)",
+        )
 
     @property
     def has_out_bias(self) -> bool:
@@ -159,7 +176,7 @@ class ArchConfig:
 class Component:
     name: str
     value: int
-    status: str          # established | conjecture
+    status: str  # established | conjecture
     why: str
 
 
@@ -207,19 +224,37 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
         comps.append(Component(name, int(value), status, why))
 
     qk = dk if cfg.rope else dk * dk
-    add("attn_qk", L * nkv * qk, ESTABLISHED,
-        "per K group: commutant of RoPE (a·I + b·J per plane, d_k dims)" if cfg.rope
-        else "per K group: W_Q→W_Q·M, W_K→W_K·M^-T, M ∈ GL(d_k)")
+    add(
+        "attn_qk",
+        L * nkv * qk,
+        ESTABLISHED,
+        "per K group: commutant of RoPE (a·I + b·J per plane, d_k dims)"
+        if cfg.rope
+        else "per K group: W_Q→W_Q·M, W_K→W_K·M^-T, M ∈ GL(d_k)",
+    )
     add("attn_vo", L * nkv * dv * dv, ESTABLISHED, "per V group: W_V→W_V·N, W_O→N^-1·W_O")
     if cfg.attn_bias:
-        add("key_bias_shift", 0 if cfg.rope else L * nkv * dk, ESTABLISHED,
+        add(
+            "key_bias_shift",
+            0 if cfg.rope else L * nkv * dk,
+            ESTABLISHED,
             "b_K→b_K+c changes each query's scores by the constant q·c (softmax shift); broken by RoPE"
-            if not cfg.rope else "RoPE rotates the key bias: shift not constant across keys")
-        add("value_bias_fold", L * nkv * dv if cfg.has_out_bias else 0, ESTABLISHED,
-            "b_V→b_V+v, b_O→b_O−v·W_O (attention rows sum to 1); needs b_O")
+            if not cfg.rope
+            else "RoPE rotates the key bias: shift not constant across keys",
+        )
+        add(
+            "value_bias_fold",
+            L * nkv * dv if cfg.has_out_bias else 0,
+            ESTABLISHED,
+            "b_V→b_V+v, b_O→b_O−v·W_O (attention rows sum to 1); needs b_O",
+        )
     if cfg.activation in ("relu", "swiglu"):
-        add("ffn_scaling", L * cfg.d_ff, ESTABLISHED,
-            "positive per-neuron scaling (ReLU homogeneous; SwiGLU: scale the linear 'up' branch)")
+        add(
+            "ffn_scaling",
+            L * cfg.d_ff,
+            ESTABLISHED,
+            "positive per-neuron scaling (ReLU homogeneous; SwiGLU: scale the linear 'up' branch)",
+        )
     else:
         add("ffn_scaling", 0, ESTABLISHED, f"{cfg.activation} is not positively homogeneous: no continuous scaling")
 
@@ -229,21 +264,37 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
         rot = (d - 1) * (d - 2) // 2 if cfg.norm == "layernorm" else d * (d - 1) // 2
         grp = "SO(d-1) fixing the all-ones vector" if cfg.norm == "layernorm" else "SO(d)"
         if cfg.norm_placement == "post" and cfg.norm_affine:
-            add("stream_rotation", 0, ESTABLISHED,
-                "post-norm with affine γ: the stream is γ⊙z+β, no diagonal γ' gives γ'⊙(gz) = g(γ⊙z)")
+            add(
+                "stream_rotation",
+                0,
+                ESTABLISHED,
+                "post-norm with affine γ: the stream is γ⊙z+β, no diagonal γ' gives γ'⊙(gz) = g(γ⊙z)",
+            )
         elif tied_final:
-            add("stream_rotation", 0, ESTABLISHED,
-                "tied embedding/unembedding with affine final norm: g must commute with diag(γ_f) → only finitely many g")
+            add(
+                "stream_rotation",
+                0,
+                ESTABLISHED,
+                "tied embedding/unembedding with affine final norm: g must commute with diag(γ_f) → only finitely many g",
+            )
         else:
-            add("stream_rotation", rot, ESTABLISHED,
-                f"{grp}; readers of affine norms use W·diag(γ)·gᵀ·diag(γ)^-1 (corrected rule)")
+            add(
+                "stream_rotation",
+                rot,
+                ESTABLISHED,
+                f"{grp}; readers of affine norms use W·diag(γ)·gᵀ·diag(γ)^-1 (corrected rule)",
+            )
         if cfg.norm_affine and cfg.norm_placement == "pre":
             n_scale = n_norms_inner + (1 if cfg.final_norm and not cfg.tied_embeddings else 0)
             add("norm_scale", n_scale * d, ESTABLISHED, "γ→c⊙γ (and β→c⊙β), readers W→W·diag(c)^-1")
             if cfg.norm == "layernorm":
-                add("norm_shift", n_scale * d, ESTABLISHED,
+                add(
+                    "norm_shift",
+                    n_scale * d,
+                    ESTABLISHED,
                     "β→β+δ: a reader with a bias takes b→b−δ·W; without one it absorbs δ through its weights, "
-                    "because the LN output lies in the hyperplane y·γ⁻¹ = β·γ⁻¹ (confirmed by the nullity audit)")
+                    "because the LN output lies in the hyperplane y·γ⁻¹ = β·γ⁻¹ (confirmed by the nullity audit)",
+                )
         elif cfg.norm_affine and cfg.norm_placement == "post":
             add("norm_scale", 0, CONJECTURE, "post-norm: γ feeds the residual stream directly, no compensating reader")
         if cfg.norm == "layernorm" and cfg.norm_placement == "pre":
@@ -259,49 +310,147 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
             reader = L * (q_cols + k_cols + v_cols + mlp_cols)
             if cfg.final_norm and not cfg.tied_embeddings and (free or cfg.unembed_bias):
                 reader += cfg.vocab_size
-            add("ln_reader_ones", reader, ESTABLISHED,
+            add(
+                "ln_reader_ones",
+                reader,
+                ESTABLISHED,
                 "readers W→W+γ⁻¹·u (zero on the LN output's hyperplane); the constant (β·γ⁻¹)·u goes to a bias, "
-                "vanishes with β = 0, or is ignored (keys) / carried by b_O (values) (confirmed by the nullity audit)")
+                "vanishes with β = 0, or is ignored (keys) / carried by b_O (values) (confirmed by the nullity audit)",
+            )
             writer = L * (cfg.n_heads * dv + cfg.d_ff + int(cfg.has_out_bias) + int(cfg.mlp_bias))
             writer += cfg.n_positions + (0 if cfg.tied_embeddings else cfg.vocab_size)
-            add("ln_writer_ones", writer if cfg.final_norm else 0, ESTABLISHED,
+            add(
+                "ln_writer_ones",
+                writer if cfg.final_norm else 0,
+                ESTABLISHED,
                 "writers W_out→W_out+1·uᵀ: every reader is a LayerNorm, which ignores the all-ones component "
-                "(confirmed by the nullity audit)")
+                "(confirmed by the nullity audit)",
+            )
         if cfg.norm_placement == "pre" and cfg.n_positions and not cfg.tied_embeddings:
-            add("embed_offset", d - 1 if cfg.norm == "layernorm" else d, ESTABLISHED,
+            add(
+                "embed_offset",
+                d - 1 if cfg.norm == "layernorm" else d,
+                ESTABLISHED,
                 "c added to every row of W_E and subtracted from every row of W_pos (the all-ones part is a "
-                "writer direction already under LayerNorm); broken by tied embeddings (W_E is also read)")
+                "writer direction already under LayerNorm); broken by tied embeddings (W_E is also read)",
+            )
         if cfg.norm_placement == "pre" and cfg.final_norm:
-            add("stream_scale", 1, EPS_ZERO, "x→c·x for c>0: exact only when the norm's ε is 0 (measured: not "
-                "flat at ε = 1e-5, flat at ε = 0)")
+            add(
+                "stream_scale",
+                1,
+                EPS_ZERO,
+                "x→c·x for c>0: exact only when the norm's ε is 0 (measured: not flat at ε = 1e-5, flat at ε = 0)",
+            )
     else:
-        add("stream_gl", d * (d - 1) // 2 if cfg.tied_embeddings else d * d, CONJECTURE,
-            "no normalization: any invertible stream map (orthogonal when embeddings are tied)")
+        add(
+            "stream_gl",
+            d * (d - 1) // 2 if cfg.tied_embeddings else d * d,
+            CONJECTURE,
+            "no normalization: any invertible stream map (orthogonal when embeddings are tied)",
+        )
     return CountBreakdown(cfg, tuple(comps))
 
 
 # ------------------------------------------------------------------------------------------
 # the reference architectures used by the paper claims (parameter totals from the model cards)
 
-GPT2_SMALL = ArchConfig(name="GPT-2 (124M)", n_layers=12, d_model=768, n_heads=12, d_k=64, d_ff=3072,
-                        attn_bias=True, mlp_bias=True, activation="gelu", tied_embeddings=True,
-                        vocab_size=50257, n_positions=1024)
-GPT2_XL = ArchConfig(name="GPT-2-XL (1.5B)", n_layers=48, d_model=1600, n_heads=25, d_k=64, d_ff=6400,
-                     attn_bias=True, mlp_bias=True, activation="gelu", tied_embeddings=True,
-                     vocab_size=50257, n_positions=1024)
+GPT2_SMALL = ArchConfig(
+    name="GPT-2 (124M)",
+    n_layers=12,
+    d_model=768,
+    n_heads=12,
+    d_k=64,
+    d_ff=3072,
+    attn_bias=True,
+    mlp_bias=True,
+    activation="gelu",
+    tied_embeddings=True,
+    vocab_size=50257,
+    n_positions=1024,
+)
+GPT2_XL = ArchConfig(
+    name="GPT-2-XL (1.5B)",
+    n_layers=48,
+    d_model=1600,
+    n_heads=25,
+    d_k=64,
+    d_ff=6400,
+    attn_bias=True,
+    mlp_bias=True,
+    activation="gelu",
+    tied_embeddings=True,
+    vocab_size=50257,
+    n_positions=1024,
+)
 LLAMA = {
-    "7B": ArchConfig(name="LLaMA-7B", n_layers=32, d_model=4096, n_heads=32, d_k=128, d_ff=11008,
-                     norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
-    "13B": ArchConfig(name="LLaMA-13B", n_layers=40, d_model=5120, n_heads=40, d_k=128, d_ff=13824,
-                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
-    "33B": ArchConfig(name="LLaMA-33B", n_layers=60, d_model=6656, n_heads=52, d_k=128, d_ff=17920,
-                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
-    "65B": ArchConfig(name="LLaMA-65B", n_layers=80, d_model=8192, n_heads=64, d_k=128, d_ff=22016,
-                      norm="rmsnorm", activation="swiglu", rope=True, vocab_size=32000),
+    "7B": ArchConfig(
+        name="LLaMA-7B",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        d_k=128,
+        d_ff=11008,
+        norm="rmsnorm",
+        activation="swiglu",
+        rope=True,
+        vocab_size=32000,
+    ),
+    "13B": ArchConfig(
+        name="LLaMA-13B",
+        n_layers=40,
+        d_model=5120,
+        n_heads=40,
+        d_k=128,
+        d_ff=13824,
+        norm="rmsnorm",
+        activation="swiglu",
+        rope=True,
+        vocab_size=32000,
+    ),
+    "33B": ArchConfig(
+        name="LLaMA-33B",
+        n_layers=60,
+        d_model=6656,
+        n_heads=52,
+        d_k=128,
+        d_ff=17920,
+        norm="rmsnorm",
+        activation="swiglu",
+        rope=True,
+        vocab_size=32000,
+    ),
+    "65B": ArchConfig(
+        name="LLaMA-65B",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        d_k=128,
+        d_ff=22016,
+        norm="rmsnorm",
+        activation="swiglu",
+        rope=True,
+        vocab_size=32000,
+    ),
 }
-BERT_BASE = ArchConfig(name="Transformer-Base / BERT-base (110M)", n_layers=12, d_model=768, n_heads=12, d_k=64,
-                       d_ff=3072, norm_placement="post", attn_bias=True, mlp_bias=True, activation="gelu",
-                       tied_embeddings=True, vocab_size=30522, n_positions=512)
+BERT_BASE = ArchConfig(
+    name="Transformer-Base / BERT-base (110M)",
+    n_layers=12,
+    d_model=768,
+    n_heads=12,
+    d_k=64,
+    d_ff=3072,
+    norm_placement="post",
+    attn_bias=True,
+    mlp_bias=True,
+    activation="gelu",
+    tied_embeddings=True,
+    vocab_size=30522,
+    n_positions=512,
+)
 
-ARCHITECTURES = {"gpt2": GPT2_SMALL, "gpt2-xl": GPT2_XL, "bert-base": BERT_BASE,
-                 **{f"llama-{k.lower()}": v for k, v in LLAMA.items()}}
+ARCHITECTURES = {
+    "gpt2": GPT2_SMALL,
+    "gpt2-xl": GPT2_XL,
+    "bert-base": BERT_BASE,
+    **{f"llama-{k.lower()}": v for k, v in LLAMA.items()},
+}

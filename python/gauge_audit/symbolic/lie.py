@@ -27,9 +27,13 @@ from sympy.polys.domains import QQ
 from sympy.polys.matrices import DomainMatrix
 
 #: (cos, sin) on the unit circle, exact; distinct angles, none a rational multiple of π
-PYTHAGOREAN = [(Fraction(3, 5), Fraction(4, 5)), (Fraction(5, 13), Fraction(12, 13)),
-               (Fraction(8, 17), Fraction(15, 17)), (Fraction(7, 25), Fraction(24, 25)),
-               (Fraction(20, 29), Fraction(21, 29))]
+PYTHAGOREAN = [
+    (Fraction(3, 5), Fraction(4, 5)),
+    (Fraction(5, 13), Fraction(12, 13)),
+    (Fraction(8, 17), Fraction(15, 17)),
+    (Fraction(7, 25), Fraction(24, 25)),
+    (Fraction(20, 29), Fraction(21, 29)),
+]
 
 
 def _rand_matrix(rng: random.Random, rows: int, cols: int) -> list[list[Fraction]]:
@@ -72,15 +76,22 @@ def rope_matrix(planes: list[tuple[Fraction, Fraction]], offset: int):
 
 @dataclass(frozen=True)
 class LieDim:
-    dimension: int      # kernel dimension (infinitesimal symmetries)
-    unknowns: int       # number of parameters varied
-    rank: int           # rank of the linearised constraints
+    dimension: int  # kernel dimension (infinitesimal symmetries)
+    unknowns: int  # number of parameters varied
+    rank: int  # rank of the linearised constraints
     constraints: int
 
 
-def attention_symmetry_dim(n_q: int, n_kv: int, d_model: int, d_k: int, d_v: int,
-                           rope_planes: list[tuple[Fraction, Fraction]] | None = None,
-                           offsets: int = 4, seed: int = 0) -> LieDim:
+def attention_symmetry_dim(
+    n_q: int,
+    n_kv: int,
+    d_model: int,
+    d_k: int,
+    d_v: int,
+    rope_planes: list[tuple[Fraction, Fraction]] | None = None,
+    offsets: int = 4,
+    seed: int = 0,
+) -> LieDim:
     """Dimension of the infinitesimal symmetry algebra of one attention layer (exact, over ℚ).
 
     ``rope_planes`` (length d_k/2): (cos θ_j, sin θ_j) per frequency plane; None = no RoPE.
@@ -102,8 +113,12 @@ def attention_symmetry_dim(n_q: int, n_kv: int, d_model: int, d_k: int, d_v: int
         rots = [rope_matrix(rope_planes, r) for r in range(offsets)]
 
     # unknown blocks: (name, index, rows, cols)
-    blocks = [("Q", i, d_model, d_k) for i in range(n_q)] + [("K", g, d_model, d_k) for g in range(n_kv)] \
-        + [("V", g, d_model, d_v) for g in range(n_kv)] + [("O", i, d_v, d_model) for i in range(n_q)]
+    blocks = (
+        [("Q", i, d_model, d_k) for i in range(n_q)]
+        + [("K", g, d_model, d_k) for g in range(n_kv)]
+        + [("V", g, d_model, d_v) for g in range(n_kv)]
+        + [("O", i, d_v, d_model) for i in range(n_q)]
+    )
     cols = []  # one column (flattened constraint image) per unknown entry
 
     def image(name, idx, a, b):

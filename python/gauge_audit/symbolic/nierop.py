@@ -65,15 +65,23 @@ def value_g3_eq_g0(size: int = 2) -> Derivation:
         f"({alt_ok}), which equals g(0) for orthogonal g(0); the ansatz as written does not support that reading.)",
     ]
     return Derivation(
-        claim="value-g3-eq-g0", title="Value-matrix condition g(3) = g(0)", claimed=c.statement,
+        claim="value-g3-eq-g0",
+        title="Value-matrix condition g(3) = g(0)",
+        claimed=c.statement,
         verdict=decide(claimed_ok, inverse_ok, substance_kept=False),
-        derived="g(3) = g(0)^-1", residual=factored + f"  (explicit: {sp.sstr(claimed_resid.T)})",
+        derived="g(3) = g(0)^-1",
+        residual=factored + f"  (explicit: {sp.sstr(claimed_resid.T)})",
         corrected_rule="g(3) = g(0)^-1 (= g(0)ᵀ for orthogonal g(0)); g(3) = g(0) only when g(0)² = I",
         counterexample="g(0) = cyclic permutation of 3 coordinates (rotation by 120° about (1,1,1), in SO(d_e−1)): "
-                       f"V·g(0)²·Ē − V·Ē = {sp.sstr(inst.T)}",
+        f"V·g(0)²·Ē − V·Ē = {sp.sstr(inst.T)}",
         steps=steps,
-        data={"solved_g3": sp.sstr(solved), "g3_equals_inverse": inverse_ok, "claimed_residual_zero": claimed_ok,
-              "g0_squared_minus_I": sp.sstr(cond), "transposed_orientation_gives": sp.sstr(alt_solved)},
+        data={
+            "solved_g3": sp.sstr(solved),
+            "g3_equals_inverse": inverse_ok,
+            "claimed_residual_zero": claimed_ok,
+            "g0_squared_minus_I": sp.sstr(cond),
+            "transposed_orientation_gives": sp.sstr(alt_solved),
+        },
         exprs=[("g(3)", solved), ("g(0)^{-1}", g0.inv()), ("residual", claimed_resid)],
     )
 
@@ -84,14 +92,26 @@ def _linearised_attention_conditions(reading: str, de: int = 2, dh: int = 2):
     A0, A1, A2 = sym_matrix("s", de, de), sym_matrix("t", de, de), sym_matrix("u", de, de)
     B1, B2 = sym_matrix("y", dh, dh), sym_matrix("z", dh, dh)
     E = sym_matrix("e", de, 1)
-    if reading == "eq9":   # Q, K are d_h × d_e: Q' = h1 Q g1, K' = h2 K g2, score = Ēᵀ Qᵀ K Ē
+    if reading == "eq9":  # Q, K are d_h × d_e: Q' = h1 Q g1, K' = h2 K g2, score = Ēᵀ Qᵀ K Ē
         Q, K = sym_matrix("q", dh, de), sym_matrix("k", dh, de)
-        lin = (E.T * A0.T * Q.T * K * E + E.T * A1.T * Q.T * K * E + E.T * Q.T * B1.T * K * E
-               + E.T * Q.T * B2 * K * E + E.T * Q.T * K * A2 * E + E.T * Q.T * K * A0 * E)
-    else:                  # eq. 2: Q, K are d_e × d_h: Q' = g1 Q h1, K' = g2 K h2, score = Ēᵀ Q Kᵀ Ē
+        lin = (
+            E.T * A0.T * Q.T * K * E
+            + E.T * A1.T * Q.T * K * E
+            + E.T * Q.T * B1.T * K * E
+            + E.T * Q.T * B2 * K * E
+            + E.T * Q.T * K * A2 * E
+            + E.T * Q.T * K * A0 * E
+        )
+    else:  # eq. 2: Q, K are d_e × d_h: Q' = g1 Q h1, K' = g2 K h2, score = Ēᵀ Q Kᵀ Ē
         Q, K = sym_matrix("q", de, dh), sym_matrix("k", de, dh)
-        lin = (E.T * A0.T * Q * K.T * E + E.T * A1 * Q * K.T * E + E.T * Q * B1 * K.T * E
-               + E.T * Q * B2.T * K.T * E + E.T * Q * K.T * A2.T * E + E.T * Q * K.T * A0 * E)
+        lin = (
+            E.T * A0.T * Q * K.T * E
+            + E.T * A1 * Q * K.T * E
+            + E.T * Q * B1 * K.T * E
+            + E.T * Q * B2.T * K.T * E
+            + E.T * Q * K.T * A2.T * E
+            + E.T * Q * K.T * A0 * E
+        )
     eqs = coefficient_equations(lin, list(E) + list(Q) + list(K))
     unknowns = list(A1) + list(A2) + list(B2)
     sol = sp.solve(eqs, unknowns, dict=True)
@@ -123,8 +143,11 @@ def nierop_eq14_transpose() -> Derivation:
     def up_to_scalar(M, target):
         """M − target is a multiple of I (the free overall rescaling λ·Q, λ⁻¹·K)."""
         D = sp.expand(M - target)
-        return all(D[i, j] == 0 for i in range(D.rows) for j in range(D.cols) if i != j) and \
-            len({D[i, i] for i in range(D.rows)}) == 1
+        return (
+            all(D[i, j] == 0 for i in range(D.rows) for j in range(D.cols) if i != j)
+            and len({D[i, i] for i in range(D.rows)}) == 1
+        )
+
     eq9_derived = up_to_scalar(lin9["A1"], -A0) and up_to_scalar(lin9["A2"], -A0)
     eq9_printed = up_to_scalar(lin9["A1"], -A0.T) and up_to_scalar(lin9["A2"], -A0.T)
     eq2_printed = up_to_scalar(lin2["A1"], -lin2["A0"].T) and up_to_scalar(lin2["A2"], -lin2["A0"].T)
@@ -134,8 +157,8 @@ def nierop_eq14_transpose() -> Derivation:
     g0 = CYCLIC
     h1 = sp.Matrix([[2, 1], [1, 1]])
     h2p = h1.inv().T
-    printed = dict(g1=g0.inv().T, g2=g0.inv().T, h2=h2p)        # g(1)ᵀ = g(2)ᵀ = g(0)⁻¹, h(2)ᵀ = h(1)⁻¹
-    corrected = dict(g1=g0.inv(), g2=g0.inv(), h2=h2p)          # g(1) = g(2) = g(0)⁻¹
+    printed = dict(g1=g0.inv().T, g2=g0.inv().T, h2=h2p)  # g(1)ᵀ = g(2)ᵀ = g(0)⁻¹, h(2)ᵀ = h(1)⁻¹
+    corrected = dict(g1=g0.inv(), g2=g0.inv(), h2=h2p)  # g(1) = g(2) = g(0)⁻¹
     r9_printed = _score_residual("eq9", g0=g0, h1=h1, **printed)
     r9_corrected = _score_residual("eq9", g0=g0, h1=h1, **corrected)
     r2_printed = _score_residual("eq2", g0=g0, h1=h1, **printed)
@@ -157,18 +180,25 @@ def nierop_eq14_transpose() -> Derivation:
     corrected_ok = r9_corrected == 0 and eq9_derived
     substance = r2_printed == 0 and eq2_printed  # holds under the source's other reading
     return Derivation(
-        claim="nierop-eq14-transpose", title="Attention invariance conditions, eq. (14)", claimed=c.statement,
+        claim="nierop-eq14-transpose",
+        title="Attention invariance conditions, eq. (14)",
+        claimed=c.statement,
         verdict=decide(claimed_ok, corrected_ok, substance_kept=substance),
         derived="with Q_(Aμ), K_(Aμ) (eq. 9): g(1a) = g(2a) = g(0)^-1 and h(2a) = h(1a)^-T",
         residual=f"eq. (9) reading, g(0) = 120° rotation about (1,1,1): {sp.sstr(r9_printed)}",
         corrected_rule="g(1a) = g(2a) = g(0)^-1, h(2a)ᵀ = h(1a)^-1 when Q, K act as Q·Ē (eq. 9); the printed "
-                       "g(1a)ᵀ = g(2a)ᵀ = g(0)^-1 is right only if Q, K are stored d_e × d_h (eq. 2's Q_(μA))",
+        "g(1a)ᵀ = g(2a)ᵀ = g(0)^-1 is right only if Q, K are stored d_e × d_h (eq. 2's Q_(μA))",
         counterexample="g(0) = cyclic permutation (rotation by 120° about (1,1,1)), h(1) = [[2,1],[1,1]]: "
-                       f"score changes by {sp.sstr(r9_printed)}",
+        f"score changes by {sp.sstr(r9_printed)}",
         steps=steps,
-        data={"eq9_reading_derived_inverse": eq9_derived, "eq9_reading_printed_holds": eq9_printed,
-              "eq2_reading_printed_holds": eq2_printed, "h_condition_holds": h_ok9 and h_ok2,
-              "residual_printed_eq9": sp.sstr(r9_printed), "residual_corrected_eq9": sp.sstr(r9_corrected),
-              "residual_printed_eq2": sp.sstr(r2_printed)},
+        data={
+            "eq9_reading_derived_inverse": eq9_derived,
+            "eq9_reading_printed_holds": eq9_printed,
+            "eq2_reading_printed_holds": eq2_printed,
+            "h_condition_holds": h_ok9 and h_ok2,
+            "residual_printed_eq9": sp.sstr(r9_printed),
+            "residual_corrected_eq9": sp.sstr(r9_corrected),
+            "residual_printed_eq2": sp.sstr(r2_printed),
+        },
         exprs=[("A_1 (eq. 9 reading)", lin9["A1"]), ("residual (printed, eq. 9)", r9_printed)],
     )

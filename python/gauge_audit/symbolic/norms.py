@@ -80,10 +80,17 @@ def ln_noaffine_rotation() -> Derivation:
         "Ω = 1·1ᵀ (rescaling the all-ones component, which LayerNorm discards).",
         "So with readers W → W·g⁻¹ the paper's rule preserves the function for γ = 1, β = 0.",
     ]
-    return Derivation(claim="ln-noaffine-rotation", title="Rotation symmetry of weight-free LayerNorm",
-                      claimed=c.statement, verdict=decide(ok), derived="LN(g·x) = g·LN(x) for g ∈ O(d), g·1 = 1; "
-                      "dim = (d−1)(d−2)/2", residual=sp.sstr(resid.T), steps=steps,
-                      data={"so_dimension": dims, "gl_dimension_d4": gen4}, exprs=[("residual", resid)])
+    return Derivation(
+        claim="ln-noaffine-rotation",
+        title="Rotation symmetry of weight-free LayerNorm",
+        claimed=c.statement,
+        verdict=decide(ok),
+        derived="LN(g·x) = g·LN(x) for g ∈ O(d), g·1 = 1; dim = (d−1)(d−2)/2",
+        residual=sp.sstr(resid.T),
+        steps=steps,
+        data={"so_dimension": dims, "gl_dimension_d4": gen4},
+        exprs=[("residual", resid)],
+    )
 
 
 @derivation("rmsnorm-rotation")
@@ -108,14 +115,19 @@ def rmsnorm_rotation() -> Derivation:
         "(see ln-affine-rotation); untied LLaMA keeps the full SO(d_e).",
     ]
     claimed_ok = sym_exists and dims == claimed
-    return Derivation(claim="rmsnorm-rotation", title="Stream rotations through RMSNorm (LLaMA)",
-                      claimed=c.statement, verdict=decide(claimed_ok, sym_exists, substance_kept=sym_exists),
-                      derived="RMSNorm is O(d_e)-equivariant: d_e(d_e−1)/2 rotation dimensions",
-                      residual=f"count difference d(d−1)/2 − (d−1)(d−2)/2 = d−1: "
-                               f"{ {dd: full[dd] - claimed[dd] for dd in dims} }",
-                      corrected_rule="SO(d_e) (dim d_e(d_e−1)/2) for RMSNorm models; with learned weight the readers "
-                                     "transform as W·diag(γ)·gᵀ·diag(γ)^-1",
-                      steps=steps, data={"so_dimension": dims, "gl_dimension": gen}, exprs=[("residual", resid)])
+    return Derivation(
+        claim="rmsnorm-rotation",
+        title="Stream rotations through RMSNorm (LLaMA)",
+        claimed=c.statement,
+        verdict=decide(claimed_ok, sym_exists, substance_kept=sym_exists),
+        derived="RMSNorm is O(d_e)-equivariant: d_e(d_e−1)/2 rotation dimensions",
+        residual=f"count difference d(d−1)/2 − (d−1)(d−2)/2 = d−1: { {dd: full[dd] - claimed[dd] for dd in dims} }",
+        corrected_rule="SO(d_e) (dim d_e(d_e−1)/2) for RMSNorm models; with learned weight the readers "
+        "transform as W·diag(γ)·gᵀ·diag(γ)^-1",
+        steps=steps,
+        data={"so_dimension": dims, "gl_dimension": gen},
+        exprs=[("residual", resid)],
+    )
 
 
 def _affine_setup(d: int):
@@ -170,8 +182,9 @@ def ln_affine_rotation() -> Derivation:
     bet = sp.Matrix([1, -2, 5])
     Dg = sp.diag(*gam)
     g2 = ROT17  # a rotation fixing 1 that is not a permutation
-    corr_explicit = sp.simplify(W * Dg * g2.inv() * Dg.inv() * _ln(g2 * x, gam, Dg * g2 * Dg.inv() * bet)
-                                - W * _ln(x, gam, bet))
+    corr_explicit = sp.simplify(
+        W * Dg * g2.inv() * Dg.inv() * _ln(g2 * x, gam, Dg * g2 * Dg.inv() * bet) - W * _ln(x, gam, bet)
+    )
     corr_explicit_zero = all(e == 0 for e in corr_explicit)
     so_dim = equivariance_dimension(d, "layernorm")
     # tied embedding/unembedding: E' = E·gᵀ (writer) and E' = E·D_f·gᵀ·D_f⁻¹ (reader) → [g, D_f] = 0
@@ -196,18 +209,25 @@ def ln_affine_rotation() -> Derivation:
     claimed_ok = paper_dim == so_dim
     corrected_ok = corr_zero and corr_explicit_zero
     return Derivation(
-        claim="ln-affine-rotation", title="SO(d_e−1) stream rotation through affine LayerNorm", claimed=c.statement,
+        claim="ln-affine-rotation",
+        title="SO(d_e−1) stream rotation through affine LayerNorm",
+        claimed=c.statement,
         verdict=decide(claimed_ok, corrected_ok, substance_kept=corrected_ok and so_dim == (d - 1) * (d - 2) // 2),
         derived="paper's rule survives only for g commuting with diag(γ) (finite group for generic γ); "
-                "corrected: W' = W·diag(γ)·g^-1·diag(γ)^-1, β' = diag(γ)·g·diag(γ)^-1·β",
+        "corrected: W' = W·diag(γ)·g^-1·diag(γ)^-1, β' = diag(γ)·g·diag(γ)^-1·β",
         residual=f"W·g^-1·(diag(γ)·g − g·diag(γ))·z − W·g^-1·(g − I)·β; d=3 instance: {sp.sstr(paper_resid.T)[:120]}…",
         corrected_rule="γ' = γ, β' = diag(γ)·g·diag(γ)^-1·β, every reader W' = W·diag(γ)·gᵀ·diag(γ)^-1 (g orthogonal, "
-                       "g·1 = 1, γ without zeros); impossible with tied embedding/unembedding unless [g, diag(γ_f)] = 0",
+        "g·1 = 1, γ without zeros); impossible with tied embedding/unembedding unless [g, diag(γ_f)] = 0",
         counterexample="d = 3, γ = (1,2,3), β = 0, g = 120° rotation about (1,1,1) with readers W·g^-1",
         steps=steps,
-        data={"paper_rule_dimension": paper_dim, "rotation_dimension": so_dim, "constant_gamma_dimension": const_dim,
-              "tied_dimension_generic_gamma": tied_dim, "tied_dimension_constant_gamma": tied_const,
-              "corrected_residual_zero": corrected_ok},
+        data={
+            "paper_rule_dimension": paper_dim,
+            "rotation_dimension": so_dim,
+            "constant_gamma_dimension": const_dim,
+            "tied_dimension_generic_gamma": tied_dim,
+            "tied_dimension_constant_gamma": tied_const,
+            "corrected_residual_zero": corrected_ok,
+        },
         exprs=[("corrected rule residual", corr), ("paper rule residual (d=3)", paper_resid)],
     )
 
@@ -220,7 +240,7 @@ def ln_reviewer_no_fix() -> Derivation:
     gp = sp.Matrix(sp.symbols("gp0:3"))
     bp = sp.Matrix(sp.symbols("bp0:3"))
     z1, z2 = sp.symbols("z1 z2")
-    z = sp.Matrix([z1, z2, -z1 - z2])   # z ⊥ 1
+    z = sp.Matrix([z1, z2, -z1 - z2])  # z ⊥ 1
 
     def solve_for(g, subs=None):
         resid = sp.diag(*gp) * g * z + bp - g * (sp.diag(*gam) * z + bet)
@@ -248,16 +268,22 @@ def ln_reviewer_no_fix() -> Derivation:
         "for untied models; it is lost only with tied embedding/unembedding (generic final γ) or post-LN.",
     ]
     return Derivation(
-        claim="ln-reviewer-no-fix", title="Review: nothing on γ, β restores the rotation", claimed=c.statement,
+        claim="ln-reviewer-no-fix",
+        title="Review: nothing on γ, β restores the rotation",
+        claimed=c.statement,
         verdict=decide(generic_none and not restored, generic_none and restored, substance_kept=generic_none),
         derived="no diagonal γ', β' with γ'⊙(g·z) + β' = g·(γ⊙z + β) for generic γ",
         residual=f"γ', β' equations inconsistent: {len(eqs)} equations, solutions {sol}",
         corrected_rule="true for γ, β alone; the rotation is restored by also transforming the readers: "
-                       "W' = W·diag(γ)·gᵀ·diag(γ)^-1, β' = diag(γ)·g·diag(γ)^-1·β (untied, pre-LN models)",
+        "W' = W·diag(γ)·gᵀ·diag(γ)^-1, β' = diag(γ)·g·diag(γ)^-1·β (untied, pre-LN models)",
         counterexample="g = rotation about (1,1,1) with cos θ = 1/7: no diagonal γ' exists, yet the corrected reader "
-                       "rule preserves every output",
-        steps=steps, data={"gamma_beta_solutions_generic": len(sol), "gamma_beta_solutions_constant": len(sol_const),
-                           "gamma_beta_solutions_permutation": len(sol_perm),
-                           "restored_by_readers": restored},
+        "rule preserves every output",
+        steps=steps,
+        data={
+            "gamma_beta_solutions_generic": len(sol),
+            "gamma_beta_solutions_constant": len(sol_const),
+            "gamma_beta_solutions_permutation": len(sol_perm),
+            "restored_by_readers": restored,
+        },
         exprs=[("equations", sp.Matrix(eqs))],
     )

@@ -16,11 +16,13 @@ DERIVATIONS: dict[str, Callable[[], Derivation]] = {}
 
 def derivation(claim_id: str):
     """Register ``fn`` as the derivation of ``claim_id``; its name must be the id with - → _."""
+
     def deco(fn):
         if fn.__name__ != claim_id.replace("-", "_"):
             raise AssertionError(f"derivation for {claim_id} must be named {claim_id.replace('-', '_')}")
         DERIVATIONS[claim_id] = fn
         return fn
+
     return deco
 
 

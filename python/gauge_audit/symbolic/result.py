@@ -88,9 +88,15 @@ class Derivation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "claim": self.claim, "title": self.title, "claimed": self.claimed, "verdict": self.verdict,
-            "derived": self.derived, "residual": self.residual, "steps": list(self.steps),
-            "corrected_rule": self.corrected_rule, "counterexample": self.counterexample,
+            "claim": self.claim,
+            "title": self.title,
+            "claimed": self.claimed,
+            "verdict": self.verdict,
+            "derived": self.derived,
+            "residual": self.residual,
+            "steps": list(self.steps),
+            "corrected_rule": self.corrected_rule,
+            "counterexample": self.counterexample,
             "data": _jsonable(self.data),
         }
 

@@ -22,17 +22,24 @@ def maximality() -> Derivation:
     steps = [
         "Linearise θ ↦ (W_Q^i·W_K^iᵀ, W_V^i·W_O^i)_i at random rational weights (generic stratum) and compute the "
         "kernel of the Jacobian exactly over ℚ.",
-        *[f"h={h}, d_model={dm}, d_k={dk}, d_v={dv}: {unk} parameters, rank {rk}, kernel {dim}; h(d_k²+d_v²) = {f}"
-          for h, dm, dk, dv, dim, f, unk, rk in rows],
+        *[
+            f"h={h}, d_model={dm}, d_k={dk}, d_v={dv}: {unk} parameters, rank {rk}, kernel {dim}; h(d_k²+d_v²) = {f}"
+            for h, dm, dk, dv, dim, f, unk, rk in rows
+        ],
         "So 𝔤 = ⊕ gl(d_k) ⊕ ⊕ gl(d_v) at the infinitesimal level; the discrete part (S_h) and the reduction "
         "'function determines the per-head products' (MGS's attention-controllability step) are checked numerically "
         "by the nullity and torch checkers, not here.",
     ]
-    return Derivation(claim="maximality", title="Maximality of G_max (Lie algebra of one MHA layer)",
-                      claimed=cl.statement, verdict=decide(ok),
-                      derived="dim 𝔤 = h(d_k² + d_v²) at generic weights", residual=str([r[4] - r[5] for r in rows]),
-                      steps=steps, data={"cases": [dict(h=r[0], d_model=r[1], d_k=r[2], d_v=r[3], dimension=r[4],
-                                                        formula=r[5]) for r in rows]})
+    return Derivation(
+        claim="maximality",
+        title="Maximality of G_max (Lie algebra of one MHA layer)",
+        claimed=cl.statement,
+        verdict=decide(ok),
+        derived="dim 𝔤 = h(d_k² + d_v²) at generic weights",
+        residual=str([r[4] - r[5] for r in rows]),
+        steps=steps,
+        data={"cases": [dict(h=r[0], d_model=r[1], d_k=r[2], d_v=r[3], dimension=r[4], formula=r[5]) for r in rows]},
+    )
 
 
 def _gqa_rows(seed=4):
@@ -41,9 +48,18 @@ def _gqa_rows(seed=4):
         dk = 4 if rope else 2
         planes = PYTHAGOREAN[: dk // 2] if rope else None
         lie = attention_symmetry_dim(n_q, n_kv, 5 if rope else 4, dk, 2, rope_planes=planes, offsets=3, seed=seed)
-        out.append(dict(n_q=n_q, n_kv=n_kv, d_k=dk, d_v=2, rope=rope, dimension=lie.dimension,
-                        mgs=counts.mgs_gqa_layer_dim(n_kv, dk, 2, rope=rope),
-                        wiki=counts.wiki_gqa_layer_dim(n_q, n_kv, dk, 2)))
+        out.append(
+            dict(
+                n_q=n_q,
+                n_kv=n_kv,
+                d_k=dk,
+                d_v=2,
+                rope=rope,
+                dimension=lie.dimension,
+                mgs=counts.mgs_gqa_layer_dim(n_kv, dk, 2, rope=rope),
+                wiki=counts.wiki_gqa_layer_dim(n_q, n_kv, dk, 2),
+            )
+        )
     return out
 
 
@@ -55,14 +71,24 @@ def gqa_tied() -> Derivation:
     steps = [
         "GQA: query head i shares W_K, W_V with its K/V group; the constraints are W_Q^i·R_r·W_K^{g(i)ᵀ} and "
         "W_V^{g(i)}·W_O^i for every query head.",
-        *[f"n_q={r['n_q']}, n_kv={r['n_kv']}, d_k={r['d_k']}, d_v={r['d_v']}{', RoPE' if r['rope'] else ''}: "
-          f"exact kernel dimension {r['dimension']}; MGS g(d_k²+d_v²){' (RoPE: g(d_k+d_v²))' if r['rope'] else ''} = "
-          f"{r['mgs']}" for r in rows],
+        *[
+            f"n_q={r['n_q']}, n_kv={r['n_kv']}, d_k={r['d_k']}, d_v={r['d_v']}{', RoPE' if r['rope'] else ''}: "
+            f"exact kernel dimension {r['dimension']}; MGS g(d_k²+d_v²){' (RoPE: g(d_k+d_v²))' if r['rope'] else ''} = "
+            f"{r['mgs']}"
+            for r in rows
+        ],
         "A query head cannot have its own M: the shared W_K forces one M per group (and one N per shared W_V).",
     ]
-    return Derivation(claim="gqa-tied", title="GQA/MQA: transforms tied per K/V group", claimed=cl.statement,
-                      verdict=decide(ok), derived="dim = n_kv·(d_k² + d_v²)  (RoPE: n_kv·(d_k + d_v²))",
-                      residual=str([r["dimension"] - r["mgs"] for r in rows]), steps=steps, data={"cases": rows})
+    return Derivation(
+        claim="gqa-tied",
+        title="GQA/MQA: transforms tied per K/V group",
+        claimed=cl.statement,
+        verdict=decide(ok),
+        derived="dim = n_kv·(d_k² + d_v²)  (RoPE: n_kv·(d_k + d_v²))",
+        residual=str([r["dimension"] - r["mgs"] for r in rows]),
+        steps=steps,
+        data={"cases": rows},
+    )
 
 
 @derivation("gqa-wiki-formula")
@@ -73,20 +99,33 @@ def gqa_wiki_formula() -> Derivation:
     corrected_ok = all(r["dimension"] == r["mgs"] for r in rows)
     nq, nkv, dk, dv = sp.symbols("n_q n_kv d_k d_v", positive=True, integer=True)
     resid = sp.factor(counts.wiki_gqa_layer_dim(nq, nkv, dk, dv) - counts.mgs_gqa_layer_dim(nkv, dk, dv))
-    table = {f"{q}:{kv}": (counts.wiki_gqa_layer_dim(q, kv, 64, 64), counts.mgs_gqa_layer_dim(kv, 64, 64))
-             for q, kv in [(12, 12), (12, 4), (12, 1)]}
+    table = {
+        f"{q}:{kv}": (counts.wiki_gqa_layer_dim(q, kv, 64, 64), counts.mgs_gqa_layer_dim(kv, 64, 64))
+        for q, kv in [(12, 12), (12, 4), (12, 1)]
+    }
     steps = [
         "Wiki §7: G_GQA = (GL(d_k))^{n_query} × (GL(d_v))^{n_kv}, table: 12:4 → 12·d_k² + 4·d_v².",
-        *[f"n_q={r['n_q']}, n_kv={r['n_kv']}, d_k=d_v=2: exact dimension {r['dimension']}, wiki formula {r['wiki']}, "
-          f"n_kv(d_k²+d_v²) = {r['mgs']}" for r in rows],
+        *[
+            f"n_q={r['n_q']}, n_kv={r['n_kv']}, d_k=d_v=2: exact dimension {r['dimension']}, wiki formula {r['wiki']}, "
+            f"n_kv(d_k²+d_v²) = {r['mgs']}"
+            for r in rows
+        ],
         f"Symbolic difference wiki − derived = {resid}: the query side is tied per group too.",
         f"Wiki table at d_k = d_v = 64 (wiki, derived): {table}.",
     ]
-    return Derivation(claim="gqa-wiki-formula", title="Wiki GQA dimension n_q·d_k² + n_kv·d_v²", claimed=cl.statement,
-                      verdict=decide(claimed_ok, corrected_ok), derived="dim = n_kv·(d_k² + d_v²)",
-                      residual=resid, corrected_rule="n_kv·(d_k² + d_v²) per layer (n_kv·(d_k + d_v²) with RoPE)",
-                      counterexample=f"n_q=4, n_kv=2, d_k=d_v=2: wiki {rows[0]['wiki']}, exact {rows[0]['dimension']}",
-                      steps=steps, data={"cases": rows, "table_d64": table}, exprs=[("difference", resid)])
+    return Derivation(
+        claim="gqa-wiki-formula",
+        title="Wiki GQA dimension n_q·d_k² + n_kv·d_v²",
+        claimed=cl.statement,
+        verdict=decide(claimed_ok, corrected_ok),
+        derived="dim = n_kv·(d_k² + d_v²)",
+        residual=resid,
+        corrected_rule="n_kv·(d_k² + d_v²) per layer (n_kv·(d_k + d_v²) with RoPE)",
+        counterexample=f"n_q=4, n_kv=2, d_k=d_v=2: wiki {rows[0]['wiki']}, exact {rows[0]['dimension']}",
+        steps=steps,
+        data={"cases": rows, "table_d64": table},
+        exprs=[("difference", resid)],
+    )
 
 
 @derivation("rope-commutant")
@@ -125,11 +164,21 @@ def rope_commutant() -> Derivation:
         f"MGS h·(d_k + d_v²) = {mgs}. With coinciding frequencies: {lie_same}.",
     ]
     return Derivation(
-        claim="rope-commutant", title="RoPE commutant GL(1,ℂ)^{d_k/2}", claimed=cl.statement, verdict=decide(ok),
+        claim="rope-commutant",
+        title="RoPE commutant GL(1,ℂ)^{d_k/2}",
+        claimed=cl.statement,
+        verdict=decide(ok),
         derived="A = a·I + b·J per plane; block diagonal for distinct frequencies; d_k real dims per head",
-        residual=sp.sstr(sp.simplify(solved * R - R * solved)), steps=steps,
-        data={"commutant_2_planes": dist, "commutant_3_planes": three, "commutant_coinciding": same,
-              "layer_dimension": lie.dimension, "layer_dimension_coinciding": lie_same.dimension, "mgs": mgs,
-              "offdiag_determinant": sp.sstr(det)},
+        residual=sp.sstr(sp.simplify(solved * R - R * solved)),
+        steps=steps,
+        data={
+            "commutant_2_planes": dist,
+            "commutant_3_planes": three,
+            "commutant_coinciding": same,
+            "layer_dimension": lie.dimension,
+            "layer_dimension_coinciding": lie_same.dimension,
+            "mgs": mgs,
+            "offdiag_determinant": sp.sstr(det),
+        },
         exprs=[("A", solved), ("off-diagonal determinant", det)],
     )

@@ -44,13 +44,21 @@ from .safetensors_file import SafetensorsFile
 _GEMMA_ARCHS: dict[str, Arch] = {}
 for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
     _mm = _name == gemma_io.MULTIMODAL  # transformers' module path / the file names of its layers differ
-    _GEMMA_ARCHS[_name] = Arch(_name, gemma_io.gemma_config, gemma_io.links_for(_name),
-                               "model.language_model.layers" if _mm else "model.layers",
-                               "language_model.model.layers.{i}." if _mm else "model.layers.{i}.",
-                               "AutoModelForCausalLM", ignore=r".*rotary_emb\..*inv_freq$",
-                               passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
-                               notes=(("the vision tower and projector are copied unchanged and not checked",)
-                                      if _name == gemma_io.MULTIMODAL else ()))
+    _GEMMA_ARCHS[_name] = Arch(
+        _name,
+        gemma_io.gemma_config,
+        gemma_io.links_for(_name),
+        "model.language_model.layers" if _mm else "model.layers",
+        "language_model.model.layers.{i}." if _mm else "model.layers.{i}.",
+        "AutoModelForCausalLM",
+        ignore=r".*rotary_emb\..*inv_freq$",
+        passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
+        notes=(
+            ("the vision tower and projector are copied unchanged and not checked",)
+            if _name == gemma_io.MULTIMODAL
+            else ()
+        ),
+    )
 
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
@@ -77,8 +85,10 @@ class HFDir:
                     raise GaugeAuditError(f"{index}: shard {shard!r} is missing")
             files = [SafetensorsFile(path / shard) for shard in names]
         else:
-            raise GaugeAuditError(f"{path}: no model.safetensors or model.safetensors.index.json (pickled "
-                                  "pytorch_model.bin files are not read: loading them can run code)")
+            raise GaugeAuditError(
+                f"{path}: no model.safetensors or model.safetensors.index.json (pickled "
+                "pytorch_model.bin files are not read: loading them can run code)"
+            )
         self.where: dict[str, SafetensorsFile] = {}
         self.entries: dict[str, tuple] = {}
         for f in files:
@@ -123,12 +133,12 @@ class Checkpoint:
     """A checkpoint opened for reading; tensors stay on disk until asked for."""
 
     path: Path
-    format: str                       # "safetensors" | "gguf"
-    arch: Arch                        # the HF architecture (a GGUF llama file: LlamaForCausalLM)
-    hf_config: dict                   # its config.json (synthesised from the metadata for GGUF)
+    format: str  # "safetensors" | "gguf"
+    arch: Arch  # the HF architecture (a GGUF llama file: LlamaForCausalLM)
+    hf_config: dict  # its config.json (synthesised from the metadata for GGUF)
     cfg: Config
     source: HFDir | gguf_io.GGUFFile  # .entries, .get(name)
-    links: list[Link]                 # file tensors → project tensors
+    links: list[Link]  # file tensors → project tensors
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -144,8 +154,10 @@ class Checkpoint:
         for link in self.links:
             for f in link.files:
                 if f not in entries:
-                    raise GaugeAuditError(f"{self.path}: checkpoint lacks tensor {f} (needed for "
-                                          f"{', '.join(link.params)} of this {self.arch.name} config)")
+                    raise GaugeAuditError(
+                        f"{self.path}: checkpoint lacks tensor {f} (needed for "
+                        f"{', '.join(link.params)} of this {self.arch.name} config)"
+                    )
                 linked.add(f)
             metas = [torch.empty(entries[f][1], device="meta") for f in link.files]
             try:
@@ -155,16 +167,20 @@ class Checkpoint:
             for p, t in zip(link.params, got or [None] * len(link.params)):
                 if t is None or tuple(t.shape) != tuple(want[p]):
                     shapes = ", ".join(f"{f} {list(entries[f][1])}" for f in link.files)
-                    raise GaugeAuditError(f"{self.path}: config/weight shape mismatch: {shapes} cannot give {p} "
-                                          f"of shape {list(want[p])} implied by the config")
+                    raise GaugeAuditError(
+                        f"{self.path}: config/weight shape mismatch: {shapes} cannot give {p} "
+                        f"of shape {list(want[p])} implied by the config"
+                    )
         missing = sorted(set(want) - set(self.by_param))
         if missing:  # pragma: no cover - a mapping bug, not a user error
             raise GaugeAuditError(f"internal: no file tensor maps to {missing[0]}")
         for name in entries:
             if name in linked or self._ignored(name) or self._passthrough(name):
                 continue
-            raise GaugeAuditError(f"{self.path}: tensor {name} is not part of the {self.arch.name} layout the "
-                                  "families represent (refusing rather than computing a different function)")
+            raise GaugeAuditError(
+                f"{self.path}: tensor {name} is not part of the {self.arch.name} layout the "
+                "families represent (refusing rather than computing a different function)"
+            )
         for name in linked:
             if not entries[name][0].is_floating_point:
                 raise GaugeAuditError(f"{self.path}: tensor {name} has non-float dtype {entries[name][0]}")
@@ -245,8 +261,9 @@ class Checkpoint:
         copy instead of the stored bytes + a float64 copy + its re-laid-out copy (for an 8 B
         model's embedding or head 1 + 4.2 + 4.2 GB).  None where that view is not a view (the
         per-head re-layouts copy) or the source cannot read into one; the caller reads it whole."""
-        if not (len(link.files) == len(link.params) == 1 and link.write is not None
-                and hasattr(self.source, "read_into")):
+        if not (
+            len(link.files) == len(link.params) == 1 and link.write is not None and hasattr(self.source, "read_into")
+        ):
             return None
         f = link.files[0]
         dtype, fshape = self.source.entries[f]
@@ -256,9 +273,11 @@ class Checkpoint:
         view = link.write(out)[0]
         if tuple(view.shape) != tuple(fshape) or view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
             return None
+
         def finite(piece: torch.Tensor) -> None:
             if not all_finite(piece):
                 raise GaugeAuditError(f"{self.path}: tensor {f} contains NaN or infinite values")
+
         self.source.read_into(f, view, finite)
         return out
 
@@ -276,16 +295,17 @@ class Checkpoint:
 
     def model(self, name: str | None = None, device: str = "cpu", resident: bool = False) -> Model:
         """A :class:`~gauge_audit.models.Model` whose parameters are read on access."""
-        m = Model(name or self.name, self.cfg, self.params(resident, resolve_device(device)),
-                  FAMILIES[self.cfg.family])
+        m = Model(name or self.name, self.cfg, self.params(resident, resolve_device(device)), FAMILIES[self.cfg.family])
         m._finite = True  # every stored tensor is checked for NaN / ∞ as it is read
         return m
 
     def describe(self) -> str:
         c = self.cfg
-        return (f"{self.name}: {self.arch.name} ({self.format}) → {c.family}, d={c.d_model} L={c.n_layers} "
-                f"h={c.n_heads} kv={c.n_kv_heads} d_head={c.d_head} d_ff={c.d_ff} vocab={c.vocab}"
-                f"{' tied' if c.tied else ''}; stored as {str(self.storage_dtype).replace('torch.', '')}")
+        return (
+            f"{self.name}: {self.arch.name} ({self.format}) → {c.family}, d={c.d_model} L={c.n_layers} "
+            f"h={c.n_heads} kv={c.n_kv_heads} d_head={c.d_head} d_ff={c.d_ff} vocab={c.vocab}"
+            f"{' tied' if c.tied else ''}; stored as {str(self.storage_dtype).replace('torch.', '')}"
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -322,8 +342,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         except GaugeAuditError as exc:
             raise GaugeAuditError(f"{path}: {exc}") from None
         source = HFDir(path)
-        return Checkpoint(path, "safetensors", arch, hf, cfg, source, arch.links(cfg, source.entries.__contains__),
-                          list(arch.notes))
+        return Checkpoint(
+            path, "safetensors", arch, hf, cfg, source, arch.links(cfg, source.entries.__contains__), list(arch.notes)
+        )
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -333,7 +354,23 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     cfg = gguf_io.config(g, hf)
     quants = ", ".join(f"{k} ×{v}" for k, v in sorted(g.quant_types().items()))
     if hf["architectures"][0] == "Gemma3ForCausalLM":
-        return Checkpoint(path, "gguf", ARCHS["Gemma3ForCausalLM"], hf, cfg, g, gemma_io.gguf_links(cfg),
-                          [f"GGUF tensors {quants}, dequantized to float32; norm weights stored as 1 + w"])
-    return Checkpoint(path, "gguf", ARCHS["LlamaForCausalLM"], hf, cfg, g, gguf_io.links(cfg),
-                      [f"GGUF tensors {quants}, dequantized to float32; Q/K rows un-permuted from llama.cpp's order"])
+        return Checkpoint(
+            path,
+            "gguf",
+            ARCHS["Gemma3ForCausalLM"],
+            hf,
+            cfg,
+            g,
+            gemma_io.gguf_links(cfg),
+            [f"GGUF tensors {quants}, dequantized to float32; norm weights stored as 1 + w"],
+        )
+    return Checkpoint(
+        path,
+        "gguf",
+        ARCHS["LlamaForCausalLM"],
+        hf,
+        cfg,
+        g,
+        gguf_io.links(cfg),
+        [f"GGUF tensors {quants}, dequantized to float32; Q/K rows un-permuted from llama.cpp's order"],
+    )

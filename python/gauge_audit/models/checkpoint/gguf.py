@@ -76,7 +76,7 @@ class _Header:
         n = self.take("<Q")
         if self.pos + n > len(self.data):
             raise ValueError("string runs past the end of the file")
-        raw = self.data[self.pos:self.pos + n]
+        raw = self.data[self.pos : self.pos + n]
         self.pos += n
         return bytes(raw).decode("utf-8") if decode else None
 
@@ -119,7 +119,7 @@ class GGUFFile:
             raise GaugeAuditError(f"no such file: {self.path}") from None
         except (ValueError, OSError, struct.error, UnicodeDecodeError, OverflowError) as exc:
             raise GaugeAuditError(f"{self.path}: not a readable GGUF file ({exc})") from None
-        self.tensors: dict[str, tuple] = {}   # name -> (quant type, torch shape, absolute offset, bytes)
+        self.tensors: dict[str, tuple] = {}  # name -> (quant type, torch shape, absolute offset, bytes)
         for name, dims, kind, offset in infos:
             try:
                 qtype = GGMLQuantizationType(kind)
@@ -128,8 +128,10 @@ class GGUFFile:
                 raise GaugeAuditError(f"{self.path}: tensor {name} has an unknown GGML type {kind}") from None
             n = math.prod(dims)
             if dims and dims[0] % block:
-                raise GaugeAuditError(f"{self.path}: tensor {name}: row length {dims[0]} is not a multiple of "
-                                      f"the {qtype.name} block size {block}")
+                raise GaugeAuditError(
+                    f"{self.path}: tensor {name}: row length {dims[0]} is not a multiple of "
+                    f"the {qtype.name} block size {block}"
+                )
             nbytes = n // block * type_size
             if start + offset + nbytes > size:
                 raise GaugeAuditError(f"{self.path}: truncated GGUF file (tensor {name} extends past the end)")
@@ -224,21 +226,37 @@ def hf_config(g: GGUFFile) -> dict:
     if int(key("attention.value_length", e)) != e:
         raise GaugeAuditError(f"{g.path}: unsupported GGUF option: key_length {e} ≠ value_length")
     if int(key("rope.dimension_count", e)) != e:
-        raise GaugeAuditError(f"{g.path}: unsupported GGUF option {ARCH}.rope.dimension_count="
-                              f"{key('rope.dimension_count')}: partial rotary embedding")
+        raise GaugeAuditError(
+            f"{g.path}: unsupported GGUF option {ARCH}.rope.dimension_count="
+            f"{key('rope.dimension_count')}: partial rotary embedding"
+        )
     vocab = key("vocab_size")
     if vocab is None:
         vocab = g.entries["token_embd.weight"][1][0] if "token_embd.weight" in g.entries else 0
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d,
-          "intermediate_size": int(key("feed_forward_length")), "num_hidden_layers": int(key("block_count")),
-          "num_attention_heads": h, "num_key_value_heads": int(key("attention.head_count_kv", h)), "head_dim": e,
-          "rms_norm_eps": _short(key("attention.layer_norm_rms_epsilon", 1e-5)),
-          "rope_parameters": {"rope_type": "default", "rope_theta": _short(key("rope.freq_base", 10000.0))},
-          "max_position_embeddings": int(key("context_length", 2048)), "vocab_size": int(vocab),
-          "tie_word_embeddings": "output.weight" not in g.tensors, "hidden_act": "silu",
-          "attention_bias": False, "mlp_bias": False, "dtype": "float32"}
-    for name, k in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                    ("pad_token_id", "padding_token_id")):
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": d,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": h,
+        "num_key_value_heads": int(key("attention.head_count_kv", h)),
+        "head_dim": e,
+        "rms_norm_eps": _short(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_parameters": {"rope_type": "default", "rope_theta": _short(key("rope.freq_base", 10000.0))},
+        "max_position_embeddings": int(key("context_length", 2048)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "dtype": "float32",
+    }
+    for name, k in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         v = g.field(f"tokenizer.ggml.{k}")
         if v is not None:
             hf[name] = int(v)
@@ -261,15 +279,18 @@ def links(cfg: Config, unpermute_qk: bool = True) -> list[Link]:
     out = [same("token_embd.weight", "embed.W_E")]
     for i in range(cfg.n_layers):
         s, p = f"blk.{i}", f"blocks.{i}"
-        out += [same(f"{s}.attn_norm.weight", f"{p}.ln1.w"), same(f"{s}.ffn_norm.weight", f"{p}.ln2.w"),
-                qk(f"{s}.attn_q.weight", f"{p}.attn.W_Q", cfg.n_heads),
-                qk(f"{s}.attn_k.weight", f"{p}.attn.W_K", cfg.n_kv_heads),
-                linear_heads(f"{s}.attn_v.weight", f"{p}.attn.W_V", cfg.n_kv_heads),
-                linear_out_heads(f"{s}.attn_output.weight", f"{p}.attn.W_O", cfg.n_heads),
-                linear(f"{s}.ffn_gate.weight", f"{p}.mlp.W_gate"), linear(f"{s}.ffn_up.weight", f"{p}.mlp.W_in"),
-                linear(f"{s}.ffn_down.weight", f"{p}.mlp.W_out")]
+        out += [
+            same(f"{s}.attn_norm.weight", f"{p}.ln1.w"),
+            same(f"{s}.ffn_norm.weight", f"{p}.ln2.w"),
+            qk(f"{s}.attn_q.weight", f"{p}.attn.W_Q", cfg.n_heads),
+            qk(f"{s}.attn_k.weight", f"{p}.attn.W_K", cfg.n_kv_heads),
+            linear_heads(f"{s}.attn_v.weight", f"{p}.attn.W_V", cfg.n_kv_heads),
+            linear_out_heads(f"{s}.attn_output.weight", f"{p}.attn.W_O", cfg.n_heads),
+            linear(f"{s}.ffn_gate.weight", f"{p}.mlp.W_gate"),
+            linear(f"{s}.ffn_up.weight", f"{p}.mlp.W_in"),
+            linear(f"{s}.ffn_down.weight", f"{p}.mlp.W_out"),
+        ]
     out.append(same("output_norm.weight", "ln_final.w"))
     if not cfg.tied:
         out.append(linear("output.weight", "unembed.W_U"))
     return out
-

@@ -52,14 +52,17 @@ def linear(f: str, p: str) -> Link:
 
 def linear_heads(f: str, p: str, n: int) -> Link:
     """q/k/v_proj (n·e, d) ↔ per head (n, d, e)."""
-    return Link((f,), (p,), lambda w: (w.T.reshape(w.shape[1], n, -1).permute(1, 0, 2),),
-                lambda w: (w.permute(1, 0, 2).reshape(w.shape[1], -1).T,))
+    return Link(
+        (f,),
+        (p,),
+        lambda w: (w.T.reshape(w.shape[1], n, -1).permute(1, 0, 2),),
+        lambda w: (w.permute(1, 0, 2).reshape(w.shape[1], -1).T,),
+    )
 
 
 def linear_out_heads(f: str, p: str, n: int) -> Link:
     """o_proj (d, n·e) ↔ per head (n, e, d)."""
-    return Link((f,), (p,), lambda w: (w.T.reshape(n, -1, w.shape[0]),),
-                lambda w: (w.reshape(-1, w.shape[2]).T,))
+    return Link((f,), (p,), lambda w: (w.T.reshape(n, -1, w.shape[0]),), lambda w: (w.reshape(-1, w.shape[2]).T,))
 
 
 def bias_heads(f: str, p: str, n: int) -> Link:
@@ -68,17 +71,23 @@ def bias_heads(f: str, p: str, n: int) -> Link:
 
 def conv1d_qkv(f: str, ps: tuple[str, str, str], n: int) -> Link:
     """GPT-2 c_attn.weight (d, 3·n·e) = [W_Q | W_K | W_V] ↔ three (n, d, e)."""
+
     def read(w):
         return tuple(x.reshape(w.shape[0], n, -1).permute(1, 0, 2) for x in w.chunk(3, dim=1))
 
     def write(*ws):
         return (torch.cat([w.permute(1, 0, 2).reshape(w.shape[1], -1) for w in ws], dim=1),)
+
     return Link((f,), ps, read, write)
 
 
 def conv1d_qkv_bias(f: str, ps: tuple[str, str, str], n: int) -> Link:
-    return Link((f,), ps, lambda b: tuple(x.reshape(n, -1) for x in b.chunk(3)),
-                lambda *bs: (torch.cat([b.reshape(-1) for b in bs]),))
+    return Link(
+        (f,),
+        ps,
+        lambda b: tuple(x.reshape(n, -1) for x in b.chunk(3)),
+        lambda *bs: (torch.cat([b.reshape(-1) for b in bs]),),
+    )
 
 
 def conv1d_out_heads(f: str, p: str, n: int) -> Link:
@@ -88,14 +97,19 @@ def conv1d_out_heads(f: str, p: str, n: int) -> Link:
 
 def experts(fs: tuple[str, ...], p: str) -> Link:
     """E per-expert nn.Linear weights ↔ one stacked (E, in, out)."""
-    return Link(fs, (p,), lambda *ws: (torch.stack([w.T for w in ws]),),
-                lambda w: tuple(w[e].T for e in range(w.shape[0])))
+    return Link(
+        fs, (p,), lambda *ws: (torch.stack([w.T for w in ws]),), lambda w: tuple(w[e].T for e in range(w.shape[0]))
+    )
 
 
 def fused_gate_up(f: str, ps: tuple[str, str]) -> Link:
     """transformers ≥ 5 Mixtral experts.gate_up_proj (E, 2f, d) = [gate | up] ↔ W_gate, W_in (E, d, f)."""
-    return Link((f,), ps, lambda w: tuple(x.transpose(1, 2) for x in w.chunk(2, dim=1)),
-                lambda g, u: (torch.cat([g.transpose(1, 2), u.transpose(1, 2)], dim=1),))
+    return Link(
+        (f,),
+        ps,
+        lambda w: tuple(x.transpose(1, 2) for x in w.chunk(2, dim=1)),
+        lambda g, u: (torch.cat([g.transpose(1, 2), u.transpose(1, 2)], dim=1),),
+    )
 
 
 def fused_down(f: str, p: str) -> Link:
@@ -108,13 +122,24 @@ def refuse(arch: str, option: str, value, why: str) -> GaugeAuditError:
 
 
 # Options of other architectures that would change the function if a config carried them.
-_FOREIGN = {"alibi": "ALiBi position biases", "use_alibi": "ALiBi position biases",
-            "parallel_attn": "parallel attention/MLP residual", "use_parallel_residual": "parallel residual",
-            "parallel_residual": "parallel residual", "new_decoder_architecture": "Falcon's parallel decoder",
-            "quantization_config": "quantized weights (dequantize to float first)"}
+_FOREIGN = {
+    "alibi": "ALiBi position biases",
+    "use_alibi": "ALiBi position biases",
+    "parallel_attn": "parallel attention/MLP residual",
+    "use_parallel_residual": "parallel residual",
+    "parallel_residual": "parallel residual",
+    "new_decoder_architecture": "Falcon's parallel decoder",
+    "quantization_config": "quantized weights (dequantize to float first)",
+}
 
-_HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "relu": "relu",
-            "silu": "silu", "swish": "silu"}
+_HF_ACTS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu-tanh",
+    "gelu_pytorch_tanh": "gelu-tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def _common(arch: str, hf: dict) -> None:
@@ -130,8 +155,13 @@ def _act(arch: str, hf: dict, key: str, default: str, allowed: tuple[str, ...]) 
     name = hf.get(key, default)
     ours = _HF_ACTS.get(name) if isinstance(name, str) else None
     if ours not in allowed:
-        raise refuse(arch, key, name, f"unknown activation for this architecture (supported: "
-                     f"{', '.join(k for k, v in _HF_ACTS.items() if v in allowed)})")
+        raise refuse(
+            arch,
+            key,
+            name,
+            f"unknown activation for this architecture (supported: "
+            f"{', '.join(k for k, v in _HF_ACTS.items() if v in allowed)})",
+        )
     return ours
 
 
@@ -175,8 +205,11 @@ def _rope(arch: str, hf: dict, rotary_ok: bool = False) -> dict:
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))
     for key in ("rope_theta", "partial_rotary_factor"):
         scaling.pop(key, None)
-    if kind == "longrope" and "original_max_position_embeddings" not in scaling and \
-            "original_max_position_embeddings" in hf:  # Phi-3 keeps it at the top level
+    if (
+        kind == "longrope"
+        and "original_max_position_embeddings" not in scaling
+        and "original_max_position_embeddings" in hf
+    ):  # Phi-3 keeps it at the top level
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
     if kind not in ROPE_TYPES:
         raise refuse(arch, f"{where}.rope_type", kind, f"unknown RoPE scaling (supported: {', '.join(ROPE_TYPES)})")
@@ -199,8 +232,12 @@ def _rope(arch: str, hf: dict, rotary_ok: bool = False) -> dict:
     problem = scaling_problem(kind, tuple(params), rotary)
     if problem:
         raise refuse(arch, where, kind, problem)
-    return dict(rope_base=_float(arch, {"rope_theta": theta}, "rope_theta"), rope_type=kind,
-                rope_params=tuple(params), rotary_dim=0 if rotary == d_head else rotary)
+    return dict(
+        rope_base=_float(arch, {"rope_theta": theta}, "rope_theta"),
+        rope_type=kind,
+        rope_params=tuple(params),
+        rotary_dim=0 if rotary == d_head else rotary,
+    )
 
 
 def _window(arch: str, hf: dict, always: bool) -> int:
@@ -227,11 +264,20 @@ def gpt2_config(arch: str, hf: dict) -> Config:
     if d % h:
         raise GaugeAuditError(f"{arch}: n_embd {d} is not divisible by n_head {h}")
     lm = arch == "GPT2LMHeadModel"
-    return gpt2.config(d_model=d, n_layers=_int(arch, hf, "n_layer"), n_heads=h, n_kv_heads=h, d_head=d // h,
-                       d_ff=hf.get("n_inner") or 4 * d, n_ctx=_int(arch, hf, "n_positions"),
-                       vocab=_int(arch, hf, "vocab_size"), norm_eps=_float(arch, hf, "layer_norm_epsilon", 1e-5),
-                       act=_act(arch, hf, "activation_function", "gelu_new", ("gelu", "gelu-tanh", "relu", "silu")),
-                       tied=lm and bool(hf.get("tie_word_embeddings", True)), unembed=lm)
+    return gpt2.config(
+        d_model=d,
+        n_layers=_int(arch, hf, "n_layer"),
+        n_heads=h,
+        n_kv_heads=h,
+        d_head=d // h,
+        d_ff=hf.get("n_inner") or 4 * d,
+        n_ctx=_int(arch, hf, "n_positions"),
+        vocab=_int(arch, hf, "vocab_size"),
+        norm_eps=_float(arch, hf, "layer_norm_epsilon", 1e-5),
+        act=_act(arch, hf, "activation_function", "gelu_new", ("gelu", "gelu-tanh", "relu", "silu")),
+        tied=lm and bool(hf.get("tie_word_embeddings", True)),
+        unembed=lm,
+    )
 
 
 def bert_config(arch: str, hf: dict) -> Config:
@@ -241,11 +287,19 @@ def bert_config(arch: str, hf: dict) -> Config:
         raise refuse(arch, "position_embedding_type", kind, "relative position embeddings")
     d, h = _int(arch, hf, "hidden_size"), _int(arch, hf, "num_attention_heads")
     e = _heads(arch, {}, d, h)
-    return bert.config(d_model=d, n_layers=_int(arch, hf, "num_hidden_layers"), n_heads=h, n_kv_heads=h, d_head=e,
-                       d_ff=_int(arch, hf, "intermediate_size"), n_ctx=_int(arch, hf, "max_position_embeddings"),
-                       vocab=_int(arch, hf, "vocab_size"), n_types=_int(arch, hf, "type_vocab_size", 2),
-                       norm_eps=_float(arch, hf, "layer_norm_eps", 1e-12),
-                       act=_act(arch, hf, "hidden_act", "gelu", ("gelu", "gelu-tanh", "relu", "silu")))
+    return bert.config(
+        d_model=d,
+        n_layers=_int(arch, hf, "num_hidden_layers"),
+        n_heads=h,
+        n_kv_heads=h,
+        d_head=e,
+        d_ff=_int(arch, hf, "intermediate_size"),
+        n_ctx=_int(arch, hf, "max_position_embeddings"),
+        vocab=_int(arch, hf, "vocab_size"),
+        n_types=_int(arch, hf, "type_vocab_size", 2),
+        norm_eps=_float(arch, hf, "layer_norm_eps", 1e-12),
+        act=_act(arch, hf, "hidden_act", "gelu", ("gelu", "gelu-tanh", "relu", "silu")),
+    )
 
 
 def llama_like_config(arch: str, hf: dict) -> Config:
@@ -255,16 +309,27 @@ def llama_like_config(arch: str, hf: dict) -> Config:
     _act(arch, hf, "hidden_act", "silu", ("silu",))  # SwiGLU's gate activation
     d, h = _int(arch, hf, "hidden_size"), _int(arch, hf, "num_attention_heads")
     kv = _int(arch, hf, "num_key_value_heads", h) if hf.get("num_key_value_heads") is not None else h
-    common = dict(d_model=d, n_layers=_int(arch, hf, "num_hidden_layers"), n_heads=h, n_kv_heads=kv,
-                  d_head=_heads(arch, hf, d, h), d_ff=_int(arch, hf, "intermediate_size"),
-                  n_ctx=_int(arch, hf, "max_position_embeddings", 2048), vocab=_int(arch, hf, "vocab_size"),
-                  norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6), **_rope(arch, hf), rope_style="half",
-                  tied=bool(hf.get("tie_word_embeddings", False)), window=window)
+    common = dict(
+        d_model=d,
+        n_layers=_int(arch, hf, "num_hidden_layers"),
+        n_heads=h,
+        n_kv_heads=kv,
+        d_head=_heads(arch, hf, d, h),
+        d_ff=_int(arch, hf, "intermediate_size"),
+        n_ctx=_int(arch, hf, "max_position_embeddings", 2048),
+        vocab=_int(arch, hf, "vocab_size"),
+        norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6),
+        **_rope(arch, hf),
+        rope_style="half",
+        tied=bool(hf.get("tie_word_embeddings", False)),
+        window=window,
+    )
     if arch == "Qwen2ForCausalLM":
         return qwen.config(**common, attn_bias=True, out_bias=False)
     if arch == "MixtralForCausalLM":
-        return moe.config(**common, experts=_int(arch, hf, "num_local_experts"),
-                          top_k=_int(arch, hf, "num_experts_per_tok"))
+        return moe.config(
+            **common, experts=_int(arch, hf, "num_local_experts"), top_k=_int(arch, hf, "num_experts_per_tok")
+        )
     bias = bool(hf.get("attention_bias", False))
     return llama.config(**common, attn_bias=bias, out_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
 
@@ -273,11 +338,18 @@ def llama_like_config(arch: str, hf: dict) -> Config:
 def _attn_linear(cfg: Config, dst: str, q: str, k: str, v: str, o: str) -> list[Link]:
     """nn.Linear projections named ``q``, ``k``, ``v``, ``o`` (file prefixes) ↔ the per-head tensors."""
     h, kv = cfg.n_heads, cfg.n_kv_heads
-    out = [linear_heads(f"{q}.weight", f"{dst}.W_Q", h), linear_heads(f"{k}.weight", f"{dst}.W_K", kv),
-           linear_heads(f"{v}.weight", f"{dst}.W_V", kv), linear_out_heads(f"{o}.weight", f"{dst}.W_O", h)]
+    out = [
+        linear_heads(f"{q}.weight", f"{dst}.W_Q", h),
+        linear_heads(f"{k}.weight", f"{dst}.W_K", kv),
+        linear_heads(f"{v}.weight", f"{dst}.W_V", kv),
+        linear_out_heads(f"{o}.weight", f"{dst}.W_O", h),
+    ]
     if cfg.attn_bias:
-        out += [bias_heads(f"{q}.bias", f"{dst}.b_Q", h), bias_heads(f"{k}.bias", f"{dst}.b_K", kv),
-                bias_heads(f"{v}.bias", f"{dst}.b_V", kv)]
+        out += [
+            bias_heads(f"{q}.bias", f"{dst}.b_Q", h),
+            bias_heads(f"{k}.bias", f"{dst}.b_K", kv),
+            bias_heads(f"{v}.bias", f"{dst}.b_V", kv),
+        ]
     if cfg.out_bias:
         out.append(same(f"{o}.bias", f"{dst}.b_O"))
     return out
@@ -297,12 +369,16 @@ def gpt2_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
     for i in range(cfg.n_layers):
         s, p = f"{pre}h.{i}", f"blocks.{i}"
         out += _norm(cfg, f"{s}.ln_1", f"{p}.ln1") + _norm(cfg, f"{s}.ln_2", f"{p}.ln2")
-        out += [conv1d_qkv(f"{s}.attn.c_attn.weight", (f"{p}.attn.W_Q", f"{p}.attn.W_K", f"{p}.attn.W_V"), h),
-                conv1d_qkv_bias(f"{s}.attn.c_attn.bias", (f"{p}.attn.b_Q", f"{p}.attn.b_K", f"{p}.attn.b_V"), h),
-                conv1d_out_heads(f"{s}.attn.c_proj.weight", f"{p}.attn.W_O", h),
-                same(f"{s}.attn.c_proj.bias", f"{p}.attn.b_O"),
-                same(f"{s}.mlp.c_fc.weight", f"{p}.mlp.W_in"), same(f"{s}.mlp.c_fc.bias", f"{p}.mlp.b_in"),
-                same(f"{s}.mlp.c_proj.weight", f"{p}.mlp.W_out"), same(f"{s}.mlp.c_proj.bias", f"{p}.mlp.b_out")]
+        out += [
+            conv1d_qkv(f"{s}.attn.c_attn.weight", (f"{p}.attn.W_Q", f"{p}.attn.W_K", f"{p}.attn.W_V"), h),
+            conv1d_qkv_bias(f"{s}.attn.c_attn.bias", (f"{p}.attn.b_Q", f"{p}.attn.b_K", f"{p}.attn.b_V"), h),
+            conv1d_out_heads(f"{s}.attn.c_proj.weight", f"{p}.attn.W_O", h),
+            same(f"{s}.attn.c_proj.bias", f"{p}.attn.b_O"),
+            same(f"{s}.mlp.c_fc.weight", f"{p}.mlp.W_in"),
+            same(f"{s}.mlp.c_fc.bias", f"{p}.mlp.b_in"),
+            same(f"{s}.mlp.c_proj.weight", f"{p}.mlp.W_out"),
+            same(f"{s}.mlp.c_proj.bias", f"{p}.mlp.b_out"),
+        ]
     out += _norm(cfg, f"{pre}ln_f", "ln_final")
     if cfg.unembed and not cfg.tied:
         out.append(linear("lm_head.weight", "unembed.W_U"))
@@ -312,17 +388,24 @@ def gpt2_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
 def bert_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
     pre = "bert." if has("bert.embeddings.word_embeddings.weight") else ""
     e = f"{pre}embeddings"
-    out = [same(f"{e}.word_embeddings.weight", "embed.W_E"), same(f"{e}.position_embeddings.weight", "embed.W_pos"),
-           same(f"{e}.token_type_embeddings.weight", "embed.W_tt")] + _norm(cfg, f"{e}.LayerNorm", "embed.ln")
+    out = [
+        same(f"{e}.word_embeddings.weight", "embed.W_E"),
+        same(f"{e}.position_embeddings.weight", "embed.W_pos"),
+        same(f"{e}.token_type_embeddings.weight", "embed.W_tt"),
+    ] + _norm(cfg, f"{e}.LayerNorm", "embed.ln")
     for i in range(cfg.n_layers):
         s, p = f"{pre}encoder.layer.{i}", f"blocks.{i}"
         a = f"{s}.attention"
-        out += _attn_linear(cfg, f"{p}.attn", f"{a}.self.query", f"{a}.self.key", f"{a}.self.value",
-                            f"{a}.output.dense")
+        out += _attn_linear(
+            cfg, f"{p}.attn", f"{a}.self.query", f"{a}.self.key", f"{a}.self.value", f"{a}.output.dense"
+        )
         out += _norm(cfg, f"{s}.attention.output.LayerNorm", f"{p}.ln1")
-        out += [linear(f"{s}.intermediate.dense.weight", f"{p}.mlp.W_in"),
-                same(f"{s}.intermediate.dense.bias", f"{p}.mlp.b_in"),
-                linear(f"{s}.output.dense.weight", f"{p}.mlp.W_out"), same(f"{s}.output.dense.bias", f"{p}.mlp.b_out")]
+        out += [
+            linear(f"{s}.intermediate.dense.weight", f"{p}.mlp.W_in"),
+            same(f"{s}.intermediate.dense.bias", f"{p}.mlp.b_in"),
+            linear(f"{s}.output.dense.weight", f"{p}.mlp.W_out"),
+            same(f"{s}.output.dense.bias", f"{p}.mlp.b_out"),
+        ]
         out += _norm(cfg, f"{s}.output.LayerNorm", f"{p}.ln2")
     return out
 
@@ -331,19 +414,27 @@ def llama_like_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
     out = [same("model.embed_tokens.weight", "embed.W_E")]
     for i in range(cfg.n_layers):
         s, p = f"model.layers.{i}", f"blocks.{i}"
-        out += [same(f"{s}.input_layernorm.weight", f"{p}.ln1.w"),
-                same(f"{s}.post_attention_layernorm.weight", f"{p}.ln2.w")]
+        out += [
+            same(f"{s}.input_layernorm.weight", f"{p}.ln1.w"),
+            same(f"{s}.post_attention_layernorm.weight", f"{p}.ln2.w"),
+        ]
         a = f"{s}.self_attn"
         out += _attn_linear(cfg, f"{p}.attn", f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj", f"{a}.o_proj")
         if cfg.experts:
             out += _moe_links(cfg, s, f"{p}.moe", has)
             continue
         m, q = f"{s}.mlp", f"{p}.mlp"
-        out += [linear(f"{m}.gate_proj.weight", f"{q}.W_gate"), linear(f"{m}.up_proj.weight", f"{q}.W_in"),
-                linear(f"{m}.down_proj.weight", f"{q}.W_out")]
+        out += [
+            linear(f"{m}.gate_proj.weight", f"{q}.W_gate"),
+            linear(f"{m}.up_proj.weight", f"{q}.W_in"),
+            linear(f"{m}.down_proj.weight", f"{q}.W_out"),
+        ]
         if cfg.mlp_bias:
-            out += [same(f"{m}.gate_proj.bias", f"{q}.b_gate"), same(f"{m}.up_proj.bias", f"{q}.b_in"),
-                    same(f"{m}.down_proj.bias", f"{q}.b_out")]
+            out += [
+                same(f"{m}.gate_proj.bias", f"{q}.b_gate"),
+                same(f"{m}.up_proj.bias", f"{q}.b_in"),
+                same(f"{m}.down_proj.bias", f"{q}.b_out"),
+            ]
     out.append(same("model.norm.weight", "ln_final.w"))
     if not cfg.tied:
         out.append(linear("lm_head.weight", "unembed.W_U"))
@@ -352,14 +443,18 @@ def llama_like_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
 
 def _moe_links(cfg: Config, s: str, q: str, has: Callable[[str], bool]) -> list[Link]:
     if has(f"{s}.mlp.experts.gate_up_proj"):  # transformers ≥ 5's fused in-memory layout
-        return [linear(f"{s}.mlp.gate.weight", f"{q}.W_router"),
-                fused_gate_up(f"{s}.mlp.experts.gate_up_proj", (f"{q}.W_gate", f"{q}.W_in")),
-                fused_down(f"{s}.mlp.experts.down_proj", f"{q}.W_out")]
+        return [
+            linear(f"{s}.mlp.gate.weight", f"{q}.W_router"),
+            fused_gate_up(f"{s}.mlp.experts.gate_up_proj", (f"{q}.W_gate", f"{q}.W_in")),
+            fused_down(f"{s}.mlp.experts.down_proj", f"{q}.W_out"),
+        ]
     m, E = f"{s}.block_sparse_moe", range(cfg.experts)
-    return [linear(f"{m}.gate.weight", f"{q}.W_router"),
-            experts(tuple(f"{m}.experts.{e}.w1.weight" for e in E), f"{q}.W_gate"),
-            experts(tuple(f"{m}.experts.{e}.w3.weight" for e in E), f"{q}.W_in"),
-            experts(tuple(f"{m}.experts.{e}.w2.weight" for e in E), f"{q}.W_out")]
+    return [
+        linear(f"{m}.gate.weight", f"{q}.W_router"),
+        experts(tuple(f"{m}.experts.{e}.w1.weight" for e in E), f"{q}.W_gate"),
+        experts(tuple(f"{m}.experts.{e}.w3.weight" for e in E), f"{q}.W_in"),
+        experts(tuple(f"{m}.experts.{e}.w2.weight" for e in E), f"{q}.W_out"),
+    ]
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -370,31 +465,77 @@ class Arch:
     name: str
     config: Callable[[str, dict], Config]
     links: Callable[[Config, Callable[[str], bool]], list[Link]]
-    layers: str                        # attribute path of the layer list in transformers' model
-    layer_prefix: str                  # file-name prefix of layer i ("{i}" is replaced)
-    auto: str                          # the transformers Auto class that loads it
-    ignore: str = r"$^"                # tensors without function (old buffers), dropped
-    passthrough: str = r"$^"           # tensors outside the checked function, copied unchanged
+    layers: str  # attribute path of the layer list in transformers' model
+    layer_prefix: str  # file-name prefix of layer i ("{i}" is replaced)
+    auto: str  # the transformers Auto class that loads it
+    ignore: str = r"$^"  # tensors without function (old buffers), dropped
+    passthrough: str = r"$^"  # tensors outside the checked function, copied unchanged
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 _LLAMA_IGNORE = r".*rotary_emb\.inv_freq$"
-ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("GPT2LMHeadModel", gpt2_config, gpt2_links, "transformer.h", "transformer.h.{i}.", "AutoModelForCausalLM",
-         ignore=r".*\.attn\.(masked_)?bias$"),
-    Arch("GPT2Model", gpt2_config, gpt2_links, "h", "h.{i}.", "AutoModel", ignore=r".*\.attn\.(masked_)?bias$"),
-    Arch("BertModel", bert_config, bert_links, "encoder.layer", "encoder.layer.{i}.", "AutoModel",
-         ignore=r"(bert\.)?embeddings\.position_ids$", passthrough=r"(bert\.)?pooler\..*",
-         notes=("the pooler reads only the last hidden state; it is copied unchanged and not checked",)),
-    Arch("LlamaForCausalLM", llama_like_config, llama_like_links, "model.layers", "model.layers.{i}.",
-         "AutoModelForCausalLM", ignore=_LLAMA_IGNORE),
-    Arch("MistralForCausalLM", llama_like_config, llama_like_links, "model.layers", "model.layers.{i}.",
-         "AutoModelForCausalLM", ignore=_LLAMA_IGNORE),
-    Arch("Qwen2ForCausalLM", llama_like_config, llama_like_links, "model.layers", "model.layers.{i}.",
-         "AutoModelForCausalLM", ignore=_LLAMA_IGNORE),
-    Arch("MixtralForCausalLM", llama_like_config, llama_like_links, "model.layers", "model.layers.{i}.",
-         "AutoModelForCausalLM", ignore=_LLAMA_IGNORE),
-)}
+ARCHS: dict[str, Arch] = {
+    a.name: a
+    for a in (
+        Arch(
+            "GPT2LMHeadModel",
+            gpt2_config,
+            gpt2_links,
+            "transformer.h",
+            "transformer.h.{i}.",
+            "AutoModelForCausalLM",
+            ignore=r".*\.attn\.(masked_)?bias$",
+        ),
+        Arch("GPT2Model", gpt2_config, gpt2_links, "h", "h.{i}.", "AutoModel", ignore=r".*\.attn\.(masked_)?bias$"),
+        Arch(
+            "BertModel",
+            bert_config,
+            bert_links,
+            "encoder.layer",
+            "encoder.layer.{i}.",
+            "AutoModel",
+            ignore=r"(bert\.)?embeddings\.position_ids$",
+            passthrough=r"(bert\.)?pooler\..*",
+            notes=("the pooler reads only the last hidden state; it is copied unchanged and not checked",),
+        ),
+        Arch(
+            "LlamaForCausalLM",
+            llama_like_config,
+            llama_like_links,
+            "model.layers",
+            "model.layers.{i}.",
+            "AutoModelForCausalLM",
+            ignore=_LLAMA_IGNORE,
+        ),
+        Arch(
+            "MistralForCausalLM",
+            llama_like_config,
+            llama_like_links,
+            "model.layers",
+            "model.layers.{i}.",
+            "AutoModelForCausalLM",
+            ignore=_LLAMA_IGNORE,
+        ),
+        Arch(
+            "Qwen2ForCausalLM",
+            llama_like_config,
+            llama_like_links,
+            "model.layers",
+            "model.layers.{i}.",
+            "AutoModelForCausalLM",
+            ignore=_LLAMA_IGNORE,
+        ),
+        Arch(
+            "MixtralForCausalLM",
+            llama_like_config,
+            llama_like_links,
+            "model.layers",
+            "model.layers.{i}.",
+            "AutoModelForCausalLM",
+            ignore=_LLAMA_IGNORE,
+        ),
+    )
+}
 
 
 def arch_of(hf: dict, archs: dict[str, Arch] = ARCHS) -> Arch:

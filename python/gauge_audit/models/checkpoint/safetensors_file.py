@@ -22,9 +22,18 @@ import torch
 
 from ...errors import GaugeAuditError
 
-CODES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-         "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-         "BOOL": torch.bool}
+CODES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 NAMES = {v: k for k, v in CODES.items()}
 MAX_HEADER = 100_000_000  # the format's own limit
 CHUNK = 1 << 25  # bytes read (or written) at a time when converting or re-laying out a large tensor
@@ -40,7 +49,7 @@ class SafetensorsFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.spans: dict[str, tuple[int, int]] = {}
-        self.entries = read_header(self.path, self.spans)   # name -> (dtype, shape)
+        self.entries = read_header(self.path, self.spans)  # name -> (dtype, shape)
 
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The tensor, in its stored dtype or converted to ``dtype``; a large conversion is read in
@@ -83,7 +92,7 @@ class SafetensorsFile:
                 f.seek(begin)
                 for r0 in range(0, rows, step):
                     r1 = min(rows, r0 + step)
-                    view = memoryview(buf)[:(r1 - r0) * row_bytes]
+                    view = memoryview(buf)[: (r1 - r0) * row_bytes]
                     if f.readinto(view) != len(view):
                         raise GaugeAuditError(f"{self.path}: truncated while reading tensor {name}")
                     if len(view):
@@ -106,8 +115,9 @@ def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.
                 raise GaugeAuditError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
             n = struct.unpack("<Q", head)[0]
             if n > min(MAX_HEADER, size - 8):
-                raise GaugeAuditError(f"{path}: truncated or corrupt safetensors file (header length {n} exceeds "
-                                      f"the file's {size} bytes)")
+                raise GaugeAuditError(
+                    f"{path}: truncated or corrupt safetensors file (header length {n} exceeds the file's {size} bytes)"
+                )
             raw = f.read(n)
     except OSError as exc:
         raise GaugeAuditError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -127,16 +137,23 @@ def read_header(path: Path, spans: dict | None = None) -> dict[str, tuple[torch.
             raise GaugeAuditError(f"{path}: malformed header entry for tensor {name}") from None
         if code not in CODES:
             raise GaugeAuditError(f"{path}: tensor {name} has unsupported dtype {code!r}")
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)
-                and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+        if not (
+            isinstance(shape, list)
+            and all(isinstance(s, int) and s >= 0 for s in shape)
+            and isinstance(begin, int)
+            and isinstance(end, int)
+            and 0 <= begin <= end
+        ):
             raise GaugeAuditError(f"{path}: malformed shape or offsets for tensor {name}")
         need = math.prod(shape) * _itemsize(CODES[code])
         if end - begin != need:
-            raise GaugeAuditError(f"{path}: header gives tensor {name} ({code}, shape {shape}) {end - begin} bytes; "
-                                  f"it needs {need}")
+            raise GaugeAuditError(
+                f"{path}: header gives tensor {name} ({code}, shape {shape}) {end - begin} bytes; it needs {need}"
+            )
         if end > data:
-            raise GaugeAuditError(f"{path}: truncated safetensors file (tensor {name} ends at byte {end} of a "
-                                  f"{data}-byte data section)")
+            raise GaugeAuditError(
+                f"{path}: truncated safetensors file (tensor {name} ends at byte {end} of a {data}-byte data section)"
+            )
         out[name] = (CODES[code], tuple(shape))
         ranges.append((begin, end, name))
         if spans is not None:
@@ -183,7 +200,7 @@ class SafetensorsWriter:
         row_bytes = (t.numel() // rows if rows else 0) * max(_itemsize(dtype), t.element_size())
         step = max(1, CHUNK // max(row_bytes, 1)) if t.dim() else 1
         for r0 in range(0, rows, step):
-            piece = t[r0:r0 + step] if t.dim() else t
+            piece = t[r0 : r0 + step] if t.dim() else t
             data = piece.to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
             self._f.write(memoryview(data))
         self.written.add(name)

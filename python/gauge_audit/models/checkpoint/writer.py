@@ -29,9 +29,18 @@ from .hf import Arch, Link
 from .safetensors_file import SafetensorsWriter
 
 # Files a tokenizer may consist of; copied verbatim from a Hugging Face directory.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 @contextlib.contextmanager
@@ -106,8 +115,14 @@ def _write_link(w: SafetensorsWriter, link: Link, params: Mapping) -> None:
         w.write(f, t)
 
 
-def write_hf(out: Path, ckpt: Checkpoint, cfg: Config, params: Mapping, dtype: torch.dtype | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict:
+def write_hf(
+    out: Path,
+    ckpt: Checkpoint,
+    cfg: Config,
+    params: Mapping,
+    dtype: torch.dtype | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Write ``params`` (project layout, config ``cfg``) as ``out/config.json`` +
     ``out/model.safetensors`` and copy the tokenizer files of an HF input.  Returns a summary
     (tensor count, dtypes, bytes)."""
@@ -130,5 +145,9 @@ def write_hf(out: Path, ckpt: Checkpoint, cfg: Config, params: Mapping, dtype: t
             if (ckpt.path / name).is_file():
                 shutil.copyfile(ckpt.path / name, out / name)
                 copied.append(name)
-    return {"tensors": len(layout), "dtype": str(coarsest).replace("torch.", ""),
-            "bytes": (out / "model.safetensors").stat().st_size, "copied_files": copied}
+    return {
+        "tensors": len(layout),
+        "dtype": str(coarsest).replace("torch.", ""),
+        "bytes": (out / "model.safetensors").stat().st_size,
+        "copied_files": copied,
+    }

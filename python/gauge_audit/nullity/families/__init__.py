@@ -60,17 +60,27 @@ from .stream import Segment, pre_norm_families, translation_family
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
-    if cfg.norm_placement == "sandwich":   # Gemma: its own stream, norms and QK (see .gemma)
+    if cfg.norm_placement == "sandwich":  # Gemma: its own stream, norms and QK (see .gemma)
         sandwich = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
         return [f for f in sandwich if f is not None and f.k > 0]
     # a QK-norm replaces qk-gl by the rescaling of its weights (and an ε-broken input scale)
-    qk = [qk_family(problem)] if cfg.qk_norm == "none" else [qk_norm_scale_family(problem),
-                                                              qk_norm_input_family(problem)]
+    qk = (
+        [qk_family(problem)]
+        if cfg.qk_norm == "none"
+        else [qk_norm_scale_family(problem), qk_norm_input_family(problem)]
+    )
     out: list[Family | None] = [*qk, vo_family(problem), key_bias_family(problem), value_bias_family(problem)]
     if cfg.family == "attn" and cfg.n_layers > 1:
-        segs = [Segment([(f"blocks.{i}.attn.b_O", "bias")],
-                        [(f"blocks.{i + 1}.attn.W_{n}", f"blocks.{i + 1}.attn.b_{n}") for n in "QKV"],
-                        f"blocks.{i + 1}.attn.b_O", False, f"attn {i}→{i + 1}") for i in range(cfg.n_layers - 1)]
+        segs = [
+            Segment(
+                [(f"blocks.{i}.attn.b_O", "bias")],
+                [(f"blocks.{i + 1}.attn.W_{n}", f"blocks.{i + 1}.attn.b_{n}") for n in "QKV"],
+                f"blocks.{i + 1}.attn.b_O",
+                False,
+                f"attn {i}→{i + 1}",
+            )
+            for i in range(cfg.n_layers - 1)
+        ]
         out.append(translation_family(problem, segs))
     if cfg.family != "attn":
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
@@ -92,7 +102,25 @@ def theory(problem: Problem, quiet: bool) -> tuple[Genericity, list[Family]]:
     return gen, families(problem, gen)
 
 
-__all__ = ["AFFINE", "LN", "Family", "Segment", "data_families", "families", "ffn_scaling_family",
-           "first_block_families", "key_bias_family", "post_norm_families", "pre_norm_families", "pre_norm_readers",
-           "pre_norm_writers", "qk_family", "router_family", "theory", "tied_unembed_family", "translation_family",
-           "value_bias_family", "vo_family"]
+__all__ = [
+    "AFFINE",
+    "LN",
+    "Family",
+    "Segment",
+    "data_families",
+    "families",
+    "ffn_scaling_family",
+    "first_block_families",
+    "key_bias_family",
+    "post_norm_families",
+    "pre_norm_families",
+    "pre_norm_readers",
+    "pre_norm_writers",
+    "qk_family",
+    "router_family",
+    "theory",
+    "tied_unembed_family",
+    "translation_family",
+    "value_bias_family",
+    "vo_family",
+]

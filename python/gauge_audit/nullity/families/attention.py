@@ -54,14 +54,21 @@ def qk_family(problem: Problem) -> Family:
                 if f"{pre}.b_K" in p:
                     R.at(v, f"{pre}.b_K")[j] = -p[f"{pre}.b_K"][j] @ a.T
     rope = cfg.pos == "rope"
-    rest = cfg.d_head - (cfg.rotary_dim or cfg.d_head)     # unrotated coordinates of a partial rotary
+    rest = cfg.d_head - (cfg.rotary_dim or cfg.d_head)  # unrotated coordinates of a partial rotary
     formula = ("L·n_kv·(R + (d_k − R)²)" if rest else "L·n_kv·d_k") if rope else "L·n_kv·d_k²"
-    per = (cfg.d_head - rest + rest * rest) if rope else cfg.d_head ** 2
-    return make_family(problem.layout, "qk-gl", formula, cfg.n_layers * cfg.n_kv_heads * per, R,
-                """Per KV group j: W_Q[h]·M, b_Q[h]·M for its query heads, W_K[j]·M⁻ᵀ, b_K[j]·M⁻ᵀ keep
+    per = (cfg.d_head - rest + rest * rest) if rope else cfg.d_head**2
+    return make_family(
+        problem.layout,
+        "qk-gl",
+        formula,
+        cfg.n_layers * cfg.n_kv_heads * per,
+        R,
+        """Per KV group j: W_Q[h]·M, b_Q[h]·M for its query heads, W_K[j]·M⁻ᵀ, b_K[j]·M⁻ᵀ keep
                 every score q·kᵀ.  Generator for A ∈ gl(d_k): dW_Q = W_Q·A, dW_K = −W_K·Aᵀ.  Under RoPE
                 M must commute with every position rotation R_Δ: per frequency plane a·I + b·J
-                (GL(1,ℂ)^{d_k/2}, d_k real dimensions).""", in_gmax=True)
+                (GL(1,ℂ)^{d_k/2}, d_k real dimensions).""",
+        in_gmax=True,
+    )
 
 
 def vo_family(problem: Problem) -> Family:
@@ -79,10 +86,17 @@ def vo_family(problem: Problem) -> Family:
                         R.at(v, f"{pre}.b_V")[j] = p[f"{pre}.b_V"][j] @ a
                     for h in range(j * g, (j + 1) * g):
                         R.at(v, f"{pre}.W_O")[h] = -a @ p[f"{pre}.W_O"][h]
-    return make_family(problem.layout, "vo-gl", "L·n_kv·d_v²", cfg.n_layers * cfg.n_kv_heads * e * e, R,
-                """Per KV group j: W_V[j]·N, b_V[j]·N and N⁻¹·W_O[h] for its query heads: the attention
+    return make_family(
+        problem.layout,
+        "vo-gl",
+        "L·n_kv·d_v²",
+        cfg.n_layers * cfg.n_kv_heads * e * e,
+        R,
+        """Per KV group j: W_V[j]·N, b_V[j]·N and N⁻¹·W_O[h] for its query heads: the attention
                 pattern does not involve V, and A·(X W_V N)(N⁻¹ W_O) = A·X W_V W_O.  Generator:
-                dW_V = W_V·A, dW_O = −A·W_O.""", in_gmax=True)
+                dW_V = W_V·A, dW_O = −A·W_O.""",
+        in_gmax=True,
+    )
 
 
 def key_bias_family(problem: Problem) -> Family | None:
@@ -94,10 +108,16 @@ def key_bias_family(problem: Problem) -> Family | None:
         for j in range(cfg.n_kv_heads):
             for i in range(cfg.d_head):
                 R.at(R.new(), f"{pre}.b_K")[j, i] = 1.0
-    return make_family(problem.layout, "key-bias-shift", "L·n_kv·d_k", cfg.n_layers * cfg.n_kv_heads * cfg.d_head, R,
-                """b_K enters each score only through q·b_K, constant over the keys of a query, and the
+    return make_family(
+        problem.layout,
+        "key-bias-shift",
+        "L·n_kv·d_k",
+        cfg.n_layers * cfg.n_kv_heads * cfg.d_head,
+        R,
+        """b_K enters each score only through q·b_K, constant over the keys of a query, and the
                 softmax ignores a constant added to a row: the key bias is entirely flat (absent under
-                RoPE, which rotates it with the key position).""")
+                RoPE, which rotates it with the key position).""",
+    )
 
 
 def value_bias_family(problem: Problem) -> Family | None:
@@ -111,6 +131,12 @@ def value_bias_family(problem: Problem) -> Family | None:
                 v = R.new()
                 R.at(v, f"{pre}.b_V")[j, i] = 1.0
                 R.at(v, f"{pre}.b_O")[:] = -sum(p[f"{pre}.W_O"][h][i] for h in range(j * g, (j + 1) * g))
-    return make_family(problem.layout, "value-bias-fold", "L·n_kv·d_v", cfg.n_layers * cfg.n_kv_heads * cfg.d_head, R,
-                """Attention rows sum to 1, so b_V reaches every position as the constant b_V·W_O,
-                which b_O can carry instead: db_V = c, db_O = −Σ_h c·W_O[h].""")
+    return make_family(
+        problem.layout,
+        "value-bias-fold",
+        "L·n_kv·d_v",
+        cfg.n_layers * cfg.n_kv_heads * cfg.d_head,
+        R,
+        """Attention rows sum to 1, so b_V reaches every position as the constant b_V·W_O,
+                which b_O can carry instead: db_V = c, db_O = −Σ_h c·W_O[h].""",
+    )

@@ -20,16 +20,16 @@ AFFINE = ("layernorm", "rmsnorm")
 @dataclass
 class Family:
     name: str
-    formula: str                 # the dimension formula, in the config's symbols
-    expected: int                # the formula evaluated
-    vectors: torch.Tensor        # (k × P) generators
-    doc: str                     # derivation (one paragraph)
-    kind: str = "exact"          # exact | eps-broken | data
-    in_gmax: bool = False        # part of MGS G_max (the per-head GL(d_k) × GL(d_v))
-    residual: float | None = None   # max ‖J·v‖ / ‖v‖ (set by explain)
+    formula: str  # the dimension formula, in the config's symbols
+    expected: int  # the formula evaluated
+    vectors: torch.Tensor  # (k × P) generators
+    doc: str  # derivation (one paragraph)
+    kind: str = "exact"  # exact | eps-broken | data
+    in_gmax: bool = False  # part of MGS G_max (the per-head GL(d_k) × GL(d_v))
+    residual: float | None = None  # max ‖J·v‖ / ‖v‖ (set by explain)
     tolerance: float | None = None  # the bound it was checked against (relative to ‖J‖_F)
-    rank: int | None = None         # rank of the vectors (set by explain)
-    flat: bool = True               # counted as flat (eps-broken: decided against the gap threshold)
+    rank: int | None = None  # rank of the vectors (set by explain)
+    flat: bool = True  # counted as flat (eps-broken: decided against the gap threshold)
     extra: dict = field(default_factory=dict)
 
     @property

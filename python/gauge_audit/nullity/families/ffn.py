@@ -57,8 +57,14 @@ def ffn_scaling_family(problem: Problem, gen: Genericity) -> Family | None:
     else:
         doc = """SwiGLU's hidden unit silu(x·w_gate)·(x·w_up) is linear in the up projection, so per unit
               W_in[:, i]·s (and b_in[i]), W_out[i]/s, with W_gate untouched."""
-    fam = make_family(problem.layout, f"{cfg.act}-scaling", formula + (" − excluded units" if skipped else ""),
-               n_units * cfg.d_ff - skipped, R, doc)
+    fam = make_family(
+        problem.layout,
+        f"{cfg.act}-scaling",
+        formula + (" − excluded units" if skipped else ""),
+        n_units * cfg.d_ff - skipped,
+        R,
+        doc,
+    )
     return fam
 
 
@@ -73,17 +79,32 @@ def router_family(problem: Problem) -> Family | None:
             for r in range(d):
                 for e in range(E):
                     R.at(R.new(), f"blocks.{i}.moe.W_router")[r, e] = 1.0
-        return make_family(problem.layout, "router-top1", "L·d·E", cfg.n_layers * d * E, R,
-                    """With top_k = 1 the renormalised gate is identically 1: the router only selects,
-                    and selection is locally constant, so every router weight is flat.""")
+        return make_family(
+            problem.layout,
+            "router-top1",
+            "L·d·E",
+            cfg.n_layers * d * E,
+            R,
+            """With top_k = 1 the renormalised gate is identically 1: the router only selects,
+                    and selection is locally constant, so every router weight is flat.""",
+        )
     # LayerNorm-noaffine readers also get the all-ones direction per column (reader-ones); the
     # offset along 1 is then already there, so the offset is restricted to 1^⊥.
-    basis = complement_of_ones(d) if cfg.norm == "layernorm-noaffine" and cfg.norm_placement == "pre" \
+    basis = (
+        complement_of_ones(d)
+        if cfg.norm == "layernorm-noaffine" and cfg.norm_placement == "pre"
         else torch.eye(d, dtype=torch.float64)
+    )
     for i in range(cfg.n_layers):
         for c in basis:
             R.at(R.new(), f"blocks.{i}.moe.W_router")[:, :] = c[:, None].expand(d, E)
     noaff = cfg.norm == "layernorm-noaffine" and cfg.norm_placement == "pre"
-    return make_family(problem.layout, "router-offset", "L·(d−1)" if noaff else "L·d", cfg.n_layers * basis.shape[0], R,
-                """Adding the same vector c to every expert's router column adds x·c to every router
-                logit: softmax, top-k and the renormalised gates are unchanged.""")
+    return make_family(
+        problem.layout,
+        "router-offset",
+        "L·(d−1)" if noaff else "L·d",
+        cfg.n_layers * basis.shape[0],
+        R,
+        """Adding the same vector c to every expert's router column adds x·c to every router
+                logit: softmax, top-k and the renormalised gates are unchanged.""",
+    )

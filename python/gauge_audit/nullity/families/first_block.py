@@ -24,7 +24,7 @@ class _FirstPoints:
 
     X0: torch.Tensor
     Y: torch.Tensor
-    norm: object                   # x ↦ the first norm's output
+    norm: object  # x ↦ the first norm's output
     readers: list
 
     @property
@@ -45,20 +45,23 @@ def _first_points(problem: Problem) -> _FirstPoints | None:
     X0 = p["embed.W_E"]
     if "embed.W_pos" in p:
         X0 = (X0[:, None, :] + p["embed.W_pos"][None, :, :]).reshape(-1, cfg.d_model)
-    if X0.shape[0] > 100_000:     # far beyond the sizes a Jacobian nullity can be measured at
+    if X0.shape[0] > 100_000:  # far beyond the sizes a Jacobian nullity can be measured at
         return None
 
     def first_norm(x):
         return normalize(p, "blocks.0.ln1", cfg, x)
+
     return _FirstPoints(X0, first_norm(X0), first_norm, pre_norm_readers(cfg, p)["blocks.0.ln1"])
 
 
-def _add_input_offset(problem: Problem, pts: _FirstPoints, R: Rows, v: torch.Tensor, w: torch.Tensor,
-                      values: torch.Tensor | None) -> None:
+def _add_input_offset(
+    problem: Problem, pts: _FirstPoints, R: Rows, v: torch.Tensor, w: torch.Tensor, values: torch.Tensor | None
+) -> None:
     """Adds to v: every row of W_E moved by −w, block 0's readers re-solved so that their outputs
     on the moved points are unchanged — except W_V's, which gain the constant ``values`` (one
     per value column) on every point.  Needs independent points (Y·Y⁺ = I)."""
     from torch.func import jvp
+
     p, d = problem.params(), problem.cfg.d_model
     dY = jvp(pts.norm, (pts.X0,), (-w.expand_as(pts.X0),))[1]
     R.at(v, "embed.W_E")[...] -= w
@@ -127,18 +130,26 @@ def first_block_families(problem: Problem) -> list[Family]:
                     v = R.new()
                     set_reader_column(R, v, w, col, a)
                     count += 1
-        fams.append(make_family(layout, "unreached-readers", "(d−rank Y)·(h·d_k+n_kv·(d_k+d_v))", count, R,
-                         """Without learned positions block 0's first norm has finitely many outputs Y (one
+        fams.append(
+            make_family(
+                layout,
+                "unreached-readers",
+                "(d−rank Y)·(h·d_k+n_kv·(d_k+d_v))",
+                count,
+                R,
+                """Without learned positions block 0's first norm has finitely many outputs Y (one
                          per token); when they do not span R^d, its readers may add any a ⊥ span(Y) to any
-                         column — they never see that direction."""))
+                         column — they never see that direction.""",
+            )
+        )
     if not pts.independent:
         return fams
     # Y has linearly independent rows: every reader's outputs on them can be set at will (Y·Y⁺ = I)
-    ones = pts.pinv.sum(1)                               # Y·ones = 1: a constant on every input
+    ones = pts.pinv.sum(1)  # Y·ones = 1: a constant on every input
     pre = "blocks.0.attn"
     R, count = Rows(layout), 0
     for w, b in readers:
-        if b is None or cfg.norm == "layernorm":     # affine LayerNorm: ln-reader-ones already trades
+        if b is None or cfg.norm == "layernorm":  # affine LayerNorm: ln-reader-ones already trades
             continue
         for col in range(reader_value(p, w).reshape(d, -1).shape[1]):
             v = R.new()
@@ -146,12 +157,20 @@ def first_block_families(problem: Problem) -> list[Family]:
             set_reader_column(R, v, w, col, -ones)
             count += 1
     if count:
-        fams.append(make_family(layout, "bias-trade", "width of the biased readers", count, R,
-                         """The first norm's outputs Y (one per token) are linearly independent, so a
+        fams.append(
+            make_family(
+                layout,
+                "bias-trade",
+                "width of the biased readers",
+                count,
+                R,
+                """The first norm's outputs Y (one per token) are linearly independent, so a
                          biased reader's bias may take over a constant from its weights: b ↦ b + c,
-                         W ↦ W − Y⁺·1⊗c."""))
+                         W ↦ W − Y⁺·1⊗c.""",
+            )
+        )
     if cfg.tied:
-        return fams            # W_E is also the unembedding: see tied_unembed_family
+        return fams  # W_E is also the unembedding: see tied_unembed_family
     R, count = Rows(layout), 0
     if f"{pre}.b_O" in p:
         # b_O absorbs any offset w (along 1 under a LayerNorm it is already ln-writer-ones)
@@ -168,11 +187,19 @@ def first_block_families(problem: Problem) -> list[Family]:
             _add_input_offset(problem, pts, R, v, w, c)
             count += 1
         formula = "n_kv·d_v"
-    fams.append(make_family(layout, "input-offset", formula, count, R,
-                     """The first norm's outputs Y (one per token) are linearly independent: every row
+    fams.append(
+        make_family(
+            layout,
+            "input-offset",
+            formula,
+            count,
+            R,
+            """The first norm's outputs Y (one per token) are linearly independent: every row
                      of W_E may move by −w if block 0 puts w back — through b_O, or as a constant added
                      to a KV group's values by W_V (w = c·Σ_{h∈group} W_O[h]) — with the readers
-                     re-solved for the moved points (Y·δW = target − δY·W)."""))
+                     re-solved for the moved points (Y·δW = target − δY·W).""",
+        )
+    )
     return fams
 
 
@@ -211,16 +238,19 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
 
     def skew(M):
         return torch.where(off, M / torch.where(off, gap, torch.ones_like(gap)), torch.zeros_like(M))
-    cols = [torch.cat([(Mk @ E.T).reshape(-1), skew(Mk).sum(1) if ln else torch.zeros(0, dtype=torch.float64)])
-            for Mk in basis_m]
+
+    cols = [
+        torch.cat([(Mk @ E.T).reshape(-1), skew(Mk).sum(1) if ln else torch.zeros(0, dtype=torch.float64)])
+        for Mk in basis_m
+    ]
     if ln:
         # LayerNorm: W_E may also move by s⊗1 (invisible to every norm; the logits move by
         # s_t·(n·γ + β·1), which γ·sᵀ in the first condition and δβ below cancel)
-        for j in range(V):                       # w_j
+        for j in range(V):  # w_j
             e = torch.zeros(d, V, dtype=torch.float64)
             e[:, j] = -1.0
             cols.append(torch.cat([e.reshape(-1), torch.zeros(d, dtype=torch.float64)]))
-        for j in range(V):                       # s_j
+        for j in range(V):  # s_j
             e = torch.zeros(d, V, dtype=torch.float64)
             e[:, j] = gamma
             cols.append(torch.cat([e.reshape(-1), torch.zeros(d, dtype=torch.float64)]))
@@ -229,7 +259,7 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
     pts = _first_points(problem)
     offsets: list = []
     if pts is not None and pts.independent:
-        if "blocks.0.attn.b_O" in p:     # b_O puts any w back (along 1 under LN: ln-writer-ones)
+        if "blocks.0.attn.b_O" in p:  # b_O puts any w back (along 1 under LN: ln-writer-ones)
             ws = complement_of_ones(d) if cfg.norm in LN else torch.eye(d, dtype=torch.float64)
             offsets = [(None, w) for w in ws]
         else:
@@ -239,7 +269,7 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
         cols.append(torch.cat([e.reshape(-1), torch.zeros(d if ln else 0, dtype=torch.float64)]))
     C = torch.stack(cols, dim=1)
     _, cs, cvh = torch.linalg.svd(C, full_matrices=True)
-    null = cvh[int((cs > 1e-10 * cs[0]).sum()):]
+    null = cvh[int((cs > 1e-10 * cs[0]).sum()) :]
     n_s = 2 * V if ln else 0
     R, count = Rows(layout), 0
     for x in null:
@@ -248,7 +278,7 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
         v = R.new()
         stream_map_vector(problem, R, v, A, readers, writers)
         R.at(v, "ln_final.w")[...] = torch.diagonal(M)
-        coef = x[n_m + n_s:]
+        coef = x[n_m + n_s :]
         w_tot = sum((a * w for a, (_, w) in zip(coef, offsets)), torch.zeros(d, dtype=torch.float64))
         if offsets and offsets[0][0] is None:
             _add_input_offset(problem, pts, R, v, w_tot, None)
@@ -256,7 +286,7 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
         elif offsets:
             _add_input_offset(problem, pts, R, v, w_tot, sum(a * c for a, (c, _) in zip(coef, offsets)))
         if ln:
-            beta, sv_ = p["ln_final.b"], x[n_m + V:n_m + 2 * V]
+            beta, sv_ = p["ln_final.b"], x[n_m + V : n_m + 2 * V]
             R.at(v, "embed.W_E")[...] += sv_[:, None]
             # δβ·W_Eᵀ = β·A·W_Eᵀ − (β·1)·s + β·w  (W_E has independent rows: solvable)
             rhs = (beta @ A) @ E.T - beta.sum() * sv_ + beta @ w_tot
@@ -269,9 +299,15 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
             count += 1
     if count == 0:
         return None
-    return make_family(layout, "tied-unembed-null", "null space of its conditions", count, R,
-                """Tied embeddings with an affine final norm and vocab < d_model: the logits read the
+    return make_family(
+        layout,
+        "tied-unembed-null",
+        "null space of its conditions",
+        count,
+        R,
+        """Tied embeddings with an affine final norm and vocab < d_model: the logits read the
                 final norm only on W_E's rows, so a stream rotation A with γ_final ↦ γ_final + diag M
                 (M = [A, D_γ] + diag M symmetric, M·W_Eᵀ = 0; c(c+1)/2 of them under RMSNorm, c =
                 d − rank W_E) is flat, also combined with block 0's input offsets; under LayerNorm
-                W_E may move by s⊗1 and β_final along ker W_E.""")
+                W_E may move by s⊗1 and β_final along ker W_E.""",
+    )

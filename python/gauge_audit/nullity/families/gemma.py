@@ -71,9 +71,15 @@ def norm_scale_family(problem: Problem) -> Family:
             for w, axis in rs:
                 R.at(v, w).select(axis, i).copy_(-p[w].select(axis, i))
     formula = "2L·d" if cfg.tied else "(2L+1)·d"
-    return make_family(problem.layout, "norm-scale", formula, len(readers) * cfg.d_model, R,
-                       """Per pre-norm: γ⊙s and its readers diag(s)⁻¹·W.  The post-norms write into the stream,
-                       which only norms read, so their weights have no such partner.""")
+    return make_family(
+        problem.layout,
+        "norm-scale",
+        formula,
+        len(readers) * cfg.d_model,
+        R,
+        """Per pre-norm: γ⊙s and its readers diag(s)⁻¹·W.  The post-norms write into the stream,
+                       which only norms read, so their weights have no such partner.""",
+    )
 
 
 def qk_norm_plane_family(problem: Problem) -> Family:
@@ -84,11 +90,17 @@ def qk_norm_plane_family(problem: Problem) -> Family:
             for idx in (i, j):
                 R.at(v, f"{pre}.q_norm")[idx] = p[f"{pre}.q_norm"][idx]
                 R.at(v, f"{pre}.k_norm")[idx] = -p[f"{pre}.k_norm"][idx]
-    return make_family(problem.layout, "qk-norm-scale", "L·d_k/2", cfg.n_layers * (cfg.d_head // 2), R,
-                       """γ_q ↦ γ_q⊙s, γ_k ↦ γ_k⊘s with s constant on each RoPE plane: s commutes with every
+    return make_family(
+        problem.layout,
+        "qk-norm-scale",
+        "L·d_k/2",
+        cfg.n_layers * (cfg.d_head // 2),
+        R,
+        """γ_q ↦ γ_q⊙s, γ_k ↦ γ_k⊘s with s constant on each RoPE plane: s commutes with every
                        position rotation, so every score q·R_Δ·kᵀ keeps its value.  The only continuous
                        QK freedom a generic QK-normalised layer keeps (per-head GL(d_k) is cut to ±1 per
-                       plane by the norm and its shared weights).""")
+                       plane by the norm and its shared weights).""",
+    )
 
 
 def qk_norm_input_scale_family(problem: Problem) -> Family:
@@ -97,9 +109,16 @@ def qk_norm_input_scale_family(problem: Problem) -> Family:
         for name, heads in (("W_Q", cfg.n_heads), ("W_K", cfg.n_kv_heads)):
             for h in range(heads):
                 R.at(R.new(), f"{pre}.{name}")[h] = p[f"{pre}.{name}"][h]
-    return make_family(problem.layout, "qk-norm-input-scale", "L·(h + n_kv)", cfg.n_layers * (cfg.n_heads + cfg.n_kv_heads),
-                       R, """A query or key head ×c before its RMSNorm over d_head: n(c·y) = n(y) exactly only when
-                       ε = 0.""", kind=_eps_kind(cfg))
+    return make_family(
+        problem.layout,
+        "qk-norm-input-scale",
+        "L·(h + n_kv)",
+        cfg.n_layers * (cfg.n_heads + cfg.n_kv_heads),
+        R,
+        """A query or key head ×c before its RMSNorm over d_head: n(c·y) = n(y) exactly only when
+                       ε = 0.""",
+        kind=_eps_kind(cfg),
+    )
 
 
 def post_norm_scale_family(problem: Problem) -> Family:
@@ -107,9 +126,16 @@ def post_norm_scale_family(problem: Problem) -> Family:
     for i in range(cfg.n_layers):
         for w in (f"blocks.{i}.attn.W_O", f"blocks.{i}.mlp.W_out"):
             R.at(R.new(), w)[...] = p[w]
-    return make_family(problem.layout, "post-norm-scale", "2L", 2 * cfg.n_layers, R,
-                       """A sublayer's output ×c (W_O or W_out ×c) is divided out by its post-norm — exactly
-                       only when ε = 0.""", kind=_eps_kind(cfg))
+    return make_family(
+        problem.layout,
+        "post-norm-scale",
+        "2L",
+        2 * cfg.n_layers,
+        R,
+        """A sublayer's output ×c (W_O or W_out ×c) is divided out by its post-norm — exactly
+                       only when ε = 0.""",
+        kind=_eps_kind(cfg),
+    )
 
 
 def stream_scale_family(problem: Problem) -> Family:
@@ -120,10 +146,17 @@ def stream_scale_family(problem: Problem) -> Family:
         R.at(v, f"{n}.w")[...] = p[f"{n}.w"]
     if cfg.tied:
         R.at(v, "ln_final.w")[...] = -p["ln_final.w"]
-    return make_family(problem.layout, "stream-scale", "1", 1, R,
-                       """Every stream writer ×c (W_E, every post-norm γ') scales the stream, which every
+    return make_family(
+        problem.layout,
+        "stream-scale",
+        "1",
+        1,
+        R,
+        """Every stream writer ×c (W_E, every post-norm γ') scales the stream, which every
                        pre-norm divides out — exactly only when ε = 0.  Tied: the final γ ×1/c keeps the
-                       logits.""", kind=_eps_kind(cfg))
+                       logits.""",
+        kind=_eps_kind(cfg),
+    )
 
 
 def stream_rotation_special(problem: Problem) -> Family | None:
@@ -150,10 +183,16 @@ def stream_rotation_special(problem: Problem) -> Family | None:
                 for w, axis in rs:
                     t = p[w].movedim(axis, -1)
                     R.at(v, w)[...] = (t @ B.T).movedim(-1, axis)
-    return make_family(problem.layout, "stream-rotation-special", "d(d−1)/2", d * (d - 1) // 2, R,
-                       """At this point every post-norm weight γ' (and the tied final weight) is ∝ 1 — for
+    return make_family(
+        problem.layout,
+        "stream-rotation-special",
+        "d(d−1)/2",
+        d * (d - 1) // 2,
+        R,
+        """At this point every post-norm weight γ' (and the tied final weight) is ∝ 1 — for
                        Gemma's (1 + w) norms w = 0 — so n(o)⊙γ' commutes with every rotation R: writers
-                       ×R, pre-norm readers D_γ⁻¹Rᵀ D_γ·W.  Generic weights have none of it.""")
+                       ×R, pre-norm readers D_γ⁻¹Rᵀ D_γ·W.  Generic weights have none of it.""",
+    )
 
 
 def qk_plane_rotation_special(problem: Problem) -> Family | None:
@@ -174,10 +213,16 @@ def qk_plane_rotation_special(problem: Problem) -> Family | None:
                 R.at(v, f"{pre}.W_K")[kv] = p[f"{pre}.W_K"][kv] @ A
     if not R.rows:
         return None
-    return make_family(problem.layout, "qk-plane-rotation-special", "n_kv · (planes with constant γ_q and γ_k)",
-                       len(R.rows), R, """On a RoPE plane where γ_q and γ_k are constant (for Gemma's (1 + w)
+    return make_family(
+        problem.layout,
+        "qk-plane-rotation-special",
+        "n_kv · (planes with constant γ_q and γ_k)",
+        len(R.rows),
+        R,
+        """On a RoPE plane where γ_q and γ_k are constant (for Gemma's (1 + w)
                        norms: w = 0 there) a rotation of the plane commutes with the norm, its weights and
-                       RoPE: W_Q[h]·O and W_K[j]·O for the query heads of the group keep every score.""")
+                       RoPE: W_Q[h]·O and W_K[j]·O for the query heads of the group keep every score.""",
+    )
 
 
 def first_block_token_scales(problem: Problem) -> Family | None:
@@ -190,32 +235,54 @@ def first_block_token_scales(problem: Problem) -> Family | None:
         return None
     tokens = torch.unique(problem.inputs["tokens"])
     x = p["embed.W_E"][tokens]
-    x = x * torch.rsqrt((x * x).mean(-1, keepdim=True)) * p["blocks.0.ln1.w"]   # (T, d)
+    x = x * torch.rsqrt((x * x).mean(-1, keepdim=True)) * p["blocks.0.ln1.w"]  # (T, d)
     T, d, e = x.shape[0], cfg.d_model, cfg.d_head
     for name, heads in (("W_Q", cfg.n_heads), ("W_K", cfg.n_kv_heads)):
         for h in range(heads):
-            W = p[f"blocks.0.attn.{name}"][h]                                     # (d, e)
+            W = p[f"blocks.0.attn.{name}"][h]  # (d, e)
             Y = x @ W
             # unknowns (vec dW, c): X·dW − diag(c)·Y = 0, one equation per (token, coordinate)
-            M = torch.cat([torch.kron(x, torch.eye(e, dtype=torch.float64)),
-                           -(Y[:, :, None] * torch.eye(T, dtype=torch.float64)[:, None, :]).reshape(T * e, T)], dim=1)
+            M = torch.cat(
+                [
+                    torch.kron(x, torch.eye(e, dtype=torch.float64)),
+                    -(Y[:, :, None] * torch.eye(T, dtype=torch.float64)[:, None, :]).reshape(T * e, T),
+                ],
+                dim=1,
+            )
             dW = null_rows(M, d * e + T)[:, : d * e]
             w = (W / W.norm()).reshape(1, -1)
-            dW = dW - (dW @ w.T) @ w                                             # qk-norm-input-scale has W itself
+            dW = dW - (dW @ w.T) @ w  # qk-norm-input-scale has W itself
             u, sv, _ = torch.linalg.svd(dW.T, full_matrices=False)
             for col in u[:, : int((sv > 1e-8 * max(1.0, float(sv.max()) if sv.numel() else 0.0)).sum())].T:
                 R.at(R.new(), f"blocks.0.attn.{name}")[h] = col.reshape(d, e)
     if not R.rows:
         return None
-    return make_family(problem.layout, "first-block-token-scales", "Σ over block 0's QK heads of the freedom "
-                       "left by the sampled tokens", len(R.rows), R, first_block_token_scales.__doc__, kind="data")
+    return make_family(
+        problem.layout,
+        "first-block-token-scales",
+        "Σ over block 0's QK heads of the freedom left by the sampled tokens",
+        len(R.rows),
+        R,
+        first_block_token_scales.__doc__,
+        kind="data",
+    )
 
 
 def gemma_families(problem: Problem) -> list[Family | None]:
     cfg = problem.cfg
     qk = qk_family(problem) if cfg.qk_norm == "none" else qk_norm_plane_family(problem)
-    out = [qk, vo_family(problem), norm_scale_family(problem), post_norm_scale_family(problem),
-           stream_scale_family(problem), stream_rotation_special(problem)]
+    out = [
+        qk,
+        vo_family(problem),
+        norm_scale_family(problem),
+        post_norm_scale_family(problem),
+        stream_scale_family(problem),
+        stream_rotation_special(problem),
+    ]
     if cfg.qk_norm != "none":
-        out += [qk_norm_input_scale_family(problem), qk_plane_rotation_special(problem), first_block_token_scales(problem)]
+        out += [
+            qk_norm_input_scale_family(problem),
+            qk_plane_rotation_special(problem),
+            first_block_token_scales(problem),
+        ]
     return out

@@ -23,24 +23,41 @@ def output_norm_families(problem: Problem) -> list[Family]:
     for i in range(cfg.n_layers):
         for sub in ("attn", "mlp"):
             v = R.new()
-            for name in (("W_O", "b_O") if sub == "attn" else ("W_out", "b_out")):
+            for name in ("W_O", "b_O") if sub == "attn" else ("W_out", "b_out"):
                 key = f"blocks.{i}.{sub}.{name}"
                 if key in p:
                     R.at(v, key)[...] = p[key]
     fams = []
-    if "ln_final.w" in p and "unembed.W_U" in p:   # untied: the final norm's γ folds into W_U's rows
+    if "ln_final.w" in p and "unembed.W_U" in p:  # untied: the final norm's γ folds into W_U's rows
         R_f = Rows(layout)
         for i in range(cfg.d_model):
             v = R_f.new()
             R_f.at(v, "ln_final.w")[i] = p["ln_final.w"][i]
             R_f.at(v, "unembed.W_U")[i] = -p["unembed.W_U"][i]
-        fams.append(make_family(layout, "final-norm-scale", "d", cfg.d_model, R_f,
-                                """The final norm's γ_i and row i of the unembedding trade a factor:
+        fams.append(
+            make_family(
+                layout,
+                "final-norm-scale",
+                "d",
+                cfg.d_model,
+                R_f,
+                """The final norm's γ_i and row i of the unembedding trade a factor:
                                 diag(γ)·W_U = diag(γ·s)·diag(1/s)·W_U.  (The output norms' γ cannot: they
-                                write into the stream.)"""))
-    fams.append(make_family(layout, "output-norm-input-scale", "2L", 2 * cfg.n_layers, R,
-                        """n(c·y) = n(y) at ε = 0: the closing projection of a sublayer whose output is normed
-                        (W_O, b_O; W_out, b_out) can be scaled freely.  Exact only at ε = 0.""", kind=eps_kind))
+                                write into the stream.)""",
+            )
+        )
+    fams.append(
+        make_family(
+            layout,
+            "output-norm-input-scale",
+            "2L",
+            2 * cfg.n_layers,
+            R,
+            """n(c·y) = n(y) at ε = 0: the closing projection of a sublayer whose output is normed
+                        (W_O, b_O; W_out, b_out) can be scaled freely.  Exact only at ε = 0.""",
+            kind=eps_kind,
+        )
+    )
     R = Rows(layout)
     v = R.new()
     R.at(v, "embed.W_E")[...] = p["embed.W_E"]
@@ -48,10 +65,19 @@ def output_norm_families(problem: Problem) -> list[Family]:
         for n in ("ln1", "ln2"):
             if f"blocks.{i}.{n}.w" in p:
                 R.at(v, f"blocks.{i}.{n}.w")[...] = p[f"blocks.{i}.{n}.w"]
-    fams.append(make_family(layout, "stream-scale", "1", 1, R,
-                            """Every writer ×c (the embedding and the output norms' γ) scales the stream;
+    fams.append(
+        make_family(
+            layout,
+            "stream-scale",
+            "1",
+            1,
+            R,
+            """Every writer ×c (the embedding and the output norms' γ) scales the stream;
                             every reader of the raw stream then sees c·x — the sublayers' projections end in
                             norms (the QK-norm, the output norm) and the final norm divides it out, exactly
                             only when ε = 0.  The stream rotation is blocked: diag(γ)·R = R·diag(γ')
-                            for every output norm forces R diagonal.""", kind=eps_kind))
+                            for every output norm forces R diagonal.""",
+            kind=eps_kind,
+        )
+    )
     return fams

@@ -52,29 +52,47 @@ def post_norm_families(problem: Problem) -> list[Family]:
         R, count = Rows(layout), 0
         names = list(emb_tables) if embed_ln else []
         for i in range(L):
-            names += [n for n in (f"blocks.{i}.attn.W_O", f"blocks.{i}.attn.b_O", f"{ffn_prefix(i)}.W_out",
-                                  f"{ffn_prefix(i)}.b_out") if n in p]
+            names += [
+                n
+                for n in (
+                    f"blocks.{i}.attn.W_O",
+                    f"blocks.{i}.attn.b_O",
+                    f"{ffn_prefix(i)}.W_out",
+                    f"{ffn_prefix(i)}.b_out",
+                )
+                if n in p
+            ]
         for w in names:
             for r in range(writer_rows(p[w]).shape[0]):
                 writer_rows(R.at(R.new(), w))[r] = 1.0
                 count += 1
-        fams.append(make_family(layout, "ln-writer-ones", "rows of every writer into a LayerNorm's input", count, R,
-                         """What a LayerNorm reads loses its all-ones component: embedding rows (embedding
-                         LN), W_O/b_O rows (LN1), W_out/b_out rows (LN2) may add any multiple of 1."""))
+        fams.append(
+            make_family(
+                layout,
+                "ln-writer-ones",
+                "rows of every writer into a LayerNorm's input",
+                count,
+                R,
+                """What a LayerNorm reads loses its all-ones component: embedding rows (embedding
+                         LN), W_O/b_O rows (LN1), W_out/b_out rows (LN2) may add any multiple of 1.""",
+            )
+        )
 
     # ------------------------------------------------------------ segment translations
     segments = []
     for n, rs, i in sources:
         if norm == "none" and i > 0:
-            opening = [(f"{ffn_prefix(i - 1)}.b_out", "bias")]    # no norm: the previous closing bias
+            opening = [(f"{ffn_prefix(i - 1)}.b_out", "bias")]  # no norm: the previous closing bias
         else:
             opening = [(f"{n}.b", "bias")] if n is not None else [("embed.W_E", "rows")]
-        segments.append(Segment(opening, rs, f"blocks.{i}.attn.b_O", ln, f"attn {i}",
-                                ln=n if norm == "layernorm" else None))
+        segments.append(
+            Segment(opening, rs, f"blocks.{i}.attn.b_O", ln, f"attn {i}", ln=n if norm == "layernorm" else None)
+        )
     for n, rs, i in mids:
         opening = [(f"blocks.{i}.attn.b_O", "bias")] if norm == "none" else [(f"{n}.b", "bias")]
-        segments.append(Segment(opening, rs, f"{ffn_prefix(i)}.b_out", ln, f"ffn {i}",
-                                ln=n if norm == "layernorm" else None))
+        segments.append(
+            Segment(opening, rs, f"{ffn_prefix(i)}.b_out", ln, f"ffn {i}", ln=n if norm == "layernorm" else None)
+        )
     tr = translation_family(problem, segments)
     if tr is not None:
         fams.append(tr)
@@ -86,14 +104,22 @@ def post_norm_families(problem: Problem) -> list[Family]:
             if n is not None:
                 count += reader_ones(problem, R, n, rs)
         if count:
-            fams.append(make_family(layout, "ln-reader-ones", "output width of every reader of a LayerNorm output "
-                             "that can absorb a constant", count, R, reader_ones.__doc__ or ""))
+            fams.append(
+                make_family(
+                    layout,
+                    "ln-reader-ones",
+                    "output width of every reader of a LayerNorm output that can absorb a constant",
+                    count,
+                    R,
+                    reader_ones.__doc__ or "",
+                )
+            )
 
     # ------------------------------------------------------------ segment scales (eps-broken)
     if norm != "none":
         R, count = Rows(layout), 0
         if cfg.embed_norm:
-            v = R.new()   # the embedding sum, read only by the embedding norm
+            v = R.new()  # the embedding sum, read only by the embedding norm
             for t in emb_tables:
                 R.at(v, t)[...] = p[t]
             count += 1
@@ -124,8 +150,17 @@ def post_norm_families(problem: Problem) -> list[Family]:
                     R.at(v, w)[...] = p[w]
             count += 1
         if count:
-            fams.append(make_family(layout, "segment-scale", "one per norm output that feeds another norm", count, R,
-                             """x ↦ c·x on a residual segment (the producing norm's γ, β ×c, its readers ÷c,
+            fams.append(
+                make_family(
+                    layout,
+                    "segment-scale",
+                    "one per norm output that feeds another norm",
+                    count,
+                    R,
+                    """x ↦ c·x on a residual segment (the producing norm's γ, β ×c, its readers ÷c,
                              the segment's writers ×c; or all embedding tables ×c before the embedding
-                             norm) is divided out by the next norm — exactly only when ε = 0.""", kind="exact" if cfg.norm_eps == 0 else "eps-broken"))
+                             norm) is divided out by the next norm — exactly only when ε = 0.""",
+                    kind="exact" if cfg.norm_eps == 0 else "eps-broken",
+                )
+            )
     return fams

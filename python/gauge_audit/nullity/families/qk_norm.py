@@ -30,7 +30,7 @@ def qk_norm_scale_family(problem: Problem) -> Family | None:
                 dq, dk = R.at(v, f"{pre}.q_norm"), R.at(v, f"{pre}.k_norm")
                 if j is None:
                     idx_q = idx_k = list(coords)
-                else:   # full width: KV head j's slice of γ_k and its query heads' slices of γ_q
+                else:  # full width: KV head j's slice of γ_k and its query heads' slices of γ_q
                     idx_q = [h * e + c for h in range(j * g, (j + 1) * g) for c in coords]
                     idx_k = [j * e + c for c in coords]
                 dq[idx_q] = gq[idx_q]
@@ -38,13 +38,19 @@ def qk_norm_scale_family(problem: Problem) -> Family | None:
     per = "1" if cfg.qk_norm == "head" else "n_kv"
     n_units = len(units(cfg))
     formula = f"L·{per}·(R/2 + d_k − R)" if cfg.pos == "rope" else f"L·{per}·d_k"
-    return make_family(problem.layout, "qk-norm-scale", formula, cfg.n_layers * len(groups) * n_units, R,
-                """After the QK-norm, scaling γ_q by c and γ_k by 1/c on one RoPE plane multiplies that
+    return make_family(
+        problem.layout,
+        "qk-norm-scale",
+        formula,
+        cfg.n_layers * len(groups) * n_units,
+        R,
+        """After the QK-norm, scaling γ_q by c and γ_k by 1/c on one RoPE plane multiplies that
                 plane of q by c and of k by 1/c — c·I commutes with the rotation — so every score is
                 unchanged (an unrotated coordinate scales alone).  Generator: dγ_q = γ_q on the unit,
                 dγ_k = −γ_k.  A full-width norm's γ is per head: one set per KV group and its query heads.
                 This is all that survives of qk-gl for generic γ (an element must commute with n(·)·diag(γ)
-                and with RoPE).""")
+                and with RoPE).""",
+    )
 
 
 def qk_norm_input_family(problem: Problem) -> Family | None:
@@ -53,7 +59,7 @@ def qk_norm_input_family(problem: Problem) -> Family | None:
         return None
     for pre in attn_prefixes(cfg):
         for side, heads in (("Q", cfg.n_heads), ("K", cfg.n_kv_heads)):
-            for h in (range(heads) if cfg.qk_norm == "head" else [None]):
+            for h in range(heads) if cfg.qk_norm == "head" else [None]:
                 v = R.new()
                 for name in (f"{pre}.W_{side}", f"{pre}.b_{side}"):
                     if name in p:
@@ -63,7 +69,14 @@ def qk_norm_input_family(problem: Problem) -> Family | None:
                             R.at(v, name)[h] = p[name][h]
     per = "(n_heads + n_kv)" if cfg.qk_norm == "head" else "2"
     count = cfg.n_layers * ((cfg.n_heads + cfg.n_kv_heads) if cfg.qk_norm == "head" else 2)
-    return make_family(problem.layout, "qk-norm-input-scale", f"L·{per}", count, R,
-                """n(c·y) = n(y) at ε = 0: scaling a normed projection (a head's W_Q, b_Q or W_K, b_K; for a
+    return make_family(
+        problem.layout,
+        "qk-norm-input-scale",
+        f"L·{per}",
+        count,
+        R,
+        """n(c·y) = n(y) at ε = 0: scaling a normed projection (a head's W_Q, b_Q or W_K, b_K; for a
                 full-width norm all heads of one side together) does not change q or k.  Exact only at
-                ε = 0.""", kind="exact" if cfg.norm_eps == 0 else "eps-broken")
+                ε = 0.""",
+        kind="exact" if cfg.norm_eps == 0 else "eps-broken",
+    )

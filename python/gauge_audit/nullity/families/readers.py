@@ -39,7 +39,7 @@ def set_reader_column(R: Rows, v: torch.Tensor, name: str, col: int, a: torch.Te
     if name == "embed.W_E^T":
         R.at(v, "embed.W_E")[col, :] = a
         return
-    t = R.at(v, name)                       # (*lead, d, f)
+    t = R.at(v, name)  # (*lead, d, f)
     lead, f = t.shape[:-2], t.shape[-1]
     idx = []
     rem = col
@@ -100,8 +100,9 @@ def writer_rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def stream_map_vector(problem: Problem, R: Rows, v: torch.Tensor, a: torch.Tensor, readers: dict,
-                       writers: list[str]) -> None:
+def stream_map_vector(
+    problem: Problem, R: Rows, v: torch.Tensor, a: torch.Tensor, readers: dict, writers: list[str]
+) -> None:
     """The tangent of x ↦ x·(I + t·A) on the stream: writers W·A; for a norm with weight γ,
     C = D_γ⁻¹·A·D_γ, β·C and readers −C·W.  A tied final norm is left to the caller."""
     p, d, tied = problem.params(), problem.cfg.d_model, problem.cfg.tied
@@ -112,7 +113,7 @@ def stream_map_vector(problem: Problem, R: Rows, v: torch.Tensor, a: torch.Tenso
             continue  # W_Eᵀ follows the writer rule: (W_E·R)ᵀ = Rᵀ·W_Eᵀ, as the reader rule asks
         if f"{n}.w" in p:
             gamma = p[f"{n}.w"]
-            c = a * gamma[None, :] / gamma[:, None]      # D_γ⁻¹·A·D_γ
+            c = a * gamma[None, :] / gamma[:, None]  # D_γ⁻¹·A·D_γ
         else:
             c = a
         if f"{n}.b" in p:

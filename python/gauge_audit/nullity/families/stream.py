@@ -45,10 +45,18 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                 for w, _ in transformable[n]:
                     reader_rows(R, v, w)[i] = -reader_value(p, w)[i]
         k = len(transformable)
-        fams.append(make_family(layout, "norm-scale", "(2L+1)·d" if not tied else "2L·d", k * d, R,
-                         """Per weighted pre-norm: γ⊙s, β⊙s and every reader diag(s)⁻¹·W (the readers see
+        fams.append(
+            make_family(
+                layout,
+                "norm-scale",
+                "(2L+1)·d" if not tied else "2L·d",
+                k * d,
+                R,
+                """Per weighted pre-norm: γ⊙s, β⊙s and every reader diag(s)⁻¹·W (the readers see
                          (n(x)⊙γ⊙s + β⊙s)·diag(s)⁻¹·W = (n(x)⊙γ + β)·W).  Not for a tied final norm, whose
-                         reader W_Eᵀ is also a writer."""))
+                         reader W_Eᵀ is also a writer.""",
+            )
+        )
 
     # ---------------------------------------------------------------- norm shift (affine LayerNorm)
     if norm == "layernorm":
@@ -60,7 +68,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                 v = R.new()
                 R.at(v, f"{n}.b")[i] = 1.0
                 for w, b in rs:
-                    row = reader_value(p, w)[i]           # (*rest): what β_i adds to the reader's output
+                    row = reader_value(p, w)[i]  # (*rest): what β_i adds to the reader's output
                     if b is not None:
                         R.at(v, b)[...] = -row
                     else:
@@ -68,12 +76,20 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                         # (β·γ⁻¹)·u cancels δβ·W.
                         reader_rows(R, v, w)[...] = (1.0 / gamma).reshape(d, *([1] * row.dim())) * (-row / c)
         k = len(transformable)
-        fams.append(make_family(layout, "norm-shift", "(2L+1)·d" if not tied else "2L·d", k * d, R,
-                         """Per affine LayerNorm: β ↦ β + δ.  A reader with a bias absorbs it (b ↦ b − δ·W);
+        fams.append(
+            make_family(
+                layout,
+                "norm-shift",
+                "(2L+1)·d" if not tied else "2L·d",
+                k * d,
+                R,
+                """Per affine LayerNorm: β ↦ β + δ.  A reader with a bias absorbs it (b ↦ b − δ·W);
                          a reader without one absorbs it in its weights: LayerNorm's output y = γ⊙n + β lies
                          in the hyperplane y·γ⁻¹ = β·γ⁻¹ (n ⊥ 1), so W ↦ W + γ⁻¹⊗u changes the reader's
                          output by the constant (β·γ⁻¹)·u, and u = −δ·W/(β·γ⁻¹) cancels δ·W.  Exists for
-                         every affine LN (generic β·γ⁻¹ ≠ 0), biases or not."""))
+                         every affine LN (generic β·γ⁻¹ ≠ 0), biases or not.""",
+            )
+        )
 
     # ---------------------------------------------------------------- reader ones (LayerNorm)
     if norm in LN:
@@ -83,9 +99,17 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                 continue  # W_E rows along 1: counted with the writers (noaffine) / not flat (affine)
             count += reader_ones(problem, R, n, rs)
         if count:
-            fams.append(make_family(layout, "ln-reader-ones", "Σ over LN readers of their output width"
-                             + (" (readers that can absorb a constant)" if norm == "layernorm" else ""), count, R,
-                             reader_ones.__doc__ or ""))
+            fams.append(
+                make_family(
+                    layout,
+                    "ln-reader-ones",
+                    "Σ over LN readers of their output width"
+                    + (" (readers that can absorb a constant)" if norm == "layernorm" else ""),
+                    count,
+                    R,
+                    reader_ones.__doc__ or "",
+                )
+            )
 
     # ---------------------------------------------------------------- writer ones (LayerNorm)
     if norm in LN:
@@ -107,7 +131,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                 M = torch.zeros(cfg.n_kv_heads * cfg.d_head, d, dtype=torch.float64)
                 for h in range(cfg.n_heads):
                     j = h // cfg.group_size
-                    M[j * cfg.d_head:(j + 1) * cfg.d_head] += p[f"{pre}.W_O"][h]
+                    M[j * cfg.d_head : (j + 1) * cfg.d_head] += p[f"{pre}.W_O"][h]
                 for wc in null_rows((M - M.mean(-1, keepdim=True)).T, M.shape[0]):
                     v = R.new()
                     w = wc.reshape(cfg.n_kv_heads, cfg.d_head)
@@ -117,11 +141,19 @@ def pre_norm_families(problem: Problem) -> list[Family]:
                         bg = float((p[f"{ln1}.b"] / p[f"{ln1}.w"]).sum())
                         R.at(v, f"{pre}.W_V")[...] = (1.0 / p[f"{ln1}.w"])[None, :, None] * (w / bg)[:, None, :]
                     count += 1
-        fams.append(make_family(layout, "ln-writer-ones", "rows of every stream writer (W_E, W_pos, W_O, b_O, "
-                         "W_out, b_out)" + (" except W_E" if tied and norm == "layernorm" else ""), count, R,
-                         """Every reader of the residual stream is a LayerNorm, which subtracts the mean:
+        fams.append(
+            make_family(
+                layout,
+                "ln-writer-ones",
+                "rows of every stream writer (W_E, W_pos, W_O, b_O, "
+                "W_out, b_out)" + (" except W_E" if tied and norm == "layernorm" else ""),
+                count,
+                R,
+                """Every reader of the residual stream is a LayerNorm, which subtracts the mean:
                          the all-ones component of the stream is invisible, so every row of every writer
-                         may add any multiple of 1."""))
+                         may add any multiple of 1.""",
+            )
+        )
 
     # ---------------------------------------------------------------- embedding offset
     if "embed.W_pos" in p and not tied:
@@ -136,8 +168,7 @@ def pre_norm_families(problem: Problem) -> list[Family]:
             b = f"blocks.{i}"
             ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
             segs.append(Segment(opening, readers[f"{b}.ln1"], f"{b}.attn.b_O", False, f"attn {i}"))
-            segs.append(Segment([(f"{b}.attn.b_O", "bias")], readers[f"{b}.ln2"], f"{ffn}.b_out", False,
-                                f"ffn {i}"))
+            segs.append(Segment([(f"{b}.attn.b_O", "bias")], readers[f"{b}.ln2"], f"{ffn}.b_out", False, f"ffn {i}"))
             opening = [(f"{ffn}.b_out", "bias")]
         segs.append(Segment(opening, readers["ln_final"], None, False, "unembed", final=True))
         tr = translation_family(problem, segs)
@@ -162,10 +193,19 @@ def pre_norm_families(problem: Problem) -> list[Family]:
             for t in ("w", "b"):
                 if f"ln_final.{t}" in p:
                     R.at(v, f"ln_final.{t}")[...] = -p[f"ln_final.{t}"]
-        fams.append(make_family(layout, "stream-scale", "1", 1, R,
-                         """Every writer ×c scales the stream, which every norm divides out — exactly only
+        fams.append(
+            make_family(
+                layout,
+                "stream-scale",
+                "1",
+                1,
+                R,
+                """Every writer ×c scales the stream, which every norm divides out — exactly only
                          when ε = 0 (n(c·x) = x/√(mean x² + ε/c²)).  Tied: the final γ, β ×1/c keep the
-                         logits.""", kind="exact" if cfg.norm_eps == 0 else "eps-broken"))
+                         logits.""",
+                kind="exact" if cfg.norm_eps == 0 else "eps-broken",
+            )
+        )
     return fams
 
 
@@ -180,10 +220,16 @@ def embed_offset_family(problem: Problem, pairs: list[tuple[str, str]], ones: bo
             R.at(v, b)[...] = -c
     n = len(pairs)
     formula = ("(d−1)" if ones else "d") + (f"·{n}" if n > 1 else "")
-    return make_family(problem.layout, "embed-offset", formula, n * basis.shape[0], R,
-                """The stream starts as W_E[t] + W_pos[p] (+ W_tt[τ]): a vector c added to every row of
+    return make_family(
+        problem.layout,
+        "embed-offset",
+        formula,
+        n * basis.shape[0],
+        R,
+        """The stream starts as W_E[t] + W_pos[p] (+ W_tt[τ]): a vector c added to every row of
                 one table and subtracted from every row of W_pos leaves every sum unchanged (along 1 it
-                is already a writer-ones direction when a LayerNorm follows).""")
+                is already a writer-ones direction when a LayerNorm follows).""",
+    )
 
 
 def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> Family | None:
@@ -213,12 +259,14 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
     R = Rows(layout)
     for a in gens:
         stream_map_vector(problem, R, R.new(), a, readers, writers)
-    doc = {"stream-gl": """Without norms the stream is read only linearly: any invertible A with writers W·A
+    doc = {
+        "stream-gl": """Without norms the stream is read only linearly: any invertible A with writers W·A
                          and readers A⁻¹·W.""",
-           "stream-rotation": """Norm cores commute with isometries of the stream (LayerNorm: those fixing 1).
+        "stream-rotation": """Norm cores commute with isometries of the stream (LayerNorm: those fixing 1).
                          Writers W·R; for a norm with weight γ, C = D_γ⁻¹·R·D_γ, β·C and readers C⁻¹·W (the
                          corrected rule).  Tied with an affine final norm: none (R would have to commute
-                         with diag(γ_final))."""}[name]
+                         with diag(γ_final)).""",
+    }[name]
     return make_family(layout, name, formula, len(gens), R, doc)
 
 
@@ -278,17 +326,18 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
 
         def absorbs(w, b, ln=ln):
             return b is not None or ln is not None
+
         v_reader = next(((w, b) for w, b in readers if w.endswith(".W_V")), None)
         with_w = v_reader is not None and absorbs(*v_reader) and closing is None and not seg.final
         M = None
         if v_reader is not None:
             pre = v_reader[0].rsplit(".", 1)[0]
-            M = torch.zeros(nkv * e, d, dtype=torch.float64)   # value constant (per KV head) ↦ output
+            M = torch.zeros(nkv * e, d, dtype=torch.float64)  # value constant (per KV head) ↦ output
             for h in range(cfg.n_heads):
                 j = h // cfg.group_size
-                M[j * e:(j + 1) * e] += p[f"{pre}.W_O"][h]
+                M[j * e : (j + 1) * e] += p[f"{pre}.W_O"][h]
         nw = nkv * e if with_w else 0
-        rows = []                                   # constraint rows acting on x = (c, w)
+        rows = []  # constraint rows acting on x = (c, w)
         for w, b in readers:
             wv = reader_value(p, w).reshape(d, -1)
             if w.endswith(".W_V"):
@@ -308,7 +357,7 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
             if v_reader is not None and not with_w and not absorbs(*v_reader):
                 tot[:, :d] += (reader_value(p, v_reader[0]).reshape(d, -1) @ M).T
             if seg.next_ln:
-                one = torch.ones(d, 1, dtype=torch.float64) / d ** 0.5
+                one = torch.ones(d, 1, dtype=torch.float64) / d**0.5
                 tot = (eye - one @ one.T) @ tot
             rows.append(tot)
         cons = torch.cat(rows) if rows else torch.zeros(0, d + nw, dtype=torch.float64)
@@ -325,9 +374,10 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
             def absorb(w, b, shift, v=v, gamma_inv=gamma_inv, bg=bg):
                 if b is not None:
                     R.at(v, b)[...] += shift
-                else:   # through the reader's weights: W + γ⁻¹⊗u adds (β·γ⁻¹)·u
+                else:  # through the reader's weights: W + γ⁻¹⊗u adds (β·γ⁻¹)·u
                     rv = reader_rows(R, v, w)
                     rv += gamma_inv.reshape(d, *([1] * shift.dim())) * (shift / bg)
+
             for w, b in readers:
                 rv = reader_value(p, w)
                 shift = torch.einsum("d,d...->...", c, rv)
@@ -345,10 +395,16 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
                 elif absorbs(w, b):
                     absorb(w, b, -shift)
             if closing is not None:
-                R.at(v, closing)[...] = -const          # (all experts' b_out: the gates sum to 1)
+                R.at(v, closing)[...] = -const  # (all experts' b_out: the gates sum to 1)
             count += 1
         parts.append(f"{seg.label}: {basis.shape[0]}")
     if not count:
         return None
-    return make_family(layout, "stream-translation", "Σ over stream stretches of dim{allowed (c, w)} ("
-                + ", ".join(parts) + ")", count, R, translation_family.__doc__ or "")
+    return make_family(
+        layout,
+        "stream-translation",
+        "Σ over stream stretches of dim{allowed (c, w)} (" + ", ".join(parts) + ")",
+        count,
+        R,
+        translation_family.__doc__ or "",
+    )

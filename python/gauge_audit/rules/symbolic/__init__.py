@@ -65,7 +65,7 @@ from .model import SymModel, SymView, arch_config, arch_key, arch_label, trivial
 
 @dataclass
 class SymbolicResult:
-    verdict_holds: bool                    # the stated rule is invariant on every architecture class
+    verdict_holds: bool  # the stated rule is invariant on every architecture class
     per_arch: list[dict]
     corrected: Rule | None = None
     corrected_text: str | None = None
@@ -73,17 +73,25 @@ class SymbolicResult:
     condition: str | None = None
     counterexample: str | None = None
     steps: list[str] = field(default_factory=list)
-    search: list[str] = field(default_factory=list)        # why each tried correction slot gave nothing
+    search: list[str] = field(default_factory=list)  # why each tried correction slot gave nothing
     budget_seconds: float | None = None
-    budget_cut: list[str] = field(default_factory=list)    # what the time budget stopped (empty: nothing)
-    sizes: dict = field(default_factory=dict)              # the symbolic block's dimensions
+    budget_cut: list[str] = field(default_factory=list)  # what the time budget stopped (empty: nothing)
+    sizes: dict = field(default_factory=dict)  # the symbolic block's dimensions
 
     def to_json(self) -> dict:
-        return {"holds": self.verdict_holds, "per_arch": self.per_arch,
-                "corrected_rule": self.corrected_text, "correction_note": self.correction_note,
-                "condition": self.condition, "counterexample": self.counterexample, "steps": self.steps,
-                "correction_search": self.search, "budget_seconds": self.budget_seconds,
-                "budget_cut": self.budget_cut, "sizes": self.sizes}
+        return {
+            "holds": self.verdict_holds,
+            "per_arch": self.per_arch,
+            "corrected_rule": self.corrected_text,
+            "correction_note": self.correction_note,
+            "condition": self.condition,
+            "counterexample": self.counterexample,
+            "steps": self.steps,
+            "correction_search": self.search,
+            "budget_seconds": self.budget_seconds,
+            "budget_cut": self.budget_cut,
+            "sizes": self.sizes,
+        }
 
 
 def _arch_models(rule: Rule, cfgs: list[Config]) -> list[SymModel]:
@@ -114,20 +122,30 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
     for el in rule.elements:
         n = element_size(el, models[0].shape.dims)
         if trivial_group(el, n):
-            raise NotApplicable(f"{el.symbol} ∈ {el.text()} is the trivial group at n = {n}: the rule is the identity "
-                                "map and a symbolic HOLDS would be vacuous")
+            raise NotApplicable(
+                f"{el.symbol} ∈ {el.text()} is the trivial group at n = {n}: the rule is the identity "
+                "map and a symbolic HOLDS would be vacuous"
+            )
     results = []
     for m in models:
         for els in element_assignments(rule, m.shape):
             results.append((m, run_arch(rule, m, els)))
     per = [_arch_json(r) for _, r in results]
     ok = all(r.holds for _, r in results)
-    out = SymbolicResult(ok, per, budget_seconds=budget.seconds, budget_cut=budget.cut,
-                         sizes={k: v for k, v in models[0].shape.dims.items() if v})
+    out = SymbolicResult(
+        ok,
+        per,
+        budget_seconds=budget.seconds,
+        budget_cut=budget.cut,
+        sizes={k: v for k, v in models[0].shape.dims.items() if v},
+    )
     lines: dict[str, int] = {}
     for _, r in results:
-        line = f"{r.arch}: " + ("invariant" if r.holds else "NOT invariant: " + "; ".join(
-            it.name for it in r.interfaces if not it.ok)) + f" (stream map {r.stream_map})"
+        line = (
+            f"{r.arch}: "
+            + ("invariant" if r.holds else "NOT invariant: " + "; ".join(it.name for it in r.interfaces if not it.ok))
+            + f" (stream map {r.stream_map})"
+        )
         lines[line] = lines.get(line, 0) + 1
     out.steps = [f"{line} — {k} exact element draw(s)" for line, k in lines.items()]
     if ok:
@@ -142,8 +160,10 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
             # correct() verified it on the failing classes; the others must stay invariant too
             rest = [m for m in models if all(m is not f for f in failing_models)]
             ok_rest = holds_everywhere(corr[0], rest, part)
-            out.steps.append(f"corrected rule checked at fresh exact draws on every class: "
-                             f"{'invariant' if ok_rest else 'NOT invariant'}")
+            out.steps.append(
+                f"corrected rule checked at fresh exact draws on every class: "
+                f"{'invariant' if ok_rest else 'NOT invariant'}"
+            )
             if not ok_rest:
                 out.corrected = out.corrected_text = None
                 out.correction_note = "a solved correction breaks another architecture class"
@@ -166,9 +186,20 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
 
 
 def _arch_json(r: ArchResult) -> dict:
-    return {"arch": r.arch, "invariant": r.holds, "stream_map": abbrev(r.stream_map, 200),
-            "interfaces": [{"name": it.name, "quantity": it.quantity, "invariant": bool(it.ok),
-                            **({"note": it.note} if it.note else {})} for it in r.interfaces]}
+    return {
+        "arch": r.arch,
+        "invariant": r.holds,
+        "stream_map": abbrev(r.stream_map, 200),
+        "interfaces": [
+            {
+                "name": it.name,
+                "quantity": it.quantity,
+                "invariant": bool(it.ok),
+                **({"note": it.note} if it.note else {}),
+            }
+            for it in r.interfaces
+        ],
+    }
 
 
 def quantities(per_arch: list[dict]) -> dict[str, bool]:

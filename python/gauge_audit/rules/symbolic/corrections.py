@@ -48,7 +48,7 @@ def _split(rule: Rule, param: str):
     if len(idx) != 1:
         return None
     i = idx[0]
-    return " @ ".join(f.text() for f in fs[:i]), " @ ".join(f.text() for f in fs[i + 1:])
+    return " @ ".join(f.text() for f in fs[:i]), " @ ".join(f.text() for f in fs[i + 1 :])
 
 
 def _slot_expr(rule: Rule, param: str, slot: str, fill: str) -> str | None:
@@ -92,8 +92,11 @@ def _slot_residuals(rule: Rule, m: SymModel, param: str, slot: str, base_els: di
         probe = parse_rule(table)
     except GaugeAuditError:
         return None, "no such slot"
-    unknown = (sp.Matrix(1, n, lambda i, j: sp.Symbol(f"B_{j}")) if slot == "shift"
-               else sp.Matrix(n, n, lambda i, j: sp.Symbol(f"B_{i}{j}")))
+    unknown = (
+        sp.Matrix(1, n, lambda i, j: sp.Symbol(f"B_{j}"))
+        if slot == "shift"
+        else sp.Matrix(n, n, lambda i, j: sp.Symbol(f"B_{i}{j}"))
+    )
     els = {u: {**v, "B_": unknown} for u, v in base_els.items()}
     P = SymView(m.cfg, m.params)
     try:
@@ -125,6 +128,7 @@ def _solve_slot(unknown: sp.Matrix, residuals: list, allowed: set, seed: int, bu
 def _norm_params(m: SymModel) -> set:
     keys = [k for k in m.params if ".ln" in k or k.startswith("ln_final") or k.startswith("blocks.0.ln")]
     from ...precision.linalg import flatten
+
     return {s for k in keys for s in flatten(m.params[k])}
 
 
@@ -142,8 +146,9 @@ def holds_everywhere(rule: Rule, models: list[SymModel], budget: Budget | None =
     return True
 
 
-def correct(rule: Rule, models: list[SymModel], budget: Budget | None = None,
-            log: list | None = None) -> tuple[Rule, str, str] | None:
+def correct(
+    rule: Rule, models: list[SymModel], budget: Budget | None = None, log: list | None = None
+) -> tuple[Rule, str, str] | None:
     """A corrected rule that is invariant on every failing class, solved for (see module doc).
     At most MAX_SOLVES solves; ``budget`` (time) is checked between them — when it runs out the
     search stops (BudgetSpent propagates to the caller, which records it).  ``log`` collects why
@@ -181,21 +186,29 @@ def correct(rule: Rule, models: list[SymModel], budget: Budget | None = None,
                 log.append(f"{param} {slot}{' (norm weights free)' if allowed else ''}: {why}")
                 continue
             if slot == "shift":
-                text = "" if all(is_zero(x) for x in B) else match_named(B, _shift_candidates(rule, param), rule,
-                                                                        P, els, ctx, point)
+                text = (
+                    ""
+                    if all(is_zero(x) for x in B)
+                    else match_named(B, _shift_candidates(rule, param), rule, P, els, ctx, point)
+                )
             else:
                 text = match_named(B, candidates(rule, _reader_norm(param)), rule, P, els, ctx, point)
             if text is None:
                 log.append(f"{param} {slot}: solved, but the solution is not nameable in the rule language")
-                break            # solved, but not nameable in the rule language: try the next slot
+                break  # solved, but not nameable in the rule language: try the next slot
             new = _with_slot(rule, param, slot, text)
             budget.check()
             if new is not None and holds_everywhere(new, models, budget):
-                return new, f"{param} ↦ {new.map_of(param).text}", (
-                    f"solved {param}'s {slot} {'increment' if slot == 'shift' else 'factor'} as an unknown from "
-                    f"the failing identities: the unique solution is {text or '0'} (exact linear algebra on the "
-                    "identities at sampled points, compared exactly at the drawn element, re-checked at fresh "
-                    "draws)")
+                return (
+                    new,
+                    f"{param} ↦ {new.map_of(param).text}",
+                    (
+                        f"solved {param}'s {slot} {'increment' if slot == 'shift' else 'factor'} as an unknown from "
+                        f"the failing identities: the unique solution is {text or '0'} (exact linear algebra on the "
+                        "identities at sampled points, compared exactly at the drawn element, re-checked at fresh "
+                        "draws)"
+                    ),
+                )
             log.append(f"{param} {slot}: the solution {text or '0'} does not hold at fresh draws")
             break
     return None
@@ -268,8 +281,10 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
                 return None
             changes[f"{norm}.b"] = f"{norm}.b @ {inv_text}"
         if len(changes) > before:
-            notes.append(f"{norm}: readers' left factor B = D_γ'⁻¹·S⁻¹·D_γ = {text}"
-                         + (f", β ↦ β·B⁻¹ = β @ {inv_text}" if f"{norm}.b" in changes else ""))
+            notes.append(
+                f"{norm}: readers' left factor B = D_γ'⁻¹·S⁻¹·D_γ = {text}"
+                + (f", β ↦ β·B⁻¹ = β @ {inv_text}" if f"{norm}.b" in changes else "")
+            )
     if not changes:
         return None
     try:

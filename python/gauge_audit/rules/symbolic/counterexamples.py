@@ -25,25 +25,36 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
 
     def pts(group):
         return [group_points(Element(tag, group, n), n, rng) for _ in range(DRAWS)]
+
     out = []
     if el.group == "GL":
-        out += [(f"{tag} ∈ O({el.dim})", pts("O")), (f"{tag} ∈ SO({el.dim})", pts("SO")),
-                (f"{tag} diagonal", [[sp.diag(*p) for p in d] for d in pts("diagonal")])]
+        out += [
+            (f"{tag} ∈ O({el.dim})", pts("O")),
+            (f"{tag} ∈ SO({el.dim})", pts("SO")),
+            (f"{tag} diagonal", [[sp.diag(*p) for p in d] for d in pts("diagonal")]),
+        ]
     if el.group in ("O", "SO", "GL"):
-        if n >= LEAST_SIZE["SO1"]:      # SO1(2) = {I}: no condition worth stating
+        if n >= LEAST_SIZE["SO1"]:  # SO1(2) = {I}: no condition worth stating
             out.append((f"{tag} fixes the all-ones vector (SO1)", pts("SO1")))
         vs = [sp.Matrix([[random_int(rng) for _ in range(n)]]) for _ in range(DRAWS)]
-        out.append((f"{tag}² = I ({tag} = 2vvᵀ/vᵀv − I, a rotation by π)",
-                    [[2 * v.T * v / (v * v.T)[0, 0] - sp.eye(n)] for v in vs]))
+        out.append(
+            (
+                f"{tag}² = I ({tag} = 2vvᵀ/vᵀv − I, a rotation by π)",
+                [[2 * v.T * v / (v * v.T)[0, 0] - sp.eye(n)] for v in vs],
+            )
+        )
     if el.group == "SO1" and n > 1 and n % 2:
-        half_turn = 2 * sp.ones(n, n) / n - sp.eye(n)       # the rotation by π about the all-ones axis
+        half_turn = 2 * sp.ones(n, n) / n - sp.eye(n)  # the rotation by π about the all-ones axis
         out.append((f"{tag}² = I ({tag} the rotation by π about the all-ones axis)", [[half_turn]] * DRAWS))
     if el.group == "diagonal":
-        out += [(f"{tag} > 0", pts("positive-diagonal")),
-                (f"{tag} = ±1", [[sp.Matrix([list(p)]) for p in itertools.product((1, -1), repeat=n)]] * DRAWS)]
+        out += [
+            (f"{tag} > 0", pts("positive-diagonal")),
+            (f"{tag} = ±1", [[sp.Matrix([list(p)]) for p in itertools.product((1, -1), repeat=n)]] * DRAWS),
+        ]
     if el.group in ("diagonal", "positive-diagonal"):
-        out.append((f"{tag} = c·ones (a common scale)",
-                    [[random_int(rng, False) * sp.ones(1, n)] for _ in range(DRAWS)]))
+        out.append(
+            (f"{tag} = c·ones (a common scale)", [[random_int(rng, False) * sp.ones(1, n)] for _ in range(DRAWS)])
+        )
     if el.group == "scalar":
         out.append((f"{tag} = ±1", [[sp.Matrix([[1]]), sp.Matrix([[-1]])]] * DRAWS))
     return out
@@ -60,8 +71,11 @@ def condition(rule: Rule, models: list[SymModel], budget: Budget | None = None) 
         for label, points in _subgroups(el, n, rng):
             if _holds_on(rule, models, {el.symbol: points}, budget):
                 return f"holds only for {label}, not for a generic element of {el.text()}"
-        return f"holds for no tried proper subset of {el.text()} (its identity element aside)" \
-            if len(rule.elements) == 1 else None
+        return (
+            f"holds for no tried proper subset of {el.text()} (its identity element aside)"
+            if len(rule.elements) == 1
+            else None
+        )
     return None
 
 
@@ -77,8 +91,9 @@ def _holds_on(rule: Rule, models: list[SymModel], override: dict, budget: Budget
 def generic_counterexample(r: ArchResult) -> str:
     """The failing identity at the generic draw (no further computation)."""
     bad = next((it for it in r.interfaces if not it.ok), None)
-    shown = "; ".join(f"{sym} = {abbrev(mat_text(v), 120)}" for els in list(r.elements.values())[:1]
-                      for sym, v in els.items())
+    shown = "; ".join(
+        f"{sym} = {abbrev(mat_text(v), 120)}" for els in list(r.elements.values())[:1] for sym, v in els.items()
+    )
     return f"{r.arch}, {bad.name if bad else 'an identity'}: non-zero at the drawn exact element ({shown})"
 
 
@@ -92,21 +107,28 @@ def counterexample(rule: Rule, m: SymModel, r: ArchResult, budget: Budget | None
         for els in small:
             budget.check()
             yield run_arch(rule, m, els)
+
     r = next((x for x in tried() if not x.holds), r)
     bad = next((it for it in r.interfaces if not it.ok), None)
     if bad is None:  # pragma: no cover - only called for a failing result
         return None
     rng = random.Random(7)
-    subs = {s: sp.Integer(rng.choice([1, 2, 3]) if s.is_positive else rng.choice([-2, -1, 1, 2, 3]))
-            for s in m.data_symbols() + m.param_symbols()}
+    subs = {
+        s: sp.Integer(rng.choice([1, 2, 3]) if s.is_positive else rng.choice([-2, -1, 1, 2, 3]))
+        for s in m.data_symbols() + m.param_symbols()
+    }
     shown = "; ".join(f"{sym} = {mat_text(v)}" for els in list(r.elements.values())[:1] for sym, v in els.items())
     for e in bad.residual:
         budget.check()
         val = sp.sympify(e).subs(subs)
         free = sorted(val.free_symbols, key=str)
-        val = sp.nsimplify(sp.cancel(val)) if not val.has(sp.erf, sp.exp, sp.Max) else \
-            sp.N(val.subs({x: 1 for x in free}), 15)
+        val = (
+            sp.nsimplify(sp.cancel(val))
+            if not val.has(sp.erf, sp.exp, sp.Max)
+            else sp.N(val.subs({x: 1 for x in free}), 15)
+        )
         if val != 0:
-            return (f"{r.arch}, {bad.name}: with {shown} and small integer data and parameters the identity is off "
-                    f"by {val}")
+            return (
+                f"{r.arch}, {bad.name}: with {shown} and small integer data and parameters the identity is off by {val}"
+            )
     return f"{r.arch}, {bad.name}: {bad.note or 'non-zero at the drawn element'} ({shown})"

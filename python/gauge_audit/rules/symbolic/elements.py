@@ -19,8 +19,8 @@ from ...claims.rule import Element, Rule
 from ...errors import GaugeAuditError
 from ..engine import Shape, units
 
-SPREAD = 2 ** 20        # random integers in [1, SPREAD]: a non-zero polynomial of degree D vanishes at a
-DRAWS = 2               # random point with probability ≤ D/SPREAD (Schwartz–Zippel); two independent draws
+SPREAD = 2**20  # random integers in [1, SPREAD]: a non-zero polynomial of degree D vanishes at a
+DRAWS = 2  # random point with probability ≤ D/SPREAD (Schwartz–Zippel); two independent draws
 MAX_ASSIGNMENTS = 32
 
 
@@ -73,14 +73,14 @@ def group_points(el: Element, n: int, rng: random.Random, spread: int = SPREAD) 
         c = random_int(rng, signed=False, spread=spread)
         return [sp.Matrix([[c]]), sp.Matrix([[-c]])]
     if grp == "permutation":
-        perms = list(itertools.permutations(range(n))) if n <= 4 else \
-            [tuple(rng.sample(range(n), n)) for _ in range(6)]
+        perms = list(itertools.permutations(range(n))) if n <= 4 else [tuple(rng.sample(range(n), n)) for _ in range(6)]
         return [sp.eye(n)[list(p), :] for p in perms]
     raise GaugeAuditError(f"unknown group {grp!r}")  # pragma: no cover
 
 
-def element_assignments(rule: Rule, shape: Shape, seed: int = 0, draws: int = DRAWS,
-                        override: dict | None = None, spread: int = SPREAD) -> list[dict]:
+def element_assignments(
+    rule: Rule, shape: Shape, seed: int = 0, draws: int = DRAWS, override: dict | None = None, spread: int = SPREAD
+) -> list[dict]:
     """Exact group elements for every unit: every component combination, ``draws`` independent
     random points each (at most MAX_ASSIGNMENTS, a deterministic sample beyond that).  ``override``
     maps a symbol to the list of values to use instead (a subgroup's points); ``spread`` bounds the
@@ -89,7 +89,7 @@ def element_assignments(rule: Rule, shape: Shape, seed: int = 0, draws: int = DR
     us = units(rule, shape)
     probe = random.Random(0)
     if all(len(group_points(el, element_size(el, shape.dims), probe, spread)) > 1 for el in rule.elements):
-        draws = 1       # every element already takes ≥ 2 independent random points (its components)
+        draws = 1  # every element already takes ≥ 2 independent random points (its components)
     for k in range(draws):
         rng = random.Random(1000 * seed + k)
         per_unit = []

@@ -22,9 +22,9 @@ from .naming import candidates, match_named
 @dataclass
 class Interface:
     name: str
-    quantity: str                 # scores | attention | block
-    residual: list                # expressions that must vanish identically in the data and parameters
-    params: tuple                 # paper names whose maps enter it (for the correction search)
+    quantity: str  # scores | attention | block
+    residual: list  # expressions that must vanish identically in the data and parameters
+    params: tuple  # paper names whose maps enter it (for the correction search)
     ok: bool | None = None
     note: str = ""
 
@@ -60,8 +60,9 @@ def _untouched(name: str, quantity: str, params) -> Interface:
     return Interface(name, quantity, [], tuple(params), ok=True, note="no parameter of it is changed")
 
 
-def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note: str,
-               changed: set | None = None) -> list[Interface]:
+def interfaces(
+    m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note: str, changed: set | None = None
+) -> list[Interface]:
     """Every identity invariance needs (see the module doc).  ``changed``: the parameter names the
     rule changed — a part of the block none of whose parameters changed, with the stream map the
     identity, is unchanged by construction and not recomputed."""
@@ -74,6 +75,7 @@ def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note:
 
     def skip(params) -> bool:
         return still and not (changed & params)
+
     if skip(_ATTN_PARAMS):
         out += [_untouched(f"attention scores (head {h})", "scores", _ATTN_PARAMS) for h in range(cfg.n_heads)]
         out.append(_untouched("attention output (attention weights unchanged)", "attention", _ATTN_PARAMS))
@@ -87,17 +89,21 @@ def interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix | None, s_note:
                 out.append(_untouched(f"post-LN {norm} (its output is the stream)", "block", params))
                 continue
             y = m.normed(f"y_{norm}")
-            res = ((y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0))) + Q.value(f"{norm}.b", Ctx(0))
-                   - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_)
-            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res),
-                                 tuple(params)))
+            res = (
+                (y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0)))
+                + Q.value(f"{norm}.b", Ctx(0))
+                - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_
+            )
+            out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), tuple(params)))
     # ---- FFN and router
     if cfg.family != "attn":
-        out += [_untouched("FFN output", "block", _FFN_PARAMS)] if skip(_FFN_PARAMS) else \
-            _ffn_interfaces(m, P, Q, S_)
+        out += [_untouched("FFN output", "block", _FFN_PARAMS)] if skip(_FFN_PARAMS) else _ffn_interfaces(m, P, Q, S_)
     # ---- ends of the model
-    out += [_untouched("logits", "block", _END_PARAMS)] if skip(_END_PARAMS) and cfg.family not in ("attn", "bert") \
+    out += (
+        [_untouched("logits", "block", _END_PARAMS)]
+        if skip(_END_PARAMS) and cfg.family not in ("attn", "bert")
         else _end_interfaces(m, P, Q, S, S_, s_note)
+    )
     return out
 
 
@@ -119,10 +125,14 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
             q = uq * view.value("W_Q", c) + view.value("b_Q", c)
             k = uk * view.value("W_K", ck) + view.value("b_K", ck)
             return (q * R * k.T)[0, 0]
+
         r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
-        r_mod = r - r.subs({v: 0 for v in key_vars})   # a constant per query is no change for softmax
-        out.append(Interface(f"attention scores (head {h})", "scores", [r_mod],
-                             ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")))
+        r_mod = r - r.subs({v: 0 for v in key_vars})  # a constant per query is no change for softmax
+        out.append(
+            Interface(
+                f"attention scores (head {h})", "scores", [r_mod], ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")
+            )
+        )
         a = sp.Symbol(f"a{h}", real=True)
         m.data[f"a{h}"] = sp.Matrix([[a]])
         for view, idx in ((P, 0), (Q, 1)):
@@ -133,8 +143,14 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
                 o0 = o0 + z * view.value("W_O", c)
             else:
                 o1 = o1 + z * view.value("W_O", c)
-    out.append(Interface("attention output (attention weights unchanged)", "attention", list(o1 - o0 * S_),
-                         ("W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b")))
+    out.append(
+        Interface(
+            "attention output (attention weights unchanged)",
+            "attention",
+            list(o1 - o0 * S_),
+            ("W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b"),
+        )
+    )
     return out
 
 
@@ -148,35 +164,58 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
         l0 = u0 * P.value("W_router", Ctx(0))
         l1 = u1 * Q.value("W_router", Ctx(0))
         diff = l1 - l0
-        out.append(Interface("MoE router logits (up to a constant per token)", "block",
-                             [diff[0, e] - diff[0, 0] for e in range(1, diff.shape[1])],
-                             ("W_router", "norm2.w", "norm2.b")))
+        out.append(
+            Interface(
+                "MoE router logits (up to a constant per token)",
+                "block",
+                [diff[0, e] - diff[0, 0] for e in range(1, diff.shape[1])],
+                ("W_router", "norm2.w", "norm2.b"),
+            )
+        )
     z0 = u0 * P.value("W_in", c) + P.value("b_in", c)
     z1 = u1 * Q.value("W_in", c) + Q.value("b_in", c)
     f = cfg.d_ff
     t_up, why = _solve_linear_image(m, z0, z1, f)
     if t_up is None:
-        return out + [Interface("FFN pre-activations", "block", list(z1 - z0), names, ok=False,
-                                note=f"x·W_in + b_in does not map to (x·W_in + b_in)·T for any matrix T ({why})")]
+        return out + [
+            Interface(
+                "FFN pre-activations",
+                "block",
+                list(z1 - z0),
+                names,
+                ok=False,
+                note=f"x·W_in + b_in does not map to (x·W_in + b_in)·T for any matrix T ({why})",
+            )
+        ]
     if cfg.act == "swiglu":
         zg0 = u0 * P.value("W_gate", c)
         zg1 = u1 * Q.value("W_gate", c)
         t_gate, why = _solve_linear_image(m, zg0, zg1, f)
         if t_gate is None:
-            return out + [Interface("FFN gate pre-activations", "block", list(zg1 - zg0), names, ok=False,
-                                    note=f"the gate input does not map linearly ({why})")]
+            return out + [
+                Interface(
+                    "FFN gate pre-activations",
+                    "block",
+                    list(zg1 - zg0),
+                    names,
+                    ok=False,
+                    note=f"the gate input does not map linearly ({why})",
+                )
+            ]
         bad = _commutes_with_activation("silu", t_gate)
         if bad:
-            return out + [Interface("FFN gate: silu(z·T) = silu(z)·T", "block", [bad[1]], names, ok=False,
-                                    note=bad[0])]
+            return out + [Interface("FFN gate: silu(z·T) = silu(z)·T", "block", [bad[1]], names, ok=False, note=bad[0])]
         gv = m.row("silu", f)
         h1 = (gv * t_gate).multiply_elementwise(z0 * t_up)
         h0 = gv.multiply_elementwise(z0)
     else:
         bad = _commutes_with_activation(cfg.act, t_up)
         if bad:
-            return out + [Interface(f"FFN activation: {cfg.act}(z·T) = {cfg.act}(z)·T", "block", [bad[1]], names,
-                                    ok=False, note=bad[0])]
+            return out + [
+                Interface(
+                    f"FFN activation: {cfg.act}(z·T) = {cfg.act}(z)·T", "block", [bad[1]], names, ok=False, note=bad[0]
+                )
+            ]
         hv = m.row("act", f)
         h1, h0 = hv * t_up, hv
     y0 = h0 * P.value("W_out", c) + P.value("b_out", c)
@@ -199,8 +238,11 @@ def _solve_linear_image(m: SymModel, z0: sp.Matrix, z1: sp.Matrix, f: int):
     return T.subs(sol), ""
 
 
-_ACT = {"relu": lambda u: sp.Max(0, u), "gelu": lambda u: u * (1 + sp.erf(u / sp.sqrt(2))) / 2,
-        "silu": lambda u: u / (1 + sp.exp(-u))}
+_ACT = {
+    "relu": lambda u: sp.Max(0, u),
+    "gelu": lambda u: u * (1 + sp.erf(u / sp.sqrt(2))) / 2,
+    "silu": lambda u: u / (1 + sp.exp(-u)),
+}
 
 
 def _commutes_with_activation(act: str, T: sp.Matrix):
@@ -210,22 +252,26 @@ def _commutes_with_activation(act: str, T: sp.Matrix):
     nz = [[j for j in range(f) if not is_zero(T[i, j])] for i in range(f)]
     cols = [[i for i in range(f) if not is_zero(T[i, j])] for j in range(f)]
     if any(len(r) != 1 for r in nz) or any(len(cl) != 1 for cl in cols):
-        return (f"the hidden units are mixed (T = {sp.sstr(sp.simplify(T))} is not a scaled permutation), "
-                f"which an element-wise {act} does not commute with", sum(T[i, j] for i in range(f)
-                                                                        for j in range(f) if i != j))
+        return (
+            f"the hidden units are mixed (T = {sp.sstr(sp.simplify(T))} is not a scaled permutation), "
+            f"which an element-wise {act} does not commute with",
+            sum(T[i, j] for i in range(f) for j in range(f) if i != j),
+        )
     r = sp.Symbol("r", positive=True)
     fn = _ACT[act]
     for i in range(f):
         t = sp.simplify(T[i, nz[i][0]])
         for u in (r, -r):
             res = fn(t * u) - t * fn(u)
-            if res == 0:            # SymPy's automatic evaluation settles ReLU with t > 0, and t = 1
+            if res == 0:  # SymPy's automatic evaluation settles ReLU with t > 0, and t = 1
                 continue
             # a non-zero value at some r > 0 (50 digits) refutes homogeneity without simplify()
             if any(abs(sp.N(res.subs(r, v), 50)) > sp.Float("1e-40") for v in (1, 2, sp.Rational(3, 7))):
-                return (f"{act}(t·u) ≠ t·{act}(u) for the hidden scaling t = {t} (u = {u}): {act} is not "
-                        f"homogeneous there", res)
-            if sp.simplify(res) != 0:   # pragma: no cover - zero at three points, non-zero elsewhere
+                return (
+                    f"{act}(t·u) ≠ t·{act}(u) for the hidden scaling t = {t} (u = {u}): {act} is not homogeneous there",
+                    res,
+                )
+            if sp.simplify(res) != 0:  # pragma: no cover - zero at three points, non-zero elsewhere
                 return (f"{act}(t·u) ≠ t·{act}(u) for t = {t}", res)
     return None
 
@@ -236,21 +282,30 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
     d = cfg.d_model
     if cfg.family != "attn":
         if S is None:
-            out.append(Interface("token embedding W_E ↦ W_E·S", "block", [sp.Integer(1)], ("W_E",), ok=False,
-                                 note=s_note))
+            out.append(
+                Interface("token embedding W_E ↦ W_E·S", "block", [sp.Integer(1)], ("W_E",), ok=False, note=s_note)
+            )
         if P.has("W_pos"):
-            out.append(Interface("position embedding W_pos ↦ W_pos·S", "block",
-                                 list(Q.value("W_pos", Ctx()) - P.value("W_pos", Ctx()) * S_), ("W_pos",)))
+            out.append(
+                Interface(
+                    "position embedding W_pos ↦ W_pos·S",
+                    "block",
+                    list(Q.value("W_pos", Ctx()) - P.value("W_pos", Ctx()) * S_),
+                    ("W_pos",),
+                )
+            )
         if cfg.n_types:
             tt = sp.Matrix(m.params["embed.W_tt"])
-            out.append(Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - tt * S_),
-                                 ()))
+            out.append(Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - tt * S_), ()))
         if cfg.embed_norm:
             y = m.normed("y_embed")
             w, b = sp.Matrix([m.params["embed.ln.w"]]), sp.Matrix([m.params["embed.ln.b"]])
             res = (y * S_).multiply_elementwise(w) + b - (y.multiply_elementwise(w) + b) * S_
-            out.append(Interface("embedding LayerNorm (not a rule parameter; its output is the stream)", "block",
-                                 list(res), ()))
+            out.append(
+                Interface(
+                    "embedding LayerNorm (not a rule parameter; its output is the stream)", "block", list(res), ()
+                )
+            )
     if S_ != sp.eye(d) and cfg.norm != "none":
         out.append(_norm_core(m, S_))
     if cfg.family in ("attn", "bert"):

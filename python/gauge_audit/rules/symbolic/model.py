@@ -27,8 +27,15 @@ SYM = dict(d_model=3, d_head=2, d_ff=2, vocab=3, n_ctx=2)
 # rule needing M² = I or Mᵀ = M would hold there vacuously — permutations need n ≥ 3.  GL, O, diagonals,
 # translations and scalars are non-trivial at n = 1.
 LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 3}
-_DIM_FIELD = {"d_model": "d_model", "d_k": "d_head", "d_v": "d_head", "d_ff": "d_ff", "vocab": "vocab",
-              "n_ctx": "n_ctx", "n_experts": "experts"}
+_DIM_FIELD = {
+    "d_model": "d_model",
+    "d_k": "d_head",
+    "d_v": "d_head",
+    "d_ff": "d_ff",
+    "vocab": "vocab",
+    "n_ctx": "n_ctx",
+    "n_experts": "experts",
+}
 
 
 def trivial_group(el: Element, n: int) -> bool:
@@ -41,13 +48,12 @@ def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
     d_ff 2 — each dimension raised to the least size at which the rule's groups on it are not
     trivial (d_k = d_v = 3 for SO1(d_v): at 2 it is {I}, and a rule would hold vacuously)."""
     g = 2 if cfg.n_kv_heads < cfg.n_heads else 1
-    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g, n_kv_heads=1, d_head=SYM["d_head"],
-                n_ctx=SYM["n_ctx"])
+    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g, n_kv_heads=1, d_head=SYM["d_head"], n_ctx=SYM["n_ctx"])
     if cfg.family != "attn":
         over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
     if cfg.experts:
         over.update(experts=2, top_k=1)
-    for el in (rule.elements if rule is not None else ()):
+    for el in rule.elements if rule is not None else ():
         need = LEAST_SIZE.get(el.group, 1)
         if el.dim in _DIM_FIELD and _DIM_FIELD[el.dim] in over:
             f = _DIM_FIELD[el.dim]
@@ -56,7 +62,7 @@ def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
             kv = max(over["n_kv_heads"], -(-need // (g if el.dim == "n_heads" else 1)))
             over.update(n_kv_heads=kv, n_heads=g * kv)
     if cfg.pos == "rope" and over["d_head"] % 2:
-        over["d_head"] += 1         # rotary planes pair the head's coordinates
+        over["d_head"] += 1  # rotary planes pair the head's coordinates
     return cfg.with_(**over)
 
 
@@ -79,10 +85,34 @@ def arch_label(cfg: Config) -> str:
 
 _ATTN_ONLY = {"W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"}
 _FFN_ONLY = {"W_in", "b_in", "W_gate", "W_out", "b_out"}
-_NOT_FOR_ATTN = ("act", "mlp_bias", "experts", "top_k", "d_ff", "tied", "unembed_bias", "n_types", "embed_norm",
-                 "vocab", "rope_base", "norm_eps")
-_NOT_FOR_FFN = ("attn_bias", "out_bias", "pos", "rope_style", "rope_base", "n_heads", "n_kv_heads", "tied",
-                "unembed_bias", "n_types", "embed_norm", "norm_eps")
+_NOT_FOR_ATTN = (
+    "act",
+    "mlp_bias",
+    "experts",
+    "top_k",
+    "d_ff",
+    "tied",
+    "unembed_bias",
+    "n_types",
+    "embed_norm",
+    "vocab",
+    "rope_base",
+    "norm_eps",
+)
+_NOT_FOR_FFN = (
+    "attn_bias",
+    "out_bias",
+    "pos",
+    "rope_style",
+    "rope_base",
+    "n_heads",
+    "n_kv_heads",
+    "tied",
+    "unembed_bias",
+    "n_types",
+    "embed_norm",
+    "norm_eps",
+)
 
 
 def arch_key(cfg: Config, rule: Rule | None = None) -> tuple:
@@ -117,6 +147,7 @@ def _symbolic_params(cfg: Config) -> dict:
             if len(dims) == 1:
                 return [sp.Symbol(f"{prefix}_{i}", **kw) for i in range(dims[0])]
             return [tree(f"{prefix}{i}", dims[1:]) for i in range(dims[0])]
+
         out[key] = tree(base, list(shape))
     return out
 
@@ -147,8 +178,12 @@ def is_zero(expr) -> bool:
     expr = sp.sympify(expr)
     free = sorted(expr.free_symbols, key=str)
     if free:
-        point = {x: sp.Integer(_PROBE.randint(1, SPREAD)) if x.is_positive else
-                 sp.Integer(_PROBE.randint(-SPREAD, SPREAD) or 1) for x in free}
+        point = {
+            x: sp.Integer(_PROBE.randint(1, SPREAD))
+            if x.is_positive
+            else sp.Integer(_PROBE.randint(-SPREAD, SPREAD) or 1)
+            for x in free
+        }
         try:
             val = expr.xreplace(point)
             if not val.has(sp.Max, sp.erf, sp.exp) and val.is_number and val != 0 and val.is_finite:
@@ -210,4 +245,5 @@ class SymModel:
 
     def param_symbols(self) -> list:
         from ...precision.linalg import flatten
+
         return [s for v in self.params.values() for s in flatten(v)]

@@ -35,8 +35,9 @@ def candidates(rule: Rule, norm: str | None = None) -> list[str]:
     return out
 
 
-def match_named(B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: dict, ctx: Ctx,
-           point: dict | None = None) -> str | None:
+def match_named(
+    B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: dict, ctx: Ctx, point: dict | None = None
+) -> str | None:
     """The first candidate expression equal to B (``eye`` for the identity), or None.  ``point``:
     B is the solution at these values of the parameters, so the candidates are compared there."""
     syms = symbols_for(rule.elements)
@@ -46,9 +47,11 @@ def match_named(B: sp.Matrix, cands: list[str], rule: Rule, view: SymView, els: 
         try:
             node = parse_expression(text, syms)
         except GaugeAuditError:
-            continue           # a candidate of another shape
-        env = {n: (view.value(n, ctx.at(PARAMS[n].level)) if n in PARAMS else els[ctx.at(rule.scope_level)][n])
-               for n in node.names()}
+            continue  # a candidate of another shape
+        env = {
+            n: (view.value(n, ctx.at(PARAMS[n].level)) if n in PARAMS else els[ctx.at(rule.scope_level)][n])
+            for n in node.names()
+        }
         try:
             val = evaluate(node, env, SympyOps(), view.shape.dims)
         except GaugeAuditError:
