@@ -12,7 +12,7 @@ from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
 from ..progress import bar
-from ..runtime import reproducible, resolve_device
+from ..runtime import keep_freed_memory, reproducible, resolve_device
 from .output import new_dir, refuse_existing
 
 VERDICTS = (HOLDS, FAILS, CORRECTED, UNDECIDED)
@@ -75,6 +75,7 @@ def run(args) -> int:
         claims = [catalog[x] for x in wanted]
     refuse_existing(Path(args.out), args.force)  # before minutes of work, after the inputs' errors
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
+    keep_freed_memory()
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
         report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None)
     with reproducible():  # the plots' data, in report.json: as reproducible as the audit

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -34,22 +33,6 @@ def _refuse_unhandled(cfg: Config, label: str) -> None:
     feats = gemma.features(cfg)
     if feats:
         raise GaugeAuditError(f"{label}: gauge fixing does not handle the gemma family's {feats[0]} yet")
-
-
-def keep_freed_memory() -> None:
-    """Let glibc's malloc keep freed memory for reuse instead of returning it to the system: the
-    gauge-fixing steps allocate and free block-sized float64 tensors (megabytes) thousands of times,
-    and with the defaults (a freed top of heap above 2× the adaptive mmap threshold is trimmed)
-    every one of them is page-faulted in afresh — on SmolLM2 over 20 GB of fresh pages for
-    compare's six probes, half its CPU time in the kernel.  Chunks up to 32 MiB come from the heap,
-    which is never trimmed; larger ones are still mapped and unmapped.  No effect elsewhere."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
-    mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never trim
-    mallopt(-2, 64 << 20)  # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
 
 
 def looks_like_path(name: str) -> bool:

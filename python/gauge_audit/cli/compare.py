@@ -12,8 +12,8 @@ from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
-from ..runtime import eps, generator, resolve_dtype
-from .canonicalize import Source, keep_freed_memory, load_source, write_atomically
+from ..runtime import eps, generator, keep_freed_memory, resolve_dtype
+from .canonicalize import Source, load_source, write_atomically
 
 
 def register(sub) -> None:
