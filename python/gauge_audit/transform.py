@@ -34,7 +34,7 @@ from .errors import GaugeAuditError
 from .models import FAMILIES, Model
 from .models.checkpoint import open_checkpoint
 from .models.checkpoint.safetensors_file import SafetensorsFile
-from .models.checkpoint.writer import atomic_dir, write_hf
+from .models.checkpoint.writer import atomic_dir, refuse_existing, write_hf
 from .models.params import untie as untie_params
 from .numeric import tolerance
 from .progress import ticker
@@ -96,8 +96,7 @@ def transform(
 
     require_transformers()
     out = Path(out)
-    if out.exists():
-        raise GaugeAuditError(f"{out} already exists (refusing to overwrite)")
+    refuse_existing(out)  # before the checkpoint is read
     ckpt = open_checkpoint(checkpoint)
     act = get_action(action)
     cfg, params, added = ckpt.cfg, ckpt.params(), None

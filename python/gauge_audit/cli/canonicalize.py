@@ -16,7 +16,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
-from ..models.checkpoint.writer import atomic_dir
+from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
 from ..progress import echo, ticker
 from ..runtime import resolve_dtype
@@ -203,8 +203,8 @@ def run(args) -> int:
         args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint), native=True, resident=False
     )
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
-    if args.out and Path(args.out).exists():
-        raise GaugeAuditError(f"--out {args.out} already exists")
+    if args.out:
+        refuse_existing(Path(args.out))
     t0 = time.perf_counter()
     canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0

@@ -10,17 +10,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import GaugeAuditError
 from ..models.checkpoint.writer import atomic_dir
+from ..models.checkpoint.writer import refuse_existing as refuse_existing_path
 
 
 def refuse_existing(out: Path, force: bool = False) -> None:
     """Fail before any work when ``out`` cannot be written (checked up front: an audit must not
     run for minutes and then find its directory taken)."""
-    if out.exists() and not force:
-        raise GaugeAuditError(f"--out {out} already exists (refusing to write into it; --force replaces it)")
-    if out.exists() and not out.is_dir():
-        raise GaugeAuditError(f"--out {out} exists and is not a directory")
+    refuse_existing_path(out, force, hint="; --force replaces it")
 
 
 @contextlib.contextmanager

@@ -43,13 +43,23 @@ TOKENIZER_FILES = (
 )
 
 
+def refuse_existing(out: Path, force: bool = False, hint: str = "") -> None:
+    """Fail before any work when ``out`` cannot be written: every command that writes a directory
+    refuses an existing path the same way (``force``: an existing directory may be replaced, a
+    file never).  ``hint`` ends the message (e.g. how to replace it)."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise GaugeAuditError(f"{out} already exists (refusing to overwrite{hint})")
+    if out.exists() and not out.is_dir():
+        raise GaugeAuditError(f"{out} exists and is not a directory")
+
+
 @contextlib.contextmanager
 def atomic_dir(out: Path) -> Iterator[Path]:
     """A temporary directory next to ``out``, renamed to ``out`` when the block succeeds and
     removed when it fails; ``out`` must not exist."""
     out = Path(out)
-    if out.exists():
-        raise GaugeAuditError(f"{out} already exists (refusing to overwrite)")
+    refuse_existing(out)
     if not out.parent.is_dir():
         raise GaugeAuditError(f"{out.parent} is not a directory")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
