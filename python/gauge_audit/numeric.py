@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -260,7 +261,7 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
     return y0, trace
 
 
-def _same_params(state: list, params: dict) -> bool:
+def _same_params(state: list, params: Mapping) -> bool:
     """Is every parameter the tensor recorded (weakly: a freed one never matches) at its version?"""
     if len(state) != len(params):
         return False

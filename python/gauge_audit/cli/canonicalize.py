@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class Source:
 
     label: str
     cfg: Config
-    params: dict
+    params: Mapping
     storage_dtype: torch.dtype
     checkpoint: Checkpoint | None = None
 

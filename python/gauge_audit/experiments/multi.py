@@ -7,6 +7,7 @@ check's derived tolerances (:mod:`gauge_audit.numeric`); sizes are the tiny refe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -85,7 +86,7 @@ def _attn_parts(seed: int):
     return model, x
 
 
-def _head_probs(params: dict, cfg, x: torch.Tensor) -> torch.Tensor:
+def _head_probs(params: Mapping, cfg, x: torch.Tensor) -> torch.Tensor:
     """Per-head attention matrices softmax(q kᵀ/√d) of the first layer: (B, heads, n, n)."""
     pre = "blocks.0.attn"
     q = torch.einsum("bnd,hde->bhne", x, params[f"{pre}.W_Q"])

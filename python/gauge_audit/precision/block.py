@@ -18,7 +18,7 @@ Parameters are the plain ``dict[str, nested list]`` produced by :func:`exact_par
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from fractions import Fraction
 
@@ -179,7 +179,7 @@ def iv_erf(x):
 
 
 # ----------------------------------------------------------------------------- params
-def exact_params(params: dict, ctx=MP) -> dict:
+def exact_params(params: Mapping, ctx=MP) -> dict:
     """torch float tensors → nested lists of exact context numbers (float64 → mpf is
     exact); already-converted nested lists of Fractions are converted too."""
     out = {}
