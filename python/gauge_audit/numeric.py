@@ -274,7 +274,7 @@ def _same_params(state: list, params: Mapping) -> bool:
 
 def compare(
     model: Model,
-    new: dict,
+    new: Mapping,
     inputs: dict,
     kappa: float,
     dtype: torch.dtype,

@@ -101,8 +101,8 @@ class TransformedParams(LazyParams):
         self.names: dict[int | None, list[str]] = {}
         for k in base:
             self.names.setdefault(block_of(k), []).append(k)
-        self._block: tuple[int | None, dict] | None = None
-        self._globals: dict | None = None
+        self._block: tuple[int | None, Params] | None = None
+        self._globals: Params | None = None
         # an element that does not act on the embeddings / final norm / head leaves them as read:
         # passed through on access, never cached (an 8 B model's two are 8.4 GB in float64)
         self._globals_untouched = restrict(action, cfg, el, None) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -143,9 +144,9 @@ def apply_in_place(cfg: Config, params: dict[str, torch.Tensor], action: str, el
         groups.setdefault(block_of(k), []).append(k)
     step = max(1, -(-cfg.n_layers // SPANS))
     runs: list[tuple[int | None, int, list[str]]] = [(None, 0, groups.get(None, []))]
-    for lo in range(0, cfg.n_layers, step):
-        n = min(step, cfg.n_layers - lo)
-        runs.append((lo, n, [k for b in range(lo, lo + n) for k in groups.get(b, [])]))
+    for first in range(0, cfg.n_layers, step):
+        n = min(step, cfg.n_layers - first)
+        runs.append((first, n, [k for b in range(first, first + n) for k in groups.get(b, [])]))
     writes: set[str] = set()
     for lo, n, names in runs:
         if lo is None:
@@ -218,7 +219,8 @@ class Context:
             self.params = ACTIONS[action].apply(self.cfg, before, element)
             writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
         else:
-            writes = apply_in_place(self.cfg, self.params, action, element)
+            # not whole: self.params is a dict of its own, updated in place
+            writes = apply_in_place(self.cfg, cast("dict[str, torch.Tensor]", self.params), action, element)
         if action not in DIAGONAL:
             self.kappa *= element.kappa
         self.records.append(

@@ -178,7 +178,6 @@ class Canonical:
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
     expected = FAMILIES[cfg.family].param_shapes(cfg)
-    lazy = isinstance(params, LazyParams)  # read on access: shapes known, each tensor checked as it is read
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -188,7 +187,7 @@ def validate(cfg: Config, params: Params) -> None:
             f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}"
         )
     for name, (shape, _) in expected.items():
-        if lazy:
+        if isinstance(params, LazyParams):  # read on access: shapes known, each tensor checked as it is read
             if tuple(params.shapes[name]) != tuple(shape):
                 raise GaugeAuditError(
                     f"parameter {name} has shape {tuple(params.shapes[name])}, expected {tuple(shape)}"
