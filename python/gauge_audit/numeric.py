@@ -252,7 +252,7 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
         and all(torch.equal(hit[1][k], v) for k, v in inputs.items())
     ):
         return hit[2], hit[3]
-    trace = {} if model.cfg.experts else None
+    trace: dict | None = {} if model.cfg.experts else None
     with torch.no_grad():
         y0 = model.forward(cast(model.params, dtype=dtype), inputs, trace).to(torch.float64)
     if cached:
@@ -267,7 +267,7 @@ def _same_params(state: list, params: Mapping) -> bool:
         return False
     for k, ref, version in state:
         t = ref()
-        if t is None or params.get(k) is not t or t._version != version:
+        if t is None or t._version != version or params.get(k) is not t:
             return False
     return True
 

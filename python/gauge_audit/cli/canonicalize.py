@@ -195,6 +195,7 @@ def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype
     from ..transform import certify_written, write_tokenizer
 
     ckpt = src.checkpoint
+    assert ckpt is not None  # called only for a source read from a checkpoint
     with atomic_dir(Path(out)) as tmp:
         written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
         notes = write_tokenizer(ckpt, tmp)

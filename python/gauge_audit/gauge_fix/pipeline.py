@@ -279,7 +279,9 @@ def function_check(
     model = Model("canonical", cfg, before, FAMILIES[cfg.family])
     relabel = None
     if element is not None:
-        relabel = lambda layer, idx: composite.ACTIONS[0].expert_relabel(element, layer, idx)  # noqa: E731
+        relabel_of = composite.ACTIONS[0].expert_relabel
+        assert relabel_of is not None  # the composite relabels the experts its steps permute
+        relabel = lambda layer, idx: relabel_of(element, layer, idx)  # noqa: E731
     r = compare(model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel)
     return {
         "max_rel_error": r.max_rel_error,
