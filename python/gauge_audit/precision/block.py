@@ -242,7 +242,8 @@ def attention(ctx, cfg: Config, P: dict, prefix: str, xs: list) -> list:
 
     def proj(c, head, x):
         y = vecmat(x, W[c][head])
-        return y if b[c] is None else [yi + bi for yi, bi in zip(y, b[c][head])]
+        bias = b[c]
+        return y if bias is None else [yi + bi for yi, bi in zip(y, bias[head])]
 
     table = _rope_tables(ctx, cfg, n) if cfg.pos == "rope" else None
     keys, vals = [], []

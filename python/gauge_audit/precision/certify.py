@@ -276,6 +276,7 @@ def certify_transform(
                 count += m > 0
                 if best is None or m > _mig(best):
                     best, where = x, [b, t, f]
+    assert where is not None  # the output has at least one entry
     return Certificate(
         rule,
         claim,
