@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -202,7 +203,7 @@ def wiki_theorem5_absolute(seed: int, full: bool) -> Finding:
     bound, tested with inputs of growing scale and elements of growing κ."""
     model = build("attn-tiny", seed=seed, device="cpu")
     e = eps(torch.float64)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for scale in (1.0, 10.0):
         for kappa in (10.0, 1e4):
             inputs = {"x": model.sample_inputs(seed)["x"] * scale}

@@ -428,5 +428,5 @@ def jvp_rows(problem: Problem, V: torch.Tensor, chunk: int = 64) -> torch.Tensor
 
 def vjp_rows(problem: Problem, U: torch.Tensor) -> torch.Tensor:
     """Jᵀ·uᵢ for the rows uᵢ of U (k × rows): (k × P)."""
-    _, pull = vjp(problem.forward_flat, problem.theta)
+    _, pull = vjp(problem.forward_flat, problem.theta)  # type: ignore[misc]  # torch types vjp as if has_aux=True (3-tuple)
     return vmap(lambda u: pull(u)[0])(U)
