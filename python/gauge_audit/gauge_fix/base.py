@@ -156,10 +156,7 @@ def apply_in_place(cfg: Config, params: dict[str, torch.Tensor], action: str, el
             if part is None:
                 continue
             sub = {_moved(k, -lo): params[k] for k in names}
-            new = {
-                _moved(k, lo): v
-                for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()
-            }
+            new = {_moved(k, lo): v for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
             del sub
         for k in names:
             if new[k] is not params[k]:

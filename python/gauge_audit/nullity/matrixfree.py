@@ -584,7 +584,9 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
         # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
         null_side = max(
-            [floor] + [x for x in eps_sv if x <= MIN_GAP * floor] + ([float(low_sv[nulls - 1])] if nulls and low_sv is not None else [])
+            [floor]
+            + [x for x in eps_sv if x <= MIN_GAP * floor]
+            + ([float(low_sv[nulls - 1])] if nulls and low_sv is not None else [])
         )
         nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + (
             [float(x) for x in low_sv[nulls:]] if low_sv is not None else []
