@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -251,7 +252,7 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
         and all(torch.equal(hit[1][k], v) for k, v in inputs.items())
     ):
         return hit[2], hit[3]
-    trace = {} if model.cfg.experts else None
+    trace: dict | None = {} if model.cfg.experts else None
     with torch.no_grad():
         y0 = model.forward(cast(model.params, dtype=dtype), inputs, trace).to(torch.float64)
     if cached:
@@ -260,20 +261,20 @@ def reference_output(model: Model, inputs: dict, dtype: torch.dtype) -> tuple[to
     return y0, trace
 
 
-def _same_params(state: list, params: dict) -> bool:
+def _same_params(state: list, params: Mapping) -> bool:
     """Is every parameter the tensor recorded (weakly: a freed one never matches) at its version?"""
     if len(state) != len(params):
         return False
     for k, ref, version in state:
         t = ref()
-        if t is None or params.get(k) is not t or t._version != version:
+        if t is None or t._version != version or params.get(k) is not t:
             return False
     return True
 
 
 def compare(
     model: Model,
-    new: dict,
+    new: Mapping,
     inputs: dict,
     kappa: float,
     dtype: torch.dtype,

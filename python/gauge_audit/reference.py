@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,7 @@ def uninitialised(cls, config, **kw):
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # pragma: no cover - other transformers versions
-        no_init_weights = contextlib.nullcontext
+        no_init_weights = contextlib.nullcontext  # type: ignore[assignment]  # same call: () -> a context manager
     with no_init_weights():
         model = cls._from_config(config, **kw)
     model.tie_weights()
@@ -117,7 +118,7 @@ def _rope64_scaled(self, x, position_ids):
     from transformers import modeling_rope_utils as mru
 
     n = int(position_ids.max()) + 1
-    mru.torch = _Float64Torch()
+    mru.torch = _Float64Torch()  # type: ignore[assignment]  # a float64 stand-in for the module, on purpose
     try:
         inv_freq, scaling = mru.ROPE_INIT_FUNCTIONS[self.rope_type](self.config, x.device, seq_len=n)
     finally:
@@ -203,6 +204,7 @@ def float64_internals(model: torch.nn.Module) -> int:
     for module in model.modules():
         cls = type(module)
         name = cls.__name__
+        forward: Callable[..., Any]  # the float64 forward for this module class
         if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
             forward = _rmsnorm64
         elif name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
@@ -243,11 +245,11 @@ def parameters_on_meta() -> Iterator[None]:
             param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    torch.nn.Module.register_parameter = on_meta
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]  # patched for the block, on purpose
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = register
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]  # restored
 
 
 def _get(obj, path: str):
@@ -453,6 +455,7 @@ def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None)
 
     def tensor(name: str) -> torch.Tensor:
         link = by_file[name]
+        assert link.write is not None  # every link of an HF layout writes
         if last.get("link") is not link:
             last["link"], last["out"] = link, link.write(*[params[p] for p in link.params])
         return last["out"][link.files.index(name)]

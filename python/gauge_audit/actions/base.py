@@ -8,7 +8,7 @@ applies to an architecture, and whether it is claimed to be a true symmetry
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +16,8 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 
-Params = dict[str, torch.Tensor]
+# Read-only: a plain dict or parameters read lazily from a checkpoint.
+Params = Mapping[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

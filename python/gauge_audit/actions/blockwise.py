@@ -84,7 +84,7 @@ def apply_blockwise(action: Action, cfg: Config, params: Params, el: Element) ->
     element couples blocks (layout "whole") at once."""
     if action.element_layout == "whole":
         return action.apply(cfg, dict(params), el)
-    out: Params = {}
+    out: dict[str, torch.Tensor] = {}
     groups: dict[int | None, dict] = {}
     for k, v in params.items():
         groups.setdefault(block_of(k), {})[k] = v
@@ -101,8 +101,8 @@ class TransformedParams(LazyParams):
         self.names: dict[int | None, list[str]] = {}
         for k in base:
             self.names.setdefault(block_of(k), []).append(k)
-        self._block: tuple[int | None, dict] | None = None
-        self._globals: dict | None = None
+        self._block: tuple[int | None, Params] | None = None
+        self._globals: Params | None = None
         # an element that does not act on the embeddings / final norm / head leaves them as read:
         # passed through on access, never cached (an 8 B model's two are 8.4 GB in float64)
         self._globals_untouched = restrict(action, cfg, el, None) is None
@@ -127,7 +127,7 @@ class TransformedParams(LazyParams):
             self._block = (b, self._compute(b))
         return self._block[1][name]
 
-    def _compute(self, b: int | None) -> dict:
+    def _compute(self, b: int | None) -> Params:
         return apply_block(self.action, self.cfg, {k: self.base[k] for k in self.names.get(b, [])}, self.el, b)
 
 

@@ -8,6 +8,7 @@ named STEP.ACTION.PART, are recognised here and their κ recomputed).
 from __future__ import annotations
 
 import zipfile
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,9 @@ def element_from_arrays(parts: dict) -> Element:
 
 def save_element(path, element: Element) -> None:
     """Write ``element`` as an ``.npz`` file (one array per part), the format :func:`load_element` reads."""
-    np.savez(path, **{k: v.detach().cpu().numpy() for k, v in element.parts.items()})
+    # typed Any: numpy's stub reads **arrays as possibly its allow_pickle keyword
+    arrays: dict[str, Any] = {k: v.detach().cpu().numpy() for k, v in element.parts.items()}
+    np.savez(path, **arrays)
 
 
 def load_element(path: str) -> Element:

@@ -23,6 +23,7 @@ actions do not cover, written as finite group actions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -200,7 +201,7 @@ def reader_ones(cfg: Config, params: Params, el: Element) -> Params:
     """
     cols = reader_ones_columns(cfg, params)
     d = cfg.d_model
-    changes: Params = {}
+    changes: dict[str, torch.Tensor] = {}
     for w, t in el.parts.items():
         if w not in cols:
             raise GaugeAuditError(f"{w} is not a LayerNorm reader that can absorb a constant in this model")
@@ -212,6 +213,7 @@ def reader_ones(cfg: Config, params: Params, el: Element) -> Params:
         if c == 0.0 or mode == "key":
             continue
         if mode == "bias":
+            assert b is not None  # c ≠ 0 here, and reader_ones_mode gives "bias" then only with a bias
             changes[b] = put(as64(params[b]) - c * t, params[b])
         else:  # fold: every query head of KV group j reads value column t[j]
             pre = w.rsplit(".", 1)[0]
@@ -259,7 +261,7 @@ def norm_shift_absorbed(cfg: Config, params: Params, el: Element) -> Params:
     """
     allowed = set(absorbed_shift_norms(cfg, params))
     readers = norm_readers(cfg, params)
-    changes: Params = {}
+    changes: dict[str, torch.Tensor] = {}
     for norm, delta in el.parts.items():
         if norm not in allowed:
             raise GaugeAuditError(f"{norm} is not an affine pre-LayerNorm with a reader without a bias")
@@ -314,15 +316,17 @@ def embed_offset(cfg: Config, params: Params, el: Element) -> Params:
     Why: the stream starts as W_E[t] + W_pos[p] (+ W_tt[τ]); each sum is unchanged.
     """
     allowed = set(offset_tables(cfg, params))
-    changes: Params = {}
+    changes: dict[str, torch.Tensor] = {}
     pos = as64(params["embed.W_pos"]) if "embed.W_pos" in params else None
     for table, c in el.parts.items():
         if table not in allowed:
             raise GaugeAuditError(f"{table} is not an embedding table paired with W_pos in this model")
         require_shape(f"offset for {table}", c, (cfg.d_model,))
         changes[table] = put(as64(params[table]) + as64(c), params[table])
+        assert pos is not None  # offset_tables lists tables only when embed.W_pos exists
         pos = pos - as64(c)
     if el.parts:
+        assert pos is not None
         changes["embed.W_pos"] = put(pos, params["embed.W_pos"])
     return updated(params, changes)
 
@@ -396,7 +400,8 @@ def segments(cfg: Config, params: Params) -> list[Segment]:
             continue
         rs = [(w, b) for w, b in readers if w in params]
         if all(b in params for _, b in rs):
-            out.append(Segment(label, opening, tuple(rs), closing))
+            # every bias is in params, so none is None
+            out.append(Segment(label, opening, cast("tuple[tuple[str, str], ...]", tuple(rs)), closing))
     return out
 
 
@@ -434,7 +439,7 @@ def segment_shift(cfg: Config, params: Params, el: Element) -> Params:
     x + c + f(x) + b_close − c, the same sum as before.
     """
     by_label = {s.label: s for s in segments(cfg, params)}
-    changes: Params = {}
+    changes: dict[str, torch.Tensor] = {}
 
     def cur(name):
         return as64(changes[name]) if name in changes else as64(params[name])

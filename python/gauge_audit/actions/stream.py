@@ -157,6 +157,7 @@ def norm_shift(cfg: Config, params: Params, el: Element) -> Params:
         d = as64(d)
         changes[f"{norm}.b"] = put(as64(params[f"{norm}.b"]) + d, params[f"{norm}.b"])
         for w, b in readers[norm]:
+            assert b is not None  # _shiftable_norms: every reader of this norm has a bias
             changes[b] = put(as64(params[b]) - torch.einsum("d,...df->...f", d, as64(params[w])), params[b])
     return updated(params, changes)
 
@@ -220,7 +221,7 @@ def _validate_rotation(cfg: Config, r: torch.Tensor) -> torch.Tensor:
     return r
 
 
-def _rotate_writers(cfg: Config, params: Params, r: torch.Tensor) -> Params:
+def _rotate_writers(cfg: Config, params: Params, r: torch.Tensor) -> dict[str, torch.Tensor]:
     return {w: put(as64(params[w]) @ r, params[w]) for w in stream_writers(cfg, params)}
 
 

@@ -487,6 +487,7 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
     doc = data.get("document")
     document = None
     if _validate_document(text, doc, fail):
+        assert doc is not None  # _validate_document accepts only a table
         document = Document(
             key=doc.get("key", Path(shown).stem),
             title=doc["title"],
@@ -519,6 +520,7 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
                 seen[cid] = block[0]
         if norm is None or document is None:
             continue
+        assert isinstance(cid, str)  # _validate_claim accepted the claim: its required id is a string
         claims.append(
             Claim(
                 id=cid,
@@ -544,6 +546,7 @@ def load_text(text: str, shown: str = "<claims>") -> tuple[Document, list[Claim]
             )
         )
     fail.raise_if_any()
+    assert document is not None  # every way _validate_document refuses reports a problem
     return document, claims
 
 

@@ -91,11 +91,13 @@ _PREC = {"add": 1, "sub": 1, "matmul": 2, "mul": 2, "neg": 3}
 def _render(n: Node, outer: int) -> str:
     if n.op == "num":
         v = n.value
+        assert v is not None  # the parser gives every num node its value
         s = str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
         if v.denominator != 1:
             s = f"({s})"
         return s
     if n.op == "name":
+        assert n.name is not None  # the parser gives every name node its name
         return n.name
     if n.op in ("ones", "eye"):
         return f"{n.op}({n.dim})"
@@ -303,6 +305,7 @@ class _Parser(TokenParser):
         if n.op == "num":
             return "it is zero"
         if n.op == "name":
+            assert n.name is not None  # the parser gives every name node its name
             sym = self.symbols[n.name]
             return f"{sym.label or n.name} is not invertible"
         bad = [a for a in n.args if a.inv == NONE]

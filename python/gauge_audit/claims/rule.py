@@ -322,6 +322,7 @@ def validate_rule(
                 bad(line("elements", e.symbol), f"field rule.elements.{e.symbol}: declared but used in no map")
     if before[0]:
         return None
+    assert isinstance(scope, str)  # no problem reported: the scope was checked to be one of SCOPES
     return Rule(scope, tuple(elements), tuple(maps))
 
 
@@ -332,6 +333,7 @@ def parse_rule(table, where: str = "rule") -> Rule:
     rule = validate_rule(table, lambda *path: 0, lambda ln, msg: problems.append(f"{where}: {msg}"))
     if problems:
         raise GaugeAuditError(*problems)
+    assert rule is not None  # validate_rule returns None only after reporting a problem
     return rule
 
 

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class Source:
 
     label: str
     cfg: Config
-    params: dict
+    params: Mapping
     storage_dtype: torch.dtype
     checkpoint: Checkpoint | None = None
 
@@ -177,6 +178,7 @@ def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype
     from ..transform import certify_written, write_tokenizer
 
     ckpt = src.checkpoint
+    assert ckpt is not None  # called only for a source read from a checkpoint
     with atomic_dir(Path(out)) as tmp:
         written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
         notes = write_tokenizer(ckpt, tmp)

@@ -81,11 +81,11 @@ def closed_form(cfg, unflat, theta1, theta2):
     q2, k2, v2, o2 = (p2[f"blocks.0.attn.{k}"] for k in ("W_Q", "W_K", "W_V", "W_O"))
     inv1 = [torch.cat([(q1[i] @ k1[i].T).reshape(-1), (v1[i] @ o1[i]).reshape(-1)]) for i in range(cfg.n_heads)]
     inv2 = [torch.cat([(q2[i] @ k2[i].T).reshape(-1), (v2[i] @ o2[i]).reshape(-1)]) for i in range(cfg.n_heads)]
-    perm = min(
+    best = min(
         itertools.permutations(range(cfg.n_heads)),
         key=lambda pi: sum(float((inv2[pi[i]] - inv1[i]).norm()) for i in range(cfg.n_heads)),
     )
-    perm = torch.tensor(perm)
+    perm = torch.tensor(best)
     q2, v2 = q2[perm], v2[perm]
     M = torch.stack([torch.linalg.lstsq(q2[i], q1[i]).solution for i in range(cfg.n_heads)])
     N = torch.stack([torch.linalg.lstsq(v2[i], v1[i]).solution for i in range(cfg.n_heads)])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -227,7 +228,7 @@ def wiki_gqa_chain(seed: int, full: bool) -> Finding:
     h = 6
     mha = set(itertools.permutations(range(h)))
     mqa = preserving_query_perms(h, 1, seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n_kv in (2, 3):
         gqa = preserving_query_perms(h, n_kv, seed)
         rows.append(

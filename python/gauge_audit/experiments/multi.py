@@ -7,6 +7,8 @@ check's derived tolerances (:mod:`gauge_audit.numeric`); sizes are the tiny refe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -85,7 +87,7 @@ def _attn_parts(seed: int):
     return model, x
 
 
-def _head_probs(params: dict, cfg, x: torch.Tensor) -> torch.Tensor:
+def _head_probs(params: Mapping, cfg, x: torch.Tensor) -> torch.Tensor:
     """Per-head attention matrices softmax(q kᵀ/√d) of the first layer: (B, heads, n, n)."""
     pre = "blocks.0.attn"
     q = torch.einsum("bnd,hde->bhne", x, params[f"{pre}.W_Q"])
@@ -201,7 +203,7 @@ def wiki_theorem5_absolute(seed: int, full: bool) -> Finding:
     bound, tested with inputs of growing scale and elements of growing κ."""
     model = build("attn-tiny", seed=seed, device="cpu")
     e = eps(torch.float64)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for scale in (1.0, 10.0):
         for kappa in (10.0, 1e4):
             inputs = {"x": model.sample_inputs(seed)["x"] * scale}

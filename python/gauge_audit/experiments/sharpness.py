@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -137,7 +138,7 @@ def measure(seed: int = 0) -> dict:
     H = hessian(loss, theta)
     grad = torch.autograd.functional.jacobian(loss, theta)
     e, P = eps(torch.float64), theta.numel()
-    base = {
+    base: dict[str, Any] = {
         "loss": float(loss(theta)),
         "grad_norm": float(grad.norm()),
         "spectral": float(torch.linalg.eigvalsh(H)[-1]),

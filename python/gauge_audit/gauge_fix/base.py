@@ -16,7 +16,9 @@ near-ties cannot make two copies of one model look different.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -24,7 +26,8 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import apply_block, block_of
 from ..models.config import Config
 
-Params = dict[str, torch.Tensor]
+# Read-only: a plain dict or parameters read lazily from a checkpoint.
+Params = Mapping[str, torch.Tensor]
 
 
 @dataclass
@@ -114,7 +117,14 @@ def _renumbered(name: str, i: int, j: int) -> str:
     return f"blocks.{j}." + name[len(prefix) :] if name.startswith(prefix) else name
 
 
-def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -> frozenset:
+def _moved(name: str, by: int) -> str:
+    """A block parameter's name with its block index shifted by ``by``."""
+    b = block_of(name)
+    assert b is not None  # only the parameters of a run of blocks are renumbered
+    return _renumbered(name, b, b + by)
+
+
+def apply_in_place(cfg: Config, params: dict[str, torch.Tensor], action: str, element: Element) -> frozenset:
     """Apply ``action`` to ``params`` (a dict this caller owns), replacing its tensors one run of
     consecutive blocks at a time (each run as a model of its own depth, with its slice of the
     element, like :func:`~gauge_audit.actions.blockwise.apply_block`; the embeddings and head
@@ -125,19 +135,19 @@ def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -
     act = ACTIONS[action]
     if act.element_layout == "whole":
         new = act.apply(cfg, params, element)
-        writes = frozenset(k for k in new if new[k] is not params.get(k))
-        for k in writes:
+        replaced = frozenset(k for k in new if new[k] is not params.get(k))
+        for k in replaced:
             params[k] = new[k]
-        return writes
+        return replaced
     groups: dict[int | None, list[str]] = {}
     for k in params:
         groups.setdefault(block_of(k), []).append(k)
     step = max(1, -(-cfg.n_layers // SPANS))
     runs: list[tuple[int | None, int, list[str]]] = [(None, 0, groups.get(None, []))]
-    for lo in range(0, cfg.n_layers, step):
-        n = min(step, cfg.n_layers - lo)
-        runs.append((lo, n, [k for b in range(lo, lo + n) for k in groups.get(b, [])]))
-    writes = set()
+    for first in range(0, cfg.n_layers, step):
+        n = min(step, cfg.n_layers - first)
+        runs.append((first, n, [k for b in range(first, first + n) for k in groups.get(b, [])]))
+    writes: set[str] = set()
     for lo, n, names in runs:
         if lo is None:
             new = apply_block(act, cfg, {k: params[k] for k in names}, element, None)
@@ -145,11 +155,8 @@ def apply_in_place(cfg: Config, params: Params, action: str, element: Element) -
             part = _span_element(act, cfg, element, lo, n)
             if part is None:
                 continue
-            sub = {_renumbered(k, block_of(k), block_of(k) - lo): params[k] for k in names}
-            new = {
-                _renumbered(k, block_of(k), block_of(k) + lo): v
-                for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()
-            }
+            sub = {_moved(k, -lo): params[k] for k in names}
+            new = {_moved(k, lo): v for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
             del sub
         for k in names:
             if new[k] is not params[k]:
@@ -209,7 +216,8 @@ class Context:
             self.params = ACTIONS[action].apply(self.cfg, before, element)
             writes = frozenset(k for k in self.params if self.params[k] is not before.get(k))
         else:
-            writes = apply_in_place(self.cfg, self.params, action, element)
+            # not whole: self.params is a dict of its own, updated in place
+            writes = apply_in_place(self.cfg, cast("dict[str, torch.Tensor]", self.params), action, element)
         if action not in DIAGONAL:
             self.kappa *= element.kappa
         self.records.append(

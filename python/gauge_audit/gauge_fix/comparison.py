@@ -71,7 +71,7 @@ def same_architecture(a: Config, b: Config) -> None:
 
 
 # ----------------------------------------------------------------------------- tolerance
-def _float64(params: Params) -> Params:
+def _float64(params: Params) -> dict[str, torch.Tensor]:
     """A dict of its own with the parameters in float64 (for the in-place pipeline)."""
     return {k: v.detach().to("cpu", torch.float64) for k, v in params.items()}
 
@@ -184,7 +184,7 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
         blocks.setdefault(block_of(k), []).append(k)
     num = den = 0.0
     for b, names in blocks.items():
-        sub = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
+        sub: Params = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
         for action, step in steps:
             sub = apply_block(ACTIONS[action], cfg, sub, step, b)
         for k in names:

@@ -168,6 +168,7 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
             ref = pair(cfg, ctx.reference, layer, j) if ctx.reference is not None else None
             where = f"block {layer} KV group {j}"
             if rope:
+                assert planes is not None  # computed above when rope
                 m = torch.zeros(e, e, dtype=torch.float64)
                 rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
                 for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):

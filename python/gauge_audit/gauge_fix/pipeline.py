@@ -178,7 +178,6 @@ class Canonical:
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
     expected = FAMILIES[cfg.family].param_shapes(cfg)
-    lazy = isinstance(params, LazyParams)  # read on access: shapes known, each tensor checked as it is read
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -188,7 +187,7 @@ def validate(cfg: Config, params: Params) -> None:
             f"unexpected {extra[:3]}{'…' if len(extra) > 3 else ''}"
         )
     for name, (shape, _) in expected.items():
-        if lazy:
+        if isinstance(params, LazyParams):  # read on access: shapes known, each tensor checked as it is read
             if tuple(params.shapes[name]) != tuple(shape):
                 raise GaugeAuditError(
                     f"parameter {name} has shape {tuple(params.shapes[name])}, expected {tuple(shape)}"
@@ -280,7 +279,9 @@ def function_check(
     model = Model("canonical", cfg, before, FAMILIES[cfg.family])
     relabel = None
     if element is not None:
-        relabel = lambda layer, idx: composite.ACTIONS[0].expert_relabel(element, layer, idx)  # noqa: E731
+        relabel_of = composite.ACTIONS[0].expert_relabel
+        assert relabel_of is not None  # the composite relabels the experts its steps permute
+        relabel = lambda layer, idx: relabel_of(element, layer, idx)  # noqa: E731
     r = compare(model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel)
     return {
         "max_rel_error": r.max_rel_error,

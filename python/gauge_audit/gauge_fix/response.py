@@ -30,7 +30,7 @@ from ..actions.blockwise import block_of
 from ..actions.offsets import segments
 from ..models.config import Config
 from ..runtime import generator
-from .base import Params, _renumbered, _span_element
+from .base import Params, _moved, _span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
@@ -101,8 +101,8 @@ def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
     return runs
 
 
-def _sub(source: Params, names: list[str], lo: int) -> Params:
-    return {_renumbered(k, block_of(k), block_of(k) - lo): source[k] for k in names}
+def _sub(source: Params, names: list[str], lo: int) -> dict[str, torch.Tensor]:
+    return {_moved(k, -lo): source[k] for k in names}
 
 
 def _kept(cfg: Config, canonical: Canonical, lo: int, n: int) -> dict[str, Element]:
@@ -142,14 +142,15 @@ def response_by_runs(
         names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
         here = {k: params[k] for k in names + (outer if j == 0 else [])}
         ref = {**_sub(reference, names, lo), **ref_outer}
-        sub_names = [_renumbered(k, block_of(k), block_of(k) - lo) for k in names]
+        sub_names = [_moved(k, -lo) for k in names]
         base = _sub(canonical.params, names, lo)
         for p in range(probes):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
             sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0 else outer64)
             keep = _kept(cfg, canonical, lo, n)
-            if rotations[p] is not None:
-                keep[ROTATION] = rotations[p]
+            rotation = rotations[p]
+            if rotation is not None:
+                keep[ROTATION] = rotation
             c = canonicalize_owned(
                 cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype, keep=keep
             )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -66,7 +67,7 @@ class GemmaConfig(Config):
         types = changes.get("layer_types", self.layer_types)
         if types and n < len(types):
             changes["layer_types"] = tuple(types[:n])
-        return check(super().with_(**changes))
+        return check(cast(GemmaConfig, super().with_(**changes)))  # replace() keeps the class
 
 
 def check(cfg: GemmaConfig) -> GemmaConfig:
@@ -141,7 +142,7 @@ def gemma2_config(**overrides) -> GemmaConfig:
 # ----------------------------------------------------------------------------- shapes
 def param_shapes(cfg: GemmaConfig) -> dict:
     d, f = cfg.d_model, cfg.d_ff
-    shapes = {"embed.W_E": ((cfg.vocab, d), "embed")}
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {"embed.W_E": ((cfg.vocab, d), "embed")}
     for i in range(cfg.n_layers):
         p = f"blocks.{i}"
         shapes[f"{p}.ln1.w"] = ((d,), "norm_w")

@@ -14,6 +14,7 @@ Query head ``h`` reads KV head ``h // group_size`` (MHA: group_size 1; MQA: n_kv
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,8 @@ import torch.nn.functional as F
 from .config import Config
 from .rope import inverse_frequencies
 
-Params = dict[str, torch.Tensor]
+# Read-only: a plain dict or parameters read lazily from a checkpoint.
+Params = Mapping[str, torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- shapes

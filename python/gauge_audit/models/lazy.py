@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 Shapes = dict[str, tuple]
+# A parameter point: a plain dict or a LazyParams (both are read-only mappings to the checkers).
+Params = Mapping[str, torch.Tensor]
 
 
-class LazyParams(Mapping):
+class LazyParams(Mapping[str, torch.Tensor]):
     """Named tensors in the project's layout (float64 on the CPU unless cast),
     produced by ``load(name)`` on every access."""
 

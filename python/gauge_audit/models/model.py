@@ -14,7 +14,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..runtime import generator
 from .config import Config
-from .lazy import params_device, params_dtype
+from .lazy import Params, params_device, params_dtype
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Model:
 
     name: str
     cfg: Config
-    params: dict[str, torch.Tensor]
+    params: Params
     family: ModuleType
     # Set once every parameter is known to be finite (checked when read from a checkpoint, or by
     # numeric.require_finite), so the check is not repeated.
@@ -37,7 +37,7 @@ class Model:
     def dtype(self) -> torch.dtype:
         return params_dtype(self.params)
 
-    def forward(self, params: dict[str, torch.Tensor], inputs: dict, trace: dict | None = None) -> torch.Tensor:
+    def forward(self, params: Params, inputs: dict, trace: dict | None = None) -> torch.Tensor:
         dtype = params_dtype(params)
         moved = {
             k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device)) for k, v in inputs.items()

@@ -15,7 +15,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..runtime import generator
 from .config import Config
-from .lazy import LazyParams
+from .lazy import LazyParams, Params
 
 
 def init_params(shapes: dict, seed: int, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -41,7 +41,7 @@ def init_params(shapes: dict, seed: int, device: torch.device, dtype: torch.dtyp
     return out
 
 
-def cast(params: dict[str, torch.Tensor], device=None, dtype=None) -> dict[str, torch.Tensor]:
+def cast(params: Params, device=None, dtype=None) -> Params:
     if isinstance(params, LazyParams):  # a checkpoint read on access: convert on access too
         return params.cast(dtype=dtype, device=device)
     return {k: v.to(device=device or v.device, dtype=dtype or v.dtype) for k, v in params.items()}

@@ -28,12 +28,13 @@ commutant (per plane a·I + b·J); the scaling only changes the angles and a com
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 # The options each type reads (required ones first; defaults where transformers has them).
-_OPTIONS = {
+_OPTIONS: dict[str, dict[str, Any]] = {  # option → default (None: required)
     "default": {},
     "linear": {"factor": None},
     "dynamic": {"factor": None},
@@ -67,7 +68,7 @@ def scaling_problem(rope_type: str, params: tuple, rotary_dim: int) -> str | Non
     """None, or why a (type, options) pair is not a valid frequency table for R = rotary_dim."""
     if rope_type not in ROPE_TYPES:
         return f"rope_type must be one of {', '.join(ROPE_TYPES)}"
-    got = dict(params)
+    got: dict[str, Any] = dict(params)
     allowed = _OPTIONS[rope_type]
     extra = sorted(set(got) - set(allowed))
     if extra:
@@ -93,7 +94,7 @@ def scaling_problem(rope_type: str, params: tuple, rotary_dim: int) -> str | Non
 
 
 def _option(cfg, key: str) -> float:
-    got = dict(cfg.rope_params)
+    got: dict[str, Any] = dict(cfg.rope_params)
     return got[key] if key in got else _OPTIONS[cfg.rope_type][key]
 
 

@@ -50,6 +50,7 @@ class Span:
     def basis(self) -> torch.Tensor:
         """P × rank, orthonormal (nᵀ·U·Λ^{-1/2} on the fast path: orthonormal to ~ε·κ²)."""
         if self._basis is None:
+            assert self._eig is not None  # the fast path keeps the Gram's eigenpairs instead of a basis
             U, root = self._eig
             self._basis = self.rows.T @ (U / root[None, :])
         return self._basis
@@ -64,6 +65,7 @@ class Span:
         if self.rank == 0:
             return X
         if self._basis is None:
+            assert self._eig is not None  # the fast path keeps the Gram's eigenpairs instead of a basis
             U, root = self._eig
             return X - ((X @ self.rows.T) @ (U / (root * root)[None, :]) @ U.T) @ self.rows
         Q = self._basis
@@ -140,15 +142,26 @@ class Explanation:
     tolerance_formula: str
     all_within_tolerance: bool
     overlap: int  # predicted − explained (0: the families are independent)
-    span: Span = field(repr=False, default=None)  # of the flat families' generators
+    span: Span | None = field(repr=False, default=None)  # of the flat families' generators
 
     @property
     def basis(self) -> torch.Tensor:
         """P × explained, orthonormal."""
+        assert self.span is not None  # set by explain
         return self.span.basis()
 
     def by_family(self) -> dict[str, int]:
-        return {f.name: f.rank for f in self.families if f.flat}
+        return flat_ranks(self.families)
+
+
+def flat_ranks(families: list[Family]) -> dict[str, int]:
+    """name → rank of every flat family (ranks are set by :func:`explain`)."""
+    out = {}
+    for f in families:
+        if f.flat:
+            assert f.rank is not None
+            out[f.name] = f.rank
+    return out
 
 
 def check_families(

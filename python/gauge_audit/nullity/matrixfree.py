@@ -164,6 +164,8 @@ class _Product:
     """X ↦ V·X for a fixed, usually sparse, V (g × N) and tall blocks X (N × rows): as a CSR product,
     a dense product on the columns V touches, or a plain dense product — whichever is cheapest."""
 
+    M: torch.Tensor | None  # None only in mode "zero"
+
     def __init__(self, V: torch.Tensor):
         nz = V != 0
         self.sup = torch.nonzero(nz.any(0)).flatten()
@@ -183,6 +185,7 @@ class _Product:
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         if self.mode == "zero":
             return torch.zeros(self.g, X.shape[1], dtype=X.dtype)
+        assert self.M is not None  # set in every mode but "zero"
         if self.mode == "gather":
             return self.M @ X.index_select(0, self.sup)
         return self.M @ X
@@ -207,7 +210,7 @@ class _Images:
 
 @dataclass
 class Sketch:
-    gram: torch.Tensor  # lower triangle of (S·J_{:,cols})ᵀ(S·J_{:,cols})
+    gram: torch.Tensor | None  # lower triangle of (S·J_{:,cols})ᵀ(S·J_{:,cols}); None once freed
     images: list[torch.Tensor]  # per family: S·J·vᵢ (k × rows)
     rows: int
     fro: float  # ‖S·J‖_F (exact, all columns)
@@ -240,13 +243,15 @@ def stream_sketch(
     G = torch.zeros(n, n, dtype=torch.float64)
     images = _Images(fams, cols, piv)
     to_cols, to_piv = _routes(problem.layout, cols), _routes(problem.layout, piv)
-    A = Bp = None
+    A: torch.Tensor | None = None
+    Bp: torch.Tensor | None = None
     m, fill, fro2, t_gram = 0, 0, 0.0, 0.0
     b = problem.batch
     pb = bar(total=b, desc="sketch rows", unit="seq", disable=quiet)
 
     def flush():
         nonlocal fill, fro2, t_gram
+        assert A is not None and Bp is not None  # allocated with the first block
         a, bp = A[:, :fill], Bp[:, :fill]
         images.add(a, bp)
         fro2 += float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(bp)) ** 2
@@ -257,7 +262,7 @@ def stream_sketch(
 
     for done, pieces in jacobian_pieces(problem, proj=proj):
         r = next(iter(pieces.values())).shape[0]
-        if A is None:  # buffers for ≥ FLUSH rows plus one block
+        if A is None or Bp is None:  # buffers (allocated together) for ≥ FLUSH rows plus one block
             A = torch.empty(n, FLUSH + r, dtype=torch.float64)
             Bp = torch.empty(k, FLUSH + r, dtype=torch.float64)
         for buf, routes in ((A, to_cols), (Bp, to_piv)):
@@ -389,6 +394,7 @@ def certify(
         gam = float(torch.linalg.matrix_norm(GE2 - E @ (E.T @ GE2), ord=2)) + c
         # the exact Gram of the block: (S·J·D·E₂)ᵀ(S·J·D·E₂) from exact images (E₂ = Z₂·R⁻¹ on the part ⊥ E₁)
         coef = torch.linalg.lstsq(Z2, E2).solution  # E₂ = Z₂·coef
+        assert nonflat_images is not None  # given with every nonflat direction
         JE2 = nonflat_images.T @ coef
         a = float(torch.linalg.eigvalsh(JE2.T @ JE2)[0])
         schur = (a, gam)
@@ -524,8 +530,8 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         timings["sketch"] = time.time() - t
 
         j_fro, JV = sk.fro, sk.images
-        JVf = [jv for f, jv in zip(fams, JV) if f.kind != "eps-broken"]
-        JVf = torch.cat(JVf) if JVf else torch.zeros(0, sk.rows, dtype=torch.float64)
+        JV_exact = [jv for f, jv in zip(fams, JV) if f.kind != "eps-broken"]
+        JVf = torch.cat(JV_exact) if JV_exact else torch.zeros(0, sk.rows, dtype=torch.float64)
         null_norm = _basis_image_norm(exact, JVf, exact_span)
         floor = max(null_norm, EPS64 * j_fro)  # the kernel's measured image, at least one rounding of ‖J‖
         # ε-broken generators: singular value ‖J·v‖/‖v off the exact kernel‖; flat when inside the gap
@@ -546,6 +552,7 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
                 non_z.append(red[:, cols].T)
                 non_img.append(jv)
         t = time.time()
+        assert sk.gram is not None  # a fresh sketch
         cert = certify(
             sk.gram,
             sk.rows,
@@ -558,7 +565,8 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         )
         sk.gram, gram_seconds = None, sk.gram_seconds
         timings["certificate"] = time.time() - t
-        low_sv, nulls = None, 0
+        low_sv: torch.Tensor | None = None
+        nulls = 0
         if cert["below"]:
             t = time.time()
             # exact singular values on the ν low directions and their guards: the ν smallest
@@ -576,7 +584,9 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
         sigma_low = max(0.0, math.sqrt(cert["lambda_cert"]) / cert["dmax"] - tol_rel)
         # the null side of the gap: the kernel's image, flat ε-broken directions, null low directions
         null_side = max(
-            [floor] + [x for x in eps_sv if x <= MIN_GAP * floor] + ([float(low_sv[nulls - 1])] if nulls else [])
+            [floor]
+            + [x for x in eps_sv if x <= MIN_GAP * floor]
+            + ([float(low_sv[nulls - 1])] if nulls and low_sv is not None else [])
         )
         nonnull = [x for x in eps_sv if x > MIN_GAP * floor] + (
             [float(x) for x in low_sv[nulls:]] if low_sv is not None else []
@@ -596,7 +606,7 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     # the inverse-iteration estimate behind the Cholesky certificate
     sigma_est = (
         min([float(x) for x in low_sv[nulls:]] or [sigma_low])
-        if cert["below"]
+        if cert["below"] and low_sv is not None  # low_sv is set exactly when cert["below"]
         else math.sqrt(cert["lambda_est"]) / cert["dmax"]
     )
     threshold = math.sqrt(null_side * lowest_nonnull) if lowest_nonnull > 0 else 0.0
@@ -627,6 +637,7 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
     if unexplained:
         # the null directions live on the coordinates off the pivots; their parts outside the
         # generators' span are what no family explains
+        assert null_dirs is not None  # unexplained = nulls > 0
         res = null_dirs - expl.basis @ (expl.basis.T @ null_dirs) if expl.basis.shape[1] else null_dirs
         u = ex.unexplained_directions(problem, torch.linalg.qr(res).Q, expl.basis)
         report.unexplained_blocks = ex.summarize_blocks(u)

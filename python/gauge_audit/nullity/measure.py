@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -51,7 +52,7 @@ class Layout:
     offsets: tuple[int, ...]
 
     @classmethod
-    def of(cls, params: dict[str, torch.Tensor]) -> Layout:
+    def of(cls, params: Mapping[str, torch.Tensor]) -> Layout:
         names = tuple(params)
         shapes = tuple(tuple(params[n].shape) for n in names)
         offs, o = [], 0
@@ -68,7 +69,7 @@ class Layout:
         i = self.names.index(name)
         return slice(self.offsets[i], self.offsets[i] + math.prod(self.shapes[i]))
 
-    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    def flatten(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """A flat vector; names missing from ``tensors`` are zero (tangent vectors)."""
         out = torch.zeros(self.size, dtype=torch.float64)
         for n, t in tensors.items():
@@ -427,5 +428,5 @@ def jvp_rows(problem: Problem, V: torch.Tensor, chunk: int = 64) -> torch.Tensor
 
 def vjp_rows(problem: Problem, U: torch.Tensor) -> torch.Tensor:
     """Jᵀ·uᵢ for the rows uᵢ of U (k × rows): (k × P)."""
-    _, pull = vjp(problem.forward_flat, problem.theta)
+    _, pull = vjp(problem.forward_flat, problem.theta)  # type: ignore[misc]  # torch types vjp as if has_aux=True (3-tuple)
     return vmap(lambda u: pull(u)[0])(U)

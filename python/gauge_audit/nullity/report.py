@@ -43,7 +43,7 @@ def paper_counts(cfg: Config) -> dict[str, float]:
 def gmax_dimension(cfg: Config) -> int:
     """dim G_max for this attention as the MGS paper defines it per architecture (its RoPE/GQA
     variant): the per-layer QK and VO groups, nothing else."""
-    return paper_counts(cfg)["mgs-variant"]
+    return int(paper_counts(cfg)["mgs-variant"])  # an int already (see paper_counts)
 
 
 # ----------------------------------------------------------------------------- report
@@ -86,7 +86,7 @@ class NullityReport:
         return self.functional_dimension <= self.fdof_bound
 
     def family_dims(self) -> dict[str, int]:
-        return {f.name: f.rank for f in self.families if f.flat}
+        return ex.flat_ranks(self.families)
 
     def to_json(self) -> dict:
         return {

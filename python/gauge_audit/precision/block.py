@@ -18,7 +18,7 @@ Parameters are the plain ``dict[str, nested list]`` produced by :func:`exact_par
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from fractions import Fraction
 
@@ -179,7 +179,7 @@ def iv_erf(x):
 
 
 # ----------------------------------------------------------------------------- params
-def exact_params(params: dict, ctx=MP) -> dict:
+def exact_params(params: Mapping, ctx=MP) -> dict:
     """torch float tensors → nested lists of exact context numbers (float64 → mpf is
     exact); already-converted nested lists of Fractions are converted too."""
     out = {}
@@ -242,7 +242,8 @@ def attention(ctx, cfg: Config, P: dict, prefix: str, xs: list) -> list:
 
     def proj(c, head, x):
         y = vecmat(x, W[c][head])
-        return y if b[c] is None else [yi + bi for yi, bi in zip(y, b[c][head])]
+        bias = b[c]
+        return y if bias is None else [yi + bi for yi, bi in zip(y, bias[head])]
 
     table = _rope_tables(ctx, cfg, n) if cfg.pos == "rope" else None
     keys, vals = [], []

@@ -15,6 +15,7 @@ contain 0 (and are as narrow as the working precision allows).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
@@ -129,7 +130,7 @@ def _inputs(cfg: Config, seed: int) -> dict:
     return {"tokens": torch.randint(0, cfg.vocab, (1, n), generator=g).tolist()}
 
 
-def _element(rule: str, cfg: Config, params: dict, seed: int) -> tuple[dict, str, list[str]]:
+def _element(rule: str, cfg: Config, params: Mapping, seed: int) -> tuple[dict, str, list[str]]:
     """A rational group element from the torch sampler (rounded), and facts checked exactly."""
     el = ACTIONS[rule].sample(cfg, params, generator(seed + 1), 4.0)
     if rule == "stream-rotation-paper":
@@ -248,7 +249,7 @@ def certify_rule(rule: str, seed: int = 0, dps: int = CERT_DPS) -> Certificate:
     return cert
 
 
-def rational_params(params: dict) -> dict:
+def rational_params(params: Mapping) -> dict:
     """Parameters rounded to multiples of 1/GRID (exact Fractions)."""
     return {k: _rational(v, GRID) for k, v in params.items()}
 
@@ -275,6 +276,7 @@ def certify_transform(
                 count += m > 0
                 if best is None or m > _mig(best):
                     best, where = x, [b, t, f]
+    assert where is not None  # the output has at least one entry
     return Certificate(
         rule,
         claim,

@@ -85,7 +85,10 @@ def exact_rotation(r0: list, cfg: Config | None = None, fix_ones: bool | None = 
     eye = identity(d, one, one * 0)
     a0 = matmul(sub(eye, r0), inverse(add(eye, r0)))  # inverse Cayley: skew up to rounding
     a = scale(sub(a0, transpose(a0)), one / 2)
-    if fix_ones if fix_ones is not None else cfg.norm.startswith("layernorm"):
+    if fix_ones is None:
+        assert cfg is not None  # without fix_ones the configuration's norm decides
+        fix_ones = cfg.norm.startswith("layernorm")
+    if fix_ones:
         p = [[(one if i == j else one * 0) - one / d for j in range(d)] for i in range(d)]
         a = matmul(matmul(p, a), p)  # A·1 = 0 ⇒ R·1 = 1
     return cayley(a)

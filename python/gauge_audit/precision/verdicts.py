@@ -193,7 +193,7 @@ def _wiki(seed: int, full: bool = False) -> PrecisionVerdict:
     return PrecisionVerdict(v.claim, v.verdict, v.statement, v.corrected, v.evidence)
 
 
-CLAIMS: dict[str, Callable[[int], PrecisionVerdict]] = {
+CLAIMS: dict[str, Callable[..., PrecisionVerdict]] = {  # (seed) or, for STUDY_CLAIMS, (seed, full)
     "qk-gl": _holds_claim("qk-gl", "qk-gl"),
     "vo-gl": _holds_claim("vo-gl", "vo-gl"),
     "head-perm": _holds_claim("head-perm", "head-perm"),

@@ -64,8 +64,8 @@ def terminal_table(report: AuditReport, width: int = 140) -> str:
         wrapped = [
             w
             for e in ev or ["(no checker)"]
-            for w in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
-            for w in w
+            for ws in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
+            for w in ws
         ]
         for k in range(max(len(src), len(wrapped))):
             lead = f"{cid:28s} {verdict:22s}" if k == 0 else " " * 51

@@ -323,11 +323,14 @@ def evaluate(node: Node, env: Mapping[str, object], ops: Ops, dims: Mapping[str,
     """The value of ``node`` with names bound by ``env`` and dimension names by ``dims``."""
     op = node.op
     if op == "name":
+        assert node.name is not None  # the parser sets name, value and dim on the nodes that have them
         return env[node.name]
     if op == "num":
+        assert node.value is not None
         return ops.num(node.value)
     if op in ("ones", "eye"):
         n = dims[node.dim] if isinstance(node.dim, str) else node.dim
+        assert n is not None
         return ops.ones(n) if op == "ones" else ops.eye(n)
     args = [evaluate(a, env, ops, dims) for a in node.args]
     if op == "diag":

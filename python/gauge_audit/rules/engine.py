@@ -19,7 +19,7 @@ maps an absent bias to zero (``b_V @ diag(s)``) applies.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -327,7 +327,7 @@ class ProjectView(View):
     """A model handle's parameters in the project's layout (any family, any checkpoint with a
     :class:`Config` and a params dict), as float64 torch tensors or as nested lists."""
 
-    def __init__(self, cfg: Config, params: dict, ops: Ops | None = None, tolerance: float = 0.0):
+    def __init__(self, cfg: Config, params: Mapping, ops: Ops | None = None, tolerance: float = 0.0):
         self.cfg, self.params = cfg, params
         self.shape = Shape.of(cfg)
         self.ops = ops or TorchOps()

@@ -24,7 +24,7 @@ import torch
 from torch.func import jvp
 
 from ..claims.rule import Rule
-from ..nullity.explain import generator_tolerance, span_rank
+from ..nullity.explain import Span, generator_tolerance, span_rank
 from ..nullity.measure import EPS64, Problem, jvp_rows, make_problem
 from .algebra import TorchOps
 from .engine import NotApplicable, ProjectView, Shape, apply, units
@@ -73,7 +73,7 @@ def generators(rule: Rule, problem: Problem) -> torch.Tensor:
                     ch = apply(rule, view, els, check_tied=False)
                     return torch.cat([ch[k].reshape(-1) for k in keys])
 
-                _, dv = jvp(f, (torch.zeros((), dtype=torch.float64),), (torch.ones((), dtype=torch.float64),))
+                _, dv = jvp(f, (torch.zeros((), dtype=torch.float64),), (torch.ones((), dtype=torch.float64),))  # type: ignore[misc]  # torch types jvp as if has_aux=True (3-tuple)
                 v = torch.zeros(layout.size, dtype=torch.float64)
                 off = 0
                 for name, ctx in keys:
@@ -132,7 +132,7 @@ def check(rule: Rule, report, seed: int = 0) -> RuleNullity:
     )
 
 
-def _theory(report, P: int) -> tuple[list, object, dict]:
+def _theory(report, P: int) -> tuple[list, Span, dict]:
     """The report's flat families, the span of all of them, and each one's span: the same for
     every rule checked against this report, so computed once and kept on it."""
     got = report.__dict__.get("_rule_theory")

@@ -11,6 +11,7 @@ than the largest element's κ.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -68,7 +69,7 @@ def tied_tolerance(rule: Rule, cfg: Config, kappa: float) -> float:
     return 2 * kappa * max(1, terms) * EPS64
 
 
-def transform(cfg: Config, params: dict, rule: Rule, d: Draw) -> tuple[dict, float]:
+def transform(cfg: Config, params: Mapping, rule: Rule, d: Draw) -> tuple[dict, float]:
     """The transformed parameters (float64, the model's layout) and the rule's κ at this draw."""
     view = ProjectView(cfg, params, tolerance=tied_tolerance(rule, cfg, d.kappa))
     with torch.no_grad():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sympy as sp
 
 from ..claims.expr import evaluate_formula, parse_formula
@@ -40,6 +42,7 @@ def _formula(cl) -> str:
 @derivation("count-nierop")
 def count_nierop() -> Derivation:
     cl = claim("count-nierop")
+    assert cl.claimed_percent is not None  # the claim states its percentages
     expr = parse_formula(_formula(cl))
     n_t, n_h, d_h, d_e = (sp.Symbol(s, positive=True) for s in ("n_t", "n_h", "d_h", "d_e"))
     paper = counts.nierop_redundancy(n_t, n_h, d_h, d_e)
@@ -130,6 +133,7 @@ def count_nierop() -> Derivation:
 @derivation("count-transformer-base")
 def count_transformer_base() -> Derivation:
     cl = claim("count-transformer-base")
+    assert cl.claimed_value is not None  # the claim states its count
     p = dict(cl.params)
     value = int(evaluate_formula(_formula(cl), {k: p[k] for k in ("L", "h", "d_k", "d_v")}))
     model = counts.mgs_model_dim(p["L"], p["h"], p["d_k"], p["d_v"])
@@ -288,7 +292,7 @@ def fdof_bound() -> Derivation:
 @derivation("maximality-model")
 def maximality_model() -> Derivation:
     cl = claim("maximality-model")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in cl.params["archs"]:
         cfg = _arch(name)
         corr = counts.corrected_count(cfg)

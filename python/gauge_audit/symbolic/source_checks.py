@@ -4,6 +4,7 @@ abstract that the older derivations (nierop, counts, structure) did not settle o
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import sympy as sp
 
@@ -51,7 +52,9 @@ def nierop_linear_layer_condition() -> Derivation:
 def nierop_table1_arithmetic() -> Derivation:
     c = claim("nierop-table1-arithmetic")
     src = claim("count-nierop")
-    rows, reproduced = [], {}
+    assert src.claimed_percent is not None  # the claim states its percentages
+    rows: list[dict[str, Any]] = []
+    reproduced: dict[int, list[str]] = {}
     for m in src.params["models"]:
         red = counts.nierop_redundancy(m["n_t"], m["n_h"], m["d_h"], m["d_e"])
         for total in m["totals"]:

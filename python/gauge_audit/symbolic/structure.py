@@ -136,6 +136,7 @@ def rope_commutant() -> Derivation:
     A = sym_matrix("a", 2, 2)
     sol = sp.solve(list(A * R - R * A), list(A), dict=True)
     solved = A.subs(sol[0]) if sol else None
+    assert solved is not None  # A = 0 commutes with R: the solution set is never empty
     J = sp.Matrix([[0, -1], [1, 0]])
     a, b = solved[0, 0], solved[1, 0]
     form_ok = sp.simplify(solved - (a * sp.eye(2) + b * J)) == sp.zeros(2, 2)

@@ -8,6 +8,7 @@ table cells by exact integer arithmetic from the published configurations.
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import sympy as sp
 
@@ -198,7 +199,9 @@ def wiki_gpt2_redundancy_table() -> Derivation:
         ("W_O", 250_000, vo // 2),
         ("total", 1_100_000, qk + vo),
     ]
-    rows = [{"cell": n, "claimed": cl, "computed": v, "within_5_percent": _near(v, cl)} for n, cl, v in cells]
+    rows: list[dict[str, Any]] = [
+        {"cell": n, "claimed": cl, "computed": v, "within_5_percent": _near(v, cl)} for n, cl, v in cells
+    ]
     sums = 300_000 * 2 + 250_000 * 2
     ok = all(r["within_5_percent"] for r in rows)
     bad = [r for r in rows if not r["within_5_percent"]]

@@ -214,6 +214,7 @@ class Checkpoint:
         """A stored tensor as it is on disk (GGUF: dequantized to float32), or converted to ``dtype``
         (a large safetensors tensor chunk by chunk, without a whole stored copy beside it)."""
         if dtype is not None and self.format == "safetensors":
+            assert isinstance(self.source, HFDir)  # a safetensors checkpoint is an HF directory
             return self.source.get(name, dtype)
         t = self.source.get(name)
         return t if dtype is None else t.to(dtype)

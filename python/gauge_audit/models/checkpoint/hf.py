@@ -213,7 +213,7 @@ def _rope(arch: str, hf: dict, rotary_ok: bool = False) -> dict:
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
     if kind not in ROPE_TYPES:
         raise refuse(arch, f"{where}.rope_type", kind, f"unknown RoPE scaling (supported: {', '.join(ROPE_TYPES)})")
-    params = []
+    params: list[tuple[str, float | tuple[float, ...]]] = []
     for key, v in sorted(scaling.items()):
         if v is None:
             continue

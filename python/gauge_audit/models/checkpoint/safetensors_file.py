@@ -202,7 +202,7 @@ class SafetensorsWriter:
         for r0 in range(0, rows, step):
             piece = t[r0 : r0 + step] if t.dim() else t
             data = piece.to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
-            self._f.write(memoryview(data))
+            self._f.write(memoryview(data))  # type: ignore[arg-type]  # numpy stub: ndarray is a Buffer from 3.12
         self.written.add(name)
 
     def close(self) -> None:

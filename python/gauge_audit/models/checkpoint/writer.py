@@ -98,6 +98,7 @@ def plan(ckpt: Checkpoint, cfg: Config, dtype: torch.dtype | None) -> dict[str, 
     shapes = FAMILIES[cfg.family].param_shapes(cfg)
     out = {}
     for link in output_links(ckpt.arch, cfg):
+        assert link.write is not None  # every link of an HF layout writes (only GGUF's read alone)
         metas = link.write(*[torch.empty(shapes[p][0], device="meta") for p in link.params])
         for f, t in zip(link.files, metas):
             out[f] = (dtype or _stored(ckpt, f), tuple(t.shape))
@@ -121,6 +122,7 @@ def _write_link(w: SafetensorsWriter, link: Link, params: Mapping) -> None:
     """One link's file tensors; a function of its own so that nothing of them outlives the call
     (a loop variable would keep an 8 B model's 4.2 GB float64 embedding alive while the next
     block is computed)."""
+    assert link.write is not None  # every link of an HF layout writes (only GGUF's read alone)
     for f, t in zip(link.files, link.write(*[params[p] for p in link.params])):
         w.write(f, t)
 

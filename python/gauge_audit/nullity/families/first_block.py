@@ -7,6 +7,7 @@ on W_E's rows, which adds tied-unembed-null.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ class _FirstPoints:
 
     X0: torch.Tensor
     Y: torch.Tensor
-    norm: object  # x ↦ the first norm's output
+    norm: Callable[[torch.Tensor], torch.Tensor]  # x ↦ the first norm's output
     readers: list
 
     @property
@@ -84,6 +85,7 @@ def _value_offsets(problem: Problem) -> list[tuple[torch.Tensor, torch.Tensor]]:
             c = torch.zeros(cfg.n_kv_heads * cfg.d_head, dtype=torch.float64)
             c[g * cfg.d_head + e] = 1.0
             w = sum(p["blocks.0.attn.W_O"][h][e] for h in range(g * cfg.group_size, (g + 1) * cfg.group_size))
+            assert isinstance(w, torch.Tensor)  # a sum over group_size ≥ 1 heads
             out.append((c, w))
     return out
 
@@ -281,9 +283,11 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
         coef = x[n_m + n_s :]
         w_tot = sum((a * w for a, (_, w) in zip(coef, offsets)), torch.zeros(d, dtype=torch.float64))
         if offsets and offsets[0][0] is None:
+            assert pts is not None  # offsets are found only at the points
             _add_input_offset(problem, pts, R, v, w_tot, None)
             R.at(v, "blocks.0.attn.b_O")[...] += w_tot
         elif offsets:
+            assert pts is not None
             _add_input_offset(problem, pts, R, v, w_tot, sum(a * c for a, (c, _) in zip(coef, offsets)))
         if ln:
             beta, sv_ = p["ln_final.b"], x[n_m + V : n_m + 2 * V]

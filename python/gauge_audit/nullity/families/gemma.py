@@ -263,7 +263,7 @@ def first_block_token_scales(problem: Problem) -> Family | None:
         "Σ over block 0's QK heads of the freedom left by the sampled tokens",
         len(R.rows),
         R,
-        first_block_token_scales.__doc__,
+        first_block_token_scales.__doc__ or "",
         kind="data",
     )
 

@@ -4,6 +4,8 @@ reader constants, segment translations and the ε-broken segment scale.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..measure import Problem
 from .base import LN, Family, Rows, make_family
 from .readers import reader_ones, writer_rows
@@ -22,7 +24,7 @@ def post_norm_families(problem: Problem) -> list[Family]:
     L, norm = cfg.n_layers, cfg.norm
     fams: list[Family] = []
     ln = norm in LN
-    emb_tables = [t for t in ("embed.W_E", "embed.W_pos", "embed.W_tt") if t in p]
+    emb_tables: list[str] = [t for t in ("embed.W_E", "embed.W_pos", "embed.W_tt") if t in p]
     pairs = [("embed.W_E", "embed.W_pos")] + ([("embed.W_tt", "embed.W_pos")] if "embed.W_tt" in p else [])
     embed_ln = cfg.embed_norm and norm in LN
     fams.append(embed_offset_family(problem, pairs, ones=embed_ln))
@@ -43,9 +45,12 @@ def post_norm_families(problem: Problem) -> list[Family]:
         return rs
 
     # The norm producing each block's input (None: raw embeddings) and each LN1.
-    sources = [("embed.ln" if cfg.embed_norm and norm != "none" else None, attn_readers(0), 0)]
+    # (the norm, or None for the raw embedding sum; its readers; the block)
+    sources: list[tuple[str | None, Any, int]] = [
+        ("embed.ln" if cfg.embed_norm and norm != "none" else None, attn_readers(0), 0)
+    ]
     sources += [(f"blocks.{i - 1}.ln2", attn_readers(i), i) for i in range(1, L)]
-    mids = [(f"blocks.{i}.ln1", mlp_readers(i), i) for i in range(L)]
+    mids: list[tuple[str | None, Any, int]] = [(f"blocks.{i}.ln1", mlp_readers(i), i) for i in range(L)]
 
     # ------------------------------------------------------------ writer ones
     if ln:

@@ -329,7 +329,7 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
 
         v_reader = next(((w, b) for w, b in readers if w.endswith(".W_V")), None)
         with_w = v_reader is not None and absorbs(*v_reader) and closing is None and not seg.final
-        M = None
+        M: torch.Tensor | None = None  # set exactly when the segment has a W_V reader (v_reader)
         if v_reader is not None:
             pre = v_reader[0].rsplit(".", 1)[0]
             M = torch.zeros(nkv * e, d, dtype=torch.float64)  # value constant (per KV head) ↦ output
@@ -353,8 +353,9 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
             rows.append(torch.cat([wv.T, torch.zeros(wv.shape[1], nw, dtype=torch.float64)], 1))
         if not seg.final and closing is None:
             # total constant c + v·M must vanish (up to 1 if a LayerNorm reads next)
-            tot = torch.cat([eye, M.T if with_w else torch.zeros(d, 0, dtype=torch.float64)], 1)
+            tot = torch.cat([eye, M.T if with_w and M is not None else torch.zeros(d, 0, dtype=torch.float64)], 1)
             if v_reader is not None and not with_w and not absorbs(*v_reader):
+                assert M is not None
                 tot[:, :d] += (reader_value(p, v_reader[0]).reshape(d, -1) @ M).T
             if seg.next_ln:
                 one = torch.ones(d, 1, dtype=torch.float64) / d**0.5
@@ -382,6 +383,7 @@ def translation_family(problem: Problem, segments: list[Segment]) -> Family | No
                 rv = reader_value(p, w)
                 shift = torch.einsum("d,d...->...", c, rv)
                 if w.endswith(".W_V"):
+                    assert M is not None  # a W_V reader: v_reader is set
                     if absorbs(w, b):
                         target = wfree.reshape(nkv, e) if with_w else torch.zeros_like(shift)
                         absorb(w, b, target - shift)

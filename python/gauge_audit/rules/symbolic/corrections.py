@@ -66,6 +66,13 @@ def _slot_expr(rule: Rule, param: str, slot: str, fill: str) -> str | None:
     return " @ ".join(x for x in seq if x and x != "eye")
 
 
+def _map_text(rule: Rule, param: str) -> str:
+    """The text of ``param``'s map in ``rule``, which states one (it was just set)."""
+    m = rule.map_of(param)
+    assert m is not None
+    return m.text
+
+
 def _with_slot(rule: Rule, param: str, slot: str, fill: str) -> Rule | None:
     expr = _slot_expr(rule, param, slot, fill)
     if expr is None:
@@ -201,7 +208,7 @@ def correct(
             if new is not None and holds_everywhere(new, models, budget):
                 return (
                     new,
-                    f"{param} ↦ {new.map_of(param).text}",
+                    f"{param} ↦ {_map_text(new, param)}",
                     (
                         f"solved {param}'s {slot} {'increment' if slot == 'shift' else 'factor'} as an unknown from "
                         f"the failing identities: the unique solution is {text or '0'} (exact linear algebra on the "
@@ -274,7 +281,7 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
                 return None
             expr = " @ ".join(x for x in (text, w, parts[1]) if x and x != "eye")
             stated = rule.map_of(w)
-            if (stated.text if stated else w) != rule.with_maps({w: expr}).map_of(w).text:
+            if (stated.text if stated else w) != _map_text(rule.with_maps({w: expr}), w):
                 changes[w] = expr
         if P.has(f"{norm}.b") and not all(is_zero(x) for x in (b0 * B.inv() - Q.value(f"{norm}.b", ctx))):
             if inv_text is None:
@@ -291,4 +298,4 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
         new = rule.with_maps(changes)
     except GaugeAuditError:
         return None
-    return new, "; ".join(f"{k} ↦ {new.map_of(k).text}" for k in changes), "; ".join(notes)
+    return new, "; ".join(f"{k} ↦ {_map_text(new, k)}" for k in changes), "; ".join(notes)
