@@ -141,3 +141,14 @@ def test_docs_catalog_examples_match_the_catalog_audit(page, catalog_report):
 def test_example_runner_rejects_other_commands(tmp_path):
     with pytest.raises(ValueError):
         run("rm -rf /", tmp_path)
+
+
+def test_readme_count_table_is_the_one_in_proofs_md():
+    """The README's per-document verdict counts are the generated table of proofs.md, row for row."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    proofs = (ROOT / "proofs.md").read_text(encoding="utf-8").splitlines()
+    start = readme.index(next(line for line in readme if line.startswith("| document | claims |")))
+    rows = [line for line in readme[start:] if line.startswith("|")]
+    rows = rows[: next(i for i, r in enumerate(rows) if r.startswith("| total")) + 1]
+    at = proofs.index(rows[0])
+    assert proofs[at : at + len(rows)] == rows
