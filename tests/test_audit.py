@@ -211,3 +211,17 @@ def test_audit_malformed_claim_file_one_line_per_problem_exit_2(tmp_path, capsys
 def test_audit_cli_errors_one_line_exit_2(tmp_path, capsys, argv, match):
     code, _, err = _run(argv + ["--out", str(tmp_path / "r")], capsys)
     assert code == 2 and err.count("\n") == 1 and match in err, err
+
+
+@pytest.mark.parametrize("width", [100, 120, 140, 180])
+def test_catalog_audit_terminal_table_fits_the_terminal_width(catalog_report, width):
+    """Every line of the verdict table fits the width it is drawn for (a line that does not wraps in
+    the terminal and scrambles the columns), and nothing the 140-column table shows is dropped."""
+    from gauge_audit.report import terminal_table
+
+    report, _ = catalog_report
+    text = terminal_table(report, width=width)
+    too_long = [line for line in text.splitlines() if len(line) > width]
+    assert not too_long, too_long[:3]
+    for r in report.results:
+        assert r.claim.id in text and r.verdict.verdict in text

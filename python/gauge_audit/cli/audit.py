@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def run(args) -> int:
     if args.json:
         sys.stdout.write(paths["report.json"].read_text(encoding="utf-8"))
     else:
-        print(terminal_table(report))
+        # a terminal's own width (at least 100 columns); captured output keeps 140, so it reads the same everywhere
+        width = shutil.get_terminal_size((140, 24)).columns if sys.stdout.isatty() else 140
+        print(terminal_table(report, width=max(100, width)))
         print(f"report: {paths['report.md']}, {paths['report.html']}, {paths['report.json']}")
     if args.fail_on and any(r.verdict.verdict == args.fail_on for r in report.results):
         return 1

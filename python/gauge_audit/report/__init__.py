@@ -51,9 +51,11 @@ def table_rows(report: AuditReport) -> list[tuple[str, str, str, list[str]]]:
 def terminal_table(report: AuditReport, width: int = 140) -> str:
     """The verdict table: claim, verdict, source, per checker its evidence up to a clause boundary,
     then the corrected rule or the counterexample, wrapped at word boundaries to ``width`` columns
-    (the report holds every word)."""
-    src_w, ev_w = 34, width - 87
-    lines = [f"{'claim':28s} {'verdict':22s} {'source':{src_w}s} evidence"]
+    (the report holds every word).  On a narrow terminal the source column gives way first."""
+    id_w = max([28] + [len(r.claim.id) for r in report.results])
+    src_w = min(34, max(18, width - id_w - 65))
+    ev_w = max(24, width - id_w - 25 - src_w)
+    lines = [f"{'claim':{id_w}s} {'verdict':22s} {'source':{src_w}s} evidence"]
     lines.append("-" * width)
     for (cid, source, verdict, ev), r in zip(table_rows(report), report.results):
         src = textwrap.wrap(source, src_w) or [""]
@@ -64,11 +66,11 @@ def terminal_table(report: AuditReport, width: int = 140) -> str:
         wrapped = [
             w
             for e in ev or ["(no checker)"]
-            for ws in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=False)]
+            for ws in [textwrap.wrap(brief(e, ev_w), ev_w, subsequent_indent="  ", break_long_words=True)]
             for w in ws
         ]
         for k in range(max(len(src), len(wrapped))):
-            lead = f"{cid:28s} {verdict:22s}" if k == 0 else " " * 51
+            lead = f"{cid:{id_w}s} {verdict:22s}" if k == 0 else " " * (id_w + 23)
             left = src[k] if k < len(src) else ""
             lines.append(f"{lead} {left:{src_w}s} {wrapped[k] if k < len(wrapped) else ''}".rstrip())
     counts = report.to_json()["summary"]
