@@ -39,13 +39,12 @@ def test_readme_is_short_and_keeps_the_test_command():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
-def test_pages_speak_of_the_project(page):
+def test_pages_cite_public_sources(page):
+    """A page cites the papers by their public references, not by a path a clone elsewhere lacks
+    (the catalog page reproduces claims/*.toml's own reference fields)."""
     text = page.read_text(encoding="utf-8")
-    patterns = [r"\bissue \d+", r"\bissue #\d+", r"device tool", r"\bnot lent\b"]
-    if page.name != "catalog.md":  # the catalog page reproduces claims/*.toml's own reference fields
-        patterns.append(r"shared/seeds")
-    for pattern in patterns:
-        assert not re.search(pattern, text, re.I), f"{_rel(page)}: {pattern}"
+    if page.name != "catalog.md":
+        assert not re.search(r"shared/seeds", text), _rel(page)
 
 
 def test_readme_links_resolve():
