@@ -397,3 +397,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     seed = getattr(config.option, "randomly_seed", None)
     if seed is not None and not isinstance(seed, str):
         terminalreporter.write_line(f"test order shuffled by pytest-randomly: repeat it with --randomly-seed={seed}")
+
+
+@pytest.fixture(scope="session")
+def hf_family(tmp_path_factory):
+    """``hf_family(kind)`` -> a directory holding the tiny random transformers model ``kind`` of
+    tests/hf_families.py (written once per session with save_pretrained; treat as read-only)."""
+    from hf_families import save
+
+    made: dict = {}
+
+    def get(kind):
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp(kind)
+            save(kind, made[kind])
+        return made[kind]
+
+    return get

@@ -14,27 +14,14 @@ from gauge_audit.cli import main
 from gauge_audit.models.checkpoint import open_checkpoint
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, save, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
 
 KINDS = ["neox", "neox-sequential-linear"]
 
 
-@pytest.fixture(scope="session")
-def neox_hf(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(kind)
-            save(kind, made[kind])
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_matches_transformers_float64(neox_hf, kind):
-    err, tol64, shipped, tol32 = compare(neox_hf(kind))
+def test_forward_matches_transformers_float64(hf_family, kind):
+    err, tol64, shipped, tol32 = compare(hf_family(kind))
     print(
         f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
         f"(tol {tol32 / EPS32:.0f} ε32)"
@@ -50,8 +37,8 @@ def test_forward_matches_transformers_float64(neox_hf, kind):
         ("neox-sequential-linear", {"parallel_residual": True}),
     ],
 )
-def test_a_misread_option_fails_by_a_wide_margin(neox_hf, kind, changes):
-    path = neox_hf(kind)
+def test_a_misread_option_fails_by_a_wide_margin(hf_family, kind, changes):
+    path = hf_family(kind)
     ckpt = open_checkpoint(path)
     cfg = ckpt.cfg.with_(**changes)
     x = inputs(cfg)
@@ -60,8 +47,8 @@ def test_a_misread_option_fails_by_a_wide_margin(neox_hf, kind, changes):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_check_all_agrees_with_theory(neox_hf, kind, capsys):
-    assert main(["check", "--checkpoint", str(neox_hf(kind)), "--all", "--json"]) == 0
+def test_check_all_agrees_with_theory(hf_family, kind, capsys):
+    assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
     for name in ("qk-gl", "stream-rotation", "norm-shift", "writer-ones", "value-bias-fold"):
         assert rows[name]["verdict"] == "HOLDS"
@@ -69,8 +56,8 @@ def test_check_all_agrees_with_theory(neox_hf, kind, capsys):
         assert r["verdict"] == r["expected"], r
 
 
-def test_transform_round_trip_writes_query_key_value(neox_hf, tmp_path, capsys):
-    src, out = neox_hf("neox"), tmp_path / "out"
+def test_transform_round_trip_writes_query_key_value(hf_family, tmp_path, capsys):
+    src, out = hf_family("neox"), tmp_path / "out"
     assert (
         main(
             [
@@ -99,12 +86,12 @@ def test_transform_round_trip_writes_query_key_value(neox_hf, tmp_path, capsys):
     assert float((a["blocks.0.attn.W_Q"] - b["blocks.0.attn.W_Q"]).abs().max()) > 1e-3
 
 
-def test_gauge_fixing_refuses_partial_rotary_and_a_parallel_residual(neox_hf, tmp_path, capsys):
+def test_gauge_fixing_refuses_partial_rotary_and_a_parallel_residual(hf_family, tmp_path, capsys):
     from gauge_audit.cli.canonicalize import _gauge_fixable
     from gauge_audit.errors import GaugeAuditError
     from gauge_audit.models import llama
 
-    src = str(neox_hf("neox-sequential-linear"))
+    src = str(hf_family("neox-sequential-linear"))
     assert main(["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "partial rotary" in err

@@ -18,27 +18,14 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.registry import build_config
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, save, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
 
 KINDS = ["olmo2", "olmo2-bias-yarn"]
 
 
-@pytest.fixture(scope="session")
-def olmo2_hf(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(kind)
-            save(kind, made[kind])
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_matches_transformers_float64(olmo2_hf, kind):
-    err, tol64, shipped, tol32 = compare(olmo2_hf(kind))
+def test_forward_matches_transformers_float64(hf_family, kind):
+    err, tol64, shipped, tol32 = compare(hf_family(kind))
     print(
         f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
         f"(tol {tol32 / EPS32:.0f} ε32)"
@@ -47,8 +34,8 @@ def test_forward_matches_transformers_float64(olmo2_hf, kind):
 
 
 @pytest.mark.parametrize("changes", [{"norm_placement": "pre"}, {"qk_norm": "none"}])
-def test_a_misread_layout_fails_by_a_wide_margin(olmo2_hf, changes):
-    path = olmo2_hf("olmo2")
+def test_a_misread_layout_fails_by_a_wide_margin(hf_family, changes):
+    path = hf_family("olmo2")
     ckpt = open_checkpoint(path)
     cfg = ckpt.cfg.with_(**changes)
     params = {k: v for k, v in ckpt.params().items() if "_norm" not in k or cfg.qk_norm != "none"}
@@ -58,8 +45,8 @@ def test_a_misread_layout_fails_by_a_wide_margin(olmo2_hf, changes):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_check_all_agrees_with_theory(olmo2_hf, kind, capsys):
-    assert main(["check", "--checkpoint", str(olmo2_hf(kind)), "--all", "--json"]) == 0
+def test_check_all_agrees_with_theory(hf_family, kind, capsys):
+    assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
     assert not {"qk-gl", "stream-rotation", "norm-scale"} & set(rows)  # refused: not symmetries here
     for name in ("qk-norm-scale", "vo-gl", "head-perm", "ffn-perm", "swiglu-scaling"):
@@ -68,8 +55,8 @@ def test_check_all_agrees_with_theory(olmo2_hf, kind, capsys):
         assert r["verdict"] == r["expected"], r
 
 
-def test_stream_rotation_is_refused_with_the_reason(olmo2_hf, capsys):
-    assert main(["check", "--checkpoint", str(olmo2_hf("olmo2")), "--action", "stream-rotation"]) == 2
+def test_stream_rotation_is_refused_with_the_reason(hf_family, capsys):
+    assert main(["check", "--checkpoint", str(hf_family("olmo2")), "--action", "stream-rotation"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "D_γ·R = R·D_γ'" in err
 
@@ -128,8 +115,8 @@ def test_qk_norm_scale_is_per_kv_group_not_per_query_head():
     assert rel(m.forward(bad, x), base) > 1e6 * tol(cfg, 16, 3.0)
 
 
-def test_transform_round_trip(olmo2_hf, tmp_path, capsys):
-    src, out = olmo2_hf("olmo2-bias-yarn"), tmp_path / "out"
+def test_transform_round_trip(hf_family, tmp_path, capsys):
+    src, out = hf_family("olmo2-bias-yarn"), tmp_path / "out"
     assert (
         main(
             [
@@ -156,7 +143,7 @@ def test_transform_round_trip(olmo2_hf, tmp_path, capsys):
     )
 
 
-def test_gauge_fixing_refuses_in_one_line(olmo2_hf, tmp_path, capsys):
-    assert main(["canonicalize", "--checkpoint", str(olmo2_hf("olmo2")), "--out", str(tmp_path / "c")]) == 2
+def test_gauge_fixing_refuses_in_one_line(hf_family, tmp_path, capsys):
+    assert main(["canonicalize", "--checkpoint", str(hf_family("olmo2")), "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "qk_norm=full" in err and not (tmp_path / "c").exists()

@@ -17,27 +17,14 @@ from gauge_audit.cli import main
 from gauge_audit.models.checkpoint import open_checkpoint
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, save, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
 
 KINDS = ["phi3-partial", "phi3-longrope-window"]
 
 
-@pytest.fixture(scope="session")
-def phi3_hf(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(kind)
-            save(kind, made[kind])
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_matches_transformers_float64(phi3_hf, kind):
-    err, tol64, shipped, tol32 = compare(phi3_hf(kind))
+def test_forward_matches_transformers_float64(hf_family, kind):
+    err, tol64, shipped, tol32 = compare(hf_family(kind))
     print(
         f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
         f"(tol {tol32 / EPS32:.0f} ε32)"
@@ -45,8 +32,8 @@ def test_forward_matches_transformers_float64(phi3_hf, kind):
     assert err <= tol64 and shipped <= tol32
 
 
-def test_a_whole_head_rotary_fails_by_a_wide_margin(phi3_hf):
-    path = phi3_hf("phi3-partial")
+def test_a_whole_head_rotary_fails_by_a_wide_margin(hf_family):
+    path = hf_family("phi3-partial")
     ckpt = open_checkpoint(path)
     assert ckpt.cfg.rotary_dim == ckpt.cfg.d_head // 2
     cfg = ckpt.cfg.with_(rotary_dim=0)
@@ -56,8 +43,8 @@ def test_a_whole_head_rotary_fails_by_a_wide_margin(phi3_hf):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_check_all_agrees_with_theory(phi3_hf, kind, capsys):
-    assert main(["check", "--checkpoint", str(phi3_hf(kind)), "--all", "--json"]) == 0
+def test_check_all_agrees_with_theory(hf_family, kind, capsys):
+    assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
     for name in ("qk-gl", "stream-rotation", "vo-gl"):
         assert rows[name]["verdict"] == "HOLDS"
@@ -65,8 +52,8 @@ def test_check_all_agrees_with_theory(phi3_hf, kind, capsys):
         assert r["verdict"] == r["expected"], r
 
 
-def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
-    ckpt = open_checkpoint(phi3_hf("phi3-partial"))
+def test_partial_commutant_holds_and_mixing_fails(hf_family, tmp_path, capsys):
+    ckpt = open_checkpoint(hf_family("phi3-partial"))
     cfg, params = ckpt.cfg, dict(ckpt.params())
     m = random_commutant(cfg, torch.Generator().manual_seed(0), 10.0, (cfg.n_layers, cfg.n_kv_heads))
     r = cfg.rotary_dim
@@ -87,7 +74,7 @@ def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
             [
                 "check",
                 "--checkpoint",
-                str(phi3_hf("phi3-partial")),
+                str(hf_family("phi3-partial")),
                 "--action",
                 "qk-gl",
                 "--element",
@@ -101,8 +88,8 @@ def test_partial_commutant_holds_and_mixing_fails(phi3_hf, tmp_path, capsys):
     assert rel(model.forward(changed, x), base) > 1e6 * tol(cfg, 12, 10.0)
 
 
-def test_transform_round_trip_writes_the_fused_tensors(phi3_hf, tmp_path, capsys):
-    src, out = phi3_hf("phi3-longrope-window"), tmp_path / "out"
+def test_transform_round_trip_writes_the_fused_tensors(hf_family, tmp_path, capsys):
+    src, out = hf_family("phi3-longrope-window"), tmp_path / "out"
     assert (
         main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
         == 0
@@ -120,7 +107,7 @@ def test_transform_round_trip_writes_the_fused_tensors(phi3_hf, tmp_path, capsys
         assert "model.layers.0.self_attn.qkv_proj.weight" in f.keys()
 
 
-def test_gauge_fixing_refuses_partial_rotary(phi3_hf, tmp_path, capsys):
-    assert main(["canonicalize", "--checkpoint", str(phi3_hf("phi3-partial")), "--out", str(tmp_path / "c")]) == 2
+def test_gauge_fixing_refuses_partial_rotary(hf_family, tmp_path, capsys):
+    assert main(["canonicalize", "--checkpoint", str(hf_family("phi3-partial")), "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "partial rotary" in err

@@ -20,27 +20,14 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.registry import build_config
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, save, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
 
 KINDS = ["qwen3", "qwen3-moe", "qwen3-moe-unnormed"]
 
 
-@pytest.fixture(scope="session")
-def qwen3_hf(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(kind)
-            save(kind, made[kind])
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_matches_transformers_float64(qwen3_hf, kind):
-    err, tol64, shipped, tol32 = compare(qwen3_hf(kind))
+def test_forward_matches_transformers_float64(hf_family, kind):
+    err, tol64, shipped, tol32 = compare(hf_family(kind))
     print(
         f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
         f"(tol {tol32 / EPS32:.0f} ε32)"
@@ -49,8 +36,8 @@ def test_forward_matches_transformers_float64(qwen3_hf, kind):
 
 
 @pytest.mark.parametrize("kind,changes", [("qwen3", {"qk_norm": "none"}), ("qwen3-moe", {"router_renorm": False})])
-def test_a_dropped_feature_fails_by_a_wide_margin(qwen3_hf, kind, changes):
-    path = qwen3_hf(kind)
+def test_a_dropped_feature_fails_by_a_wide_margin(hf_family, kind, changes):
+    path = hf_family(kind)
     ckpt = open_checkpoint(path)
     cfg = ckpt.cfg.with_(**changes)
     params = {k: v for k, v in ckpt.params().items() if "_norm" not in k or cfg.qk_norm != "none"}
@@ -60,8 +47,8 @@ def test_a_dropped_feature_fails_by_a_wide_margin(qwen3_hf, kind, changes):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_check_all_agrees_with_theory(qwen3_hf, kind, capsys):
-    assert main(["check", "--checkpoint", str(qwen3_hf(kind)), "--all", "--json"]) == 0
+def test_check_all_agrees_with_theory(hf_family, kind, capsys):
+    assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
     assert "qk-gl" not in rows  # refused: no longer a symmetry
     for name in ("qk-norm-scale", "vo-gl", "head-perm", "stream-rotation", "swiglu-scaling"):
@@ -70,8 +57,8 @@ def test_check_all_agrees_with_theory(qwen3_hf, kind, capsys):
         assert r["verdict"] == r["expected"], r
 
 
-def test_qk_gl_is_refused_with_the_reason(qwen3_hf, capsys):
-    assert main(["check", "--checkpoint", str(qwen3_hf("qwen3")), "--action", "qk-gl"]) == 2
+def test_qk_gl_is_refused_with_the_reason(hf_family, capsys):
+    assert main(["check", "--checkpoint", str(hf_family("qwen3")), "--action", "qk-gl"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "QK-norm" in err and "qk-norm-scale" in err
 
@@ -116,8 +103,8 @@ def test_qk_norm_scale_holds_on_every_unit(changes):
         assert rel(m.forward(bad, x), m.forward(m.params, x)) > 1e6 * tol(cfg, 16, 3.0)
 
 
-def test_transform_round_trip(qwen3_hf, tmp_path, capsys):
-    src, out = qwen3_hf("qwen3"), tmp_path / "out"
+def test_transform_round_trip(hf_family, tmp_path, capsys):
+    src, out = hf_family("qwen3"), tmp_path / "out"
     assert (
         main(
             [
@@ -145,8 +132,8 @@ def test_transform_round_trip(qwen3_hf, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["canonicalize", "compare"])
-def test_gauge_fixing_refuses_in_one_line(qwen3_hf, tmp_path, capsys, command):
-    src = str(qwen3_hf("qwen3"))
+def test_gauge_fixing_refuses_in_one_line(hf_family, tmp_path, capsys, command):
+    src = str(hf_family("qwen3"))
     args = (
         ["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")]
         if command == "canonicalize"
@@ -157,13 +144,13 @@ def test_gauge_fixing_refuses_in_one_line(qwen3_hf, tmp_path, capsys, command):
     assert err.count("\n") == 1 and "QK-norm" in err and not (tmp_path / "c").exists()
 
 
-def test_mixed_dense_sparse_stacks_are_refused(qwen3_hf, tmp_path):
+def test_mixed_dense_sparse_stacks_are_refused(hf_family, tmp_path):
     import shutil
 
     from gauge_audit.errors import GaugeAuditError
 
     dst = tmp_path / "e"
-    shutil.copytree(qwen3_hf("qwen3-moe"), dst)
+    shutil.copytree(hf_family("qwen3-moe"), dst)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["mlp_only_layers"] = [1]
     (dst / "config.json").write_text(json.dumps(cfg))

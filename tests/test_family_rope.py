@@ -19,27 +19,14 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.rope import inverse_frequencies
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, save, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
 
 ROPES = ["llama-linear", "llama-dynamic", "llama-yarn", "llama-llama3", "llama-longrope"]
 
 
-@pytest.fixture(scope="session")
-def rope_hf(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(kind)
-            save(kind, made[kind])
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize("kind", [*ROPES, "mistral-window"])
-def test_forward_matches_transformers_float64(rope_hf, kind):
-    err, tol64, shipped, tol32 = compare(rope_hf(kind))
+def test_forward_matches_transformers_float64(hf_family, kind):
+    err, tol64, shipped, tol32 = compare(hf_family(kind))
     print(
         f"{kind}: {err / EPS64:.2f} ε64 (tol {tol64 / EPS64:.0f}); as shipped {shipped / EPS32:.3g} ε32 "
         f"(tol {tol32 / EPS32:.0f} ε32)"
@@ -49,13 +36,13 @@ def test_forward_matches_transformers_float64(rope_hf, kind):
 
 @pytest.mark.parametrize("kind", ROPES)
 @pytest.mark.parametrize("n", [5, 12])
-def test_frequency_table_equals_transformers_own(rope_hf, kind, n):
+def test_frequency_table_equals_transformers_own(hf_family, kind, n):
     """θ_i and the cos/sin factor against transformers' ROPE_INIT_FUNCTIONS (which compute in float32:
     a few ε32 apart, far below the 1e-2 a wrong formula or a wrong length switch gives)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    ckpt = open_checkpoint(rope_hf(kind))
-    hf_cfg = transformers.AutoConfig.from_pretrained(str(rope_hf(kind)))
+    ckpt = open_checkpoint(hf_family(kind))
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(hf_family(kind)))
     want, want_factor = ROPE_INIT_FUNCTIONS[ckpt.cfg.rope_type](hf_cfg, "cpu", seq_len=n)
     got, factor = inverse_frequencies(ckpt.cfg, n)
     assert rel(got, want.to(torch.float64)) <= 8 * EPS32
@@ -75,8 +62,8 @@ def test_frequency_table_equals_transformers_own(rope_hf, kind, n):
         ("mistral-window", {"window": 0}),
     ],
 )
-def test_a_misread_option_fails_by_a_wide_margin(rope_hf, kind, changes):
-    path = rope_hf(kind)
+def test_a_misread_option_fails_by_a_wide_margin(hf_family, kind, changes):
+    path = hf_family(kind)
     ckpt = open_checkpoint(path)
     cfg = ckpt.cfg.with_(**changes)
     if kind == "llama-longrope":  # 12 positions ≤ a claimed original length of 12: short factors
@@ -92,16 +79,16 @@ def test_a_misread_option_fails_by_a_wide_margin(rope_hf, kind, changes):
 
 
 @pytest.mark.parametrize("kind", ["llama-llama3", "mistral-window"])
-def test_check_all_agrees_with_theory(rope_hf, kind, capsys):
-    assert main(["check", "--checkpoint", str(rope_hf(kind)), "--all", "--json"]) == 0
+def test_check_all_agrees_with_theory(hf_family, kind, capsys):
+    assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {"qk-gl", "stream-rotation", "qk-gl-rope-generic"} <= {r["action"] for r in rows}
     for r in rows:
         assert r["verdict"] == r["expected"], r
 
 
-def test_transform_round_trip_on_llama3(rope_hf, tmp_path, capsys):
-    src, out = rope_hf("llama-llama3"), tmp_path / "out"
+def test_transform_round_trip_on_llama3(hf_family, tmp_path, capsys):
+    src, out = hf_family("llama-llama3"), tmp_path / "out"
     assert (
         main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
         == 0
@@ -176,8 +163,8 @@ def _edited(src, dst, **changes):
         ("mistral-window", {"sliding_window": 0}, "sliding_window"),
     ],
 )
-def test_bad_rope_options_are_refused_in_one_line(rope_hf, tmp_path, capsys, kind, changes, match):
-    path = _edited(rope_hf(kind), tmp_path / "edited", **changes)
+def test_bad_rope_options_are_refused_in_one_line(hf_family, tmp_path, capsys, kind, changes, match):
+    path = _edited(hf_family(kind), tmp_path / "edited", **changes)
     with pytest.raises(GaugeAuditError, match=match):
         open_checkpoint(path)
     capsys.readouterr()
