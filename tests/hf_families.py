@@ -224,3 +224,21 @@ def compare(path) -> tuple[float, float, float, float]:
         rel(ours, hf_logits(path, ckpt, x, False)),
         tol(ckpt.cfg, n, dtype=torch.float32),
     )
+
+
+def transform_round_trip(src, out, action: str, capsys) -> None:
+    """``gauge-audit transform`` on the directory ``src``: its certificate says HOLDS, and transformers'
+    float64 logits of the written copy agree with the source's within the float32 tolerance of the
+    element's κ (the files are float32)."""
+    import json
+
+    from gauge_audit.cli import main
+
+    args = ["transform", "--checkpoint", str(src), "--action", action, "--out", str(out), "--seed", "1", "--json"]
+    assert main(args) == 0
+    cert = json.loads(capsys.readouterr().out)
+    assert cert["verdict"] == "HOLDS"
+    ckpt = open_checkpoint(src)
+    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
+    err = rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True))
+    assert err <= tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)

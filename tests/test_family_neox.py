@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from gauge_audit.cli import main
 from gauge_audit.models.checkpoint import open_checkpoint
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
 KINDS = ["neox", "neox-sequential-linear"]
 
@@ -58,30 +57,7 @@ def test_check_all_agrees_with_theory(hf_family, kind, capsys):
 
 def test_transform_round_trip_writes_query_key_value(hf_family, tmp_path, capsys):
     src, out = hf_family("neox"), tmp_path / "out"
-    assert (
-        main(
-            [
-                "transform",
-                "--checkpoint",
-                str(src),
-                "--action",
-                "stream-rotation",
-                "--out",
-                str(out),
-                "--seed",
-                "1",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    cert = json.loads(capsys.readouterr().out)
-    assert cert["verdict"] == "HOLDS"
-    ckpt = open_checkpoint(src)
-    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
-        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
-    )
+    transform_round_trip(src, out, "stream-rotation", capsys)
     a, b = open_checkpoint(src).params(), open_checkpoint(out).params()
     assert float((a["blocks.0.attn.W_Q"] - b["blocks.0.attn.W_Q"]).abs().max()) > 1e-3
 

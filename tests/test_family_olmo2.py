@@ -18,7 +18,7 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.registry import build_config
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
 KINDS = ["olmo2", "olmo2-bias-yarn"]
 
@@ -117,30 +117,7 @@ def test_qk_norm_scale_is_per_kv_group_not_per_query_head():
 
 def test_transform_round_trip(hf_family, tmp_path, capsys):
     src, out = hf_family("olmo2-bias-yarn"), tmp_path / "out"
-    assert (
-        main(
-            [
-                "transform",
-                "--checkpoint",
-                str(src),
-                "--action",
-                "qk-norm-scale",
-                "--out",
-                str(out),
-                "--seed",
-                "1",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    cert = json.loads(capsys.readouterr().out)
-    assert cert["verdict"] == "HOLDS"
-    ckpt = open_checkpoint(src)
-    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
-        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
-    )
+    transform_round_trip(src, out, "qk-norm-scale", capsys)
 
 
 def test_gauge_fixing_refuses_in_one_line(hf_family, tmp_path, capsys):

@@ -17,7 +17,7 @@ from gauge_audit.cli import main
 from gauge_audit.models.checkpoint import open_checkpoint
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
 KINDS = ["phi3-partial", "phi3-longrope-window"]
 
@@ -90,17 +90,7 @@ def test_partial_commutant_holds_and_mixing_fails(hf_family, tmp_path, capsys):
 
 def test_transform_round_trip_writes_the_fused_tensors(hf_family, tmp_path, capsys):
     src, out = hf_family("phi3-longrope-window"), tmp_path / "out"
-    assert (
-        main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
-        == 0
-    )
-    cert = json.loads(capsys.readouterr().out)
-    assert cert["verdict"] == "HOLDS"
-    ckpt = open_checkpoint(src)
-    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
-        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
-    )
+    transform_round_trip(src, out, "qk-gl", capsys)
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:

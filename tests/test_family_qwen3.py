@@ -20,7 +20,7 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.registry import build_config
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
 KINDS = ["qwen3", "qwen3-moe", "qwen3-moe-unnormed"]
 
@@ -105,30 +105,7 @@ def test_qk_norm_scale_holds_on_every_unit(changes):
 
 def test_transform_round_trip(hf_family, tmp_path, capsys):
     src, out = hf_family("qwen3"), tmp_path / "out"
-    assert (
-        main(
-            [
-                "transform",
-                "--checkpoint",
-                str(src),
-                "--action",
-                "qk-norm-scale",
-                "--out",
-                str(out),
-                "--seed",
-                "1",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    cert = json.loads(capsys.readouterr().out)
-    assert cert["verdict"] == "HOLDS"
-    ckpt = open_checkpoint(src)
-    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    assert rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True)) <= tol(
-        ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32
-    )
+    transform_round_trip(src, out, "qk-norm-scale", capsys)
 
 
 @pytest.mark.parametrize("command", ["canonicalize", "compare"])

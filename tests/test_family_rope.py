@@ -19,7 +19,7 @@ from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.rope import inverse_frequencies
 
 transformers = pytest.importorskip("transformers")
-from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol  # noqa: E402
+from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
 ROPES = ["llama-linear", "llama-dynamic", "llama-yarn", "llama-llama3", "llama-longrope"]
 
@@ -89,16 +89,7 @@ def test_check_all_agrees_with_theory(hf_family, kind, capsys):
 
 def test_transform_round_trip_on_llama3(hf_family, tmp_path, capsys):
     src, out = hf_family("llama-llama3"), tmp_path / "out"
-    assert (
-        main(["transform", "--checkpoint", str(src), "--action", "qk-gl", "--out", str(out), "--seed", "1", "--json"])
-        == 0
-    )
-    cert = json.loads(capsys.readouterr().out)
-    assert cert["verdict"] == "HOLDS"
-    ckpt = open_checkpoint(src)
-    x = {k: torch.tensor(v) for k, v in cert["inputs"].items()}
-    err = rel(hf_logits(out, ckpt, x, True), hf_logits(src, ckpt, x, True))
-    assert err <= tol(ckpt.cfg, x["tokens"].shape[1], cert["kappa"], torch.float32)
+    transform_round_trip(src, out, "qk-gl", capsys)
     assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
 
 
