@@ -362,7 +362,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             hf,
             cfg,
             g,
-            gemma_io.gguf_links(cfg),
+            gguf_io.gemma3_links(cfg),
             [f"GGUF tensors {quants}, dequantized to float32; norm weights stored as 1 + w"],
         )
     return Checkpoint(

@@ -270,29 +270,3 @@ def gguf_hf_config(g, short) -> dict:
         if v is not None:
             hf[name] = int(v)
     return hf
-
-
-def gguf_links(cfg: Config) -> list[Link]:
-    """gemma3 GGUF names → the project's layout; norm weights already γ = 1 + w."""
-    out = [same("token_embd.weight", "embed.W_E")]
-    for i in range(cfg.n_layers):
-        s, p = f"blk.{i}", f"blocks.{i}"
-        out += [
-            same(f"{s}.attn_norm.weight", f"{p}.ln1.w"),
-            same(f"{s}.post_attention_norm.weight", f"{p}.ln1_post.w"),
-            same(f"{s}.ffn_norm.weight", f"{p}.ln2.w"),
-            same(f"{s}.post_ffw_norm.weight", f"{p}.ln2_post.w"),
-            same(f"{s}.attn_q_norm.weight", f"{p}.attn.q_norm"),
-            same(f"{s}.attn_k_norm.weight", f"{p}.attn.k_norm"),
-            linear_heads(f"{s}.attn_q.weight", f"{p}.attn.W_Q", cfg.n_heads),
-            linear_heads(f"{s}.attn_k.weight", f"{p}.attn.W_K", cfg.n_kv_heads),
-            linear_heads(f"{s}.attn_v.weight", f"{p}.attn.W_V", cfg.n_kv_heads),
-            linear_out_heads(f"{s}.attn_output.weight", f"{p}.attn.W_O", cfg.n_heads),
-            linear(f"{s}.ffn_gate.weight", f"{p}.mlp.W_gate"),
-            linear(f"{s}.ffn_up.weight", f"{p}.mlp.W_in"),
-            linear(f"{s}.ffn_down.weight", f"{p}.mlp.W_out"),
-        ]
-    out.append(same("output_norm.weight", "ln_final.w"))
-    if not cfg.tied:
-        out.append(linear("output.weight", "unembed.W_U"))
-    return out

@@ -294,3 +294,22 @@ def links(cfg: Config, unpermute_qk: bool = True) -> list[Link]:
     if not cfg.tied:
         out.append(linear("output.weight", "unembed.W_U"))
     return out
+
+
+def gemma3_links(cfg: Config) -> list[Link]:
+    """gemma3 GGUF names: the llama layout without the Q/K row permutation (llama.cpp leaves Gemma's
+    rows in Hugging Face order, NeoX RoPE), plus the post-norms and the QK-norms.  The norm weights
+    are stored as γ = 1 + w already, the project's own convention, so every norm maps unchanged."""
+    out = links(cfg, unpermute_qk=False)
+    for i in range(cfg.n_layers):
+        s, p = f"blk.{i}", f"blocks.{i}"
+        out += [
+            same(f"{s}.post_attention_norm.weight", f"{p}.ln1_post.w"),
+            same(f"{s}.post_ffw_norm.weight", f"{p}.ln2_post.w"),
+        ]
+        if cfg.qk_norm == "head":
+            out += [
+                same(f"{s}.attn_q_norm.weight", f"{p}.attn.q_norm"),
+                same(f"{s}.attn_k_norm.weight", f"{p}.attn.k_norm"),
+            ]
+    return out
