@@ -11,10 +11,10 @@ claim is tested by); the verdicts are the audit's and live in ``proofs.md``, whi
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..claims import ROOT, Claim, load_catalog
+from .generated import generated_file_main
 
 CATALOG_MD = ROOT / "docs" / "catalog.md"
 
@@ -75,23 +75,7 @@ def render(catalog: dict[str, Claim] | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gauge_audit.report.catalog_md")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true")
-    g.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.write:
-        CATALOG_MD.write_text(text, encoding="utf-8")
-        print(f"wrote {CATALOG_MD}")
-    elif args.check:
-        current = CATALOG_MD.read_text(encoding="utf-8") if CATALOG_MD.exists() else ""
-        if current != text:
-            print("docs/catalog.md is stale: run python -m gauge_audit.report.catalog_md --write", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return generated_file_main("gauge_audit.report.catalog_md", CATALOG_MD, render, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,6 @@ checkers, the same combination rule, so proofs.md and the report cannot disagree
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from ..audit.run import AuditReport
 from ..claims import ROOT, load_catalog
 from .documents import COLUMNS, count_rows, unchecked_for
+from .generated import generated_file_main
 
 PROOFS_MD = ROOT / "proofs.md"
 TESTS_DIR = ROOT / "tests"
@@ -107,24 +107,11 @@ def render(report: AuditReport, catalog=None) -> str:
 def main(argv=None) -> int:
     from ..audit.run import audit
 
-    ap = argparse.ArgumentParser(prog="python -m gauge_audit.report.proofs_md")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true")
-    g.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
-    catalog = load_catalog()
-    text = render(audit(list(catalog.values()), progress=None), catalog)
-    if args.write:
-        PROOFS_MD.write_text(text, encoding="utf-8")
-        print(f"wrote {PROOFS_MD}")
-    elif args.check:
-        current = PROOFS_MD.read_text(encoding="utf-8") if PROOFS_MD.exists() else ""
-        if current != text:
-            print("proofs.md is stale: run python -m gauge_audit.report.proofs_md --write", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    def made() -> str:
+        catalog = load_catalog()
+        return render(audit(list(catalog.values()), progress=None), catalog)
+
+    return generated_file_main("gauge_audit.report.proofs_md", PROOFS_MD, made, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
