@@ -34,9 +34,11 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
     """norm prefix → [(reader weight, its bias or None)], for pre-norm models.
     The tied unembedding is not listed: its reader is W_Eᵀ, which is also a writer; nor is a
     missing one (a bare decoder's final norm has no reader).  Only readers present in ``params``
-    are listed, so an action can be applied to one block's tensors at a time (blockwise.py)."""
+    are listed, so an action can be applied to one block's tensors at a time (blockwise.py).
+    Normed sublayer outputs (OLMo 2) write into the stream and have no readers of their own: only
+    the final norm is listed there."""
     out: dict[str, list[tuple[str, str | None]]] = {}
-    for i in range(cfg.n_layers):
+    for i in range(cfg.n_layers if cfg.norm_placement != "output" else 0):
         b = f"blocks.{i}"
         out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
         ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
@@ -84,7 +86,11 @@ def _scalable_norms(cfg: Config, params: Params) -> list[str]:
 def _norm_scale_applies(cfg: Config) -> str | None:
     # sandwich norms: the pre-norms still have only the readers norm_readers lists (the post-norms,
     # which write into the stream, are not among them), so their scale is absorbed as in a pre-norm model
+    # normed sublayer outputs: only the final norm has readers (an untied unembedding)
     reason = None if cfg.norm_placement == "sandwich" else _pre_norm_reason(cfg)
+    if cfg.norm_placement == "output":
+        untied = cfg.unembed and not cfg.tied
+        reason = None if untied else "the output norms write into the stream and the final norm has no untied reader"
     return reason or (None if cfg.norm in AFFINE else "the norms have no weight γ")
 
 
@@ -98,7 +104,7 @@ def _norm_scale_sample(cfg: Config, params: Params, g: torch.Generator, kappa: f
 
 def norm_scale(cfg: Config, params: Params, el: Element) -> Params:
     """Group: (ℝ_{≠0})^{d_model} per norm with a weight (pre-norm models; the final norm
-    only when the unembedding is untied).
+    only when the unembedding is untied; with normed sublayer outputs the final norm alone).
 
     Acts: γ ↦ γ⊙s, β ↦ β⊙s, and each reader of the norm W ↦ diag(s)⁻¹·W.
 

@@ -85,7 +85,9 @@ class StepRecord:
 # Actions whose elements are diagonal scalings (and permutations, κ = 1): they preserve every
 # entry's relative rounding error and every |x|·|W| product a rounding bound is made of, so they
 # do not amplify the input's rounding — unlike the dense GL / rotation elements.
-DIAGONAL = frozenset({"norm-scale", "relu-scaling", "swiglu-scaling", "head-perm", "ffn-perm", "expert-perm"})
+DIAGONAL = frozenset(
+    {"norm-scale", "qk-norm-scale", "relu-scaling", "swiglu-scaling", "head-perm", "ffn-perm", "expert-perm"}
+)
 
 
 def rounding_kappa(records) -> float:

@@ -1,5 +1,5 @@
-"""Gauge fixing inside attention: head permutations, the query–key GL (RoPE commutant, GQA-tied)
-and the value–output GL (steps 9, 12, 13 of the pipeline).
+"""Gauge fixing inside attention: head permutations, the query–key GL (RoPE commutant, GQA-tied;
+a partial rotary's GL on the unrotated coordinates) and the value–output GL (steps 9, 12, 13 of the pipeline).
 
 Per layer and KV group j the query side is the stack X of its query heads' [W_Q[h]; b_Q[h]]
 (g·(d+1) × d_k rows: the group shares one M) and the key side Y = [W_K[j]; b_K[j]]; qk-gl maps
@@ -144,8 +144,13 @@ def fix_qk(ctx: Context) -> None:
     per plane |w| = (‖z_k‖/‖z_q‖)^{1/2}, arg w = −arg(Σz_q²)/2.  Unique when the σ are distinct
     and non-zero (a zero or rank-deficient group is left unchanged and reported), resp. when
     Σz_q² ≠ 0; sign ties reported.  With a reference the balanced form is instead rotated by the
-    orthogonal Procrustes fit to the reference's (under RoPE: the phase fit per plane)."""
-    _fix_gl(ctx, "qk-gl", "qk-gl", qk_pair, rope=ctx.cfg.pos == "rope")
+    orthogonal Procrustes fit to the reference's (under RoPE: the phase fit per plane).
+
+    A partial rotary (RoPE on the first R coordinates only): the commutant is the planes' scalars
+    ⊕ GL(d_k − R) on the unrotated coordinates, fixed as without RoPE: R + (d_k − R)² conditions.
+    A QK-norm leaves no qk-gl (its weights' rescaling is fixed by :mod:`.qk_norm`)."""
+    if ctx.cfg.qk_norm == "none":
+        _fix_gl(ctx, "qk-gl", "qk-gl", qk_pair, rope=ctx.cfg.pos == "rope")
 
 
 def fix_vo(ctx: Context) -> None:
@@ -156,47 +161,54 @@ def fix_vo(ctx: Context) -> None:
     _fix_gl(ctx, "vo-gl", "vo-gl", vo_pair, rope=False)
 
 
+def _rest(cfg: Config, rope: bool) -> int:
+    """The first coordinate of the block the GL acts on as a whole: 0 without RoPE, R (the rotated
+    coordinates) under a partial rotary, d_k (none) under a whole-head rotary."""
+    return (cfg.rotary_dim or cfg.d_head) if rope else 0
+
+
+def _balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gaps, sgn) -> torch.Tensor:
+    """M (e × e) balancing X·M and Y·M⁻ᵀ, signed by the third moment — or, with a reference, the
+    balanced form rotated by the Procrustes fit to the reference's; rank-deficient: the identity."""
+    bal = balance(x, y)
+    if not bal.rank_ok:
+        notes.append(f"{family} {where}: rank-deficient (a zero or degenerate head): left unchanged, not unique")
+        return bal.m
+    m = bal.m
+    if ref is not None:
+        return m @ procrustes(torch.cat([x @ m, y @ torch.linalg.inv(m).T]), torch.cat(ref))
+    s, margin = signs(x @ m, dim=0)
+    sgn.append(margin)
+    scale = float(x.norm() * y.norm() / bal.sigma[0])
+    gaps.append(((bal.sigma[:-1] - bal.sigma[1:]) / bal.sigma[0], scale))
+    return m * s
+
+
 def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     cfg, p = ctx.cfg, ctx.params
     e = cfg.d_head
     ms = torch.zeros(cfg.n_layers, cfg.n_kv_heads, e, e, dtype=torch.float64)
     gaps, sgn, phase, notes = [], [], [], []
-    planes = rope_planes(cfg) if rope else None
+    planes = rope_planes(cfg) if rope else []
+    r = _rest(cfg, rope)
     for layer in range(cfg.n_layers):
         for j in range(cfg.n_kv_heads):
             x, y = pair(cfg, p, layer, j)
             ref = pair(cfg, ctx.reference, layer, j) if ctx.reference is not None else None
             where = f"block {layer} KV group {j}"
-            if rope:
-                assert planes is not None  # computed above when rope
-                m = torch.zeros(e, e, dtype=torch.float64)
-                rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
-                for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
-                    w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
-                    if pm == 0.0:
-                        notes.append(f"{family} {where} plane {k}: zero or circular plane, phase not fixed")
-                    m[a, a] = m[b, b] = w.real
-                    m[a, b], m[b, a] = w.imag, -w.imag
-                    phase.append(pm)
-                    sgn.append(sm)
-                ms[layer, j] = m
-                continue
-            bal = balance(x, y)
-            if not bal.rank_ok:
-                notes.append(
-                    f"{family} {where}: rank-deficient (a zero or degenerate head): left unchanged, not unique"
-                )
-                ms[layer, j] = bal.m
-                continue
-            m = bal.m
-            if ref is not None:
-                m = m @ procrustes(torch.cat([x @ m, y @ torch.linalg.inv(m).T]), torch.cat(ref))
-            else:
-                s, margin = signs(x @ m, dim=0)
-                m = m * s
-                sgn.append(margin)
-                scale = float(x.norm() * y.norm() / bal.sigma[0])
-                gaps.append(((bal.sigma[:-1] - bal.sigma[1:]) / bal.sigma[0], scale))
+            m = torch.zeros(e, e, dtype=torch.float64)
+            rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
+            for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
+                w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
+                if pm == 0.0:
+                    notes.append(f"{family} {where} plane {k}: zero or circular plane, phase not fixed")
+                m[a, a] = m[b, b] = w.real
+                m[a, b], m[b, a] = w.imag, -w.imag
+                phase.append(pm)
+                sgn.append(sm)
+            if r < e:  # the whole GL on the coordinates no rotation touches (all of them without RoPE)
+                sub = ref if ref is None else (ref[0][:, r:], ref[1][:, r:])
+                m[r:, r:] = _balanced_block(ctx, x[:, r:], y[:, r:], sub, family, where, notes, gaps, sgn)
             ms[layer, j] = m
     decisions = []
     if gaps:
@@ -215,11 +227,11 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     if sgn and ctx.reference is None:
         flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
         decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
-    text = (
-        "per RoPE plane: balanced norms, query columns orthogonal, signed"
-        if rope
-        else "balanced factors with diagonal descending Grams, columns signed by their third moment"
-    )
+    text = "balanced factors with diagonal descending Grams, columns signed by their third moment"
+    if rope:
+        text = "per RoPE plane: balanced norms, query columns orthogonal, signed" + (
+            f"; on the unrotated coordinates {text}" if r < e else ""
+        )
     ctx.apply(
         family,
         action,
@@ -230,7 +242,9 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     )
 
 
-def cond_qk(cfg: Config, p: Params) -> torch.Tensor:
+def cond_qk(cfg: Config, p: Params) -> torch.Tensor | None:
+    if cfg.qk_norm != "none":
+        return None
     return _cond_gl(cfg, p, qk_pair, rope=cfg.pos == "rope")
 
 
@@ -240,16 +254,16 @@ def cond_vo(cfg: Config, p: Params) -> torch.Tensor:
 
 def _cond_gl(cfg: Config, p: Params, pair, rope: bool) -> torch.Tensor:
     out = []
-    e = cfg.d_head
-    upper, strict = torch.triu_indices(e, e, 0), torch.triu_indices(e, e, 1)
+    r = _rest(cfg, rope)
+    n = cfg.d_head - r
+    upper, strict = torch.triu_indices(n, n, 0), torch.triu_indices(n, n, 1)
     for layer in range(cfg.n_layers):
         for j in range(cfg.n_kv_heads):
             x, y = pair(cfg, p, layer, j)
-            if rope:
-                for a, b in rope_planes(cfg):
-                    out.append((x[:, a] @ x[:, a] + x[:, b] @ x[:, b] - y[:, a] @ y[:, a] - y[:, b] @ y[:, b])[None])
-                    out.append((x[:, a] @ x[:, b])[None])
-                continue
-            gx, gy = x.T @ x, y.T @ y
-            out += [(gx - gy)[upper[0], upper[1]], gx[strict[0], strict[1]]]
+            for a, b in rope_planes(cfg) if rope else []:
+                out.append((x[:, a] @ x[:, a] + x[:, b] @ x[:, b] - y[:, a] @ y[:, a] - y[:, b] @ y[:, b])[None])
+                out.append((x[:, a] @ x[:, b])[None])
+            if n:
+                gx, gy = x[:, r:].T @ x[:, r:], y[:, r:].T @ y[:, r:]
+                out += [(gx - gy)[upper[0], upper[1]], gx[strict[0], strict[1]]]
     return torch.cat(out)

@@ -8,8 +8,16 @@ Order (each step's condition is invariant under the groups of the steps after it
  3 ln-reader-ones    γᵀ·W[:, j] = 0                    10 expert-perm       experts sorted
  4 router-offset     W_router·1 = 0                    11 ffn-perm          units sorted
  5 embed-offset      mean row of W_pos (W_tt) = 0      12 qk-gl             balanced score factors
- 6 biases            openings, b_K, b_V = 0            13 vo-gl             balanced output factors
- 7 ln-writer-ones    writer rows ⊥ 1                   14 relu/swiglu       balanced units
+ 6 biases            openings, b_K, b_V = 0               (QK-norm: qk-norm-scale, ‖γ_q‖ = ‖γ_k‖ per unit)
+ 7 ln-writer-ones    writer rows ⊥ 1                   13 vo-gl             balanced output factors
+                                                       14 relu/swiglu       balanced units
+
+The newer architectures change which steps act, not the order: a partial rotary splits qk-gl into
+the planes' scalars and a GL on the unrotated coordinates; a QK-norm replaces qk-gl by the
+rescaling of its weights; sandwich norms (Gemma) and normed sublayer outputs (OLMo 2) block the
+stream rotation and leave norm-scale the pre-norms (resp. the final norm only); a parallel
+residual, sliding windows, RoPE scaling tables, soft-capping, Gemma's √d embedding scale and
+(1 + w) norm weights (held as the effective γ) leave every group as it is.
 """
 
 from __future__ import annotations
@@ -25,12 +33,16 @@ from ..models import FAMILIES, Config, Model
 from ..models.lazy import LazyParams
 from ..numeric import compare
 from ..runtime import eps, one_thread
-from . import ffn, heads, stream
+from . import ffn, heads, qk_norm, stream
 from .base import Context, Params, StepRecord, rounding_kappa
 
 # (step, the fix, {nullity family: its condition function}) in pipeline order
 STEPS: tuple = (
-    ("norm-scale", stream.fix_norm_scale, {"norm-scale": stream.cond_norm_scale}),
+    (
+        "norm-scale",
+        stream.fix_norm_scale,
+        {"norm-scale": stream.cond_norm_scale, "final-norm-scale": stream.cond_final_norm_scale},
+    ),
     ("norm-shift", stream.fix_norm_shift, {"norm-shift": stream.cond_norm_shift}),
     ("ln-reader-ones", stream.fix_reader_ones, {"ln-reader-ones": stream.cond_reader_ones}),
     ("router-offset", stream.fix_router_offset, {"router-offset": stream.cond_router_offset}),
@@ -50,6 +62,7 @@ STEPS: tuple = (
     ("expert-perm", ffn.fix_expert_perm, {}),
     ("ffn-perm", ffn.fix_ffn_perm, {}),
     ("qk-gl", heads.fix_qk, {"qk-gl": heads.cond_qk}),
+    ("qk-norm-scale", qk_norm.fix_qk_norm, {"qk-norm-scale": qk_norm.cond_qk_norm}),
     ("vo-gl", heads.fix_vo, {"vo-gl": heads.cond_vo}),
     ("scaling", ffn.fix_scaling, {"relu-scaling": ffn.cond_scaling, "swiglu-scaling": ffn.cond_scaling}),
 )

@@ -17,6 +17,7 @@ import torch
 
 from ..actions import ACTIONS, Element
 from ..actions.offsets import LN, absorbed_shift_norms, ln_writers, offset_tables, reader_ones_columns, segments
+from ..actions.strata import spread
 from ..actions.stream import norm_readers
 from ..models.config import Config
 from .base import SIGN_SENSITIVITY, Context, Decision, Params, ones_basis, procrustes, signs
@@ -41,12 +42,21 @@ def _scaled_norms(cfg: Config, p: Params) -> list[str]:
     return [n for n in norm_readers(cfg, p) if f"{n}.w" in p]
 
 
+def norm_scale_family(cfg: Config) -> str:
+    """The nullity family norm-scale fixes: every weighted pre-norm's scale, or (normed sublayer
+    outputs, OLMo 2) the final norm's alone."""
+    return "final-norm-scale" if cfg.norm_placement == "output" else "norm-scale"
+
+
 def fix_norm_scale(ctx: Context) -> None:
-    """Condition: γ = 1 for every weighted pre-norm (not a tied final norm).
+    """Condition: γ = 1 for every weighted pre-norm (not a tied final norm; with normed sublayer
+    outputs only the final norm, whose reader is an untied unembedding).
 
     Reachable: s = 1/γ (norm-scale: γ ↦ γ⊙s, β ↦ β⊙s, readers diag(s)⁻¹·W).  Unique: the scale
     group acts freely on γ with no zero entry.  A zero entry of γ cannot be scaled to 1: it is left
-    and reported (its direction is then not fixed)."""
+    and reported (its direction is then not fixed).  Sandwich norms (Gemma): the post-norms are not
+    scaled (they write into the stream); where every post-norm weight (and a tied final one) is
+    constant the stream rotation becomes a symmetry that no step fixes — reported as a tie."""
     p = ctx.params
     parts, notes = {}, []
     for n in _scaled_norms(ctx.cfg, p):
@@ -55,14 +65,41 @@ def fix_norm_scale(ctx: Context) -> None:
         if zero.any():
             notes.append(f"{n}: {int(zero.sum())} zero weight entries keep their scale (not unique)")
         parts[n] = torch.where(zero, torch.ones_like(g), 1.0 / torch.where(zero, torch.ones_like(g), g))
+    decisions = _sandwich_special(ctx)
     if parts:
         kappa = max(float(s.abs().max() / s.abs().min()) for s in parts.values())
-        ctx.apply("norm-scale", "norm-scale", Element(parts, kappa), "γ = 1 for every weighted pre-norm", notes=notes)
+        family = norm_scale_family(ctx.cfg)
+        ctx.apply(
+            family, "norm-scale", Element(parts, kappa), "γ = 1 for every weighted pre-norm", decisions, notes
+        )
+
+
+def _sandwich_special(ctx: Context) -> list[Decision]:
+    """Gemma's special point: every post-norm weight γ' (and a tied final weight) ∝ 1 — then
+    n(o)⊙γ' commutes with every rotation and the stream rotation so(d) is a symmetry.  The margin:
+    the largest relative spread (max − min)/max|γ'| among them (0 at the special point); a relative
+    change u of every entry moves a spread by at most 2u."""
+    cfg, p = ctx.cfg, ctx.params
+    if cfg.norm_placement != "sandwich":
+        return []
+    names = [f"blocks.{i}.{n}.w" for i in range(cfg.n_layers) for n in ("ln1_post", "ln2_post")]
+    names += ["ln_final.w"] if cfg.tied else []
+    margin = max(spread(p[n]) for n in names)
+    where = "post-norm weights (all constant: the stream rotation is a symmetry, not fixed)"
+    return [Decision.of("spectrum", where, [margin], ctx.threshold(2.0))]
+
+
+def _cond_scale(cfg: Config, p: Params) -> torch.Tensor | None:
+    norms = _scaled_norms(cfg, p)
+    return torch.cat([p[f"{n}.w"] - 1.0 for n in norms]) if norms else None
 
 
 def cond_norm_scale(cfg: Config, p: Params) -> torch.Tensor | None:
-    norms = _scaled_norms(cfg, p)
-    return torch.cat([p[f"{n}.w"] - 1.0 for n in norms]) if norms else None
+    return _cond_scale(cfg, p) if norm_scale_family(cfg) == "norm-scale" else None
+
+
+def cond_final_norm_scale(cfg: Config, p: Params) -> torch.Tensor | None:
+    return _cond_scale(cfg, p) if norm_scale_family(cfg) == "final-norm-scale" else None
 
 
 # ----------------------------------------------------------------------------- 2 norm-shift

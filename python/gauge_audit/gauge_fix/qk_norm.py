@@ -1,0 +1,129 @@
+"""Gauge fixing of what a QK-norm leaves of the query–key gauge (step 12 of the pipeline under
+``qk_norm`` = head | full).
+
+The norm cuts qk-gl down to the rescaling of its weights (the action ``qk-norm-scale``): per layer
+(a norm shared by the heads, Qwen3 / Gemma 3) or per layer and KV group (a full-width norm, OLMo 2)
+and per *unit* — a RoPE plane, or a coordinate no rotation touches — γ_q ↦ c·γ_q, γ_k ↦ γ_k/c on
+the unit's coordinates.  Per unit u the query side is the vector q_u of γ_q's entries on u (a
+full-width norm: over every query head of the group) and the key side k_u that of γ_k; c maps
+(‖q_u‖, ‖k_u‖) ↦ (|c|·‖q_u‖, ‖k_u‖/|c|), so ‖q_u‖·‖k_u‖ is invariant.
+
+Special points: on a plane where γ_q and γ_k are both constant (Hugging Face initialises them to 1;
+Gemma's (1 + w) norms at w = 0) the plane's rotation commutes with the norm and becomes a
+symmetry (the nullity theory's qk-plane-rotation-special) that no step here fixes: reported as a
+not-unique decision, never silently taken.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..actions import Element
+from ..actions.qk_norm import units
+from ..actions.strata import spread
+from ..models.config import Config
+from ..models.layers import rope_planes
+from .base import SIGN_SENSITIVITY, Context, Decision, Params, signs
+
+
+def _sets(cfg: Config) -> list[tuple[tuple, list[int], list[int]]]:
+    """Per factor of the element, in its (KV group,) unit order: (index into c, γ_q indices, γ_k
+    indices)."""
+    e, g = cfg.d_head, cfg.group_size
+    out = []
+    groups = [None] if cfg.qk_norm == "head" else range(cfg.n_kv_heads)
+    for j in groups:
+        for u, coords in enumerate(units(cfg)):
+            if j is None:
+                out.append(((u,), list(coords), list(coords)))
+            else:
+                q = [h * e + c for h in range(j * g, (j + 1) * g) for c in coords]
+                out.append(((j, u), q, [j * e + c for c in coords]))
+    return out
+
+
+def _shape(cfg: Config) -> tuple[int, ...]:
+    n = len(units(cfg))
+    return (cfg.n_layers, n) if cfg.qk_norm == "head" else (cfg.n_layers, cfg.n_kv_heads, n)
+
+
+def fix_qk_norm(ctx: Context) -> None:
+    """Condition, per layer (and KV group) and unit u: ‖γ_q[u]‖ = ‖γ_k[u]‖, and Σ γ_q[u]³ > 0 (the
+    sign c < 0 flips both sides): one condition per unit, the family's dimension.
+
+    Reachable: c = ±(‖γ_k[u]‖/‖γ_q[u]‖)^{1/2} (qk-norm-scale).  Unique when both norms are non-zero
+    (a zero side is left and reported) and the third moment does not vanish (sign ties reported).
+    With a reference the sign is that of the overlap with the reference's weights.  Invariant under
+    the later steps (vo-gl and the FFN scalings do not touch the QK-norm weights)."""
+    cfg, p = ctx.cfg, ctx.params
+    if cfg.qk_norm == "none":
+        return
+    c = torch.ones(_shape(cfg), dtype=torch.float64)
+    margins, notes, special = [], [], []
+    for layer in range(cfg.n_layers):
+        pre = f"blocks.{layer}.attn"
+        gq, gk = p[f"{pre}.q_norm"], p[f"{pre}.k_norm"]
+        for idx, iq, ik in _sets(cfg):
+            a, b = float(gq[iq].norm()), float(gk[ik].norm())
+            if a == 0 or b == 0:
+                notes.append(f"qk-norm-scale block {layer} unit {idx}: a zero norm weight, scale not fixed")
+                continue
+            s = (b / a) ** 0.5
+            if ctx.reference is None:
+                sign, margin = signs(gq[iq] * s)
+                margins.append(margin.reshape(1))
+            else:
+                rq, rk = ctx.reference[f"{pre}.q_norm"][iq], ctx.reference[f"{pre}.k_norm"][ik]
+                sign = -1.0 if float(rq @ gq[iq]) * s + float(rk @ gk[ik]) / s < 0 else 1.0
+            c[(layer, *idx)] = s * float(sign)
+        special += _plane_spreads(cfg, gq, gk)
+    decisions = []
+    if margins:
+        decisions.append(
+            Decision.of("sign", "qk-norm-scale unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))
+        )
+    if special:
+        # a relative change u of every entry moves a spread by at most 2u
+        decisions.append(
+            Decision.of(
+                "spectrum",
+                "QK-norm weights on a RoPE plane (constant on γ_q and γ_k: the plane's rotation is a symmetry)",
+                special,
+                ctx.threshold(2.0),
+            )
+        )
+    ctx.apply(
+        "qk-norm-scale",
+        "qk-norm-scale",
+        Element({"c": c}, float(c.abs().max() / c.abs().min())),
+        "per RoPE plane and unrotated coordinate: ‖γ_q‖ = ‖γ_k‖, γ_q signed by its third moment",
+        decisions=decisions,
+        notes=notes,
+    )
+
+
+def _plane_spreads(cfg: Config, gq: torch.Tensor, gk: torch.Tensor) -> list[float]:
+    """Per RoPE plane (and KV group of a full-width norm): how far γ_q and γ_k are from constant on
+    it, the larger of the two (0: the special point)."""
+    if cfg.pos != "rope":
+        return []
+    e, g = cfg.d_head, cfg.group_size
+    out = []
+    for j in [None] if cfg.qk_norm == "head" else range(cfg.n_kv_heads):
+        for a, b in rope_planes(cfg):
+            if j is None:
+                out.append(max(spread(gq[[a, b]]), spread(gk[[a, b]])))
+            else:
+                heads = [spread(gq[[h * e + a, h * e + b]]) for h in range(j * g, (j + 1) * g)]
+                out.append(max(*heads, spread(gk[[j * e + a, j * e + b]])))
+    return out
+
+
+def cond_qk_norm(cfg: Config, p: Params) -> torch.Tensor | None:
+    if cfg.qk_norm == "none":
+        return None
+    out = []
+    for layer in range(cfg.n_layers):
+        gq, gk = p[f"blocks.{layer}.attn.q_norm"], p[f"blocks.{layer}.attn.k_norm"]
+        out += [(gq[iq] @ gq[iq] - gk[ik] @ gk[ik])[None] for _, iq, ik in _sets(cfg)]
+    return torch.cat(out)
