@@ -15,7 +15,7 @@ import torch
 from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
-from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
+from ..models import Config, build, config_of, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
@@ -26,14 +26,6 @@ _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
 # Built-in names that are real checkpoints: canonicalised and compared as such (their storage
 # dtype, written back in their own file format).
 _PACKAGED = {"minilm": minilm.checkpoint, "smollm2": smollm2.checkpoint, "gemma3": gemma3.checkpoint}
-
-
-def _refuse_unhandled(cfg: Config, label: str) -> None:
-    """The gauge-fixing pipeline knows the pre- and post-norm stacks only; a Gemma feature it
-    would silently mis-handle is refused before any weight is read."""
-    feats = gemma.features(cfg)
-    if feats:
-        raise GaugeAuditError(f"{label}: gauge fixing does not handle the gemma family's {feats[0]} yet")
 
 
 def looks_like_path(name: str) -> bool:
@@ -52,17 +44,18 @@ class Source:
     checkpoint: Checkpoint | None = None
 
 
-def _gauge_fixable(cfg: Config) -> Config:
+def _gauge_fixable(cfg: Config, label: str | None = None) -> Config:
     """The configuration, or a one-line refusal naming a feature whose gauge group gauge fixing
-    does not yet know (its conditions would be the wrong ones)."""
+    does not yet know (its conditions would be the wrong ones).  Known: QK-norms (head, full), a
+    partial rotary, normed sublayer outputs, sandwich norms with Gemma's embedding scale, (1 + w)
+    weights and soft-capping, RoPE scaling tables, sliding windows, a parallel residual read through
+    norms."""
     for feature, used in (
-        (f"a QK-norm (qk_norm={cfg.qk_norm})", cfg.qk_norm != "none"),
-        ("a partial rotary (rotary_dim)", cfg.rotary_dim),
-        ("normed sublayer outputs (norm_placement=output)", cfg.norm_placement == "output"),
-        ("a parallel residual", cfg.parallel_residual),
+        # the bias chain's stretches of a norm-free stream are derived for sublayers in sequence
+        ("a parallel residual without norms", cfg.parallel_residual and cfg.norm == "none"),
     ):
         if used:
-            raise GaugeAuditError(f"gauge fixing does not support {feature} yet")
+            raise GaugeAuditError(f"{label + ': ' if label else ''}gauge fixing does not support {feature} yet")
     return cfg
 
 
@@ -79,11 +72,10 @@ def load_source(
     elif name in _PACKAGED:
         ckpt = _PACKAGED[name]()
     else:
-        _refuse_unhandled(config_of(name), name)  # unknown names: one line
+        _gauge_fixable(config_of(name), name)  # unknown names: one line
         m = build(name, seed=seed, device="cpu")
-        return Source(f"{name} (seed {seed})", _gauge_fixable(m.cfg), m.params, torch.float64)
-    _refuse_unhandled(ckpt.cfg, ckpt.name)
-    _gauge_fixable(ckpt.cfg)
+        return Source(f"{name} (seed {seed})", m.cfg, m.params, torch.float64)
+    _gauge_fixable(ckpt.cfg, ckpt.name)
     lazy = StoredParams(ckpt) if native else ckpt.params()
     if native and not resident:
         return Source(ckpt.describe(), ckpt.cfg, lazy, ckpt.storage_dtype, ckpt)

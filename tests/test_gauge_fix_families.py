@@ -1,0 +1,211 @@
+"""Gauge fixing on the newer architectures: RoPE scaling tables and sliding windows (no change to
+the group), a partial rotary (the planes' scalars ⊕ GL on the unrotated coordinates), QK-norms
+(Qwen3 per head, OLMo 2 full width: only the rescaling of their weights survives), normed sublayer
+outputs (OLMo 2: only the final norm's scale), sandwich norms with Gemma's √d embedding scale,
+(1 + w) weights and soft-capping, and GPT-NeoX's parallel residual.  Per family: as many
+conditions as the nullity theory's exact families have dimensions (transversally), the canonical
+form computes the same function, is idempotent and is the same on the whole orbit; ``compare``
+calls a transformed copy stored in float64, float32 or bfloat16 EQUIVALENT and an independent model
+DIFFERENT; the special points where the group grows are reported as not unique; Hugging Face
+checkpoints of these classes are canonicalised and written with a transformers certificate."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+from torch.func import jvp
+
+from gauge_audit.actions import ACTIONS
+from gauge_audit.cli import main
+from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, unfixed
+from gauge_audit.gauge_fix.comparison import relative_distances
+from gauge_audit.models import build_config, config_of, gemma, llama, neox, olmo2, phi3, qwen3
+from gauge_audit.nullity.families import families
+from gauge_audit.nullity.measure import EPS64, genericity, make_problem
+from gauge_audit.numeric import HOLDS, check, tolerance
+from gauge_audit.runtime import generator
+
+LLAMA3 = (
+    ("factor", 8.0),
+    ("high_freq_factor", 4.0),
+    ("low_freq_factor", 1.0),
+    ("original_max_position_embeddings", 16.0),
+)
+# small configurations for the condition count (the nullity theory builds dense generators)
+S = dict(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, d_ff=7, n_ctx=4, vocab=11)
+SMALL = {
+    "llama-window-llama3": lambda: llama.config(**S, n_layers=1, window=2, rope_type="llama3", rope_params=LLAMA3),
+    "llama-partial-rotary": lambda: llama.config(**S, n_layers=1, rotary_dim=2),
+    "llama-partial-rotary-interleaved": lambda: llama.config(**S, n_layers=1, rotary_dim=2, rope_style="interleaved"),
+    "qwen3": lambda: qwen3.config(**S, n_layers=1),
+    "qwen3-gqa-2layers-partial-rotary": lambda: qwen3.config(**{**S, "n_heads": 4}, n_layers=2, rotary_dim=2),
+    "qwen3-moe": lambda: qwen3.config(**S, n_layers=1, experts=3, top_k=2),
+    "olmo2-bias-2layers": lambda: olmo2.config(**S, n_layers=2, attn_bias=True),
+    "olmo2-mqa-tied": lambda: olmo2.config(**{**S, "n_kv_heads": 1}, n_layers=1, tied=True),
+    "neox": lambda: neox.config(**S, n_layers=2),
+    "gemma3": lambda: gemma.config(**S, n_layers=2, sliding_pattern=2, window=2),
+    "gemma3-untied": lambda: gemma.config(**S, n_layers=1, tied=False),
+    "gemma2": lambda: gemma.gemma2_config(**S, n_layers=2, window=2),
+}
+# the tiny models of every family (d_model 16, 2 layers; NeoX 32 with heads of 8, rotary 2)
+TINY = {
+    "llama-window-llama3": lambda: llama.config(n_kv_heads=2, window=5, rope_type="llama3", rope_params=LLAMA3),
+    "qwen3": lambda: qwen3.config(n_kv_heads=2),
+    "qwen3-partial-rotary": lambda: qwen3.config(n_kv_heads=2, rotary_dim=2),
+    "olmo2": lambda: olmo2.config(n_kv_heads=2),
+    "phi3-partial-rotary": lambda: phi3.config(n_kv_heads=2, rotary_dim=2),
+    "neox": lambda: neox.config(),
+    "gemma3-tiny": lambda: config_of("gemma3-tiny"),
+    "gemma2-tiny": lambda: config_of("gemma2-tiny"),
+}
+UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
+
+
+@functools.cache
+def tiny(name: str, seed: int = 0):
+    return build_config(TINY[name](), seed=seed, device="cpu", name=name)
+
+
+def _transformed(m, seed: int, kappa: float = 4.0):
+    act = ACTIONS["composite"]
+    el = act.sample(m.cfg, m.params, generator(seed), kappa)
+    return act.apply(m.cfg, m.params, el), el
+
+
+# ----------------------------------------------------------------------------- conditions = orbit dimension
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_condition_count_equals_explained_nullity(name):
+    """Family by family, as many conditions as the theory's exact family has dimensions, and their
+    derivative along the families' generators at the canonical point of full rank (transversal)."""
+    cfg = SMALL[name]()
+    problem = make_problem(cfg, seed=0)
+    exact = {f.name: f.k for f in families(problem, genericity(problem)) if f.kind == "exact"}
+    canon = canonicalize(cfg, problem.params())
+    counts = {k: int(v.numel()) for k, v in conditions(cfg, canon.params).items()}
+    print(f"{name}: conditions {counts}, nullity families {exact}")
+    assert counts == exact and not unfixed(cfg)
+
+    problem.theta = problem.layout.flatten(canon.params)
+    gens = torch.cat([f.vectors for f in families(problem, genericity(problem)) if f.name in counts])
+
+    def flat_conditions(theta):
+        c = conditions(cfg, problem.layout.unflatten(theta))
+        return torch.cat([c[k].reshape(-1) for k in sorted(c)])
+
+    d = torch.stack([jvp(flat_conditions, (problem.theta,), (v,))[1] for v in gens])
+    sv = torch.linalg.svdvals(d)
+    print(f"  transversality: σ_min/σ_max = {float(sv[-1] / sv[0]):.2e} (rounding level {d.shape[0] * EPS64:.1e})")
+    assert float(sv[-1] / sv[0]) >= 1e6 * d.shape[0] * EPS64
+
+
+# ----------------------------------------------------------------------------- canonical form
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_canonical_form_same_function_idempotent_and_orbit_invariant(name):
+    m = tiny(name)
+    c = canonicalize(m.cfg, m.params)
+    fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa, element=c.element())
+    assert fn["verdict"] == HOLDS and not c.ties() and not c.unfixed
+    # idempotent: the canonical form of the canonical form is itself (the element ≈ identity)
+    again = canonicalize(m.cfg, c.params)
+    dist, _ = relative_distances(c.params, again.params)
+    tol, formula = tolerance(m, c.kappa, torch.float64, 16)
+    # every condition at rounding level: sums of ≤ n products of entries ≤ s, error ≤ n·ε·n·s², times κ
+    n = max(m.cfg.vocab, m.cfg.d_ff, m.cfg.n_ctx, m.cfg.group_size * (m.cfg.d_model + 1))
+    s2 = max(float(t.abs().max()) for t in c.params.values()) ** 2
+    worst = max(float(r.abs().max()) for r in conditions(m.cfg, c.params).values())
+    # the same canonical form for g·θ, g a random element of every action that applies (rules only)
+    b, el = _transformed(m, seed=3)
+    raw, _ = relative_distances(m.params, b)
+    orbit, _ = relative_distances(c.params, canonicalize(m.cfg, b).params)
+    tol_orbit, _ = tolerance(m, el.kappa * c.kappa, torch.float64, 16)
+    print(
+        f"{name}: function {fn['residual_eps']:.3g} ε (tol {fn['tolerance_statistical_eps']:.4g} ε); "
+        f"idempotent {dist:.2e} ≤ {tol:.2e}; conditions {worst:.2e}; orbit raw {raw:.2f} → {orbit:.2e} ≤ {tol_orbit:.2e}"
+    )
+    assert dist <= tol
+    assert worst <= c.kappa * n * n * EPS64 * s2
+    assert raw >= 0.3 and orbit <= tol_orbit
+
+
+# ----------------------------------------------------------------------------- compare
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_compare_transformed_copy_survives_storage(name, dtype):
+    """B = g·A stored in ``dtype``: EQUIVALENT, the invariant distance within the derived tolerance
+    and at the storage rounding level, and the element found maps A to B (its check HOLDS)."""
+    m = tiny(name)
+    b, el = _transformed(m, seed=11)
+    r = compare(m.cfg, m.params, m.cfg, {k: v.to(dtype) for k, v in b.items()})
+    u = UNIT[dtype]
+    print(
+        f"{name} {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance / u:.3g} u, "
+        f"tolerance {r.tolerance / u:.3g} u; element κ {r.kappa:.3g}, ‖g·A − B‖/‖B‖ = {r.element_residual:.2e}"
+    )
+    assert r.verdict == EQUIVALENT and r.raw_distance >= 0.3
+    assert r.invariant_distance <= r.tolerance
+    assert r.invariant_distance <= el.kappa * 64 * u
+    # B's rounding (u) and applying the element's steps (products of length ≤ n each), amplified by κ
+    n = max(m.cfg.d_model, m.cfg.d_ff)
+    assert r.element_residual <= r.kappa * (u + n * EPS64)
+    assert check(m, "composite", element=r.element).verdict == HOLDS
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_compare_independent_model_is_different(name):
+    a, b = tiny(name), tiny(name, seed=1)
+    r = compare(a.cfg, a.params, b.cfg, b.params, with_element=False)
+    print(f"{name}: invariant {r.invariant_distance:.3g} = {r.invariant_distance / r.tolerance:.3g}× the tolerance")
+    assert r.verdict == DIFFERENT and r.invariant_distance >= 1e6 * r.tolerance
+
+
+# ----------------------------------------------------------------------------- special points
+def _ties(c) -> set:
+    return {(t["step"], t["kind"]) for t in c.ties()}
+
+
+def test_special_points_are_reported_not_unique():
+    """Where the group grows (every Gemma post-norm weight constant: the stream rotation; γ_q and γ_k
+    constant on a RoPE plane: the plane's rotation) no step fixes it: a not-unique decision."""
+    m = tiny("gemma3-tiny")
+    assert not canonicalize(m.cfg, m.params).ties()
+    p = {k: torch.ones_like(v) if "_post" in k or k == "ln_final.w" else v for k, v in m.params.items()}
+    c = canonicalize(m.cfg, p)
+    assert ("norm-scale", "spectrum") in _ties(c) and ("qk-norm-scale", "spectrum") not in _ties(c)
+    assert function_check(m.cfg, p, c.params, c.rounding_kappa, element=c.element())["verdict"] == HOLDS
+    m = tiny("qwen3")
+    p = dict(m.params)
+    for k in ("blocks.1.attn.q_norm", "blocks.1.attn.k_norm"):
+        p[k] = torch.full_like(p[k], 0.9)
+    tie = [t for t in canonicalize(m.cfg, p).ties() if t["step"] == "qk-norm-scale"]
+    assert len(tie) == 1 and tie[0]["kind"] == "spectrum" and tie[0]["not_unique"] == 2  # 2 planes of block 1
+
+
+def test_a_parallel_residual_without_norms_is_refused_in_one_line(capsys):
+    from gauge_audit.cli.canonicalize import _gauge_fixable
+    from gauge_audit.errors import GaugeAuditError
+
+    with pytest.raises(GaugeAuditError, match="parallel residual without norms"):
+        _gauge_fixable(neox.config(norm="none"))
+    _gauge_fixable(neox.config())
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("kind", ["qwen3", "olmo2", "phi3-partial", "neox"])
+def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, kind, tmp_path, capsys):
+    """canonicalize --out on a transformers checkpoint of the class: the written canonical copy's
+    certificate (transformers' float64 logits) HOLDS, and compare calls it EQUIVALENT to the input."""
+    src, out = hf_family(kind), tmp_path / "canon"
+    assert main(["canonicalize", "--checkpoint", str(src), "--out", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["function"]["verdict"] == HOLDS and rep["certificate"]["verdict"] == HOLDS
+    assert not rep["not_unique"] and not rep["unfixed"]
+    assert main(["compare", str(src), str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    print(
+        f"{kind}: conditions {rep['conditions']}, certificate {rep['certificate']['residual_eps']:.3g} ε; compare "
+        f"with the input: {r['verdict']}, invariant {r['invariant_distance']:.3g} ≤ {r['tolerance']:.3g}"
+    )
+    assert r["verdict"] == EQUIVALENT
