@@ -60,16 +60,3 @@ def test_transform_round_trip_writes_query_key_value(hf_family, tmp_path, capsys
     transform_round_trip(src, out, "stream-rotation", capsys)
     a, b = open_checkpoint(src).params(), open_checkpoint(out).params()
     assert float((a["blocks.0.attn.W_Q"] - b["blocks.0.attn.W_Q"]).abs().max()) > 1e-3
-
-
-def test_gauge_fixing_refuses_partial_rotary_and_a_parallel_residual(hf_family, tmp_path, capsys):
-    from gauge_audit.cli.canonicalize import _gauge_fixable
-    from gauge_audit.errors import GaugeAuditError
-    from gauge_audit.models import llama
-
-    src = str(hf_family("neox-sequential-linear"))
-    assert main(["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "partial rotary" in err
-    with pytest.raises(GaugeAuditError, match="parallel residual"):
-        _gauge_fixable(llama.config(parallel_residual=True))

@@ -188,7 +188,10 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     cfg, p = ctx.cfg, ctx.params
     e = cfg.d_head
     ms = torch.zeros(cfg.n_layers, cfg.n_kv_heads, e, e, dtype=torch.float64)
-    gaps, sgn, phase, notes = [], [], [], []
+    gaps: list[tuple[torch.Tensor, float]] = []
+    sgn: list = []
+    phase: list[float] = []
+    notes: list[str] = []
     planes = rope_planes(cfg) if rope else []
     r = _rest(cfg, rope)
     for layer in range(cfg.n_layers):

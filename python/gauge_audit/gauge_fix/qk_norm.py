@@ -30,7 +30,7 @@ def _sets(cfg: Config) -> list[tuple[tuple, list[int], list[int]]]:
     """Per factor of the element, in its (KV group,) unit order: (index into c, γ_q indices, γ_k
     indices)."""
     e, g = cfg.d_head, cfg.group_size
-    out = []
+    out: list[tuple[tuple, list[int], list[int]]] = []
     groups = [None] if cfg.qk_norm == "head" else range(cfg.n_kv_heads)
     for j in groups:
         for u, coords in enumerate(units(cfg)):
@@ -72,10 +72,11 @@ def fix_qk_norm(ctx: Context) -> None:
             if ctx.reference is None:
                 sign, margin = signs(gq[iq] * s)
                 margins.append(margin.reshape(1))
+                s *= float(sign)
             else:
                 rq, rk = ctx.reference[f"{pre}.q_norm"][iq], ctx.reference[f"{pre}.k_norm"][ik]
-                sign = -1.0 if float(rq @ gq[iq]) * s + float(rk @ gk[ik]) / s < 0 else 1.0
-            c[(layer, *idx)] = s * float(sign)
+                s *= -1.0 if float(rq @ gq[iq]) * s + float(rk @ gk[ik]) / s < 0 else 1.0
+            c[(layer, *idx)] = s
         special += _plane_spreads(cfg, gq, gk)
     decisions = []
     if margins:

@@ -69,9 +69,7 @@ def fix_norm_scale(ctx: Context) -> None:
     if parts:
         kappa = max(float(s.abs().max() / s.abs().min()) for s in parts.values())
         family = norm_scale_family(ctx.cfg)
-        ctx.apply(
-            family, "norm-scale", Element(parts, kappa), "γ = 1 for every weighted pre-norm", decisions, notes
-        )
+        ctx.apply(family, "norm-scale", Element(parts, kappa), "γ = 1 for every weighted pre-norm", decisions, notes)
 
 
 def _sandwich_special(ctx: Context) -> list[Decision]:

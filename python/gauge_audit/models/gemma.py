@@ -239,15 +239,3 @@ def forward(params: Params, cfg: GemmaConfig, inputs: dict, trace: dict | None =
 
 def sample_inputs(cfg: GemmaConfig, g: torch.Generator, batch: int, n: int) -> dict:
     return {"tokens": torch.randint(0, cfg.vocab, (batch, n), generator=g)}
-
-
-def features(cfg: Config) -> list[str]:
-    """The Gemma features a gauge-fixing step or an action may not know how to carry."""
-    if not isinstance(cfg, GemmaConfig):
-        return []
-    out = ["sandwich norms (a norm after every sublayer)"]
-    if cfg.qk_norm != "none":
-        out.append("a query/key RMSNorm over d_head")
-    if cfg.attn_softcap or cfg.final_softcap:
-        out.append("soft-capping")
-    return out
