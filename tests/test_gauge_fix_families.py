@@ -193,7 +193,7 @@ def test_a_parallel_residual_without_norms_is_refused_in_one_line(capsys):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("kind", ["qwen3", "olmo2", "phi3-partial", "neox"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3-moe", "olmo2", "phi3-longrope-window", "neox"])
 def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, kind, tmp_path, capsys):
     """canonicalize --out on a transformers checkpoint of the class: the written canonical copy's
     certificate (transformers' float64 logits) HOLDS, and compare calls it EQUIVALENT to the input."""
