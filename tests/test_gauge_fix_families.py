@@ -193,11 +193,12 @@ def test_a_parallel_residual_without_norms_is_refused_in_one_line(capsys):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3-moe", "olmo2", "phi3-longrope-window", "neox"])
-def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, kind, tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3-moe", "olmo2", "phi3-longrope-window", "neox", "gemma2", "gemma3"])
+def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, tiny_hf, kind, tmp_path, capsys):
     """canonicalize --out on a transformers checkpoint of the class: the written canonical copy's
-    certificate (transformers' float64 logits) HOLDS, and compare calls it EQUIVALENT to the input."""
-    src, out = hf_family(kind), tmp_path / "canon"
+    certificate (transformers' float64 logits; Gemma's norm weights written back as w = γ − 1) HOLDS,
+    and compare calls it EQUIVALENT to the input."""
+    src, out = (tiny_hf if kind.startswith("gemma") else hf_family)(kind), tmp_path / "canon"
     assert main(["canonicalize", "--checkpoint", str(src), "--out", str(out), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["function"]["verdict"] == HOLDS and rep["certificate"]["verdict"] == HOLDS
