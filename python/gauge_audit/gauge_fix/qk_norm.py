@@ -66,7 +66,8 @@ def fix_qk_norm(ctx: Context) -> None:
         for idx, iq, ik in _sets(cfg):
             a, b = float(gq[iq].norm()), float(gk[ik].norm())
             if a == 0 or b == 0:
-                notes.append(f"qk-norm-scale block {layer} unit {idx}: a zero norm weight, scale not fixed")
+                unit = f"KV group {idx[0]} unit {idx[1]}" if len(idx) == 2 else f"unit {idx[0]}"
+                notes.append(f"qk-norm-scale block {layer} {unit}: a zero norm weight, scale not fixed")
                 continue
             s = (b / a) ** 0.5
             if ctx.reference is None:
