@@ -5,7 +5,7 @@ outputs (OLMo 2: only the final norm's scale), sandwich norms with Gemma's √d 
 (1 + w) weights and soft-capping, and GPT-NeoX's parallel residual.  Per family: as many
 conditions as the nullity theory's exact families have dimensions (transversally), the canonical
 form computes the same function, is idempotent and is the same on the whole orbit; ``compare``
-calls a transformed copy stored in float64, float32 or bfloat16 EQUIVALENT and an independent model
+calls a transformed copy stored in float32 or bfloat16 EQUIVALENT and an independent model
 DIFFERENT; the special points where the group grows are reported as not unique; Hugging Face
 checkpoints of these classes are canonicalised and written with a transformers certificate."""
 
@@ -45,7 +45,7 @@ SMALL = {
     "qwen3-moe": lambda: qwen3.config(**S, n_layers=1, experts=3, top_k=2),
     "olmo2-bias-2layers": lambda: olmo2.config(**S, n_layers=2, attn_bias=True),
     "olmo2-mqa-tied": lambda: olmo2.config(**{**S, "n_kv_heads": 1}, n_layers=1, tied=True),
-    "neox": lambda: neox.config(**S, n_layers=2),
+    "neox": lambda: neox.config(**S, n_layers=1),
     "gemma3": lambda: gemma.config(**S, n_layers=2, sliding_pattern=2, window=2),
     "gemma3-untied": lambda: gemma.config(**S, n_layers=1, tied=False),
     "gemma2": lambda: gemma.gemma2_config(**S, n_layers=2, window=2),
@@ -53,7 +53,6 @@ SMALL = {
 # the tiny models of every family (d_model 16, 2 layers; NeoX 32 with heads of 8, rotary 2)
 TINY = {
     "llama-window-llama3": lambda: llama.config(n_kv_heads=2, window=5, rope_type="llama3", rope_params=LLAMA3),
-    "qwen3": lambda: qwen3.config(n_kv_heads=2),
     "qwen3-partial-rotary": lambda: qwen3.config(n_kv_heads=2, rotary_dim=2),
     "olmo2": lambda: olmo2.config(n_kv_heads=2),
     "phi3-partial-rotary": lambda: phi3.config(n_kv_heads=2, rotary_dim=2),
@@ -131,7 +130,7 @@ def test_canonical_form_same_function_idempotent_and_orbit_invariant(name):
 
 
 # ----------------------------------------------------------------------------- compare
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_compare_transformed_copy_survives_storage(name, dtype):
     """B = g·A stored in ``dtype``: EQUIVALENT, the invariant distance within the derived tolerance
@@ -175,12 +174,13 @@ def test_special_points_are_reported_not_unique():
     c = canonicalize(m.cfg, p)
     assert ("norm-scale", "spectrum") in _ties(c) and ("qk-norm-scale", "spectrum") not in _ties(c)
     assert function_check(m.cfg, p, c.params, c.rounding_kappa, element=c.element())["verdict"] == HOLDS
-    m = tiny("qwen3")
+    m = tiny("qwen3-partial-rotary")
+    assert not canonicalize(m.cfg, m.params).ties()
     p = dict(m.params)
     for k in ("blocks.1.attn.q_norm", "blocks.1.attn.k_norm"):
         p[k] = torch.full_like(p[k], 0.9)
     tie = [t for t in canonicalize(m.cfg, p).ties() if t["step"] == "qk-norm-scale"]
-    assert len(tie) == 1 and tie[0]["kind"] == "spectrum" and tie[0]["not_unique"] == 2  # 2 planes of block 1
+    assert len(tie) == 1 and tie[0]["kind"] == "spectrum" and tie[0]["not_unique"] == 1  # block 1's one plane
 
 
 def test_a_parallel_residual_without_norms_is_refused_in_one_line(capsys):
