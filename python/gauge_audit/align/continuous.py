@@ -123,7 +123,7 @@ def _planes(cfg: Config) -> list[tuple[int, int]]:
     return rope_planes(cfg) if cfg.pos == "rope" else []
 
 
-def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool) -> Element:
+def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool, floor: float = 0.0) -> Element:
     """qk-gl (key "M": per KV group the query/key pair, on the RoPE commutant) or vo-gl (key "N":
     the value/output pair), every group's matrix from one batched :func:`.procrustes.pair_fit`."""
     pair, planes = (qk_pair, _planes(cfg)) if key == "M" else (vo_pair, [])
@@ -131,7 +131,7 @@ def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool) -> E
     sides = [[pair(cfg, p, layer, j) for layer, j in where] for p in (b, a)]
     x, y = (torch.stack([s[k] for s in sides[0]]) for k in (0, 1))
     xa, ya = (torch.stack([s[k] for s in sides[1]]) for k in (0, 1))
-    ms = pair_fit(x, y, xa, ya, planes, orthogonal).reshape(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head)
+    ms = pair_fit(x, y, xa, ya, planes, orthogonal, floor).reshape(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head)
     return Element({key: ms}, cond(ms))
 
 
