@@ -45,7 +45,7 @@ from . import continuous, matching
 GROUPS = ("permutation", "orthogonal", "full")
 VO_GROUPS = ("gl", "orthogonal")
 MAX_ITERATIONS = 8
-RELATIVE_PROGRESS = 1e-6
+RELATIVE_PROGRESS = 1e-4
 # diagonal scalings and permutations keep every entry's relative rounding (gauge_fix.base.DIAGONAL;
 # qk-norm-scale scales norm weights entry by entry as well)
 NON_AMPLIFYING = DIAGONAL | {"qk-norm-scale"}

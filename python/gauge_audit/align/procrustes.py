@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-POLISH_ITERATIONS = 60
+POLISH_ITERATIONS = 20
 
 
 def scale_fit(
