@@ -16,6 +16,7 @@ import torch
 from gauge_audit.actions import ACTIONS
 from gauge_audit.align import align
 from gauge_audit.cli import main
+from gauge_audit.errors import GaugeAuditError
 from gauge_audit.gauge_fix import function_check
 from gauge_audit.gauge_fix.comparison import relative_distances
 from gauge_audit.models import bert, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
@@ -166,6 +167,25 @@ def test_larger_group_aligns_closer():
     assert d[0] > d[1] > d[2]
 
 
+@pytest.mark.parametrize("name", ["llama-gqa", "olmo2"])
+def test_activation_matching_recovers_a_from_its_orbit(name):
+    """Heads and units matched by the correlations of their activations on token ids."""
+    cfg = FAMILIES[name]
+    a = build_config(cfg, seed=0).params
+    b, dense = transformed(cfg, a, FULL, seed=5, kappa=2.0)
+    data = torch.randint(0, cfg.vocab, (4, 12), generator=generator(1))
+    res = align(cfg, a, b, data=data)
+    assert res.matching == "activations"
+    assert res.total_after <= tolerance(cfg, torch.float64, dense) < res.total_before / 10
+
+
+def test_activation_matching_refuses_what_it_cannot_read():
+    cfg = FAMILIES["bert"]
+    p = build_config(cfg, seed=0).params
+    with pytest.raises(GaugeAuditError, match="activation matching"):
+        align(cfg, p, p, data=torch.zeros(1, 4, dtype=torch.long))
+
+
 # ----------------------------------------------------------------------------- CLI
 def test_cli_align_writes_b_prime_element_and_distances(tmp_path, capsys):
     out = tmp_path / "aligned"
@@ -180,6 +200,18 @@ def test_cli_align_writes_b_prime_element_and_distances(tmp_path, capsys):
     # the element file is an element the check command applies
     assert main(["check", "--model", "llama-tiny-gqa", "--seed", "1", "--action", "composite",
                  "--element", str(out / "element.npz")]) == 0  # fmt: skip
+
+
+def test_cli_align_with_data_file(tmp_path, capsys):
+    import numpy as np
+
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.arange(48, dtype=np.int64).reshape(3, 16) % 64)
+    out = tmp_path / "aligned"
+    argv = ["align", "gpt2-tiny", "gpt2-tiny", "--seed-b", "2", "--group", "permutation", "--data", str(tokens)]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["matching"] == "activations" and report["total_after"] <= report["total_before"]
 
 
 def test_cli_align_checkpoints_certified_by_transformers(tmp_path, capsys, tiny_hf):

@@ -41,6 +41,7 @@ from ..gauge_fix.pipeline import storage_dtype_of, validate
 from ..models.config import Config
 from ..runtime import one_thread
 from . import continuous, matching
+from .activations import Activations
 
 GROUPS = ("permutation", "orthogonal", "full")
 VO_GROUPS = ("gl", "orthogonal")
@@ -317,8 +318,6 @@ def align(
         b = {k: v.detach().to("cpu", torch.float64) for k, v in params_b.items()}
         acts = None
         if data is not None:
-            from .activations import Activations
-
             acts = Activations(cfg, a, data, seed)
         unit = torch.finfo(storage_dtype_of(params_b)).eps / 2
         run = _Run(cfg, a, b, group, vo_group, t0 + max_seconds, acts, unit)
