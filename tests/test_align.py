@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from gauge_audit.actions import ACTIONS
+from gauge_audit.actions import ACTIONS, composite
 from gauge_audit.align import align
 from gauge_audit.cli import main
 from gauge_audit.errors import GaugeAuditError
@@ -157,6 +157,16 @@ def test_align_of_independent_models_never_raises_the_distance_nor_changes_the_f
     assert fn["verdict"] == "HOLDS", fn
     again = ACTIONS["composite"].apply(cfg, b, res.element)
     assert relative_distances(res.params, again)[0] <= 10 * EPS64
+
+
+def test_vo_group_orthogonal_keeps_every_vo_map_orthogonal():
+    cfg = FAMILIES["llama-gqa"]
+    a, b = build_config(cfg, seed=0).params, build_config(cfg, seed=1).params
+    res = align(cfg, a, b, vo_group="orthogonal")
+    ns = [el.parts["N"] for action, el in composite.steps(res.element) if action == "vo-gl"]
+    eye = torch.eye(cfg.d_head, dtype=torch.float64)
+    assert ns and all(float((n.transpose(-1, -2) @ n - eye).abs().max()) <= 100 * EPS64 for n in ns)
+    assert res.total_after < res.total_before
 
 
 def test_larger_group_aligns_closer():
