@@ -148,10 +148,10 @@ def qk_norm_scale(cfg: Config, b: Params, a: Params) -> Element:
         qb, qa = (p[f"{pre}.q_norm"].reshape(groups, -1, cfg.d_head) for p in (b, a))
         kb, ka = (p[f"{pre}.k_norm"].reshape(groups, -1, cfg.d_head) for p in (b, a))
         for u, coords in enumerate(us):
-            c = list(coords)
+            idx = list(coords)
             for k, t in enumerate((qb * qb, qb * qa, kb * kb, kb * ka)):
-                sums[k, layer, :, u] = t[..., c].sum((-2, -1))
-    c = scale_fit(*sums)
+                sums[k, layer, :, u] = t[..., idx].sum((-2, -1))
+    c = scale_fit(sums[0], sums[1], sums[2], sums[3])
     c = c if cfg.qk_norm == "full" else c[:, 0]
     return Element({"c": c}, _kappa(c))
 
@@ -171,5 +171,6 @@ def unit_scaling(cfg: Config, b: Params, a: Params, positive: bool) -> Element:
         ob, oa = b[f"{pre}.W_out"], a[f"{pre}.W_out"]
         for k, t in enumerate((aa, ab, (ob * ob).sum(-1), (ob * oa).sum(-1))):
             sums[k].append(t)
-    s = scale_fit(*(torch.stack(t) for t in sums), positive=positive)
+    aa, ab, cc, ce = (torch.stack(t) for t in sums)
+    s = scale_fit(aa, ab, cc, ce, positive=positive)
     return Element({"s": s}, _kappa(s))

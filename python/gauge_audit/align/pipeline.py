@@ -153,7 +153,7 @@ class _Run:
         return time.monotonic() > self.deadline
 
     # --- stage elements: each returns [(action, element)] computed step by step on the current B'
-    def stage(self, name: str, iteration: int) -> tuple[list[tuple[str, Element]], dict, dict]:
+    def stage(self, name: str, iteration: int) -> tuple[tuple[list[tuple[str, Element]], dict], dict]:
         """(steps, B' after them, what the stage matched).  A matching is judged together with
         the continuous fits after it (a permuted head still differs by its GL element, so the
         permutation alone may not lower the distance): with and without it, the better."""
@@ -182,7 +182,7 @@ class _Run:
                 return (alt_steps, alt), {**info, "matching": "identity kept (lower after the fits)"}
         return (steps, p), info
 
-    def _run(self, p, builders, info: dict | None = None):
+    def _run(self, p, builders, info: dict | None = None) -> tuple[list[tuple[str, Element]], dict]:
         """Apply each builder's element in turn (a builder: (B', info) → (action, element or None))."""
         info = {} if info is None else info
         out: list[tuple[str, Element]] = []
