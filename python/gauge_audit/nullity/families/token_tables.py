@@ -112,7 +112,9 @@ def _null_of_table(problem: Problem, names: list[str], fn) -> torch.Tensor:
     jac = jacrev(lambda s: fn(s).reshape(-1))(sub)
     J = torch.cat([jac[n].reshape(jac[n].shape[0], -1) for n in names], dim=1)
     _, s, vh = torch.linalg.svd(J, full_matrices=True)
-    rank = int((s > s[0] * max(J.shape) * 1e-12).sum()) if s.numel() else 0
+    # exact null directions sit at ~1e-15·σ_max; the ε-broken ones (a norm's scale at ε > 0) at
+    # ≳ ε·1e-4·σ_max (3e-10 at ε = 1e-6): 1e-12 separates them with two decades either side
+    rank = int((s > s[0] * 1e-12).sum()) if s.numel() else 0
     null = vh[rank:]
     out = torch.zeros(null.shape[0], layout.size, dtype=torch.float64)
     col = 0
