@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.func import jacrev
+from torch.func import jacfwd
 
 from ...models.layers import ffn, full_norm, head_norm, normalize, rope
 from ..measure import Problem
@@ -84,15 +84,27 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
         return []
     out = []
     if cfg.norm_placement == "pre" and cfg.parallel_residual:
-        # what the rest of the model sees of W_E, n₁, n₂ and the FFN of block 0: n₁(W_E[t]) (read by
-        # the attention), W_E[t] + FFN(n₂(W_E[t])) (the stream without the attention's output), and
-        # W_E itself when it is also the unembedding
-        names = ["embed.W_E"] + [n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))]
+        # what the rest of the model sees of W_E, n₁, n₂, the FFN and the attention's readers in
+        # block 0: the per-token projections n₁(W_E[t])·W_{Q,K,V} + b (RoPE and the softmax come
+        # after), the stream W_E[t] + FFN(n₂(W_E[t])) without the attention's output, and W_E
+        # itself when it is also the unembedding
+        pre = "blocks.0.attn"
+        readers = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V") if f"{pre}.{n}" in p]
+        names = ["embed.W_E", *readers] + [
+            n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))
+        ]
 
         def parallel(sub):
             E = sub["embed.W_E"]
+            y = normalize(sub, "blocks.0.ln1", cfg, E)
+            proj = []
+            for n in "QKV":
+                t = torch.einsum("td,hde->hte", y, sub[f"{pre}.W_{n}"])
+                if f"{pre}.b_{n}" in sub:
+                    t = t + sub[f"{pre}.b_{n}"][:, None, :]
+                proj.append(t)
             stream = E + ffn(sub, "blocks.0", cfg, normalize(sub, "blocks.0.ln2", cfg, E), None)
-            parts = [normalize(sub, "blocks.0.ln1", cfg, E), stream] + ([E] if cfg.tied else [])
+            parts = [*proj, stream] + ([E] if cfg.tied else [])
             return torch.cat([t.reshape(-1) for t in parts])
 
         out.append(("FFN", names, parallel))
@@ -109,9 +121,11 @@ def _null_of_table(problem: Problem, names: list[str], fn) -> torch.Tensor:
     """Rows: an orthonormal basis (in the full layout) of the null space of ∂table/∂θ_sub."""
     p, layout = problem.params(), problem.layout
     sub = {n: p[n] for n in names}
-    jac = jacrev(lambda s: fn(s).reshape(-1))(sub)
+    # forward mode: θ_sub has hundreds of entries, the score table up to vocab²·n_ctx²·heads rows
+    jac = jacfwd(lambda s: fn(s).reshape(-1))(sub)
     J = torch.cat([jac[n].reshape(jac[n].shape[0], -1) for n in names], dim=1)
-    _, s, vh = torch.linalg.svd(J, full_matrices=True)
+    # all θ_sub right singular vectors, without the rows × rows factor (J is often far taller than wide)
+    _, s, vh = torch.linalg.svd(J, full_matrices=J.shape[0] < J.shape[1])
     # exact null directions sit at ~1e-15·σ_max; the ε-broken ones (a norm's scale at ε > 0) at
     # ≳ ε·1e-4·σ_max (3e-10 at ε = 1e-6): 1e-12 separates them with two decades either side
     rank = int((s > s[0] * 1e-12).sum()) if s.numel() else 0
