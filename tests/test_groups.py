@@ -10,7 +10,7 @@ import pytest
 
 from gauge_audit.cli import main
 
-AGREE = ("gpt2-tiny", "llama-tiny-gqa", "qwen3", "gemma3", "gemma2", "olmo2", "phi3")
+AGREE = ("gpt2-tiny", "llama-tiny-gqa", "qwen3", "gemma3-tiny", "gemma2-tiny", "olmo2", "phi3", "neox")
 
 
 def _groups(capsys, *argv):
@@ -28,13 +28,27 @@ def test_groups_verify_measured_equals_explained(model, capsys):
     assert all(f["formula"] == f["rank"] for f in v["factors"])
 
 
-def test_groups_reports_the_parallel_first_block_gap(capsys):
-    """GPT-NeoX's first parallel block at a tiny vocabulary has flat directions the theory does not
-    yet explain: the command says so (exit 1), it does not hide them."""
-    rc, out = _groups(capsys, "neox", "--verify")
-    v = out["verify"]
-    assert rc == 1 and not v["agrees"] and v["measured_nullity"] > v["explained"]
-    assert all(f["formula"] == f["rank"] for f in v["factors"])  # the group's own factors still agree
+def test_groups_explains_the_small_vocabulary_first_blocks(capsys):
+    """GPT-NeoX's parallel first block and OLMo 2's raw-embedding first attention read only the
+    vocab points at these sizes: their token tables carry what the group factors do not."""
+    for model, fam in (("neox", "token-table-ffn"), ("olmo2", None)):
+        _, out = _groups(capsys, model, "--verify")
+        assert out["verify"]["agrees"], model
+        if fam:
+            assert out["verify"]["other_families"].get(fam, 0) > 0
+
+
+@pytest.mark.parametrize("kind", ["phi3-partial", "neox", "olmo2", "qwen3"])
+def test_groups_reads_checkpoint_directories(hf_family, kind, capsys):
+    rc, out = _groups(capsys, str(hf_family(kind)))
+    assert rc == 0 and out["total_dimension"] == sum(
+        f["dim"] * (out["layers"] if f["scope"] == "every layer" else 1) for f in out["factors"]
+    )
+    qk = {f["name"]: f for f in out["factors"]}["QK"]
+    if kind in ("phi3-partial", "neox"):
+        assert "partial rotary" in qk["differs"]
+    if kind in ("olmo2", "qwen3"):
+        assert qk["source"] == "qk-norm-scale"
 
 
 def test_gmax_column_flags_the_known_differences(capsys):
@@ -71,7 +85,7 @@ NULLITY = {
     "gemma2": [["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"], ["--n-heads", "2", "--softcap", "20", "--final-softcap", "0", "--query-pre-attn-scalar", "8"]],
     "olmo2": [["--n-heads", "2"], ["--n-heads", "4", "--n-kv-heads", "2"]],
     "phi3": [["--n-heads", "2", "--rotary-dim", "2"], ["--n-heads", "4", "--n-kv-heads", "2"]],
-    "neox": [["--n-heads", "2", "--no-parallel-residual"], ["--n-heads", "2", "--no-parallel-residual", "--rotary-dim", "4"]],
+    "neox": [["--n-heads", "2"], ["--n-heads", "2", "--layers", "2"], ["--n-heads", "2", "--no-parallel-residual"]],
 }
 
 

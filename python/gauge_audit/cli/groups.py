@@ -17,9 +17,10 @@ def register(sub) -> None:
     p = sub.add_parser(
         "groups",
         help="the gauge group of a model per layer and factor, against the papers' G_max",
-        description="The continuous gauge group of MODEL (a built-in name, an architecture name "
-        "such as qwen3, a checkpoint directory or a GGUF file), per layer and factor, its discrete "
-        "part, and where the maximal-gauge paper's G_max differs.",
+        description="The continuous gauge group of MODEL (a built-in name of `check --list`, an "
+        "architecture of `nullity --family` at its small sizes, a checkpoint directory or a GGUF "
+        "file), per layer and factor, its discrete part, and where the maximal-gauge paper's G_max "
+        "differs.  A name that is both (gemma3) is the built-in model.",
     )
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -31,10 +32,11 @@ def register(sub) -> None:
 
 
 def resolve(model: str):
-    if model in ARCHITECTURES:
-        return ARCHITECTURES[model].config()
+    # a built-in model first (gemma3 is the real Gemma 3 270M), then an architecture at small sizes
     if model in model_names():
         return config_of(model)
+    if model in ARCHITECTURES:
+        return ARCHITECTURES[model].config()
     path = Path(model)
     if path.exists():
         from ..models.checkpoint import open_checkpoint

@@ -134,6 +134,14 @@ def register(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
     p.add_argument(
+        "--rows-factor",
+        type=float,
+        default=3.0,
+        metavar="F",
+        help="Jacobian rows ≥ F·P; models whose first block reads the raw embedding (OLMo 2, a "
+        "parallel first block) at vocab ≫ d need more occurrences of every token (F ≈ 5)",
+    )
+    p.add_argument(
         "--method",
         choices=("dense", "matrix-free"),
         default="dense",
@@ -261,9 +269,12 @@ def run(args) -> int:
         raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
     if not (args.max_minutes >= 0 and math.isfinite(args.max_minutes)):
         raise GaugeAuditError("--max-minutes must be a finite number >= 0 (0: no limit)")
+    if not (args.rows_factor >= 1 and math.isfinite(args.rows_factor)):
+        raise GaugeAuditError("--rows-factor must be a finite number >= 1")
     report = analyze(
         cfg,
         seed=args.seed,
+        factor=args.rows_factor,
         method=args.method,
         quiet=args.quiet or args.json,
         mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None,
