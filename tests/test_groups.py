@@ -83,7 +83,14 @@ NULLITY = {
     "qwen3": [["--n-heads", "2"], ["--n-heads", "4", "--n-kv-heads", "2", "--rotary-dim", "2"]],
     "gemma3": [["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"], ["--n-heads", "2", "--untied"]],
     "gemma2": [["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"], ["--n-heads", "2", "--softcap", "20", "--final-softcap", "0", "--query-pre-attn-scalar", "8"]],
-    "olmo2": [["--n-heads", "2"], ["--n-heads", "4", "--n-kv-heads", "2"]],
+    # GQA: the raw-embedding score table; ε = 0: the stream scale with the readers ×1/c (SwiGLU is
+    # not homogeneous), tied: with the final norm's γ
+    "olmo2": [
+        ["--n-heads", "2"],
+        ["--n-heads", "4", "--n-kv-heads", "2"],
+        ["--n-heads", "4", "--n-kv-heads", "2", "--norm-eps", "0"],
+        ["--n-heads", "2", "--norm-eps", "0", "--tied"],
+    ],
     "phi3": [["--n-heads", "2", "--rotary-dim", "2"], ["--n-heads", "4", "--n-kv-heads", "2"]],
     "neox": [["--n-heads", "2"], ["--n-heads", "2", "--layers", "2"], ["--n-heads", "2", "--no-parallel-residual"]],
 }
