@@ -87,15 +87,16 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
         # what the rest of the model sees of W_E, n₁, n₂, the FFN and the attention's readers in
         # block 0: the per-token projections n₁(W_E[t])·W_{Q,K,V} + b (RoPE and the softmax come
         # after), the stream W_E[t] + FFN(n₂(W_E[t])) without the attention's output, and W_E
-        # itself when it is also the unembedding
+        # itself when it is also the unembedding (then W_E is held fixed: its moves as the
+        # unembedding are outside this table)
         pre = "blocks.0.attn"
         readers = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V") if f"{pre}.{n}" in p]
-        names = ["embed.W_E", *readers] + [
+        names = ([] if cfg.tied else ["embed.W_E"]) + readers + [
             n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))
         ]
 
         def parallel(sub):
-            E = sub["embed.W_E"]
+            E = sub.get("embed.W_E", p["embed.W_E"])
             y = normalize(sub, "blocks.0.ln1", cfg, E)
             proj = []
             for n in "QKV":
@@ -104,7 +105,7 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
                     t = t + sub[f"{pre}.b_{n}"][:, None, :]
                 proj.append(t)
             stream = E + ffn(sub, "blocks.0", cfg, normalize(sub, "blocks.0.ln2", cfg, E), None)
-            parts = [*proj, stream] + ([E] if cfg.tied else [])
+            parts = [*proj, stream]
             return torch.cat([t.reshape(-1) for t in parts])
 
         out.append(("FFN", names, parallel))
