@@ -96,7 +96,7 @@ def format_table(name: str, cfg, fs, v) -> str:
         lines.append(
             f"verify (d={s.d_model}, {s.n_heads}/{s.n_kv_heads} heads of {s.d_head}, d_ff={s.d_ff}, vocab={s.vocab}, "
             f"{s.n_layers} layer): measured nullity {v.measured}, explained {v.explained}"
-            + ("  = " if v.measured == v.explained else "  ≠ UNEXPLAINED ")
+            + ("  (measured = explained)" if v.measured == v.explained else f"  ({v.measured - v.explained} UNEXPLAINED)")
         )
         for n, a, b in v.rows:
             lines.append(f"  {n:22s} group formula {a:5d}  family rank {b:5d}  {'=' if a == b else '≠'}")
