@@ -10,7 +10,19 @@ import pytest
 
 from gauge_audit.cli import main
 
-AGREE = ("gpt2-tiny", "llama-tiny-gqa", "qwen3", "gemma3-tiny", "gemma2-tiny", "olmo2", "phi3", "neox")
+AGREE = (
+    "gpt2-tiny",
+    "bert-tiny",
+    "attn-tiny",
+    "moe-tiny",
+    "llama-tiny-gqa",
+    "qwen3",
+    "gemma3-tiny",
+    "gemma2-tiny",
+    "olmo2",
+    "phi3",
+    "neox",
+)
 
 
 def _groups(capsys, *argv):
@@ -82,7 +94,10 @@ SMALL = ["--d-model", "8", "--d-head", "4", "--d-ff", "7", "--n-ctx", "4", "--vo
 NULLITY = {
     "qwen3": [["--n-heads", "2"], ["--n-heads", "4", "--n-kv-heads", "2", "--rotary-dim", "2"]],
     "gemma3": [["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"], ["--n-heads", "2", "--untied"]],
-    "gemma2": [["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"], ["--n-heads", "2", "--softcap", "20", "--final-softcap", "0", "--query-pre-attn-scalar", "8"]],
+    "gemma2": [
+        ["--n-heads", "2", "--n-kv-heads", "1", "--window", "3"],
+        ["--n-heads", "2", "--softcap", "20", "--final-softcap", "0", "--query-pre-attn-scalar", "8"],
+    ],
     # GQA: the raw-embedding score table; ε = 0: the stream scale with the readers ×1/c (SwiGLU is
     # not homogeneous), tied: with the final norm's γ
     "olmo2": [

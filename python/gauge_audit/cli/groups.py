@@ -24,9 +24,7 @@ def register(sub) -> None:
     )
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--verify", action="store_true", help="measure the nullity of a small model with the same switches"
-    )
+    p.add_argument("--verify", action="store_true", help="measure the nullity of a small model with the same switches")
     p.add_argument("--seed", type=int, default=0, help="seed of the --verify model and its inputs")
     p.set_defaults(func=run)
 
@@ -56,7 +54,10 @@ def run(args) -> int:
     if v is not None:
         ok = v.measured == v.explained and all(a == b for _, a, b in v.rows)
         out["verify"] = {
-            "sizes": {k: getattr(v.cfg, k) for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "n_layers")},
+            "sizes": {
+                k: getattr(v.cfg, k)
+                for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "n_layers")
+            },
             "measured_nullity": v.measured,
             "explained": v.explained,
             "group_total": v.factor_total,
@@ -86,7 +87,9 @@ def format_table(name: str, cfg, fs, v) -> str:
     for f in fs:
         scope = f"×{cfg.n_layers} layers" if f.scope == "every layer" else "stream"
         rows.append([scope, f.name, f.group, str(f.dim), f.source or "-", f.gmax, f.differs or "="])
-    lines = [f"{name}: {cfg.family}, d={cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"]
+    lines = [
+        f"{name}: {cfg.family}, d={cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"
+    ]
     lines += _table(rows, width)
     lines.append(f"total continuous dimension: {total(cfg, fs)}")
     lines.append("discrete: " + "; ".join(discrete(cfg)))
@@ -96,12 +99,16 @@ def format_table(name: str, cfg, fs, v) -> str:
         lines.append(
             f"verify (d={s.d_model}, {s.n_heads}/{s.n_kv_heads} heads of {s.d_head}, d_ff={s.d_ff}, vocab={s.vocab}, "
             f"{s.n_layers} layer): measured nullity {v.measured}, explained {v.explained}"
-            + ("  (measured = explained)" if v.measured == v.explained else f"  ({v.measured - v.explained} UNEXPLAINED)")
+            + (
+                "  (measured = explained)"
+                if v.measured == v.explained
+                else f"  ({v.measured - v.explained} UNEXPLAINED)"
+            )
         )
         for n, a, b in v.rows:
             lines.append(f"  {n:22s} group formula {a:5d}  family rank {b:5d}  {'=' if a == b else '≠'}")
         lines.append(
             "  other families (norm reparametrisations, small vocabulary): "
-            + ", ".join(f"{k} {r}" for k, r in v.others.items())
+            + (", ".join(f"{k} {r}" for k, r in v.others.items()) or "none")
         )
     return "\n".join(lines)

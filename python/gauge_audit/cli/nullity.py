@@ -6,10 +6,10 @@ import json
 import math
 
 from ..errors import GaugeAuditError
-from . import _HelpFormatter
 from ..models.architectures import ARCHITECTURES, is_gemma
 from ..models.config import ACTS, NORMS, QK_NORMS
 from ..models.gemma import GemmaConfig
+from . import _HelpFormatter
 
 LM = ("gpt2", "llama", "qwen", "moe")
 
@@ -75,7 +75,11 @@ def register(sub) -> None:
         "--tied", dest="tied", action="store_const", const=True, help="tie the unembedding to the token embedding"
     )
     tie.add_argument(
-        "--untied", dest="tied", action="store_const", const=False, help="an unembedding of its own (default: the family's)"
+        "--untied",
+        dest="tied",
+        action="store_const",
+        const=False,
+        help="an unembedding of its own (default: the family's)",
     )
     p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k (default: the family's)")
     p.add_argument("--experts", type=int, help="mixture of experts (0: a dense FFN; default: the family's)")

@@ -38,7 +38,7 @@ def _rotary(cfg: Config) -> int:
 
 
 def factors(cfg: Config) -> list[Factor]:
-    e, kv, h, L = cfg.d_head, cfg.n_kv_heads, cfg.n_heads, cfg.n_layers
+    e, kv = cfg.d_head, cfg.n_kv_heads
     R = _rotary(cfg)
     rest = e - R if R else e
     gemma = isinstance(cfg, GemmaConfig)
@@ -87,7 +87,9 @@ def factors(cfg: Config) -> list[Factor]:
             )
     if cfg.parallel_residual and cfg.out_bias and cfg.mlp_bias:
         n = cfg.d_model - 1 if cfg.norm.startswith("layernorm") else cfg.d_model
-        out.append(Factor("every layer", "parallel", f"R^{n} b_O ↔ b_out", n, "parallel-bias-trade", "-", "beyond G_max"))
+        out.append(
+            Factor("every layer", "parallel", f"R^{n} b_O ↔ b_out", n, "parallel-bias-trade", "-", "beyond G_max")
+        )
     out.append(_stream(cfg, gemma))
     return out
 
@@ -95,6 +97,8 @@ def factors(cfg: Config) -> list[Factor]:
 def _stream(cfg: Config, gemma: bool) -> Factor:
     d = cfg.d_model
     none = "-"
+    if cfg.family == "attn":  # the continuous inputs are given, not parameters: nothing maps them
+        return Factor("stream", "stream", "none (fixed continuous inputs)", 0, "", none, "")
     if gemma or cfg.norm_placement in ("output", "sandwich"):
         why = "post-norms (γ⊙n(y) enters the stream) block the stream rotation"
         return Factor("stream", "stream", "none (scale only, ε-broken)", 0, "", none, why)
@@ -121,7 +125,10 @@ def discrete(cfg: Config) -> list[str]:
     if cfg.n_kv_heads > 1 and g > 1:
         out.append(f"KV-group permutations S_{cfg.n_kv_heads} (a flat permutation across groups is not one)")
     if cfg.family != "attn":
-        out.append(f"FFN unit permutations S_{cfg.d_ff}" + (f" per expert, expert permutations S_{cfg.experts}" if cfg.experts else ""))
+        out.append(
+            f"FFN unit permutations S_{cfg.d_ff}"
+            + (f" per expert, expert permutations S_{cfg.experts}" if cfg.experts else "")
+        )
     if cfg.qk_norm != "none":
         out.append("sign flips of γ_q/γ_k coordinates per plane")
     if cfg.act == "swiglu":
@@ -133,14 +140,19 @@ def small(cfg: Config) -> Config:
     """A model with the same switches at sizes a dense Jacobian handles in seconds."""
     kv = min(cfg.n_kv_heads, 2)
     g = min(cfg.group_size, 2)
-    ch = dict(
-        d_model=8, n_kv_heads=kv, n_heads=kv * g, d_head=4, d_ff=7, vocab=11, n_ctx=4, n_layers=1,
+    ch: dict[str, object] = dict(
+        d_model=8,
+        n_kv_heads=kv,
+        n_heads=kv * g,
+        d_head=4,
+        d_ff=7,
+        vocab=11,
+        n_ctx=4,
+        n_layers=1,
         rotary_dim=2 if cfg.rotary_dim and cfg.rotary_dim < cfg.d_head else 0,
     )
     if cfg.pos == "rope":
         ch.update(rope_type="default", rope_params=())
-    if cfg.pos == "learned":
-        ch["n_ctx"] = 4
     if cfg.experts:
         ch.update(experts=min(cfg.experts, 2), top_k=min(cfg.top_k, 2), d_ff=4)
     if cfg.window:
@@ -171,7 +183,7 @@ def verify(cfg: Config, seed: int = 0) -> Verification:
     for f in fs:
         if f.source:
             n = f.dim * (s.n_layers if f.scope == "every layer" else 1)
-            rows.append((f.source, n, ranks.get(f.source, 0)))
+            rows.append((f.source, n, int(ranks.get(f.source) or 0)))
     used = {f.source for f in fs}
     others = {k: v for k, v in ranks.items() if k not in used}
     return Verification(s, r.measured_nullity, r.explained, total(s, fs), rows, others)

@@ -68,7 +68,16 @@ def output_norm_families(problem: Problem) -> list[Family]:
         for n in ("ln1", "ln2"):
             if f"blocks.{i}.{n}.w" in p:
                 R.at(v, f"blocks.{i}.{n}.w")[...] = p[f"blocks.{i}.{n}.w"]
-        for n in ("attn.W_Q", "attn.W_K", "attn.W_V", "mlp.W_in", "mlp.W_gate", "moe.W_in", "moe.W_gate", "moe.W_router"):
+        for n in (
+            "attn.W_Q",
+            "attn.W_K",
+            "attn.W_V",
+            "mlp.W_in",
+            "mlp.W_gate",
+            "moe.W_in",
+            "moe.W_gate",
+            "moe.W_router",
+        ):
             if f"blocks.{i}.{n}" in p:
                 R.at(v, f"blocks.{i}.{n}")[...] = -p[f"blocks.{i}.{n}"]
     if cfg.tied:  # W_E is also the unembedding: the final norm's γ takes the 1/c back

@@ -22,6 +22,7 @@ small against θ_sub — vocab·d below the FFN's parameter count, or tiny vocab
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch.func import jacfwd
@@ -75,7 +76,7 @@ def _values(cfg, sub: dict, pre: str, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([u, sub[f"{pre}.b_O"]]) if f"{pre}.b_O" in sub else u
 
 
-def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
+def _tables(problem: Problem) -> list[tuple[str, list[str], Callable[[dict], torch.Tensor]]]:
     """(what, parameter names, table function of those parameters) for every block-0 sublayer
     that reads only the vocab points."""
     cfg, p = problem.cfg, problem.params()
@@ -91,9 +92,11 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
         # unembedding are outside this table)
         pre = "blocks.0.attn"
         readers = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V") if f"{pre}.{n}" in p]
-        names = ([] if cfg.tied else ["embed.W_E"]) + readers + [
-            n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))
-        ]
+        names = (
+            ([] if cfg.tied else ["embed.W_E"])
+            + readers
+            + [n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))]
+        )
 
         def parallel(sub):
             E = sub.get("embed.W_E", p["embed.W_E"])
@@ -118,7 +121,7 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], object]]:
     return out
 
 
-def _null_of_table(problem: Problem, names: list[str], fn) -> torch.Tensor:
+def _null_of_table(problem: Problem, names: list[str], fn: Callable[[dict], torch.Tensor]) -> torch.Tensor:
     """Rows: an orthonormal basis (in the full layout) of the null space of ∂table/∂θ_sub."""
     p, layout = problem.params(), problem.layout
     sub = {n: p[n] for n in names}
