@@ -83,11 +83,17 @@ def test_groups_table_output(capsys):
     assert "total continuous dimension" in text and "qk-norm-scale" in text and "G_max" in text
 
 
-@pytest.mark.parametrize("argv", [["no-such-model"], ["/no/such/dir"]])
-def test_groups_bad_input_one_line(argv, capsys):
-    assert main(["groups", *argv]) == 2
+@pytest.mark.parametrize("kind", ["no-such-model", "/no/such/dir", "empty-dir", "junk.gguf"])
+def test_groups_bad_input_one_line(kind, tmp_path, capsys):
+    arg = kind
+    if kind == "empty-dir":
+        arg = str(tmp_path)
+    elif kind == "junk.gguf":
+        (tmp_path / kind).write_text("junk")
+        arg = str(tmp_path / kind)
+    assert main(["groups", arg]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error" in err
+    assert err.count("\n") == 1 and err.startswith("gauge-audit: error:")
 
 
 SMALL = ["--d-model", "8", "--d-head", "4", "--d-ff", "7", "--n-ctx", "4", "--vocab", "11", "--layers", "1"]
