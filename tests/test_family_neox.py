@@ -49,10 +49,29 @@ def test_a_misread_option_fails_by_a_wide_margin(hf_family, kind, changes):
 def test_check_all_agrees_with_theory(hf_family, kind, capsys):
     assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
-    for name in ("qk-gl", "stream-rotation", "norm-shift", "writer-ones", "value-bias-fold"):
+    # key-bias-shift: on the unrotated coordinates of the partial rotary
+    for name in ("qk-gl", "stream-rotation", "norm-shift", "writer-ones", "value-bias-fold", "key-bias-shift"):
         assert rows[name]["verdict"] == "HOLDS"
     for r in rows.values():
         assert r["verdict"] == r["expected"], r
+
+
+def test_key_bias_shift_refuses_the_rotated_coordinates():
+    """Under a partial rotary only the unrotated key-bias coordinates shift: a shift on a rotated one
+    is refused in one line (it would change the scores position by position)."""
+    import torch
+
+    from gauge_audit.actions import ACTIONS
+    from gauge_audit.actions.base import Element
+    from gauge_audit.errors import GaugeAuditError
+    from gauge_audit.models import build_config, neox
+
+    cfg = neox.config(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, rotary_dim=2, n_layers=1)
+    m = build_config(cfg, seed=0)
+    c = torch.zeros(1, 2, 4, dtype=torch.float64)
+    c[0, 0, 0] = 0.1
+    with pytest.raises(GaugeAuditError, match="unrotated coordinates 2..3"):
+        ACTIONS["key-bias-shift"].apply(cfg, m.params, Element({"c": c}, 1.0))
 
 
 def test_transform_round_trip_writes_query_key_value(hf_family, tmp_path, capsys):

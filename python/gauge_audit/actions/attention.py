@@ -236,9 +236,20 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
 def _key_bias_applies(cfg: Config) -> str | None:
     if not cfg.attn_bias:
         return "the model has no key bias"
-    if cfg.pos == "rope":
+    if cfg.pos == "rope" and _rotated(cfg) == cfg.d_head:
         return "under RoPE the key bias is rotated with the key, so a shift changes scores position-dependently"
     return None
+
+
+def _rotated(cfg: Config) -> int:
+    """The leading coordinates of each head RoPE rotates (0 without RoPE)."""
+    return (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
+
+
+def _key_bias_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    el = _bias_shift_sample(cfg, params, g, kappa)
+    el.parts["c"][..., : _rotated(cfg)] = 0.0  # a partial rotary: only the unrotated coordinates
+    return el
 
 
 def _bias_shift_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
@@ -247,7 +258,8 @@ def _bias_shift_sample(cfg: Config, params: Params, g: torch.Generator, kappa: f
 
 
 def key_bias_shift(cfg: Config, params: Params, el: Element) -> Params:
-    """Group: (ℝ^{d_k}, +) per KV head and layer (no RoPE).
+    """Group: (ℝ^{d_k}, +) per KV head and layer (no RoPE; under a partial rotary (ℝ^{d_k − R}, +)
+    on the unrotated coordinates).
 
     Acts: b_K[j] ↦ b_K[j] + c_j.
 
@@ -257,6 +269,11 @@ def key_bias_shift(cfg: Config, params: Params, el: Element) -> Params:
     """
     c = el.parts["c"]
     require_shape("c", c, (cfg.n_layers, cfg.n_kv_heads, cfg.d_head))
+    if _rotated(cfg) and bool((c[..., : _rotated(cfg)] != 0).any()):
+        raise GaugeAuditError(
+            f"key-bias-shift: under RoPE only the unrotated coordinates {_rotated(cfg)}..{cfg.d_head - 1} "
+            "of the key bias may shift"
+        )
     changes = {}
     for l, pre in enumerate(attn_prefixes(cfg)):
         key = f"{pre}.b_K"
@@ -456,7 +473,7 @@ ACTIONS = [
         "(ℝ^{d_k},+) per KV head per layer",
         True,
         _key_bias_applies,
-        _bias_shift_sample,
+        _key_bias_sample,
         key_bias_shift,
         generic_kappa=False,
     ),

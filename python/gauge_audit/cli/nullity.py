@@ -6,10 +6,35 @@ import json
 import math
 
 from ..errors import GaugeAuditError
-from ..models import FAMILIES
+from ..models.architectures import ARCHITECTURES, is_gemma
 from ..models.config import ACTS, NORMS, QK_NORMS
+from ..models.gemma import GemmaConfig
+from . import _HelpFormatter
 
 LM = ("gpt2", "llama", "qwen", "moe")
+
+
+def _defaults_epilog() -> str:
+    """Every family's defaults, read from its config (so --help says what each option defaults to)."""
+    rows = []
+    for name, arch in sorted(ARCHITECTURES.items()):
+        c = arch.config()
+        extra = ""
+        if isinstance(c, GemmaConfig):
+            extra = (
+                f" softcap {c.attn_softcap:g} final-softcap {c.final_softcap:g} window {c.window}"
+                f" query-pre-attn-scalar {c.query_pre_attn_scalar or c.d_head:g}"
+            )
+        elif c.window:
+            extra = f" window {c.window}"
+        rows.append(
+            f"  {name:8s} d-model {c.d_model} n-heads {c.n_heads} n-kv-heads {c.n_kv_heads} d-head {c.d_head} "
+            f"d-ff {c.d_ff} vocab {c.vocab} n-ctx {c.n_ctx} layers {c.n_layers} norm {c.norm} "
+            f"norm-eps {c.norm_eps:g} act {c.act} {'tied' if c.tied else 'untied'} pos {c.pos}"
+            f"{f' rotary-dim {c.rotary_dim}' if c.rotary_dim else ''} qk-norm {c.qk_norm} "
+            f"norm-placement {c.norm_placement}{' parallel-residual' if c.parallel_residual else ''}{extra}"
+        )
+    return "family defaults (each option below overrides its family's):\n" + "\n".join(rows)
 
 
 def register(sub) -> None:
@@ -18,33 +43,108 @@ def register(sub) -> None:
         help="measure the dimension of the symmetry group (Jacobian nullity) and explain it",
         description="Nullity of ∂outputs/∂parameters at a generic float64 point (rows ≥ 3·P), "
         "compared with the theory's symmetry families and the papers' counts.",
+        epilog=_defaults_epilog(),
+        formatter_class=_TableEpilog,
     )
-    p.add_argument("--family", required=True, choices=sorted(FAMILIES))
-    for name in ("d-model", "n-heads", "n-kv-heads", "d-head", "d-ff", "n-ctx", "vocab", "layers"):
-        p.add_argument(f"--{name}", type=int)
-    p.add_argument("--act", choices=ACTS)
-    p.add_argument("--norm", choices=NORMS)
+    p.add_argument(
+        "--family",
+        required=True,
+        choices=sorted(ARCHITECTURES),
+        help="the architecture, at small sizes (its defaults: below)",
+    )
+    sizes = {
+        "d-model": "stream width",
+        "n-heads": "query heads",
+        "n-kv-heads": "key/value heads (default: --n-heads when that is given, else the family's)",
+        "d-head": "head size",
+        "d-ff": "FFN width",
+        "n-ctx": "sequence length",
+        "vocab": "vocabulary size",
+        "layers": "blocks",
+    }
+    for name, what in sizes.items():
+        p.add_argument(f"--{name}", type=int, help=what if "default" in what else f"{what} (default: the family's)")
+    p.add_argument("--act", choices=ACTS, help="FFN activation (default: the family's)")
+    p.add_argument("--norm", choices=NORMS, help="the norms (default: the family's)")
     p.add_argument("--norm-eps", type=float, help="the norms' ε (default: the family's; 0 makes scale exact)")
     bias = p.add_mutually_exclusive_group()
     bias.add_argument("--bias", dest="bias", action="store_const", const=True, help="biases on Q, K, V, O and the MLP")
     bias.add_argument("--no-bias", dest="bias", action="store_const", const=False, help="no biases at all")
-    p.add_argument("--tied", action="store_true", help="tie the unembedding to the token embedding")
-    p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k")
-    p.add_argument("--experts", type=int)
-    p.add_argument("--top-k", type=int)
+    tie = p.add_mutually_exclusive_group()
+    tie.add_argument(
+        "--tied", dest="tied", action="store_const", const=True, help="tie the unembedding to the token embedding"
+    )
+    tie.add_argument(
+        "--untied",
+        dest="tied",
+        action="store_const",
+        const=False,
+        help="an unembedding of its own (default: the family's)",
+    )
+    p.add_argument("--rope", action="store_true", help="rotary position embedding on q and k (default: the family's)")
+    p.add_argument("--experts", type=int, help="mixture of experts (0: a dense FFN; default: the family's)")
+    p.add_argument("--top-k", type=int, help="experts per token (default: the family's, or min(2, experts))")
     p.add_argument(
         "--qk-norm",
         choices=QK_NORMS,
         help="RMSNorm on q and k before RoPE: per head with weights shared "
-        "by the heads (Qwen3), or over all heads jointly (OLMo 2)",
+        "by the heads (Qwen3, Gemma 3), or over all heads jointly (OLMo 2) (default: the family's)",
     )
-    p.add_argument("--rotary-dim", type=int, metavar="R", help="RoPE rotates the first R coordinates of each head")
+    p.add_argument(
+        "--rotary-dim",
+        type=int,
+        metavar="R",
+        help="RoPE rotates the first R coordinates of each head (default: the family's; 0: all of them)",
+    )
     p.add_argument(
         "--norm-placement",
-        choices=("pre", "post", "output"),
-        help="pre: x + f(n(x)); post: n(x + f(x)); output: x + n(f(x)) (OLMo 2)",
+        choices=("pre", "post", "output", "sandwich"),
+        help="pre: x + f(n(x)); post: n(x + f(x)); output: x + n(f(x)) (OLMo 2); "
+        "sandwich: x + n'(f(n(x))) (Gemma) (default: the family's)",
+    )
+    par = p.add_mutually_exclusive_group()
+    par.add_argument(
+        "--parallel-residual",
+        dest="parallel_residual",
+        action="store_const",
+        const=True,
+        help="x + Attn(n1(x)) + FFN(n2(x)) (GPT-NeoX)",
+    )
+    par.add_argument(
+        "--no-parallel-residual",
+        dest="parallel_residual",
+        action="store_const",
+        const=False,
+        help="the sublayers in sequence (default: the family's)",
+    )
+    p.add_argument(
+        "--softcap", type=float, metavar="C", help="Gemma: scores c·tanh(s/c) (0: none; default: the family's)"
+    )
+    p.add_argument(
+        "--final-softcap", type=float, metavar="C", help="Gemma: logits c·tanh(z/c) (0: none; default: the family's)"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        metavar="W",
+        help="sliding-window attention: a position sees the last W (Gemma: on its sliding layers; "
+        "0: none; default: the family's)",
+    )
+    p.add_argument(
+        "--query-pre-attn-scalar",
+        type=float,
+        metavar="S",
+        help="Gemma: scores scaled by S^-1/2 (0: d_head; default: the family's)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
+    p.add_argument(
+        "--rows-factor",
+        type=float,
+        default=3.0,
+        metavar="F",
+        help="Jacobian rows ≥ F·P; models whose first block reads the raw embedding (OLMo 2, a "
+        "parallel first block) at vocab ≫ d need more occurrences of every token (F ≈ 5)",
+    )
     p.add_argument(
         "--method",
         choices=("dense", "matrix-free"),
@@ -75,8 +175,18 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+class _TableEpilog(_HelpFormatter):
+    """The project's help formatter (defaults shown), with the epilog's table kept as written."""
+
+    def _fill_text(self, text, width, indent):
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 def build_cfg(args):
-    fam = FAMILIES[args.family]
+    if args.family not in ARCHITECTURES:
+        raise GaugeAuditError(f"unknown family {args.family!r}; known: {', '.join(sorted(ARCHITECTURES))}")
+    arch = ARCHITECTURES[args.family]
+    gemma = is_gemma(args.family)
     o = {}
     for arg, field in (
         ("d_model", "d_model"),
@@ -109,27 +219,50 @@ def build_cfg(args):
         o["norm_eps"] = args.norm_eps
     if args.bias is not None:
         o.update(attn_bias=args.bias, out_bias=args.bias, mlp_bias=args.bias and args.family != "attn")
-    if args.tied:
-        o["tied"] = True
+    if args.tied is not None:
+        o["tied"] = args.tied
     if args.rope:
         o["pos"] = "rope"
     if args.qk_norm:
         o["qk_norm"] = args.qk_norm
     if args.rotary_dim is not None:
-        o["rotary_dim"] = args.rotary_dim
+        if gemma and args.rotary_dim not in (0, arch.config().d_head if args.d_head is None else args.d_head):
+            raise GaugeAuditError("Gemma rotates the whole head (--rotary-dim does not apply)")
+        o["rotary_dim"] = args.rotary_dim if not gemma else 0
     if args.norm_placement:
         o["norm_placement"] = args.norm_placement
+    if args.parallel_residual is not None:
+        o["parallel_residual"] = args.parallel_residual
+    if args.window is not None:
+        if args.window < 0:
+            raise GaugeAuditError(f"--window must be an integer >= 0, got {args.window}")
+        o["window"] = args.window
+    for arg, field in (
+        ("softcap", "attn_softcap"),
+        ("final_softcap", "final_softcap"),
+        ("query_pre_attn_scalar", "query_pre_attn_scalar"),
+    ):
+        v = getattr(args, arg)
+        if v is None:
+            continue
+        if not gemma:
+            raise GaugeAuditError(f"--{arg.replace('_', '-')} is a Gemma option (--family gemma2 or gemma3)")
+        if not (v >= 0 and math.isfinite(v)):
+            raise GaugeAuditError(f"--{arg.replace('_', '-')} must be a finite number >= 0, got {v}")
+        o[field] = v
     if args.family == "attn" and (args.act or args.d_ff or args.vocab):
         raise GaugeAuditError("the attn family takes continuous inputs and has no FFN (--act/--d-ff/--vocab)")
     if (args.experts or args.top_k) and args.family == "attn":
         raise GaugeAuditError("--experts needs a family with an FFN")
+    if args.experts and gemma:
+        raise GaugeAuditError("--experts: the Gemma families have a dense GeGLU FFN")
     if args.experts and args.top_k is None and args.family not in ("moe",):
         o["top_k"] = min(2, args.experts)
     if args.experts == 0:
         o["top_k"] = 0
     if args.n_heads is not None and args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise GaugeAuditError(f"--n-heads ({args.n_heads}) must be divisible by --n-kv-heads ({args.n_kv_heads})")
-    return fam.config(**o)
+    return arch.config(**o)
 
 
 def run(args) -> int:
@@ -140,9 +273,12 @@ def run(args) -> int:
         raise GaugeAuditError("--plot needs the dense spectrum (--method dense)")
     if not (args.max_minutes >= 0 and math.isfinite(args.max_minutes)):
         raise GaugeAuditError("--max-minutes must be a finite number >= 0 (0: no limit)")
+    if not (args.rows_factor >= 1 and math.isfinite(args.rows_factor)):
+        raise GaugeAuditError("--rows-factor must be a finite number >= 1")
     report = analyze(
         cfg,
         seed=args.seed,
+        factor=args.rows_factor,
         method=args.method,
         quiet=args.quiet or args.json,
         mf_options={"rounding": args.rounding} if args.method == "matrix-free" else None,

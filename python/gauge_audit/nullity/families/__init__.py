@@ -36,7 +36,10 @@ Modules, by kind (imports point down this list):
 * :mod:`.output_norm` — normed sublayer outputs without pre-norms (OLMo 2);
 * :mod:`.qk_norm` — what a QK-norm leaves of qk-gl (Qwen3, OLMo 2);
 * :mod:`.gemma` — sandwich norms, QK-norm and their special points (Gemma 2/3);
-* :mod:`.data` — directions created by the sample, not the architecture.
+* :mod:`.parallel` — the parallel residual's bias trade (GPT-NeoX);
+* :mod:`.data` — directions created by the sample, not the architecture;
+* :mod:`.token_tables` — block-0 sublayers that read only the vocab points (a parallel
+  residual's FFN, OLMo 2's first attention): the null space of their finite table.
 
 :func:`families` assembles them for one problem; :func:`theory` adds the sample's genericity.
 """
@@ -51,10 +54,12 @@ from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
 from .gemma import gemma_families
 from .output_norm import output_norm_families
+from .parallel import parallel_bias_family
 from .post_norm import post_norm_families
 from .qk_norm import qk_norm_input_family, qk_norm_scale_family
 from .readers import pre_norm_readers, pre_norm_writers
 from .stream import Segment, pre_norm_families, translation_family
+from .token_tables import token_table_families
 
 
 def families(problem: Problem, gen: Genericity) -> list[Family]:
@@ -85,13 +90,14 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
     if cfg.family != "attn":
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
         if cfg.norm_placement == "pre":
-            out += pre_norm_families(problem) + first_block_families(problem)
+            out += pre_norm_families(problem) + first_block_families(problem) + [parallel_bias_family(problem)]
         elif cfg.norm_placement == "output":
             out += output_norm_families(problem)
         else:
             out += post_norm_families(problem)
     out += data_families(problem, gen)
-    return [f for f in out if f is not None and f.k > 0]
+    built = [f for f in out if f is not None and f.k > 0]
+    return built + token_table_families(problem, built)
 
 
 def theory(problem: Problem, quiet: bool) -> tuple[Genericity, list[Family]]:

@@ -101,22 +101,25 @@ def vo_family(problem: Problem) -> Family:
 
 def key_bias_family(problem: Problem) -> Family | None:
     cfg = problem.cfg
-    if not cfg.attn_bias or cfg.pos == "rope":
+    # the coordinates RoPE leaves alone: all without RoPE, the last d_k − R under a partial rotary
+    first = (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
+    if not cfg.attn_bias or first == cfg.d_head:
         return None
     R = Rows(problem.layout)
     for pre in attn_prefixes(cfg):
         for j in range(cfg.n_kv_heads):
-            for i in range(cfg.d_head):
+            for i in range(first, cfg.d_head):
                 R.at(R.new(), f"{pre}.b_K")[j, i] = 1.0
     return make_family(
         problem.layout,
         "key-bias-shift",
-        "L·n_kv·d_k",
-        cfg.n_layers * cfg.n_kv_heads * cfg.d_head,
+        "L·n_kv·(d_k − R)" if first else "L·n_kv·d_k",
+        cfg.n_layers * cfg.n_kv_heads * (cfg.d_head - first),
         R,
         """b_K enters each score only through q·b_K, constant over the keys of a query, and the
-                softmax ignores a constant added to a row: the key bias is entirely flat (absent under
-                RoPE, which rotates it with the key position).""",
+                softmax ignores a constant added to a row: the key bias is flat on every coordinate
+                RoPE does not rotate (all of them without RoPE; under RoPE the rotated ones move with
+                the key position, so only the d_k − R unrotated ones of a partial rotary stay).""",
     )
 
 

@@ -58,6 +58,9 @@ def output_norm_families(problem: Problem) -> list[Family]:
             kind=eps_kind,
         )
     )
+    # every writer ×c (W_E, the output norms' γ) and every reader of the raw stream ×1/c (the
+    # sublayers' input projections; their biases add after the product and stay): each sublayer
+    # sees what it saw, so only the final norm meets c·x
     R = Rows(layout)
     v = R.new()
     R.at(v, "embed.W_E")[...] = p["embed.W_E"]
@@ -65,6 +68,22 @@ def output_norm_families(problem: Problem) -> list[Family]:
         for n in ("ln1", "ln2"):
             if f"blocks.{i}.{n}.w" in p:
                 R.at(v, f"blocks.{i}.{n}.w")[...] = p[f"blocks.{i}.{n}.w"]
+        for n in (
+            "attn.W_Q",
+            "attn.W_K",
+            "attn.W_V",
+            "mlp.W_in",
+            "mlp.W_gate",
+            "moe.W_in",
+            "moe.W_gate",
+            "moe.W_router",
+        ):
+            if f"blocks.{i}.{n}" in p:
+                R.at(v, f"blocks.{i}.{n}")[...] = -p[f"blocks.{i}.{n}"]
+    if cfg.tied:  # W_E is also the unembedding: the final norm's γ takes the 1/c back
+        if "ln_final.w" not in p:
+            return fams
+        R.at(v, "ln_final.w")[...] = -p["ln_final.w"]
     fams.append(
         make_family(
             layout,
@@ -72,10 +91,10 @@ def output_norm_families(problem: Problem) -> list[Family]:
             "1",
             1,
             R,
-            """Every writer ×c (the embedding and the output norms' γ) scales the stream;
-                            every reader of the raw stream then sees c·x — the sublayers' projections end in
-                            norms (the QK-norm, the output norm) and the final norm divides it out, exactly
-                            only when ε = 0.  The stream rotation is blocked: diag(γ)·R = R·diag(γ')
+            """Every writer ×c (the embedding and the output norms' γ) scales the stream and
+                            every reader of the raw stream ×1/c (W_Q, W_K, W_V, W_in, W_gate, the router):
+                            each sublayer sees what it saw, and the final norm divides c out, exactly only
+                            when ε = 0.  The stream rotation is blocked: diag(γ)·R = R·diag(γ')
                             for every output norm forces R diagonal.""",
             kind=eps_kind,
         )

@@ -1,0 +1,114 @@
+"""``gauge-audit groups``: the gauge group of a model, layer factor by layer factor, with what
+G_max predicts; ``--verify`` measures it on a small model with the same switches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..errors import GaugeAuditError
+from ..models.architectures import ARCHITECTURES
+from ..models.registry import config_of, model_names
+from ..nullity.groups import G_MAX, discrete, factors, to_json, total, verify
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "groups",
+        help="the gauge group of a model per layer and factor, against the papers' G_max",
+        description="The continuous gauge group of MODEL (a built-in name of `check --list`, an "
+        "architecture of `nullity --family` at its small sizes, a checkpoint directory or a GGUF "
+        "file), per layer and factor, its discrete part, and where the maximal-gauge paper's G_max "
+        "differs.  A name that is both (gemma3) is the built-in model.",
+    )
+    p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--verify", action="store_true", help="measure the nullity of a small model with the same switches")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --verify model and its inputs")
+    p.set_defaults(func=run)
+
+
+def resolve(model: str):
+    # a built-in model first (gemma3 is the real Gemma 3 270M), then an architecture at small sizes
+    if model in model_names():
+        return config_of(model)
+    if model in ARCHITECTURES:
+        return ARCHITECTURES[model].config()
+    path = Path(model)
+    if path.exists():
+        from ..models.checkpoint import open_checkpoint
+
+        return open_checkpoint(path).cfg
+    known = ", ".join(sorted(set(model_names()) | set(ARCHITECTURES)))
+    raise GaugeAuditError(f"{model!r} is neither a model name, an architecture ({known}) nor a path")
+
+
+def run(args) -> int:
+    cfg = resolve(args.model)
+    fs = factors(cfg)
+    out = to_json(cfg, fs)
+    out["model"] = args.model
+    v = verify(cfg, args.seed) if args.verify else None
+    ok = True
+    if v is not None:
+        ok = v.measured == v.explained and all(a == b for _, a, b in v.rows)
+        out["verify"] = {
+            "sizes": {
+                k: getattr(v.cfg, k)
+                for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "n_layers")
+            },
+            "measured_nullity": v.measured,
+            "explained": v.explained,
+            "group_total": v.factor_total,
+            "factors": [{"family": n, "formula": a, "rank": b} for n, a, b in v.rows],
+            "other_families": v.others,
+            "agrees": ok,
+        }
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(format_table(args.model, cfg, fs, v))
+    return 0 if ok else 1
+
+
+def _table(rows: list[list[str]], width: int) -> list[str]:
+    """Columns padded to their widest cell; the widest column is cut to fit the terminal."""
+    ws = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    while sum(ws) + 2 * (len(ws) - 1) > width and max(ws) > 12:
+        ws[ws.index(max(ws))] -= 1
+    fit = [[c if len(c) <= w else c[: w - 1] + "…" for c, w in zip(r, ws)] for r in rows]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, ws)).rstrip() for r in fit]
+
+
+def format_table(name: str, cfg, fs, v) -> str:
+    width = shutil.get_terminal_size((120, 24)).columns
+    rows = [["scope", "factor", "group", "dim", "generators", "G_max predicts", "differs"]]
+    for f in fs:
+        scope = f"×{cfg.n_layers} layers" if f.scope == "every layer" else "stream"
+        rows.append([scope, f.name, f.group, str(f.dim), f.source or "-", f.gmax, f.differs or "="])
+    lines = [
+        f"{name}: {cfg.family}, d={cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"
+    ]
+    lines += _table(rows, width)
+    lines.append(f"total continuous dimension: {total(cfg, fs)}")
+    lines.append("discrete: " + "; ".join(discrete(cfg)))
+    lines.append(f"G_max: {G_MAX}")
+    if v is not None:
+        s = v.cfg
+        lines.append(
+            f"verify (d={s.d_model}, {s.n_heads}/{s.n_kv_heads} heads of {s.d_head}, d_ff={s.d_ff}, vocab={s.vocab}, "
+            f"{s.n_layers} layer): measured nullity {v.measured}, explained {v.explained}"
+            + (
+                "  (measured = explained)"
+                if v.measured == v.explained
+                else f"  ({v.measured - v.explained} UNEXPLAINED)"
+            )
+        )
+        for n, a, b in v.rows:
+            lines.append(f"  {n:22s} group formula {a:5d}  family rank {b:5d}  {'=' if a == b else '≠'}")
+        lines.append(
+            "  other families (norm reparametrisations, small vocabulary): "
+            + (", ".join(f"{k} {r}" for k, r in v.others.items()) or "none")
+        )
+    return "\n".join(lines)

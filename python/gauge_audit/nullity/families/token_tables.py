@@ -1,0 +1,193 @@
+"""Token-table families: a block-0 sublayer that reads the stream only at the vocab points.
+
+Without learned positions the stream entering block 0 is one of the ``vocab`` rows of W_E.  Two
+architectures let a whole sublayer of block 0 read only those points, so that the function depends
+on that sublayer's parameters only through a finite table:
+
+* a parallel residual (GPT-NeoX): x₁ = x₀ + Attn(n₁(x₀)) + FFN(n₂(x₀)) — W_E, n₁, n₂ and the FFN
+  enter only through the tables n₁(W_E[t]) and W_E[t] + FFN(n₂(W_E[t])), t < vocab (and W_E itself
+  when tied): 2·vocab·d numbers against the FFN's d·d_ff·2 parameters and W_E's vocab·d;
+* no pre-norm (OLMo 2): the attention reads W_E[t] raw — its query/key side enters only through the
+  score table S_h(t, s, p, p') = q_h(t, p)·k_h(s, p') (every query and key token at every pair of
+  positions p' ≤ p < n_ctx), its value/output side only through U_h(t) = v(t)·W_O[h] and b_O.
+
+Every change of those parameters that keeps the table is flat, whatever the rest of the model: the
+null space of ∂table/∂θ_sub (θ_sub: the sublayer's own parameters).  It contains the sublayer's
+share of the families above it (FFN scaling, norm-scale, qk-norm-scale, vo-gl, …); this family is
+what is left, the part of that null space outside their span.  It exists only while the table is
+small against θ_sub — vocab·d below the FFN's parameter count, or tiny vocabularies for the scores
+— which no real model (vocab ≫ d) reaches: a small-vocabulary family like those of .first_block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.func import jacfwd
+
+from ...models.layers import ffn, full_norm, head_norm, normalize, rope
+from ..measure import Problem
+from .base import Family, Rows, make_family
+
+
+def _finite_inputs(problem: Problem) -> torch.Tensor | None:
+    p = problem.params()
+    if "embed.W_E" not in p or "embed.W_pos" in p or problem.cfg.experts:
+        return None
+    E = p["embed.W_E"]
+    return E if E.shape[0] <= 4096 else None  # beyond the sizes a Jacobian nullity is measured at
+
+
+def _scores(cfg, sub: dict, pre: str, x: torch.Tensor) -> torch.Tensor:
+    """The score table of block 0 for inputs x (vocab × d): every query token at every position
+    against every key token at every earlier (or equal) position."""
+    n = cfg.n_ctx
+    seq = x[:, None, :].expand(x.shape[0], n, x.shape[1])  # token t repeated at every position
+
+    def proj(name):
+        y = torch.einsum("bnd,hde->bhne", seq, sub[f"{pre}.W_{name}"])
+        if f"{pre}.b_{name}" in sub:
+            y = y + sub[f"{pre}.b_{name}"][None, :, None, :]
+        return y
+
+    q, k = proj("Q"), proj("K")
+    if cfg.qk_norm != "none":
+        qk_norm = head_norm if cfg.qk_norm == "head" else full_norm
+        q, k = qk_norm(sub, f"{pre}.q_norm", cfg, q), qk_norm(sub, f"{pre}.k_norm", cfg, k)
+    if cfg.pos == "rope":
+        q, k = rope(cfg, q), rope(cfg, k)
+    k = k.repeat_interleave(cfg.group_size, dim=1)
+    s = torch.einsum("thpe,shqe->htspq", q, k) / math.sqrt(cfg.d_head)
+    keep = torch.ones(n, n, dtype=torch.bool).tril()  # key position q ≤ query position p
+    if cfg.window:
+        keep = keep & ~torch.ones(n, n, dtype=torch.bool).tril(-cfg.window)
+    return s[..., keep]
+
+
+def _values(cfg, sub: dict, pre: str, x: torch.Tensor) -> torch.Tensor:
+    """U_h(t) = (W_E[t]·W_V[j] + b_V[j])·W_O[h] for every head, and b_O."""
+    v = torch.einsum("td,jde->jte", x, sub[f"{pre}.W_V"])
+    if f"{pre}.b_V" in sub:
+        v = v + sub[f"{pre}.b_V"][:, None, :]
+    v = v.repeat_interleave(cfg.group_size, dim=0)
+    u = torch.einsum("hte,hed->htd", v, sub[f"{pre}.W_O"]).reshape(-1)
+    return torch.cat([u, sub[f"{pre}.b_O"]]) if f"{pre}.b_O" in sub else u
+
+
+def _tables(problem: Problem) -> list[tuple[str, list[str], Callable[[dict], torch.Tensor]]]:
+    """(what, parameter names, table function of those parameters) for every block-0 sublayer
+    that reads only the vocab points."""
+    cfg, p = problem.cfg, problem.params()
+    x = _finite_inputs(problem)
+    if x is None or cfg.family == "attn":
+        return []
+    out = []
+    if cfg.norm_placement == "pre" and cfg.parallel_residual:
+        # what the rest of the model sees of W_E, n₁, n₂, the FFN and the attention's readers in
+        # block 0: the per-token projections n₁(W_E[t])·W_{Q,K,V} + b (RoPE and the softmax come
+        # after), the stream W_E[t] + FFN(n₂(W_E[t])) without the attention's output, and W_E
+        # itself when it is also the unembedding (then W_E is held fixed: its moves as the
+        # unembedding are outside this table)
+        pre = "blocks.0.attn"
+        readers = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V") if f"{pre}.{n}" in p]
+        names = (
+            ([] if cfg.tied else ["embed.W_E"])
+            + readers
+            + [n for n in p if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))]
+        )
+
+        def parallel(sub):
+            E = sub.get("embed.W_E", p["embed.W_E"])
+            y = normalize(sub, "blocks.0.ln1", cfg, E)
+            proj = []
+            for n in "QKV":
+                t = torch.einsum("td,hde->hte", y, sub[f"{pre}.W_{n}"])
+                if f"{pre}.b_{n}" in sub:
+                    t = t + sub[f"{pre}.b_{n}"][:, None, :]
+                proj.append(t)
+            stream = E + ffn(sub, "blocks.0", cfg, normalize(sub, "blocks.0.ln2", cfg, E), None)
+            parts = [*proj, stream]
+            return torch.cat([t.reshape(-1) for t in parts])
+
+        out.append(("FFN", names, parallel))
+    if cfg.norm_placement == "output":
+        pre = "blocks.0.attn"
+        qk = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "q_norm", "k_norm") if f"{pre}.{n}" in p]
+        vo = [f"{pre}.{n}" for n in ("W_V", "b_V", "W_O", "b_O") if f"{pre}.{n}" in p]
+        out.append(("scores", qk, lambda sub: _scores(cfg, sub, pre, x)))
+        out.append(("values", vo, lambda sub: _values(cfg, sub, pre, x)))
+    return out
+
+
+def _null_of_table(problem: Problem, names: list[str], fn: Callable[[dict], torch.Tensor]) -> torch.Tensor:
+    """Rows: an orthonormal basis (in the full layout) of the null space of ∂table/∂θ_sub."""
+    p, layout = problem.params(), problem.layout
+    sub = {n: p[n] for n in names}
+    # forward mode: θ_sub has hundreds of entries, the score table up to vocab²·n_ctx²·heads rows
+    jac = jacfwd(lambda s: fn(s).reshape(-1))(sub)
+    J = torch.cat([jac[n].reshape(jac[n].shape[0], -1) for n in names], dim=1)
+    # all θ_sub right singular vectors, without the rows × rows factor (J is often far taller than wide)
+    _, s, vh = torch.linalg.svd(J, full_matrices=J.shape[0] < J.shape[1])
+    # exact null directions sit at ~1e-15·σ_max; the ε-broken ones (a norm's scale at ε > 0) at
+    # ≳ ε·1e-4·σ_max (3e-10 at ε = 1e-6): 1e-12 separates them with two decades either side
+    rank = int((s > s[0] * 1e-12).sum()) if s.numel() else 0
+    null = vh[rank:]
+    out = torch.zeros(null.shape[0], layout.size, dtype=torch.float64)
+    col = 0
+    for n in names:
+        k = p[n].numel()
+        out[:, layout.span(n)] = null[:, col : col + k]
+        col += k
+    return out
+
+
+def _outside(vectors: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
+    """An orthonormal basis of the part of span(vectors) outside span(others) (both in ker J: so
+    is what is left).  Principal angles against the others' span: sin θ > 1e-6 counts as new."""
+    if vectors.shape[0] == 0:
+        return vectors
+    stack = [o for o in others if o.shape[0]]
+    if stack:
+        O = torch.cat(stack)
+        sup = (O != 0).any(0) | (vectors != 0).any(0)  # generators are sparse: work on their columns
+        q, r = torch.linalg.qr(O[:, sup].T)
+        keep = r.diagonal().abs() > 1e-10 * r.diagonal().abs().max()
+        q = q[:, keep]
+        res = vectors[:, sup] - (vectors[:, sup] @ q) @ q.T
+    else:
+        sup = (vectors != 0).any(0)
+        res = vectors[:, sup]
+    u, s, vh = torch.linalg.svd(res, full_matrices=False)
+    new = vh[s > 1e-6]
+    out = torch.zeros(new.shape[0], vectors.shape[1], dtype=torch.float64)
+    out[:, sup] = new
+    return out
+
+
+def token_table_families(problem: Problem, above: list[Family]) -> list[Family]:
+    """One family per block-0 table; ``above``: the families already built (their exact members
+    are what the null space is reduced against)."""
+    exact = [f.vectors for f in above if f.kind != "eps-broken"]
+    out = []
+    for what, names, fn in _tables(problem):
+        new = _outside(_null_of_table(problem, names, fn), exact)
+        if new.shape[0] == 0:
+            continue
+        R = Rows(problem.layout)
+        R.rows = list(new)
+        fam = make_family(
+            problem.layout,
+            f"token-table-{what.lower()}",
+            f"null(∂{what} table/∂θ) − the families above",
+            new.shape[0],
+            R,
+            f"""Block 0's {what} reads the stream only at the vocab rows of W_E, so the function
+                depends on its parameters only through a finite table; every change that keeps the
+                table is flat.  Counted: the null space of the table's Jacobian outside the span of
+                the families above (a small-vocabulary family: absent when vocab ≫ d).""",
+        )
+        exact.append(fam.vectors)
+        out.append(fam)
+    return out
