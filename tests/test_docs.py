@@ -63,6 +63,15 @@ def test_catalog_page_is_current():
     )
 
 
+def test_groups_table_is_current():
+    """The architecture table of docs/concepts/checkpoints.md is what `gauge-audit groups` derives today."""
+    from gauge_audit.report.groups_md import PAGE, render
+
+    assert PAGE.read_text(encoding="utf-8") == render(), (
+        "the groups table is stale: python -m gauge_audit.report.groups_md --write"
+    )
+
+
 def test_every_shown_output_is_marked_and_not_run_ones_are_listed():
     listed = set()
     for page in PAGES:

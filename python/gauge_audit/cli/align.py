@@ -19,7 +19,7 @@ from ..gauge_fix.comparison import same_architecture
 from ..models import build
 from ..models.checkpoint import open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
-from ..progress import echo, ticker
+from ..progress import echo, enabled, ticker
 from .canonicalize import _PACKAGED, Source, StoredParams, looks_like_path
 
 DISTANCES = "alignment.json"
@@ -166,7 +166,8 @@ def run(args) -> int:
         data=data,
         seed=args.seed,
         max_seconds=args.max_seconds,
-        progress=None if args.json else echo,
+        # stage by stage on a terminal only: the table below repeats it, and a pipe stays quiet
+        progress=echo if enabled() and not args.json else None,
     )
     report = {"a": a.label, "b": b.label, **res.to_json()}
     check = _write(out, b, res, report, args.seed)

@@ -1,0 +1,79 @@
+"""Generate the table "what survives, architecture by architecture" of ``docs/concepts/checkpoints.md``.
+
+    python -m gauge_audit.report.groups_md            # print the page
+    python -m gauge_audit.report.groups_md --write    # rewrite the table in the page
+    python -m gauge_audit.report.groups_md --check    # exit 1 if the committed table is stale
+
+Each row is :func:`gauge_audit.nullity.groups.factors` of one architecture at its small default sizes
+(what ``gauge-audit groups ARCH --json`` prints); the cells are the command's own strings, so the page
+cannot drift from the theory.  The table sits between two HTML comments in the page; the rest of the
+page is left as written.  ``tests/test_docs.py`` fails when the committed table differs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..claims import ROOT
+from ..models import config_of
+from ..models.architectures import ARCHITECTURES
+from ..nullity.groups import discrete, factors
+from .generated import generated_file_main
+
+PAGE = ROOT / "docs" / "concepts" / "checkpoints.md"
+START, END = "<!-- groups-table: start -->", "<!-- groups-table: end -->"
+#: (row title, architecture name of ``nullity --family`` or a built-in model)
+ROWS = [
+    ("GPT-2", "gpt2"),
+    ("BERT", "bert"),
+    ("LLaMA / Llama 3.x", "llama"),
+    ("Mistral", "mistral"),
+    ("Qwen2", "qwen"),
+    ("Qwen3", "qwen3"),
+    ("Gemma 2", "gemma2"),
+    ("Gemma 3", "gemma3-tiny"),
+    ("OLMo 2", "olmo2"),
+    ("Phi-3", "phi3"),
+    ("GPT-NeoX / Pythia", "neox"),
+]
+_BIASES = ("key bias", "value bias", "parallel")
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def table() -> str:
+    lines = [
+        "| architecture | QK | VO | FFN | biases | stream | discrete | vs G_max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for title, name in ROWS:
+        cfg = ARCHITECTURES[name].config() if name in ARCHITECTURES else config_of(name)
+        f = {x.name: x for x in factors(cfg)}
+
+        def slot(k: str) -> str:
+            return f"{f[k].group} ({f[k].dim}/layer)" if k in f else "—"
+
+        biases = "; ".join(f[k].group for k in _BIASES if k in f) or "—"
+        diffs = "; ".join(f"{k}: {x.differs}" for k, x in f.items() if x.differs not in ("", "=", "beyond G_max"))
+        stream = f"{f['stream'].group} ({f['stream'].dim})" if "stream" in f else "—"
+        cells = [title, slot("QK"), slot("VO"), slot("FFN"), biases, stream, "; ".join(discrete(cfg))]
+        cells.append(diffs or "the G_max slots agree (FFN, stream, biases: beyond G_max)")
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render() -> str:
+    page = PAGE.read_text(encoding="utf-8")
+    head, rest = page.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table()}{END}{tail}"
+
+
+def main(argv=None) -> int:
+    return generated_file_main("gauge_audit.report.groups_md", PAGE, render, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
