@@ -14,6 +14,10 @@ Gemma adds three: its (1 + w) RMSNorms (float32 too), Gemma 3's per-layer-type R
 (inverse frequencies built in float32) and Gemma 2's attention, which has no sdpa path (soft-capped
 scores) — an eager attention with the softmax in the input dtype is registered for it
 (:func:`exact_attention`).
+DeepSeek-V3 adds its router (sigmoid scores, bias correction, group-limited top-k, all in float32;
+its weight and bias are even kept as float32 parameters in a float64 model — their stored float32
+values are exact in float64), re-evaluated by :func:`_sigmoid_router64`; its latent RMSNorms and its
+RoPE table (over qk_rope_head_dim) are the generic ones above.
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
@@ -195,6 +199,26 @@ def _router64(self, hidden_states):
     return logits, top, index
 
 
+def _sigmoid_router64(self, hidden_states):
+    """DeepSeek-V3's router (sigmoid scores, bias-corrected group-limited top-k), which transformers
+    evaluates in float32, in the input's dtype — the same steps."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(x, self.weight.to(x.dtype))
+    scores = logits.sigmoid()
+    choice = scores + self.e_score_correction_bias.to(x.dtype)
+    per = self.num_experts // self.num_group
+    group_scores = choice.view(-1, self.num_group, per).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, self.num_group, per).reshape(-1, self.num_experts)
+    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    index = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, index)
+    if self.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * self.routed_scaling_factor, index
+
+
 def float64_internals(model: torch.nn.Module) -> int:
     """Evaluate transformers' float32 internals (RMSNorm, RoPE angles, MoE router) in the model's
     dtype; returns how many modules were re-routed.  Each such module gets a subclass whose
@@ -217,6 +241,8 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _rope64_scaled
         elif name.endswith("TopKRouter"):
             forward = _router64
+        elif name == "DeepseekV3TopkRouter":
+            forward = _sigmoid_router64
         else:
             continue
         # one subclass per (class, float64 forward): a RoPE class has one per table type
@@ -271,6 +297,7 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     names = {
         "MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
         "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
+        "DeepseekV3ForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
     }
     if arch.name not in names:
         return sd
@@ -285,6 +312,8 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
             out["mlp.gate." + k.rsplit(".", 1)[1]] = t
         else:
             out[k] = t
+    if not w:  # a dense layer of a mixed stack (DeepSeek's first_k_dense_replace)
+        return out
     n = len(w[gate])
     out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w[gate][e], w[up][e]]) for e in range(n)])
     out["mlp.experts.down_proj"] = torch.stack([w[down][e] for e in range(n)])
