@@ -37,8 +37,9 @@ from typing import cast
 import torch
 
 from ..errors import GaugeAuditError
+from . import layers
 from .config import Config, validate
-from .layers import Params, mlp, mlp_shapes, normalize, rope, unembed
+from .layers import Params, mlp_shapes, normalize, rope, unembed
 
 
 @dataclass(frozen=True)
@@ -254,12 +255,14 @@ def route(params: Params, p: str, cfg: DeepseekConfig, x: torch.Tensor, trace: d
 def ffn(params: Params, cfg: DeepseekConfig, i: int, x: torch.Tensor, trace: dict | None) -> torch.Tensor:
     b = f"blocks.{i}"
     if not cfg.moe_layer(i):
-        return mlp(params, f"{b}.mlp", cfg, x)
+        return layers.mlp(params, f"{b}.mlp", cfg, x)
     gates, top_i = route(params, f"{b}.moe", cfg, x, trace)
-    out = mlp(params, f"{b}.shared", cfg, x) if cfg.n_shared else torch.zeros_like(x)
-    for e in range(cfg.experts):  # evaluated densely: the reference models are tiny
+    out = layers.mlp(params, f"{b}.shared", cfg, x) if cfg.n_shared else torch.zeros_like(x)
+    # experts evaluated densely (the reference models are tiny); through the module attribute, so
+    # that the nullity's genericity record sees each expert's inputs as for the other MoE families
+    for e in range(cfg.experts):
         weight = (gates * (top_i == e)).sum(-1, keepdim=True)
-        out = out + weight * mlp(params, f"{b}.moe", cfg, x, e=e)
+        out = out + weight * layers.mlp(params, f"{b}.moe", cfg, x, e=e)
     return out
 
 
