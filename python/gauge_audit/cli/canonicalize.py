@@ -17,6 +17,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
+from ..models.deepseek import DeepseekConfig
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
 from ..progress import echo, ticker
@@ -34,6 +35,11 @@ def _refuse_unhandled(cfg: Config, label: str) -> None:
     feats = gemma.features(cfg)
     if feats:
         raise GaugeAuditError(f"{label}: gauge fixing does not handle the gemma family's {feats[0]} yet")
+    if isinstance(cfg, DeepseekConfig):
+        raise GaugeAuditError(
+            f"{label}: gauge fixing does not handle the deepseek family's multi-head latent attention yet "
+            "(its latent rotations and shared RoPE key have no canonical form here)"
+        )
 
 
 def looks_like_path(name: str) -> bool:

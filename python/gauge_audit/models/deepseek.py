@@ -280,18 +280,17 @@ def sample_inputs(cfg: DeepseekConfig, g: torch.Generator, batch: int, n: int) -
 
 # ----------------------------------------------------------------------------- the stream
 def norm_readers(cfg: DeepseekConfig) -> dict[str, list[tuple[str, str | None]]]:
-    """pre-norm → [(reader, its bias)]: who reads each norm's output (the stream actions use it)."""
+    """pre-norm → [(reader, its bias)]: who may read each norm's output (the stream actions use it,
+    keeping those present)."""
     out: dict[str, list[tuple[str, str | None]]] = {}
     for i in range(cfg.n_layers):
         b, a = f"blocks.{i}", f"blocks.{i}.attn"
         q = [(f"{a}.W_DQ", f"{a}.b_DQ")] if cfg.q_lora_rank else [(f"{a}.W_Q", None)]
         out[f"{b}.ln1"] = [*q, (f"{a}.W_DKV", f"{a}.b_DKV"), (f"{a}.W_KR", f"{a}.b_KR")]
-        if cfg.moe_layer(i):
-            out[f"{b}.ln2"] = [(f"{b}.moe.W_router", None), (f"{b}.moe.W_gate", None), (f"{b}.moe.W_in", None)]
-            if cfg.n_shared:
-                out[f"{b}.ln2"] += [(f"{b}.shared.W_gate", None), (f"{b}.shared.W_in", None)]
-        else:
-            out[f"{b}.ln2"] = [(f"{b}.mlp.W_gate", None), (f"{b}.mlp.W_in", None)]
+        # both FFN kinds are listed: a one-block view (cfg with n_layers 1) cannot tell which this
+        # block is, and the callers keep the readers the parameters hold
+        out[f"{b}.ln2"] = [(f"{b}.{m}.{w}", None) for m in ("mlp", "moe", "shared") for w in ("W_gate", "W_in")]
+        out[f"{b}.ln2"].insert(2, (f"{b}.moe.W_router", None))
     if not cfg.tied:
         out["ln_final"] = [("unembed.W_U", None)]
     return out
@@ -302,7 +301,7 @@ def stream_writers(cfg: DeepseekConfig) -> list[str]:
     for i in range(cfg.n_layers):
         b = f"blocks.{i}"
         names += [f"{b}.attn.W_O", f"{b}.attn.b_O"]
-        names += [f"{b}.moe.W_out", f"{b}.shared.W_out"] if cfg.moe_layer(i) else [f"{b}.mlp.W_out"]
+        names += [f"{b}.mlp.W_out", f"{b}.moe.W_out", f"{b}.shared.W_out"]  # those present (see norm_readers)
     return names
 
 
