@@ -35,9 +35,11 @@ def paper_counts(cfg: Config) -> dict[str, float]:
     if isinstance(cfg, DeepseekConfig):  # MLA: the formulas read with its query/key and value head widths
         e, v = cfg.nope_dim + cfg.d_head, cfg.v_dim
     rope = cfg.pos == "rope"
+    # the RoPE variant's commutant over a head of d_k coordinates has dimension d_k (MLA's d_k may be odd)
+    variant = L * g * (e + v * v) if isinstance(cfg, DeepseekConfig) else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
     return {
         "mgs": int(counts.mgs_model_dim(L, h, e, v)),
-        "mgs-variant": int(L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)),
+        "mgs-variant": int(variant),
         "van-nierop": int(counts.nierop_redundancy(L, h, e, d)),
         "wiki-gqa": int(L * counts.wiki_gqa_layer_dim(h, g, e, v)),
         "wiki-log-hfact": float(L * counts.wiki_group_dim(h, e, v)),

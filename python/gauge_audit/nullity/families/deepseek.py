@@ -257,7 +257,7 @@ def stream_families(problem: Problem) -> list[Family]:
 def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
     assert isinstance(cfg, DeepseekConfig)
-    SC, RB, RT, UN = (Rows(problem.layout) for _ in range(4))
+    SC, RB, RT, UN, UR = (Rows(problem.layout) for _ in range(5))
     for pre, e, width in ffn_units(cfg):
         if e is not None and e in gen.unrouted.get(pre, []):
             continue  # its parameters are all flat (unrouted-experts)
@@ -286,6 +286,12 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
             if not (cfg.top_k == 1 and cfg.router_renorm):
                 for r in range(cfg.d_model):  # a sigmoid score enters only its own expert's gate
                     UN.at(UN.new(), f"{m}.W_router")[r, e] = 1.0
+    for m, per in gen.unreached.items():
+        for e, dirs in per.items():
+            for a in dirs:
+                for name in (f"{m}.W_in", f"{m}.W_gate"):
+                    for col in range(p[name].shape[-1]):
+                        UR.at(UR.new(), name)[e][:, col] = a
     fams = [
         make_family(
             problem.layout,
@@ -319,6 +325,16 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
             len(UN.rows),
             UN,
             """An expert that the sample never routes to has no effect on it.""",
+            kind="data",
+        ),
+        make_family(
+            problem.layout,
+            "expert-unreached-readers",
+            "(d − rank of its routed inputs)·(reader width)",
+            len(UR.rows),
+            UR,
+            """An expert whose routed inputs all lie in a proper subspace cannot see its readers'
+            (W_in, W_gate) components orthogonal to it.""",
             kind="data",
         ),
     ]
