@@ -78,6 +78,27 @@ def test_per_head_actions_are_refused_with_the_reason(hf_family, capsys, action,
     assert err.count("\n") == 1 and word in err
 
 
+@pytest.mark.parametrize("name", sorted(MLA))
+def test_group_laws(name):
+    """Inverse and product of two elements, as for the other families' actions."""
+    from gauge_audit.actions import ACTIONS
+    from gauge_audit.actions.algebra import compose, inverse
+    from gauge_audit.models.registry import build_config
+    from gauge_audit.gauge_fix.comparison import relative_distances
+
+    cfg = deepseek.config()
+    m, a = build_config(cfg, seed=3, device="cpu"), ACTIONS[name]
+    g = torch.Generator().manual_seed(5)
+    x, y = a.sample(cfg, m.params, g, 4.0), a.sample(cfg, m.params, g, 4.0)
+    back = a.apply(cfg, a.apply(cfg, m.params, x), inverse(name, x))
+    both = a.apply(cfg, a.apply(cfg, m.params, x), y)
+    once = a.apply(cfg, m.params, compose(name, x, y))
+    d_inv, d_comp = relative_distances(m.params, back)[0], relative_distances(both, once)[0]
+    k = 4 * max(cfg.d_model, cfg.d_ff) * EPS64  # two products of length ≤ max(d, d_ff) per entry
+    print(f"{name}: inverse {d_inv / EPS64:.3g} ε, product {d_comp / EPS64:.3g} ε")
+    assert d_inv <= k * x.kappa and d_comp <= k * x.kappa * y.kappa
+
+
 def test_mla_actions_refuse_other_families(capsys):
     assert main(["check", "--model", "llama-tiny", "--action", "latent-rotation"]) == 2
     assert "latent attention" in capsys.readouterr().err
