@@ -83,8 +83,8 @@ def test_group_laws(name):
     """Inverse and product of two elements, as for the other families' actions."""
     from gauge_audit.actions import ACTIONS
     from gauge_audit.actions.algebra import compose, inverse
-    from gauge_audit.models.registry import build_config
     from gauge_audit.gauge_fix.comparison import relative_distances
+    from gauge_audit.models.registry import build_config
 
     cfg = deepseek.config()
     m, a = build_config(cfg, seed=3, device="cpu"), ACTIONS[name]
@@ -111,11 +111,15 @@ def test_transform_round_trip(hf_family, tmp_path, capsys):
 @pytest.mark.parametrize("command", ["canonicalize", "compare"])
 def test_gauge_fixing_refuses_in_one_line(hf_family, tmp_path, capsys, command):
     src = str(hf_family("deepseek-v3"))
-    args = ["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")] if command == "canonicalize" else [
-        "compare",
-        src,
-        src,
-    ]
+    args = (
+        ["canonicalize", "--checkpoint", src, "--out", str(tmp_path / "c")]
+        if command == "canonicalize"
+        else [
+            "compare",
+            src,
+            src,
+        ]
+    )
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "latent attention" in err and not (tmp_path / "c").exists()
@@ -197,7 +201,9 @@ def measured():
 def test_measured_equals_explained(measured, name):
     r, cfg = measured[name], NULLITY[name]
     flat = {f.name: f.rank for f in r.families if f.flat}
-    print(f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, gap {r.gap_ratio:.3g}; {flat}")
+    print(
+        f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, gap {r.gap_ratio:.3g}; {flat}"
+    )
     assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6 and r.genericity.clean
     assert r.generators_ok and r.overlap == 0 and r.unexplained == 0, r.unexplained_blocks
     assert flat == expected_dims(cfg)

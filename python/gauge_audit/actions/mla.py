@@ -59,8 +59,8 @@ def _latent_sample(orthogonal: bool):
     def sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
         parts = {}
         for name, r, _, _ in _latents(cfg):
-            draw = (lambda: random_orthogonal(r, g)) if orthogonal else (lambda: random_gl(r, g, kappa))
-            parts[name] = torch.stack([draw() for _ in range(cfg.n_layers)])
+            draws = [random_orthogonal(r, g) if orthogonal else random_gl(r, g, kappa) for _ in range(cfg.n_layers)]
+            parts[name] = torch.stack(draws)
         # the readers see D_γ⁻¹·M⁻¹·D_γ: its condition number is what rounding is amplified by
         k = max(
             cond(_conjugated(params, f"{pre}.{norm}", torch.linalg.inv(parts[name][l])))
@@ -86,7 +86,11 @@ def _latent_map(cfg: DeepseekConfig, params: Params, el: Element, orthogonal: bo
         require_shape(name, ms, (cfg.n_layers, r, r))
         require_invertible(name, ms)
         ms = as64(ms)
-        if orthogonal and torch.linalg.matrix_norm(ms.transpose(-1, -2) @ ms - torch.eye(r, dtype=torch.float64)).max() > 1e-10 * r:
+        if (
+            orthogonal
+            and torch.linalg.matrix_norm(ms.transpose(-1, -2) @ ms - torch.eye(r, dtype=torch.float64)).max()
+            > 1e-10 * r
+        ):
             raise GaugeAuditError(f"{name} is not orthogonal (the latent's RMSNorm commutes only with isometries)")
         for l, pre in enumerate(attn_prefixes(cfg)):
             for t in (f"{pre}.W_D{name}", f"{pre}.b_D{name}"):
@@ -150,7 +154,9 @@ def latent_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
 
 # ----------------------------------------------------------------------------- heads
 def _nope_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
-    m = torch.stack([torch.stack([random_gl(cfg.nope_dim, g, kappa) for _ in range(cfg.n_heads)]) for _ in range(cfg.n_layers)])
+    m = torch.stack(
+        [torch.stack([random_gl(cfg.nope_dim, g, kappa) for _ in range(cfg.n_heads)]) for _ in range(cfg.n_layers)]
+    )
     return Element({"M": m}, cond(m))
 
 
@@ -188,7 +194,9 @@ def _rope_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa:
     planes = rope_planes(cfg)
     n = torch.zeros(cfg.n_layers, cfg.d_head, cfg.d_head, dtype=torch.float64)
     for l in range(cfg.n_layers):
-        r = torch.logspace(-0.5, 0.5, len(planes), base=kappa, dtype=torch.float64)[torch.randperm(len(planes), generator=g)]
+        r = torch.logspace(-0.5, 0.5, len(planes), base=kappa, dtype=torch.float64)[
+            torch.randperm(len(planes), generator=g)
+        ]
         phi = 2 * torch.pi * torch.rand(len(planes), generator=g, dtype=torch.float64)
         for (i, j), rr, ph in zip(planes, r, phi):
             a, b = rr * torch.cos(ph), rr * torch.sin(ph)
@@ -232,7 +240,9 @@ def mla_rope_commutant(cfg: Config, params: Params, el: Element) -> Params:
 
 
 def _vo_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
-    m = torch.stack([torch.stack([random_gl(cfg.v_dim, g, kappa) for _ in range(cfg.n_heads)]) for _ in range(cfg.n_layers)])
+    m = torch.stack(
+        [torch.stack([random_gl(cfg.v_dim, g, kappa) for _ in range(cfg.n_heads)]) for _ in range(cfg.n_layers)]
+    )
     return Element({"N": m}, cond(m))
 
 
@@ -288,7 +298,9 @@ def refusal(name: str, cfg: Config) -> str | None:
     """Why the other families' action ``name`` does not apply to an MLA model (None: it does)."""
     if not isinstance(cfg, DeepseekConfig) or name in CARRIED or name in MLA_NAMES:
         return None
-    return _WHY.get(name, "written for the per-head W_Q/W_K/W_V layout, which multi-head latent attention does not have")
+    return _WHY.get(
+        name, "written for the per-head W_Q/W_K/W_V layout, which multi-head latent attention does not have"
+    )
 
 
 def gated(action: Action) -> Action:

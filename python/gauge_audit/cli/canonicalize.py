@@ -17,8 +17,8 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, gemma, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
-from ..models.deepseek import DeepseekConfig
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
+from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..progress import echo, ticker
 from ..runtime import resolve_dtype

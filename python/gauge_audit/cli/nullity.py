@@ -145,7 +145,7 @@ _MLA_FLAGS = (
 
 
 def _add_mla_args(p) -> None:
-    for flag, _, low, text in _MLA_FLAGS:
+    for flag, _, _, text in _MLA_FLAGS:
         p.add_argument(f"--{flag}", type=int, metavar="R" if "rank" in flag else "D", help=f"deepseek: {text}")
 
 
@@ -160,7 +160,7 @@ def _mla_options(args, o: dict) -> dict:
         return {}
     if args.d_head is not None:
         raise GaugeAuditError("deepseek: give the head widths with --qk-nope-dim, --rope-head-dim, --v-head-dim")
-    out = {}
+    out: dict[str, int | float] = {}
     for flag, field, low, _ in _MLA_FLAGS:
         v = given[flag]
         if v is not None:

@@ -231,7 +231,9 @@ def route(params: Params, p: str, cfg: DeepseekConfig, x: torch.Tensor, trace: d
     G, per = cfg.n_group, cfg.experts // cfg.n_group
     grouped = choice.reshape(*choice.shape[:-1], G, per)
     group_score = grouped.topk(2, dim=-1).values.sum(-1)  # (…, G)
-    kept = torch.zeros_like(group_score, dtype=torch.bool).scatter(-1, group_score.topk(cfg.topk_group, -1).indices, True)
+    kept = torch.zeros_like(group_score, dtype=torch.bool).scatter(
+        -1, group_score.topk(cfg.topk_group, -1).indices, True
+    )
     masked = grouped.masked_fill(~kept[..., None], float("-inf")).reshape(choice.shape)
     top_i = masked.topk(cfg.top_k, dim=-1).indices
     gates = s.gather(-1, top_i)

@@ -36,7 +36,9 @@ def paper_counts(cfg: Config) -> dict[str, float]:
         e, v = cfg.nope_dim + cfg.d_head, cfg.v_dim
     rope = cfg.pos == "rope"
     # the RoPE variant's commutant over a head of d_k coordinates has dimension d_k (MLA's d_k may be odd)
-    variant = L * g * (e + v * v) if isinstance(cfg, DeepseekConfig) else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
+    variant = (
+        L * g * (e + v * v) if isinstance(cfg, DeepseekConfig) else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
+    )
     return {
         "mgs": int(counts.mgs_model_dim(L, h, e, v)),
         "mgs-variant": int(variant),
