@@ -216,6 +216,23 @@ KINDS.update(
                 qk_rope_head_dim=4,
             ),
         ),
+        # DeepSeek-V2: softmax router; V2-Lite's layout (no query latent, greedy routing) and the
+        # group-limited routing with a query latent
+        "deepseek-v2-lite": (
+            "DeepseekV2Config",
+            "DeepseekV2ForCausalLM",
+            dict(
+                {k: v for k, v in _DEEPSEEK.items() if k not in ("n_group", "topk_group")},
+                q_lora_rank=None,
+                topk_method="greedy",
+                qk_rope_head_dim=4,
+            ),
+        ),
+        "deepseek-v2-grouped": (
+            "DeepseekV2Config",
+            "DeepseekV2ForCausalLM",
+            dict(_DEEPSEEK, topk_method="group_limited_greedy", attention_bias=True),
+        ),
         "deepseek-v3-yarn": (
             "DeepseekV3Config",
             "DeepseekV3ForCausalLM",

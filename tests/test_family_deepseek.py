@@ -1,10 +1,11 @@
-"""DeepSeek-V3 (multi-head latent attention, sigmoid-routed MoE with shared experts): the project
-forward equals transformers' in float64 within L·K·ε on tiny random models (query latent or none,
-attention biases, interleaved or rotate_half RoPE, yarn's mscale); every action's verdict on the
-checkpoints agrees with the theory; the measured nullity equals the explained dimension on several
-configurations (MLA with MoE, a plain query projection with a dense FFN, biases with top-1 routing
-at ε = 0, unit norm weights); the group a naive reading would give (GL(r) on a latent, a RoPE
-commutant per head) is not a symmetry; bad inputs are refused in one line."""
+"""DeepSeek-V3 and V2 (multi-head latent attention, a sigmoid- or softmax-routed MoE with shared
+experts): the project forward equals transformers' in float64 within L·K·ε on tiny random models
+(query latent or none, attention biases, interleaved or rotate_half RoPE, yarn's mscale, V2's complex
+RoPE and greedy or group-limited softmax routing); every action's verdict on the checkpoints agrees
+with the theory; the measured nullity equals the explained dimension on several configurations (MLA
+with MoE, a plain query projection with a dense FFN, biases with top-1 routing at ε = 0, V2's router,
+unit norm weights); the group a naive reading would give (GL(r) on a latent, a RoPE commutant per
+head) is not a symmetry; bad inputs are refused in one line."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from gauge_audit.nullity.measure import make_problem
 transformers = pytest.importorskip("transformers")
 from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, transform_round_trip  # noqa: E402
 
-KINDS = ["deepseek-v3", "deepseek-v3-noqlora-bias", "deepseek-v3-yarn"]
+KINDS = ["deepseek-v3", "deepseek-v3-noqlora-bias", "deepseek-v3-yarn", "deepseek-v2-lite", "deepseek-v2-grouped"]
 MLA = {"latent-rotation", "latent-norm-scale", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl"}
 
 
@@ -47,6 +48,8 @@ def test_forward_matches_transformers_float64(hf_family, kind):
         ("deepseek-v3", {"topk_group": 2}),
         ("deepseek-v3-noqlora-bias", {"router_renorm": True}),
         ("deepseek-v3-yarn", {"rope_params": (("factor", 4.0), ("original_max_position_embeddings", 4.0))}),
+        ("deepseek-v2-grouped", {"topk_group": 2}),
+        ("deepseek-v2-lite", {"routed_scale": 2.0}),
     ],
 )
 def test_a_dropped_feature_fails_by_a_wide_margin(hf_family, kind, changes):
@@ -59,7 +62,7 @@ def test_a_dropped_feature_fails_by_a_wide_margin(hf_family, kind, changes):
     assert err > 1e6 * tol(cfg, 12)
 
 
-@pytest.mark.parametrize("kind", KINDS[:2])
+@pytest.mark.parametrize("kind", ["deepseek-v3", "deepseek-v3-noqlora-bias", "deepseek-v2-grouped"])
 def test_check_all_agrees_with_theory(hf_family, kind, capsys):
     assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
@@ -163,6 +166,7 @@ NULLITY = {
         norm_eps=0.0,
         latent_eps=0.0,
     ),
+    "v2-softmax-grouped": deepseek.config(**_S, q_lora_rank=3, n_layers=2, router="softmax", router_renorm=False),
 }
 
 
@@ -183,7 +187,8 @@ def expected_dims(cfg) -> dict[str, int]:
         "norm-scale": (2 * L + 1) * d,
         "stream-rotation": d * (d - 1) // 2,
         "swiglu-scaling": units,
-        "router-bias-selection": len(moe) * cfg.experts,
+        "router-bias-selection": len(moe) * cfg.experts if cfg.router == "sigmoid" else 0,
+        "router-offset": len(moe) * d if cfg.router == "softmax" else 0,
     }
     if cfg.top_k == 1 and cfg.router_renorm:
         out["router-top1"] = len(moe) * d * cfg.experts

@@ -151,8 +151,7 @@ def _add_mla_args(p) -> None:
 
 def _mla_options(args, o: dict) -> dict:
     """The deepseek family's MLA widths; its d_head is the RoPE width (as in transformers' config)."""
-    given = {flag: None for flag, *_ in _MLA_FLAGS}
-    given = {flag: getattr(args, flag.replace("-", "_")) for flag in given}
+    given = {flag: getattr(args, flag.replace("-", "_")) for flag, *_ in _MLA_FLAGS}
     if args.family != "deepseek":
         bad = [f"--{f}" for f, v in given.items() if v is not None]
         if bad:

@@ -1,5 +1,5 @@
-"""DeepSeek-V3: multi-head latent attention (MLA) and a sigmoid-routed mixture of experts with
-shared experts, in a pre-norm RMSNorm decoder.
+"""DeepSeek-V3 (and V2): multi-head latent attention (MLA) and a mixture of experts with shared
+experts, in a pre-norm RMSNorm decoder.
 
 Attention of one layer (n(y) = y/√(mean y² + ε), per head h; x the normed stream):
 
@@ -24,6 +24,9 @@ Mixture of experts (layers ≥ first_dense; the first ones are dense SwiGLU FFNs
     top-k experts by choice inside the kept groups; gates g_e = s_e (/ Σ_top s, norm_topk_prob)·ρ
     FFN(x) = Σ_top g_e·Expert_e(x) + Shared(x)   ρ = routed_scaling_factor; Shared: one SwiGLU of
                                                  width moe_d_ff·n_shared (0: none)
+
+DeepSeek-V2 (``router="softmax"``): s = softmax(x W_router), no bias, groups ranked by their best
+score, gates g_e = s_e·ρ never renormalised (transformers' V2 router ignores norm_topk_prob).
 
 Everything else is LLaMA's: pre-RMSNorms with weights, SwiGLU, an untied unembedding.
 """
@@ -55,6 +58,7 @@ class DeepseekConfig(Config):
     n_group: int = 1  # expert groups (n_group)
     topk_group: int = 1  # groups kept per token
     routed_scale: float = 1.0  # routed_scaling_factor ρ
+    router: str = "sigmoid"  # sigmoid (V3: bias-corrected choice, groups by top-2 sum) | softmax (V2)
 
     def moe_layer(self, i: int) -> bool:
         return self.experts > 0 and i >= self.first_dense
@@ -100,9 +104,14 @@ def check(cfg: DeepseekConfig) -> DeepseekConfig:
         need(isinstance(getattr(cfg, name), int) and getattr(cfg, name) >= 1, f"{name} must be a positive integer")
     need(cfg.latent_eps >= 0 and math.isfinite(cfg.latent_eps), "latent_eps must be a finite number >= 0")
     need(cfg.routed_scale > 0 and math.isfinite(cfg.routed_scale), "routed_scale must be a finite number > 0")
+    need(cfg.router in ("sigmoid", "softmax"), "router must be sigmoid (V3) or softmax (V2)")
+    need(cfg.router == "sigmoid" or not cfg.router_renorm, "the softmax (V2) router does not renormalise its gates")
     if cfg.experts:
         need(cfg.experts % cfg.n_group == 0, f"n_group ({cfg.n_group}) must divide the experts ({cfg.experts})")
-        need(cfg.experts // cfg.n_group >= 2, "each expert group needs >= 2 experts (groups rank by their top-2 sum)")
+        need(
+            cfg.router == "softmax" or cfg.experts // cfg.n_group >= 2,
+            "each expert group needs >= 2 experts (V3 ranks groups by their top-2 sum)",
+        )
         need(cfg.topk_group <= cfg.n_group, "topk_group must be <= n_group")
         need(cfg.top_k <= cfg.topk_group * cfg.experts // cfg.n_group, "top_k exceeds the experts of the kept groups")
     return cfg
@@ -170,7 +179,9 @@ def ffn_shapes(cfg: DeepseekConfig, i: int) -> dict:
     b = f"blocks.{i}"
     if not cfg.moe_layer(i):
         return mlp_shapes(cfg, f"{b}.mlp")
-    out = {f"{b}.moe.W_router": ((cfg.d_model, cfg.experts), "weight"), f"{b}.moe.b_router": ((cfg.experts,), "bias")}
+    out = {f"{b}.moe.W_router": ((cfg.d_model, cfg.experts), "weight")}
+    if cfg.router == "sigmoid":  # the score-correction bias
+        out[f"{b}.moe.b_router"] = ((cfg.experts,), "bias")
     out.update(mlp_shapes(cfg.with_(d_ff=cfg.moe_d_ff), f"{b}.moe", lead=(cfg.experts,)))
     if cfg.n_shared:
         out.update(mlp_shapes(cfg.with_(d_ff=cfg.moe_d_ff * cfg.n_shared), f"{b}.shared"))
@@ -224,17 +235,20 @@ def attention(params: Params, cfg: DeepseekConfig, i: int, x: torch.Tensor) -> t
 
 
 def route(params: Params, p: str, cfg: DeepseekConfig, x: torch.Tensor, trace: dict | None):
-    """(gates, chosen experts): sigmoid scores, bias-corrected group-limited top-k (see the module doc)."""
+    """(gates, chosen experts): V3's sigmoid scores with a bias-corrected group-limited top-k, or V2's
+    softmax scores with a group-limited top-k (see the module doc)."""
     W = params[f"{p}.W_router"]
-    s = torch.sigmoid(x @ W)
-    choice = s + params[f"{p}.b_router"]
+    sigmoid = cfg.router == "sigmoid"
+    s = torch.sigmoid(x @ W) if sigmoid else torch.softmax(x @ W, dim=-1)
+    choice = s + params[f"{p}.b_router"] if sigmoid else s
     G, per = cfg.n_group, cfg.experts // cfg.n_group
     grouped = choice.reshape(*choice.shape[:-1], G, per)
-    group_score = grouped.topk(2, dim=-1).values.sum(-1)  # (…, G)
+    group_score = grouped.topk(2, dim=-1).values.sum(-1) if sigmoid else grouped.amax(-1)  # (…, G)
     kept = torch.zeros_like(group_score, dtype=torch.bool).scatter(
         -1, group_score.topk(cfg.topk_group, -1).indices, True
     )
-    masked = grouped.masked_fill(~kept[..., None], float("-inf")).reshape(choice.shape)
+    # V3 hides the other groups' experts at −∞, V2 at 0 (below every softmax score: the same choice)
+    masked = grouped.masked_fill(~kept[..., None], float("-inf") if sigmoid else 0.0).reshape(choice.shape)
     top_i = masked.topk(cfg.top_k, dim=-1).indices
     gates = s.gather(-1, top_i)
     if cfg.router_renorm:
@@ -246,7 +260,8 @@ def route(params: Params, p: str, cfg: DeepseekConfig, x: torch.Tensor, trace: d
         # rounding errors (σ' ≤ 1/4 times |x|·|W_router|, plus the bias)
         if cfg.top_k < cfg.experts:
             v = masked.topk(cfg.top_k + 1, dim=-1).values
-            scale = (x.abs() @ W.abs()).amax(-1) / 4 + params[f"{p}.b_router"].abs().max() + 1.0
+            bias = params[f"{p}.b_router"].abs().max() if sigmoid else 0.0
+            scale = (x.abs() @ W.abs()).amax(-1) / 4 + bias + 1.0
             gap = (v[..., cfg.top_k - 1] - v[..., cfg.top_k]) / scale
         else:
             gap = torch.full(top_i.shape[:-1], float("inf"))

@@ -1,4 +1,5 @@
-"""Hugging Face ``DeepseekV3ForCausalLM`` ↔ the project's layout (models/deepseek.py).
+"""Hugging Face ``DeepseekV3ForCausalLM`` and ``DeepseekV2ForCausalLM`` ↔ the project's layout
+(models/deepseek.py).
 
 File side (transformers' DeepseekV3Attention / DeepseekV3MoE):
 
@@ -7,11 +8,14 @@ File side (transformers' DeepseekV3Attention / DeepseekV3MoE):
 * ``kv_a_proj_with_mqa (r_KV + d_rope, d)`` = [W_DKV | W_KR] (the latent, then the shared RoPE key),
   ``kv_a_layernorm``, ``kv_b_proj (h·(d_nope + d_v), r_KV)`` — per head [W_UK | W_UV] rows;
 * ``o_proj (d, h·d_v)``; biases on q_a_proj, kv_a_proj_with_mqa and o_proj with ``attention_bias``;
-* MoE layers: ``mlp.gate.weight (E, d)``, ``mlp.gate.e_score_correction_bias (E)``, per expert
+* MoE layers: ``mlp.gate.weight (E, d)``, ``mlp.gate.e_score_correction_bias (E)`` (V3), per expert
   ``mlp.experts.{e}.gate_proj / up_proj / down_proj`` (or transformers' fused in-memory
   ``experts.gate_up_proj`` / ``down_proj``), ``mlp.shared_experts.*``; dense layers ``mlp.*``.
 
-The multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the causal LM's
+DeepSeek-V2 differs in its router (softmax, ``topk_method`` greedy or group_limited_greedy, gates
+never renormalised: transformers' V2 router does not read ``norm_topk_prob``), its RoPE (complex
+products of interleaved pairs, which is the interleaved rotation) and an optional ``mlp_bias``
+(refused).  The multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the causal LM's
 forward; transformers does not load them and neither does the reader.
 """
 
@@ -43,7 +47,7 @@ from .hf import (
     same,
 )
 
-ARCH = "DeepseekV3ForCausalLM"
+ARCH, ARCH_V2 = "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"
 
 
 def _count(arch: str, hf: dict, key: str, default: int, minimum: int = 0) -> int:
@@ -60,9 +64,16 @@ def deepseek_config(arch: str, hf: dict) -> Config:
     h = _int(arch, hf, "num_attention_heads")
     if hf.get("num_key_value_heads") not in (None, h):
         raise refuse(arch, "num_key_value_heads", hf["num_key_value_heads"], "MLA expands one key per head")
-    for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1)):
+    v2 = arch == ARCH_V2
+    wants = (("scoring_func", "softmax" if v2 else "sigmoid"), ("moe_layer_freq", 1))
+    for key, want in wants + (() if v2 else (("topk_method", "noaux_tc"),)):
         if hf.get(key, want) != want:
-            raise refuse(arch, key, hf[key], f"transformers' DeepSeek-V3 routes with {key} = {want!r} only")
+            raise refuse(arch, key, hf[key], f"transformers' {arch} routes with {key} = {want!r} only")
+    method = hf.get("topk_method", "greedy") if v2 else "noaux_tc"
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise refuse(arch, "topk_method", method, "transformers' V2 router knows greedy and group_limited_greedy")
+    if hf.get("mlp_bias"):
+        raise refuse(arch, "mlp_bias", hf["mlp_bias"], "biases on the FFNs are not part of the deepseek family")
     rope_dim = _int(arch, hf, "qk_rope_head_dim")
     if rope_dim % 2:
         raise refuse(arch, "qk_rope_head_dim", rope_dim, "RoPE rotates pairs of coordinates")
@@ -74,12 +85,14 @@ def deepseek_config(arch: str, hf: dict) -> Config:
         moe = dict(
             experts=n_exp,
             top_k=_int(arch, hf, "num_experts_per_tok"),
-            router_renorm=bool(hf.get("norm_topk_prob", True)),
+            router_renorm=False if v2 else bool(hf.get("norm_topk_prob", True)),
+            router="softmax" if v2 else "sigmoid",
             moe_d_ff=_int(arch, hf, "moe_intermediate_size"),
             n_shared=_count(arch, hf, "n_shared_experts", 0),
             first_dense=_count(arch, hf, "first_k_dense_replace", 0),
-            n_group=_count(arch, hf, "n_group", 1, 1),
-            topk_group=_count(arch, hf, "topk_group", 1, 1),
+            # V2's greedy routing is the group-limited one with a single group
+            n_group=1 if method == "greedy" else _count(arch, hf, "n_group", 1, 1),
+            topk_group=1 if method == "greedy" else _count(arch, hf, "topk_group", 1, 1),
             routed_scale=_float(arch, hf, "routed_scaling_factor", 1.0),
         )
     return deepseek.config(
@@ -93,7 +106,7 @@ def deepseek_config(arch: str, hf: dict) -> Config:
         vocab=_int(arch, hf, "vocab_size"),
         norm_eps=_float(arch, hf, "rms_norm_eps", 1e-6),
         **rope,
-        rope_style="interleaved" if hf.get("rope_interleave", True) else "half",
+        rope_style="interleaved" if v2 or hf.get("rope_interleave", True) else "half",
         tied=bool(hf.get("tie_word_embeddings", False)),
         attn_bias=bias,
         out_bias=bias,
@@ -180,7 +193,9 @@ def _ffn_links(cfg: DeepseekConfig, i: int, has: Callable[[str], bool]) -> list[
     if not cfg.moe_layer(i):
         return _swiglu(m, f"{b}.mlp")
     q, E = f"{b}.moe", range(cfg.experts)
-    out = [linear(f"{m}.gate.weight", f"{q}.W_router"), same(f"{m}.gate.e_score_correction_bias", f"{q}.b_router")]
+    out = [linear(f"{m}.gate.weight", f"{q}.W_router")]
+    if cfg.router == "sigmoid":
+        out.append(same(f"{m}.gate.e_score_correction_bias", f"{q}.b_router"))
     if has(f"{m}.experts.gate_up_proj"):  # transformers' fused in-memory layout
         out += [
             fused_gate_up(f"{m}.experts.gate_up_proj", (f"{q}.W_gate", f"{q}.W_in")),
@@ -196,8 +211,8 @@ def _ffn_links(cfg: DeepseekConfig, i: int, has: Callable[[str], bool]) -> list[
 
 
 DEEPSEEK_ARCHS: dict[str, Arch] = {
-    ARCH: Arch(
-        ARCH,
+    name: Arch(
+        name,
         deepseek_config,
         deepseek_links,
         "model.layers",
@@ -206,4 +221,5 @@ DEEPSEEK_ARCHS: dict[str, Arch] = {
         ignore=_LLAMA_IGNORE,
         notes=("multi-token-prediction layers, if any, are outside the causal LM's forward and not read",),
     )
+    for name in (ARCH, ARCH_V2)
 }

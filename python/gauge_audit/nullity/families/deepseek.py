@@ -15,10 +15,11 @@ What survives of the gauge group, derived per layer (h heads, latents of rank r_
 * mla-vo-gl, GL(d_v) per head: W_UV[h]·N, N⁻¹·W_O[h].
 * Stream (pre-RMSNorm, untied): stream-rotation so(d), norm-scale (2L+1)·d, stream-scale (ε-broken).
 * FFN: swiglu-scaling per unit of every dense FFN, routed expert and shared expert.
-* Router: the score-correction bias b only selects (gates use the raw sigmoid scores), and selection
+* Router (V3): the score-correction bias b only selects (gates use the raw sigmoid scores), and selection
   is locally constant at a generic point: router-bias-selection, E per MoE layer.  With top_k = 1
   and norm_topk_prob the gate is identically ρ, so the router weights only select too (router-top1).
-  The sigmoid has no shift invariance: the softmax router's router-offset is gone.
+  The sigmoid has no shift invariance: the softmax router's router-offset is gone.  (V2's softmax
+  router keeps it: router-offset, d per MoE layer; its gates are never renormalised, so no top-1 family.)
 
 No special points depend on the weights: the latent rotation is conjugated by D_γ, not restricted by
 it, so γ ∝ 1 adds nothing.  The counts assume generic factorisations — every latent and head width
@@ -257,7 +258,7 @@ def stream_families(problem: Problem) -> list[Family]:
 def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
     assert isinstance(cfg, DeepseekConfig)
-    SC, RB, RT, UN, UR = (Rows(problem.layout) for _ in range(5))
+    SC, RB, RT, UN, UR, RO = (Rows(problem.layout) for _ in range(6))
     for pre, e, width in ffn_units(cfg):
         if e is not None and e in gen.unrouted.get(pre, []):
             continue  # its parameters are all flat (unrouted-experts)
@@ -274,7 +275,10 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
         if not cfg.moe_layer(i):
             continue
         m = f"blocks.{i}.moe"
-        for e in range(cfg.experts):
+        if cfg.router == "softmax":  # one vector added to every expert's column: softmax ignores it
+            for r in range(cfg.d_model):
+                RO.at(RO.new(), f"{m}.W_router")[r, :] = 1.0
+        for e in range(cfg.experts if cfg.router == "sigmoid" else 0):
             RB.at(RB.new(), f"{m}.b_router")[e] = 1.0
             if cfg.top_k == 1 and cfg.router_renorm:
                 for r in range(cfg.d_model):
@@ -283,7 +287,7 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
             for name in (f"{m}.W_gate", f"{m}.W_in", f"{m}.W_out"):
                 for flat in range(p[name][e].numel()):
                     UN.at(UN.new(), name)[e].view(-1)[flat] = 1.0
-            if not (cfg.top_k == 1 and cfg.router_renorm):
+            if cfg.router == "sigmoid" and not (cfg.top_k == 1 and cfg.router_renorm):
                 for r in range(cfg.d_model):  # a sigmoid score enters only its own expert's gate
                     UN.at(UN.new(), f"{m}.W_router")[r, e] = 1.0
     for m, per in gen.unreached.items():
@@ -309,6 +313,16 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
             RB,
             """The score-correction bias enters only the choice of experts (the gates use the raw
             sigmoid scores), which is locally constant at a generic point.""",
+        ),
+        make_family(
+            problem.layout,
+            "router-offset",
+            "L_MoE·d",
+            len(RO.rows),
+            RO,
+            """DeepSeek-V2's softmax router: c added to every expert's router column adds x·c to every
+            logit, which the softmax, the group ranking and the top-k ignore (the gates are softmax
+            scores).""",
         ),
         make_family(
             problem.layout,
