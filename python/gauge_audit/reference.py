@@ -285,8 +285,9 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _complex_rope64
             from transformers.models.deepseek_v2 import modeling_deepseek_v2
 
-            # the module function the attention calls (a float64 input gets a float64 product)
-            modeling_deepseek_v2.apply_rotary_emb = _complex_rotary  # type: ignore[assignment]
+            # the module function the attention calls, replaced on purpose (a float64 input gets a
+            # float64 product; other dtypes the original's float32 one)
+            modeling_deepseek_v2.apply_rotary_emb = _complex_rotary
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
         elif name.endswith("RotaryEmbedding") and module.rope_type in _SCALED:

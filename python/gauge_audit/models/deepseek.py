@@ -179,7 +179,7 @@ def ffn_shapes(cfg: DeepseekConfig, i: int) -> dict:
     b = f"blocks.{i}"
     if not cfg.moe_layer(i):
         return mlp_shapes(cfg, f"{b}.mlp")
-    out = {f"{b}.moe.W_router": ((cfg.d_model, cfg.experts), "weight")}
+    out: dict[str, tuple[tuple[int, ...], str]] = {f"{b}.moe.W_router": ((cfg.d_model, cfg.experts), "weight")}
     if cfg.router == "sigmoid":  # the score-correction bias
         out[f"{b}.moe.b_router"] = ((cfg.experts,), "bias")
     out.update(mlp_shapes(cfg.with_(d_ff=cfg.moe_d_ff), f"{b}.moe", lead=(cfg.experts,)))

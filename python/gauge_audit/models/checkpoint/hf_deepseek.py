@@ -80,7 +80,7 @@ def deepseek_config(arch: str, hf: dict) -> Config:
     rope = _rope(arch, {**hf, "head_dim": rope_dim})  # RoPE acts on the d_rope coordinates only
     bias = bool(hf.get("attention_bias", False))
     n_exp = _count(arch, hf, "n_routed_experts", 0)
-    moe: dict[str, int | float | bool] = dict(experts=0, top_k=0)
+    moe: dict[str, int | float | bool | str] = dict(experts=0, top_k=0)
     if n_exp:
         moe = dict(
             experts=n_exp,
