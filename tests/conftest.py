@@ -53,6 +53,7 @@ _FILE_GROUPS = {
     "tests/test_rules_checkers.py": "rule-checkers",
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
     "tests/test_family_gemma.py": "gemma3-270m",  # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
+    "tests/test_family_deepseek.py": "deepseek",  # its nullity measurements, shared by two tests
 }
 # fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
 # ending in [half0] / [half1]), so each half can go to its own worker
@@ -97,6 +98,7 @@ GROUP_SECONDS = {
     "precision": 25.0,
     "rule-checkers": 25.0,
     "gemma3-270m": 60.0,
+    "deepseek": 35.0,
     "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,  # three audits
     "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 9.0,
     "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 30.0,

@@ -174,6 +174,86 @@ KINDS = {
 }
 
 
+# DeepSeek-V3: a query latent (r_Q 6), key/value latent (r_KV 5), odd nope/value widths, one dense
+# layer then MoE (4 experts in 2 groups, one group kept, top-2, a shared expert); variants without
+# the query latent, with attention biases and rotate_half RoPE, and with yarn's mscale.
+_DEEPSEEK = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    intermediate_size=32,
+    moe_intermediate_size=8,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=1,
+    q_lora_rank=6,
+    kv_lora_rank=5,
+    qk_nope_head_dim=3,
+    qk_rope_head_dim=2,
+    v_head_dim=3,
+    vocab_size=40,
+    max_position_embeddings=32,
+    routed_scaling_factor=2.5,
+)
+KINDS.update(
+    {
+        "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK),
+        "deepseek-v3-noqlora-bias": (
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            dict(
+                _DEEPSEEK,
+                q_lora_rank=None,
+                attention_bias=True,
+                rope_interleave=False,
+                norm_topk_prob=False,
+                n_group=1,
+                topk_group=1,
+                qk_rope_head_dim=4,
+            ),
+        ),
+        # DeepSeek-V2: softmax router; V2-Lite's layout (no query latent, greedy routing) and the
+        # group-limited routing with a query latent
+        "deepseek-v2-lite": (
+            "DeepseekV2Config",
+            "DeepseekV2ForCausalLM",
+            dict(
+                {k: v for k, v in _DEEPSEEK.items() if k not in ("n_group", "topk_group")},
+                q_lora_rank=None,
+                topk_method="greedy",
+                qk_rope_head_dim=4,
+            ),
+        ),
+        "deepseek-v2-grouped": (
+            "DeepseekV2Config",
+            "DeepseekV2ForCausalLM",
+            dict(_DEEPSEEK, topk_method="group_limited_greedy", attention_bias=True),
+        ),
+        "deepseek-v3-yarn": (
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            dict(
+                _DEEPSEEK,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "rope_theta": 500.0,
+                    "original_max_position_embeddings": 4,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 0.8,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                },
+            ),
+        ),
+    }
+)
+
+
 def save(kind: str, out) -> None:
     transformers = pytest.importorskip("transformers")
     transformers.utils.logging.disable_progress_bar()
@@ -181,6 +261,10 @@ def save(kind: str, out) -> None:
     conf, arch, kw = KINDS[kind]
     model = getattr(transformers, arch)(getattr(transformers, conf)(**kw)).eval()
     randomize(model, 0)
+    with torch.no_grad():  # DeepSeek's router bias is a buffer, which randomize leaves at 0
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=torch.Generator().manual_seed(1)))
     model.save_pretrained(str(out))
 
 

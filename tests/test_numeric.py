@@ -81,7 +81,10 @@ def test_false_contrasts_fail_by_a_wide_margin(model, name, action):
 
 # Actions of features no named tiny model has, exercised by their family's test file instead.
 # actions no named model of the pairs above exercises (each tested in the file named)
-EXERCISED_ELSEWHERE: dict[str, str] = {}
+EXERCISED_ELSEWHERE: dict[str, str] = {
+    name: "tests/test_family_deepseek.py"  # multi-head latent attention: no named tiny model has it
+    for name in ("latent-rotation", "latent-norm-scale", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl", "latent-gl")
+}
 
 
 def test_every_action_is_exercised():

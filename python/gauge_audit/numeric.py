@@ -123,6 +123,9 @@ def path_length(c: Config, n: int) -> tuple[int, str]:
         terms.append(("d_head (QK-norm)", c.d_head))
     if c.family not in ("attn", "bert"):
         terms.append(("d_model (unembed)", c.d_model))
+    extra = getattr(c, "path_terms", None)  # a family's own inner products (DeepSeek's latents)
+    if extra is not None:
+        terms += [t for t in extra() if t[1]]
     return sum(v for _, v in terms), " + ".join(f"{k}={v}" for k, v in terms)
 
 

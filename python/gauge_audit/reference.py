@@ -14,6 +14,13 @@ Gemma adds three: its (1 + w) RMSNorms (float32 too), Gemma 3's per-layer-type R
 (inverse frequencies built in float32) and Gemma 2's attention, which has no sdpa path (soft-capped
 scores) — an eager attention with the softmax in the input dtype is registered for it
 (:func:`exact_attention`).
+DeepSeek-V3 adds its router (sigmoid scores, bias correction, group-limited top-k, all in float32;
+its weight and bias are even kept as float32 parameters in a float64 model — their stored float32
+values are exact in float64), re-evaluated by :func:`_sigmoid_router64`; its latent RMSNorms and its
+RoPE table (over qk_rope_head_dim) are the generic ones above.  DeepSeek-V2 adds its softmax router
+(:func:`_softmax_router64`) and its complex RoPE: the table as complex numbers (float32 angles) and
+the rotation as a complex product taken in float32 (``xq.float()``) inside the module function
+``apply_rotary_emb``, which :func:`_complex_rotary` replaces by the same product in the input's dtype.
 ``tests/test_checkpoint.py`` compares both the patched and the as-shipped forward with the project's.
 
 One layer at a time.  The model is built with its decoder layers on the ``meta`` device; a forward
@@ -115,6 +122,10 @@ class _Float64Torch:
 def _rope64_scaled(self, x, position_ids):
     """A scaled RoPE table (transformers' ROPE_INIT_FUNCTIONS) in float64, at this input's length
     (dynamic and longrope tables depend on it, as in transformers' ``dynamic_rope_update``)."""
+    return _angles64(self, x, position_ids, *_scaled_inv_freq64(self, x, position_ids))
+
+
+def _scaled_inv_freq64(self, x, position_ids):
     from transformers import modeling_rope_utils as mru
 
     n = int(position_ids.max()) + 1
@@ -132,7 +143,29 @@ def _rope64_scaled(self, x, position_ids):
             torch.tensor(ext, dtype=torch.float64)
             * rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         )
-    return _angles64(self, x, position_ids, inv_freq, scaling)
+    return inv_freq, scaling
+
+
+def _complex_rope64(self, x, position_ids):
+    """DeepSeek-V2's RoPE table as complex numbers a·e^{i·p·θ}, with float64 angles."""
+    if getattr(self, "rope_type", "default") == "default":
+        base, dim = self.config.rope_parameters["rope_theta"], self.config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
+        scaling = self.attention_scaling
+    else:
+        inv_freq, scaling = _scaled_inv_freq64(self, x, position_ids)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
+    return torch.polar(torch.ones_like(freqs), freqs) * scaling
+
+
+def _complex_rotary(xq, xk, freqs_cis):
+    """transformers' DeepSeek-V2 ``apply_rotary_emb`` with the complex product in the input's dtype
+    when it is float64 (the original casts to float32 first; other dtypes keep that)."""
+    work = torch.float64 if xq.dtype == torch.float64 else torch.float32
+    q = torch.view_as_complex(xq.to(work).contiguous().reshape(*xq.shape[:-1], -1, 2))
+    k = torch.view_as_complex(xk.to(work).contiguous().reshape(*xk.shape[:-1], -1, 2))
+    f = freqs_cis.unsqueeze(1).to(q.device)
+    return torch.view_as_real(q * f).flatten(3).type_as(xq), torch.view_as_real(k * f).flatten(3).type_as(xk)
 
 
 def _gemma_rmsnorm64(self, x):
@@ -195,6 +228,43 @@ def _router64(self, hidden_states):
     return logits, top, index
 
 
+def _sigmoid_router64(self, hidden_states):
+    """DeepSeek-V3's router (sigmoid scores, bias-corrected group-limited top-k), which transformers
+    evaluates in float32, in the input's dtype — the same steps."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(x, self.weight.to(x.dtype))
+    scores = logits.sigmoid()
+    choice = scores + self.e_score_correction_bias.to(x.dtype)
+    per = self.num_experts // self.num_group
+    group_scores = choice.view(-1, self.num_group, per).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, self.num_group, per).reshape(-1, self.num_experts)
+    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    index = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, index)
+    if self.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * self.routed_scaling_factor, index
+
+
+def _softmax_router64(self, hidden_states):
+    """DeepSeek-V2's router (softmax scores, greedy or group-limited top-k), which transformers
+    evaluates in float32, in the input's dtype — the same steps."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(x, self.weight.to(x.dtype))
+    scores = logits.softmax(dim=-1)
+    if self.topk_method == "group_limited_greedy":
+        per = self.num_experts // self.num_group
+        group_scores = scores.view(-1, self.num_group, per).max(dim=-1).values
+        group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, self.num_group, per).reshape(-1, self.num_experts)
+        scores = scores.masked_fill(~score_mask.bool(), 0.0)
+    weights, index = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+    return logits, weights * self.routed_scaling_factor, index
+
+
 def float64_internals(model: torch.nn.Module) -> int:
     """Evaluate transformers' float32 internals (RMSNorm, RoPE angles, MoE router) in the model's
     dtype; returns how many modules were re-routed.  Each such module gets a subclass whose
@@ -211,12 +281,23 @@ def float64_internals(model: torch.nn.Module) -> int:
             forward = _gemma_rmsnorm64
         elif name == "Gemma3RotaryEmbedding":
             forward = _gemma3_rope64
+        elif name == "DeepseekV2RotaryEmbedding":
+            forward = _complex_rope64
+            from transformers.models.deepseek_v2 import modeling_deepseek_v2
+
+            # the module function the attention calls, replaced on purpose (a float64 input gets a
+            # float64 product; other dtypes the original's float32 one)
+            modeling_deepseek_v2.apply_rotary_emb = _complex_rotary
         elif name.endswith("RotaryEmbedding") and getattr(module, "rope_type", "default") == "default":
             forward = _rope64
         elif name.endswith("RotaryEmbedding") and module.rope_type in _SCALED:
             forward = _rope64_scaled
         elif name.endswith("TopKRouter"):
             forward = _router64
+        elif name == "DeepseekV3TopkRouter":
+            forward = _sigmoid_router64
+        elif name == "DeepseekV2TopkRouter":
+            forward = _softmax_router64
         else:
             continue
         # one subclass per (class, float64 forward): a RoPE class has one per table type
@@ -271,6 +352,8 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     names = {
         "MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
         "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
+        "DeepseekV3ForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
+        "DeepseekV2ForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
     }
     if arch.name not in names:
         return sd
@@ -285,6 +368,8 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
             out["mlp.gate." + k.rsplit(".", 1)[1]] = t
         else:
             out[k] = t
+    if not w:  # a dense layer of a mixed stack (DeepSeek's first_k_dense_replace)
+        return out
     n = len(w[gate])
     out["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([w[gate][e], w[up][e]]) for e in range(n)])
     out["mlp.experts.down_proj"] = torch.stack([w[down][e] for e in range(n)])

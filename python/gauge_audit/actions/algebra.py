@@ -25,10 +25,12 @@ ADDITIVE = (
     "segment-shift",
 )
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
-DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale")
+DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale", "latent-norm-scale")
 # Stacks of invertible matrices acting on the right (W·M): inverse M⁻¹, product M₁·M₂.
 # (The rotation's κ is that of D_γ⁻¹·R·D_γ, which depends on γ, not on R alone.)
-MATRIX = ("qk-gl", "vo-gl", "stream-rotation")
+# (Likewise a latent rotation's, through the latent norm's γ.)
+MATRIX = ("qk-gl", "vo-gl", "stream-rotation", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl", "latent-rotation")
+ROTATIONS = ("stream-rotation", "latent-rotation")  # orthogonal: inverse Rᵀ, κ kept as a bound
 # Index maps new[i] = old[p[i]] along the last axis: inverse argsort, product p₁[p₂].
 PERMUTATION = ("ffn-perm", "expert-perm")
 
@@ -42,7 +44,7 @@ def kappa_of(action: str, parts: dict) -> float:
     """κ of an element of ``action`` from its parts alone (for elements read from files)."""
     if action in DIAGONAL:
         return _scale_kappa(parts)
-    if action in ("qk-gl", "vo-gl"):
+    if action in ("qk-gl", "vo-gl", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl"):
         return max((cond(t) for t in parts.values()), default=1.0)
     return 1.0
 
@@ -63,8 +65,8 @@ def inverse(action: str, el: Element) -> Element:
         return Element({k: -v for k, v in p.items()}, el.kappa)
     if action in DIAGONAL:
         return Element({k: 1.0 / v for k, v in p.items()}, el.kappa)
-    if action == "stream-rotation":
-        return Element({"R": p["R"].transpose(-1, -2).clone()}, el.kappa)
+    if action in ROTATIONS:
+        return Element({k: v.transpose(-1, -2).clone() for k, v in p.items()}, el.kappa)
     if action in MATRIX:
         return Element({k: torch.linalg.inv(v) for k, v in p.items()}, el.kappa)
     if action in PERMUTATION:
@@ -89,8 +91,8 @@ def compose(action: str, first: Element, second: Element) -> Element:
     if action in DIAGONAL:
         parts = _union(a, b, torch.ones_like, torch.mul)
         return Element(parts, _scale_kappa(parts))
-    if action == "stream-rotation":  # κ is that of C = D_γ⁻¹·R·D_γ, which needs γ: keep the bound
-        return Element({"R": a["R"] @ b["R"]}, kappa)
+    if action in ROTATIONS:  # κ is that of C = D_γ⁻¹·R·D_γ, which needs γ: keep the bound
+        return Element({k: a[k] @ b[k] for k in a}, kappa)
     if action in MATRIX:
         parts = {k: a[k] @ b[k] for k in a}
         return Element(parts, max(cond(t) for t in parts.values()))

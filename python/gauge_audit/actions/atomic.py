@@ -6,9 +6,11 @@ Its own module so that :mod:`.composite` reads its members from here while the p
 
 from __future__ import annotations
 
-from . import attention, ffn, offsets, qk_norm, stream
+from . import attention, ffn, mla, offsets, qk_norm, stream
 from .base import Action
 
+# every action refuses a multi-head latent attention model with its reason unless it carries over (mla.gated)
 ATOMIC: dict[str, Action] = {
-    a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *qk_norm.ACTIONS)
+    a.name: mla.gated(a)
+    for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *qk_norm.ACTIONS, *mla.ACTIONS)
 }

@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import GaugeAuditError
+from ..models import deepseek
 from ..models.config import Config
+from ..models.deepseek import DeepseekConfig
 from . import strata
 from .base import (
     Action,
@@ -38,7 +40,9 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
     Normed sublayer outputs (OLMo 2) write into the stream and have no readers of their own: only
     the final norm is listed there."""
     out: dict[str, list[tuple[str, str | None]]] = {}
-    for i in range(cfg.n_layers if cfg.norm_placement != "output" else 0):
+    if isinstance(cfg, DeepseekConfig):  # MLA's readers are its latent and RoPE-key projections
+        out = deepseek.norm_readers(cfg)
+    for i in range(cfg.n_layers if not out and cfg.norm_placement != "output" else 0):
         b = f"blocks.{i}"
         out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
         ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
@@ -47,12 +51,14 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
             out[f"{b}.ln2"].append((f"{ffn}.W_gate", f"{ffn}.b_gate"))
         if cfg.experts:
             out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
-    if cfg.unembed and not cfg.tied:
+    if cfg.unembed and not cfg.tied and not isinstance(cfg, DeepseekConfig):
         out["ln_final"] = [("unembed.W_U", "unembed.b_U")]
     return {norm: [(w, b if b in params else None) for w, b in readers if w in params] for norm, readers in out.items()}
 
 
 def stream_writers(cfg: Config, params: Params) -> list[str]:
+    if isinstance(cfg, DeepseekConfig):
+        return [n for n in deepseek.stream_writers(cfg) if n in params]
     names = ["embed.W_E", "embed.W_pos"]
     for i in range(cfg.n_layers):
         b = f"blocks.{i}"

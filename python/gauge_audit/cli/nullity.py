@@ -136,6 +136,7 @@ def register(sub) -> None:
         metavar="S",
         help="Gemma: scores scaled by S^-1/2 (0: d_head; default: the family's)",
     )
+    _add_mla_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random parameter point and sketches")
     p.add_argument(
         "--rows-factor",
@@ -262,7 +263,49 @@ def build_cfg(args):
         o["top_k"] = 0
     if args.n_heads is not None and args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise GaugeAuditError(f"--n-heads ({args.n_heads}) must be divisible by --n-kv-heads ({args.n_kv_heads})")
+    o.update(_mla_options(args, o))
     return arch.config(**o)
+
+
+# ----------------------------------------------------------------------------- MLA (deepseek)
+_MLA_FLAGS = (
+    ("q-lora-rank", "q_lora_rank", 0, "rank of the query latent (0: a plain per-head W_Q)"),
+    ("kv-lora-rank", "kv_lora_rank", 1, "rank of the key/value latent"),
+    ("qk-nope-dim", "nope_dim", 0, "unrotated query/key coordinates per head"),
+    ("rope-head-dim", "d_head", 2, "RoPE coordinates per head (one RoPE key shared by the heads)"),
+    ("v-head-dim", "v_dim", 1, "value coordinates per head"),
+)
+
+
+def _add_mla_args(p) -> None:
+    for flag, _, _, text in _MLA_FLAGS:
+        p.add_argument(f"--{flag}", type=int, metavar="R" if "rank" in flag else "D", help=f"deepseek: {text}")
+
+
+def _mla_options(args, o: dict) -> dict:
+    """The deepseek family's MLA widths; its d_head is the RoPE width (as in transformers' config)."""
+    given = {flag: getattr(args, flag.replace("-", "_")) for flag, *_ in _MLA_FLAGS}
+    if args.family != "deepseek":
+        bad = [f"--{f}" for f, v in given.items() if v is not None]
+        if bad:
+            raise GaugeAuditError(f"{', '.join(bad)}: multi-head latent attention is the deepseek family's")
+        return {}
+    if args.d_head is not None:
+        raise GaugeAuditError("deepseek: give the head widths with --qk-nope-dim, --rope-head-dim, --v-head-dim")
+    out: dict[str, int | float] = {}
+    for flag, field, low, _ in _MLA_FLAGS:
+        v = given[flag]
+        if v is not None:
+            if v < low:
+                raise GaugeAuditError(f"--{flag} must be an integer >= {low}, got {v}")
+            out[field] = v
+    if args.experts:  # a chosen expert count: plain top-k routing (no expert groups)
+        out.update(n_group=1, topk_group=1)
+    if o.get("experts") == 0:
+        out.update(n_group=1, topk_group=1, first_dense=0)
+    if args.norm_eps is not None:
+        out["latent_eps"] = args.norm_eps  # the latents' norms too (ε = 0 makes their scales exact)
+    return out
 
 
 def run(args) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import attn, bert, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
+from . import attn, bert, deepseek, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
 from .config import Config
 
 
@@ -34,6 +34,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "olmo2": Architecture(olmo2.config, "OLMo 2"),
     "phi3": Architecture(phi3.config, "Phi-3"),
     "neox": Architecture(neox.config, "GPT-NeoX / Pythia"),
+    "deepseek": Architecture(deepseek.config, "DeepSeek-V3 (MLA)"),
     "moe": Architecture(moe.config, "MoE (Mixtral-style)"),
     "attn": Architecture(attn.config, "attention only"),
 }

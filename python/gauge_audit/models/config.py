@@ -14,7 +14,7 @@ ACTS = ("relu", "gelu", "gelu-tanh", "silu", "swiglu")  # gelu: exact erf form; 
 
 @dataclass(frozen=True)
 class Config:
-    family: str  # gpt2 | bert | llama | qwen | moe | attn | gemma
+    family: str  # a name of families.FAMILIES: gpt2 | bert | llama | qwen | moe | attn | gemma | deepseek | …
     d_model: int = 16
     n_layers: int = 2
     n_heads: int = 4

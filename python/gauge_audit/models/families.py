@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import attn, bert, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
+from . import attn, bert, deepseek, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
 
 FAMILIES: dict[str, ModuleType] = {
     "gpt2": gpt2,
@@ -23,4 +23,5 @@ FAMILIES: dict[str, ModuleType] = {
     "phi3": phi3,
     "neox": neox,
     "gemma": gemma,
+    "deepseek": deepseek,
 }

@@ -260,7 +260,8 @@ def genericity(problem: Problem) -> Genericity:
             z = z[sel]
         out.dead[key] = [int(i) for i in torch.nonzero((z <= 0).all(0)).flatten()]
         out.always_active[key] = [int(i) for i in torch.nonzero((z > 0).all(0)).flatten()]
-    for layer, r in enumerate(routing):
+    # the layer each routing record belongs to (a stack with dense layers records only its MoE ones)
+    for layer, r in zip(trace.get("routing_layers", range(len(routing))), routing):
         used = set(int(i) for i in r.unique())
         pre = f"blocks.{layer}.moe"
         out.unrouted[pre] = [e for e in range(cfg.experts) if e not in used]

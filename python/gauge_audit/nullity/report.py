@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.config import Config
+from ..models.deepseek import DeepseekConfig
 from ..symbolic import counts
 from . import explain as ex
 from .families import Family
@@ -30,13 +31,20 @@ def paper_counts(cfg: Config) -> dict[str, float]:
     :mod:`gauge_audit.symbolic.counts`.
     """
     L, h, g, e, d = cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    v = e
+    if isinstance(cfg, DeepseekConfig):  # MLA: the formulas read with its query/key and value head widths
+        e, v = cfg.nope_dim + cfg.d_head, cfg.v_dim
     rope = cfg.pos == "rope"
+    # the RoPE variant's commutant over a head of d_k coordinates has dimension d_k (MLA's d_k may be odd)
+    variant = (
+        L * g * (e + v * v) if isinstance(cfg, DeepseekConfig) else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
+    )
     return {
-        "mgs": int(counts.mgs_model_dim(L, h, e, e)),
-        "mgs-variant": int(L * counts.mgs_gqa_layer_dim(g, e, e, rope=rope)),
+        "mgs": int(counts.mgs_model_dim(L, h, e, v)),
+        "mgs-variant": int(variant),
         "van-nierop": int(counts.nierop_redundancy(L, h, e, d)),
-        "wiki-gqa": int(L * counts.wiki_gqa_layer_dim(h, g, e, e)),
-        "wiki-log-hfact": float(L * counts.wiki_group_dim(h, e, e)),
+        "wiki-gqa": int(L * counts.wiki_gqa_layer_dim(h, g, e, v)),
+        "wiki-log-hfact": float(L * counts.wiki_group_dim(h, e, v)),
     }
 
 
@@ -206,6 +214,13 @@ def verdict(report: NullityReport) -> MaximalityVerdict:
 
 def describe(cfg: Config) -> str:
     parts = [f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads}/{cfg.n_kv_heads} d_k={cfg.d_head}"]
+    if isinstance(cfg, DeepseekConfig):
+        parts = [
+            f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads} MLA r_Q={cfg.q_lora_rank} r_KV={cfg.kv_lora_rank} "
+            f"d_nope={cfg.nope_dim} d_rope={cfg.d_head} d_v={cfg.v_dim}"
+        ]
+        if cfg.experts:
+            parts.append(f"moe_d_ff={cfg.moe_d_ff} shared={cfg.n_shared} dense-first={cfg.first_dense}")
     if cfg.family != "attn":
         parts.append(
             f"d_ff={cfg.d_ff} V={cfg.vocab} n={cfg.n_ctx} {cfg.act} {cfg.norm}"

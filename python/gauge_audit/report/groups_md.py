@@ -43,6 +43,10 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _slot(f: dict, k: str) -> str:
+    return f"{f[k].group} ({f[k].dim}/layer)" if k in f else "—"
+
+
 def table() -> str:
     lines = [
         "| architecture | QK | VO | FFN | biases | stream | discrete | vs G_max |",
@@ -52,13 +56,10 @@ def table() -> str:
         cfg = ARCHITECTURES[name].config() if name in ARCHITECTURES else config_of(name)
         f = {x.name: x for x in factors(cfg)}
 
-        def slot(k: str) -> str:
-            return f"{f[k].group} ({f[k].dim}/layer)" if k in f else "—"
-
         biases = "; ".join(f[k].group for k in _BIASES if k in f) or "—"
         diffs = "; ".join(f"{k}: {x.differs}" for k, x in f.items() if x.differs not in ("", "=", "beyond G_max"))
         stream = f"{f['stream'].group} ({f['stream'].dim})" if "stream" in f else "—"
-        cells = [title, slot("QK"), slot("VO"), slot("FFN"), biases, stream, "; ".join(discrete(cfg))]
+        cells = [title, *(_slot(f, k) for k in ("QK", "VO", "FFN")), biases, stream, "; ".join(discrete(cfg))]
         cells.append(diffs or "the G_max slots agree (FFN, stream, biases: beyond G_max)")
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

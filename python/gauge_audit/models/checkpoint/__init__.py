@@ -37,6 +37,7 @@ from . import gemma as gemma_io
 from . import gguf as gguf_io
 from .hf import ARCHS as _HF_ARCHS
 from .hf import Arch, Link, arch_of
+from .hf_deepseek import DEEPSEEK_ARCHS
 from .hf_fused import FUSED_ARCHS
 from .hf_qknorm import QK_NORM_ARCHS
 from .safetensors_file import SafetensorsFile
@@ -62,7 +63,7 @@ for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
 
 DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
 
-ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS, **_GEMMA_ARCHS}
+ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS, **_GEMMA_ARCHS, **DEEPSEEK_ARCHS}
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
 
 

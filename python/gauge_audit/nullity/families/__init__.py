@@ -37,6 +37,7 @@ Modules, by kind (imports point down this list):
 * :mod:`.qk_norm` — what a QK-norm leaves of qk-gl (Qwen3, OLMo 2);
 * :mod:`.gemma` — sandwich norms, QK-norm and their special points (Gemma 2/3);
 * :mod:`.parallel` — the parallel residual's bias trade (GPT-NeoX);
+* :mod:`.deepseek` — multi-head latent attention and the sigmoid-routed MoE (DeepSeek-V3);
 * :mod:`.data` — directions created by the sample, not the architecture;
 * :mod:`.token_tables` — block-0 sublayers that read only the vocab points (a parallel
   residual's FFN, OLMo 2's first attention): the null space of their finite table.
@@ -46,10 +47,12 @@ Modules, by kind (imports point down this list):
 
 from __future__ import annotations
 
+from ...models.deepseek import DeepseekConfig
 from ..measure import Genericity, Problem, genericity, progress
 from .attention import key_bias_family, qk_family, value_bias_family, vo_family
 from .base import AFFINE, LN, Family
 from .data import data_families
+from .deepseek import deepseek_families
 from .ffn import ffn_scaling_family, router_family
 from .first_block import first_block_families, tied_unembed_family
 from .gemma import gemma_families
@@ -65,6 +68,8 @@ from .token_tables import token_table_families
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
+    if isinstance(cfg, DeepseekConfig):  # MLA: its latents, shared RoPE key and routers (see .deepseek)
+        return [f for f in deepseek_families(problem, gen) if f.k > 0]
     if cfg.norm_placement == "sandwich":  # Gemma: its own stream, norms and QK (see .gemma)
         sandwich = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
         return [f for f in sandwich if f is not None and f.k > 0]
