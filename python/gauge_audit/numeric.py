@@ -294,7 +294,8 @@ def compare(
     trace1: dict | None = {} if model.cfg.experts else None  # the router records its choices here
     with torch.no_grad():
         y1 = model.forward(cast(new, dtype=dtype), inputs, trace1).to(torch.float64)
-    after = y1[:, -1].argmax(-1) if model.cfg.unembed else None
+    # logits: is the greedy next token kept? (read before y1 is overwritten)
+    tokens = (y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)) if model.cfg.unembed else None
     err = _relative_change(y1, y0)
     n = positions(inputs)
     tol, formula = tolerance(model, kappa, dtype, n)
@@ -315,8 +316,8 @@ def compare(
     tol_stat, stat_formula = statistical_tolerance(model, kappa, dtype, n, y0.numel())
     verdict = verdict_for(err, tol_stat, tol, routing)
     extra: dict[str, object] = {"routing_ties": ties} if trace0 is not None else {}
-    if model.cfg.unembed:  # logits: is the greedy next token kept?
-        before = y0[:, -1].argmax(-1)
+    if tokens is not None:
+        before, after = tokens
         extra.update(next_token=before.tolist(), next_token_unchanged=bool(torch.equal(before, after)))
     on, unresolved = "", ""
     if special is not None and expected_holds:
