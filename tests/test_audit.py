@@ -41,6 +41,19 @@ def test_combine_rules():
 
 
 # ----------------------------------------------------------------------------- the catalog
+def test_context_measures_each_torch_check_once():
+    """Claims naming the same action on the same model share one measurement (the check is
+    deterministic in the seed): the memo returns what a fresh check at the run's seed returns."""
+    from gauge_audit.audit.checkers import Context
+    from gauge_audit.numeric import check
+
+    ctx = Context(seed=3)
+    first = ctx.check("llama-tiny-gqa", "vo-gl")
+    assert ctx.check("llama-tiny-gqa", "vo-gl") is first
+    assert first.to_json() == check(ctx.model("llama-tiny-gqa"), "vo-gl", seed=3).to_json()
+    assert ctx.check("llama-tiny-gqa", "qk-gl").to_json() != first.to_json()
+
+
 def test_catalog_audit_every_claim_decided_by_checkers(catalog_report):
     report, out = catalog_report
     catalog = load_catalog()

@@ -351,6 +351,28 @@ def test_verdict_bands_and_statistical_tolerance():
     assert 1.9 < b / a < 2.3
 
 
+def test_measured_change_is_the_max_relative_change_bit_for_bit(model):
+    """The check's error is max|y1 − y0| / max|y0| of the two outputs exactly (computed without
+    temporaries of the output's size), the reference output is left as it was, and a transformed
+    point whose forward overflows or gives NaN is a one-line error, not a verdict."""
+    from gauge_audit.numeric import compare, reference_output
+
+    m = model("gpt2-tiny")
+    act = get_action("qk-same-action")  # a false rule: a change far above rounding
+    el = act.sample(m.cfg, m.params, torch.Generator().manual_seed(0), 10.0)
+    new = act.apply(m.cfg, m.params, el)
+    x = m.sample_inputs(0)
+    y0, y1 = m.forward(m.params, x), m.forward(new, x)
+    r = compare(m, new, x, el.kappa, torch.float64, act.name, False, 0)
+    assert r.max_rel_error == float((y1 - y0).abs().max() / y0.abs().max()) > CONTRAST_MIN
+    assert torch.equal(reference_output(m, x, torch.float64)[0], y0)
+    assert r.extra["next_token_unchanged"] == bool(torch.equal(y0[:, -1].argmax(-1), y1[:, -1].argmax(-1)))
+    for bad in (float("nan"), float("inf")):
+        broken = {**new, "blocks.1.mlp.W_out": torch.full_like(new["blocks.1.mlp.W_out"], bad)}
+        with pytest.raises(GaugeAuditError, match="NaN or infinite"):
+            compare(m, broken, x, el.kappa, torch.float64, act.name, True, 0)
+
+
 def test_actions_do_not_mutate_their_input(model):
     for name, action in [("gpt2-tiny", a) for a in ACTIONS if ACTIONS[a].applies(NAMED["gpt2-tiny"]) is None]:
         m = model(name)

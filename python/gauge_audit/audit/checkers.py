@@ -15,7 +15,7 @@ from ..claims import Claim
 from ..experiments import EXPERIMENTS
 from ..models import Model, build, config_of, model_names
 from ..models.registry import REAL, UNTIED
-from ..numeric import HOLDS_WORST_CASE_ONLY, check
+from ..numeric import HOLDS_WORST_CASE_ONLY, CheckResult, check
 from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
 from .selection import matches_params
 
@@ -30,11 +30,20 @@ class Context:
     models: dict[str, Model] = field(default_factory=dict)
     lake: dict = field(default_factory=dict)  # cached `lake build` outcome
     cache: dict = field(default_factory=dict)  # checker-specific shared results (error study, ...)
+    checks: dict = field(default_factory=dict)  # (model, action) -> the torch check at this seed
 
     def model(self, name: str) -> Model:
         if name not in self.models:
             self.models[name] = build(name, seed=self.seed, device=self.device)
         return self.models[name]
+
+    def check(self, name: str, action: str) -> CheckResult:
+        """The torch check of ``action`` on model ``name`` at the run's seed, measured once per run:
+        several claims name the same action (qk-gl on its own and as a corrected rule), and the
+        check is deterministic in the seed (treat the result as read-only)."""
+        if (name, action) not in self.checks:
+            self.checks[name, action] = check(self.model(name), action, seed=self.seed)
+        return self.checks[name, action]
 
 
 # ----------------------------------------------------------------------------- lean
@@ -165,7 +174,7 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
             NOT_APPLICABLE,
             f"action {claim.action} applies to no reference model matching the claim's parameters",
         )
-    results = [check(ctx.model(m), claim.action, seed=ctx.seed) for m in models]
+    results = [ctx.check(m, claim.action) for m in models]
     rows = [_row(r) for r in results]
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
@@ -235,7 +244,7 @@ def _corrected(claim: Claim, ctx: Context, models: list[str], details: dict) -> 
     usable = [m for m in models if fix.applies(config_of(m)) is None]
     if not usable:
         return None
-    fixed = [check(ctx.model(m), fix.name, seed=ctx.seed) for m in usable]
+    fixed = [ctx.check(m, fix.name) for m in usable]
     details["corrected"] = [_row(r) for r in fixed]
     if all(r.holds for r in fixed):
         worst = max(fixed, key=lambda r: r.max_rel_error)
