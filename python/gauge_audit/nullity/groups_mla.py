@@ -89,9 +89,9 @@ def mla_factors(cfg: DeepseekConfig) -> list[Row]:
         if cfg.router == "softmax":  # V2: softmax ignores one vector added to every expert's column
             out.append(("MoE layers", "router", f"R^{d} router offset", d, "router-offset", "-", ""))
         else:
-            why = "the sigmoid has no shift invariance: no router offset"
+            # the sigmoid has no shift invariance: V2's router offset is gone
             grp = f"R^{E} router bias, locally flat (selection only)"
-            out.append(("MoE layers", "router", grp, E, "router-bias-selection", "-", f"{BEYOND}; {why}"))
+            out.append(("MoE layers", "router", grp, E, "router-bias-selection", "-", BEYOND))
             if cfg.top_k == 1 and cfg.router_renorm:
                 grp = f"R^{d * E} router weights, locally flat (top-1 gate s/s·ρ = ρ)"
                 out.append(("MoE layers", "router weights", grp, d * E, "router-top1", "-", BEYOND))
