@@ -110,8 +110,9 @@ def format_table(name: str, cfg, fs, v) -> str:
     lines.append(f"G_max: {G_MAX}")
     if v is not None:
         s = v.cfg
+        heads = _heads(s) if isinstance(s, DeepseekConfig) else f"{s.n_heads}/{s.n_kv_heads} heads of {s.d_head}"
         lines.append(
-            f"verify (d={s.d_model}, {_heads(s)}, d_ff={s.d_ff}, vocab={s.vocab}, "
+            f"verify (d={s.d_model}, {heads}, d_ff={s.d_ff}, vocab={s.vocab}, "
             f"{s.n_layers} layer{'s' if s.n_layers != 1 else ''}): measured nullity {v.measured}, explained {v.explained}"
             + (
                 "  (measured = explained)"
