@@ -9,6 +9,8 @@ import json
 import pytest
 
 from gauge_audit.cli import main
+from gauge_audit.models import deepseek
+from gauge_audit.nullity.groups import factors, small, total, verify
 
 AGREE = (
     "gpt2-tiny",
@@ -22,6 +24,7 @@ AGREE = (
     "olmo2",
     "phi3",
     "neox",
+    "deepseek",
 )
 
 
@@ -75,6 +78,59 @@ def test_gmax_column_flags_the_known_differences(capsys):
     assert by["llama"]["stream"]["source"] == "stream-rotation"
     _, out = _groups(capsys, "phi3")  # the default Phi-3 rotates whole heads: G_max's commutant
     assert {f["name"]: f for f in out["factors"]}["QK"]["differs"] == ""
+
+
+# DeepSeek's switches: query latent or a plain W_Q, MoE after a dense layer or dense only, V3's
+# sigmoid router (top-1 with norm_topk_prob: the router weights only select) or V2's softmax router
+_GROUPED = dict(n_group=1, topk_group=1)
+DEEPSEEK = {
+    "plain-q-dense": dict(q_lora_rank=0, experts=0, top_k=0, **_GROUPED),
+    "latent-dense": dict(experts=0, top_k=0, **_GROUPED),
+    "plain-q-moe-only-v2": dict(q_lora_rank=0, first_dense=0, router="softmax", router_renorm=False),
+    "latent-top1-bias-eps0": dict(top_k=1, attn_bias=True, out_bias=True, norm_eps=0.0, latent_eps=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK))
+def test_groups_deepseek_variants_measured_equals_explained(name):
+    cfg = deepseek.config(**DEEPSEEK[name])
+    v = verify(cfg)
+    s = v.cfg
+    print(name, v.measured, v.explained, v.rows, v.others)
+    # the small model keeps the switches
+    assert bool(s.q_lora_rank) == bool(cfg.q_lora_rank) and s.router == cfg.router and s.top_k == min(cfg.top_k, 2)
+    assert [s.moe_layer(i) for i in range(s.n_layers)] == sorted({cfg.moe_layer(i) for i in range(cfg.n_layers)})
+    assert v.measured == v.explained == v.factor_total + sum(v.others.values())
+    assert all(a == b > 0 for _, a, b in v.rows)
+    fams = {n for n, _, _ in v.rows}
+    assert ("router-offset" in fams) == (cfg.router == "softmax") and ("router-top1" in fams) == (cfg.top_k == 1)
+    assert ("latent-rotation" in fams) and set(v.others) <= {"norm-scale", "stream-scale", "latent-input-scale"}
+
+
+def test_groups_deepseek_gmax_column_flags_mla(capsys):
+    _, out = _groups(capsys, "deepseek")
+    f = {x["name"]: x for x in out["factors"]}
+    assert f["QK rope"]["source"] == "mla-rope-commutant" and "shared by all 4 heads" in f["QK rope"]["differs"]
+    assert "per head" in f["QK rope"]["gmax"] and f["QK rope"]["dim"] == 2  # d_rope once, not h·d_rope
+    assert f["QK"]["source"] == "mla-nope-gl" and "nope part only" in f["QK"]["differs"]
+    assert "O(r), not GL(r)" in f["latents"]["differs"] and f["VO"]["differs"] == ""
+    assert (f["FFN"]["scope"], f["experts"]["scope"]) == ("dense layers", "MoE layers")
+    assert f["FFN"]["repeats"] == f["experts"]["repeats"] == 1
+    assert out["total_dimension"] == sum(x["dim"] * x["repeats"] for x in out["factors"])
+
+
+def test_groups_deepseek_v3_full_size_counts():
+    """DeepSeek-V3's sizes (61 layers, 3 dense): the per-layer MLA factors and the totals derived by hand."""
+    cfg = deepseek.config(
+        d_model=7168, n_layers=61, n_heads=128, d_head=64, q_lora_rank=1536, kv_lora_rank=512, nope_dim=128,
+        v_dim=128, d_ff=18432, first_dense=3, experts=256, moe_d_ff=2048, n_shared=1, n_group=8, topk_group=4,
+        top_k=8, vocab=129280,
+    )  # fmt: skip
+    fs = factors(cfg)
+    per_layer = sum(f.dim for f in fs if f.scope == "every layer")
+    assert per_layer == 1_309_696 + 2_048 + 2_097_152 + 64 + 2_097_152 == 5_506_112
+    assert total(cfg, fs) == 61 * per_layer + 25_686_528 + 30_582_784 + 14_848 == 392_156_992
+    assert small(cfg).n_layers == 2 and small(cfg).topk_group == 1 and small(cfg).n_group == 2
 
 
 def test_groups_table_output(capsys):

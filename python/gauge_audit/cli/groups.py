@@ -9,8 +9,11 @@ from pathlib import Path
 
 from ..errors import GaugeAuditError
 from ..models.architectures import ARCHITECTURES
+from ..models.deepseek import DeepseekConfig
 from ..models.registry import config_of, model_names
-from ..nullity.groups import G_MAX, discrete, factors, to_json, total, verify
+from ..nullity.groups import G_MAX, discrete, factors, repeats, to_json, total, verify
+
+_MLA = ("q_lora_rank", "kv_lora_rank", "nope_dim", "v_dim", "moe_d_ff", "experts", "first_dense", "router")
 
 
 def register(sub) -> None:
@@ -57,6 +60,7 @@ def run(args) -> int:
             "sizes": {
                 k: getattr(v.cfg, k)
                 for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "n_layers")
+                + (_MLA if isinstance(v.cfg, DeepseekConfig) else ())
             },
             "measured_nullity": v.measured,
             "explained": v.explained,
@@ -81,24 +85,35 @@ def _table(rows: list[list[str]], width: int) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, ws)).rstrip() for r in fit]
 
 
+def _heads(cfg) -> str:
+    if not isinstance(cfg, DeepseekConfig):
+        return f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"
+    moe = f", {cfg.experts} experts of {cfg.moe_d_ff} ({cfg.router})" if cfg.experts else ", dense"
+    return (
+        f"{cfg.n_heads} MLA heads (r_Q={cfg.q_lora_rank} r_KV={cfg.kv_lora_rank} d_nope={cfg.nope_dim} "
+        f"d_rope={cfg.d_head} d_v={cfg.v_dim}){moe}"
+    )
+
+
 def format_table(name: str, cfg, fs, v) -> str:
     width = shutil.get_terminal_size((120, 24)).columns
     rows = [["scope", "factor", "group", "dim", "generators", "G_max predicts", "differs"]]
     for f in fs:
-        scope = f"×{cfg.n_layers} layers" if f.scope == "every layer" else "stream"
+        n = repeats(cfg, f.scope)
+        kind = {"every layer": "layer", "dense layers": "dense layer", "MoE layers": "MoE layer"}.get(f.scope)
+        scope = f"×{n} {kind}{'s' if n != 1 else ''}" if kind else "stream"
         rows.append([scope, f.name, f.group, str(f.dim), f.source or "-", f.gmax, f.differs or "="])
-    lines = [
-        f"{name}: {cfg.family}, d={cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"
-    ]
+    lines = [f"{name}: {cfg.family}, d={cfg.d_model}, {cfg.n_layers} layers, {_heads(cfg)}"]
     lines += _table(rows, width)
     lines.append(f"total continuous dimension: {total(cfg, fs)}")
     lines.append("discrete: " + "; ".join(discrete(cfg)))
     lines.append(f"G_max: {G_MAX}")
     if v is not None:
         s = v.cfg
+        heads = _heads(s) if isinstance(s, DeepseekConfig) else f"{s.n_heads}/{s.n_kv_heads} heads of {s.d_head}"
         lines.append(
-            f"verify (d={s.d_model}, {s.n_heads}/{s.n_kv_heads} heads of {s.d_head}, d_ff={s.d_ff}, vocab={s.vocab}, "
-            f"{s.n_layers} layer): measured nullity {v.measured}, explained {v.explained}"
+            f"verify (d={s.d_model}, {heads}, d_ff={s.d_ff}, vocab={s.vocab}, "
+            f"{s.n_layers} layer{'s' if s.n_layers != 1 else ''}): measured nullity {v.measured}, explained {v.explained}"
             + (
                 "  (measured = explained)"
                 if v.measured == v.explained

@@ -17,17 +17,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..models.config import Config
+from ..models.deepseek import DeepseekConfig
 from ..models.gemma import GemmaConfig
+from .groups_mla import mla_discrete, mla_factors, mla_small
 
 G_MAX = "G_max (per head GL(d_k)×GL(d_v), RoPE commutant, GQA tying)"
 
 
 @dataclass
 class Factor:
-    scope: str  # "every layer" or "stream"
+    scope: str  # "every layer", "dense layers", "MoE layers" (DeepSeek's two kinds) or "stream"
     name: str
     group: str
-    dim: int  # per layer for scope "every layer"
+    dim: int  # per layer for the layer scopes
     source: str  # the nullity family that generates it ("" when blocked)
     gmax: str  # what G_max predicts for this slot
     differs: str  # "" when G_max agrees, else why not
@@ -37,7 +39,20 @@ def _rotary(cfg: Config) -> int:
     return (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
 
 
+def repeats(cfg: Config, scope: str) -> int:
+    """How many times a factor of this scope occurs in the model."""
+    if scope == "stream":
+        return 1
+    if scope == "every layer":
+        return cfg.n_layers
+    assert isinstance(cfg, DeepseekConfig), scope
+    moe = sum(cfg.moe_layer(i) for i in range(cfg.n_layers))
+    return moe if scope == "MoE layers" else cfg.n_layers - moe
+
+
 def factors(cfg: Config) -> list[Factor]:
+    if isinstance(cfg, DeepseekConfig):
+        return [*(Factor(*f) for f in mla_factors(cfg)), _stream(cfg, False)]
     e, kv = cfg.d_head, cfg.n_kv_heads
     R = _rotary(cfg)
     rest = e - R if R else e
@@ -115,10 +130,12 @@ def _stream(cfg: Config, gemma: bool) -> Factor:
 
 
 def total(cfg: Config, fs: list[Factor]) -> int:
-    return sum(f.dim * (cfg.n_layers if f.scope == "every layer" else 1) for f in fs)
+    return sum(f.dim * repeats(cfg, f.scope) for f in fs)
 
 
 def discrete(cfg: Config) -> list[str]:
+    if isinstance(cfg, DeepseekConfig):
+        return mla_discrete(cfg)
     g = cfg.group_size
     out = [f"head permutations within each KV group (S_{g})^{cfg.n_kv_heads}" if g > 1 else "—"]
     out[0] = out[0] if g > 1 else f"head permutations S_{cfg.n_heads}"
@@ -138,6 +155,8 @@ def discrete(cfg: Config) -> list[str]:
 
 def small(cfg: Config) -> Config:
     """A model with the same switches at sizes a dense Jacobian handles in seconds."""
+    if isinstance(cfg, DeepseekConfig):
+        return mla_small(cfg)
     kv = min(cfg.n_kv_heads, 2)
     g = min(cfg.group_size, 2)
     ch: dict[str, object] = dict(
@@ -168,7 +187,7 @@ class Verification:
     measured: int
     explained: int
     factor_total: int
-    rows: list[tuple[str, int, int]]  # (family, factor formula at this size, family rank)
+    rows: list[tuple[str, int, int]]  # (family, its factors' formulas summed at this size, family rank)
     others: dict  # families outside the group table: name → rank
 
 
@@ -179,11 +198,11 @@ def verify(cfg: Config, seed: int = 0) -> Verification:
     r = analyze(s, seed=seed, quiet=True)
     ranks = {f.name: f.rank for f in r.families if f.flat}
     fs = factors(s)
-    rows = []
+    formula: dict[str, int] = {}  # one family may generate several factors (DeepSeek's dense and MoE FFNs)
     for f in fs:
         if f.source:
-            n = f.dim * (s.n_layers if f.scope == "every layer" else 1)
-            rows.append((f.source, n, int(ranks.get(f.source) or 0)))
+            formula[f.source] = formula.get(f.source, 0) + f.dim * repeats(s, f.scope)
+    rows = [(k, n, int(ranks.get(k) or 0)) for k, n in formula.items()]
     used = {f.source for f in fs}
     others = {k: v for k, v in ranks.items() if k not in used}
     return Verification(s, r.measured_nullity, r.explained, total(s, fs), rows, others)
@@ -192,7 +211,7 @@ def verify(cfg: Config, seed: int = 0) -> Verification:
 def to_json(cfg: Config, fs: list[Factor]) -> dict:
     return {
         "layers": cfg.n_layers,
-        "factors": [asdict(f) for f in fs],
+        "factors": [{**asdict(f), "repeats": repeats(cfg, f.scope)} for f in fs],
         "total_dimension": total(cfg, fs),
         "discrete": discrete(cfg),
     }

@@ -35,8 +35,17 @@ ROWS = [
     ("OLMo 2", "olmo2"),
     ("Phi-3", "phi3"),
     ("GPT-NeoX / Pythia", "neox"),
+    ("DeepSeek-V3 (MLA)", "deepseek"),
 ]
 _BIASES = ("key bias", "value bias", "parallel")
+#: the factors of each column: DeepSeek's MLA splits QK in two and its FFN by layer kind
+_SLOTS = {
+    "latents": ("latents", "latent norms"),
+    "QK": ("QK", "QK rope"),
+    "VO": ("VO",),
+    "FFN": ("FFN", "experts", "router", "router weights"),
+}
+_PER = {"every layer": "layer", "dense layers": "dense layer", "MoE layers": "MoE layer"}
 
 
 def _cell(text: str) -> str:
@@ -44,13 +53,13 @@ def _cell(text: str) -> str:
 
 
 def _slot(f: dict, k: str) -> str:
-    return f"{f[k].group} ({f[k].dim}/layer)" if k in f else "—"
+    return "; ".join(f"{f[n].group} ({f[n].dim}/{_PER[f[n].scope]})" for n in _SLOTS[k] if n in f) or "—"
 
 
 def table() -> str:
     lines = [
-        "| architecture | QK | VO | FFN | biases | stream | discrete | vs G_max |",
-        "|---|---|---|---|---|---|---|---|",
+        "| architecture | latents | QK | VO | FFN | biases | stream | discrete | vs G_max |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for title, name in ROWS:
         cfg = ARCHITECTURES[name].config() if name in ARCHITECTURES else config_of(name)
@@ -59,7 +68,7 @@ def table() -> str:
         biases = "; ".join(f[k].group for k in _BIASES if k in f) or "—"
         diffs = "; ".join(f"{k}: {x.differs}" for k, x in f.items() if x.differs not in ("", "=", "beyond G_max"))
         stream = f"{f['stream'].group} ({f['stream'].dim})" if "stream" in f else "—"
-        cells = [title, *(_slot(f, k) for k in ("QK", "VO", "FFN")), biases, stream, "; ".join(discrete(cfg))]
+        cells = [title, *(_slot(f, k) for k in _SLOTS), biases, stream, "; ".join(discrete(cfg))]
         cells.append(diffs or "the G_max slots agree (FFN, stream, biases: beyond G_max)")
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
