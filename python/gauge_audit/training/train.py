@@ -40,7 +40,7 @@ class Recipe:
     d_ff: int = 512  # gpt2: 4 d; llama: SwiGLU hidden width (344 ≈ 8/3 d, rounded to 8)
     context: int = 128
     batch: int = 32
-    steps: int = 900
+    steps: int = 600
     lr: float = 3e-3
     warmup: int = 60
     weight_decay: float = 0.1
