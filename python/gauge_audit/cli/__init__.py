@@ -29,6 +29,8 @@ SUBCOMMANDS = (
     "transform",
     "canonicalize",
     "compare",
+    "merge",
+    "barrier",
 )
 
 
