@@ -4,7 +4,7 @@ directory, skipping any model already there.
     python benchmarks/train_models.py --cache ~/.cache/gauge-audit/merge-models
 
 Each model: byte-level Shakespeare (see gauge_audit.training.corpus), d 128, 4 layers, context
-128, 600 steps of 32 windows, one thread — about 6 CPU-minutes on a 2-core x86 laptop-class CPU.
+128, 400 steps of 16 windows, one thread — about 2 CPU-minutes on a 2-core x86 laptop-class CPU.
 The directory is not part of the repository; bench_merge.py reads it.
 """
 

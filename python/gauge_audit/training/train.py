@@ -39,10 +39,10 @@ class Recipe:
     n_kv_head: int = 2  # llama only (GQA); gpt2 has one KV head per query head
     d_ff: int = 512  # gpt2: 4 d; llama: SwiGLU hidden width (344 ≈ 8/3 d, rounded to 8)
     context: int = 128
-    batch: int = 32
-    steps: int = 600
+    batch: int = 16
+    steps: int = 400
     lr: float = 3e-3
-    warmup: int = 60
+    warmup: int = 40
     weight_decay: float = 0.1
 
 
