@@ -9,12 +9,13 @@ loss barrier along it (linear mode connectivity), with B′ = B or B′ = g·B a
 """
 
 from .loss import BarrierCurve, barrier_curve, load_tokens, mean_loss
-from .pair import Pair, open_pair
+from .pair import Pair, align_pair, open_pair
 from .path import distance, interpolate
 
 __all__ = [
     "BarrierCurve",
     "Pair",
+    "align_pair",
     "barrier_curve",
     "distance",
     "interpolate",

@@ -57,17 +57,35 @@ def open_pair(
 ) -> Pair:
     """Read A and B (float64, resident), check they share a configuration, and with ``group``
     align B to A (``data``: token ids for activation matching; None: weight matching)."""
-    if group is not None and group not in GROUPS:
-        raise GaugeAuditError(f"unknown group {group!r} (known: {', '.join(GROUPS)})")
     ca, cb = open_checkpoint(path_a), open_checkpoint(path_b)
     same_config(ca.cfg, cb.cfg, str(path_a), str(path_b))
     pa = {k: v.double() for k, v in ca.params(resident=True).items()}
     pb = {k: v.double() for k, v in cb.params(resident=True).items()}
     before = distance(pa, pb)
+    pair = Pair(ca, ca.cfg, pa, pb, before, before)
     if group is None:
-        return Pair(ca, ca.cfg, pa, pb, before, before)
+        return pair
+    return align_pair(pair, group, data=data, seed=seed, max_seconds=max_seconds, progress=progress)
+
+
+def align_pair(
+    pair: Pair,
+    group: str,
+    *,
+    data: torch.Tensor | None = None,
+    seed: int = 0,
+    max_seconds: float = 120.0,
+    progress: Callable | None = None,
+) -> Pair:
+    """The pair with B replaced by B′ = g·B, g from ``group`` (weight matching, or activation
+    matching on the token ids ``data``), under ``max_seconds`` of alignment time."""
+    if group not in GROUPS:
+        raise GaugeAuditError(f"unknown group {group!r} (known: {', '.join(GROUPS)})")
     t0 = time.process_time()
-    res = align(ca.cfg, pa, pb, group=group, data=data, seed=seed, max_seconds=max_seconds, progress=progress)
+    res = align(
+        pair.cfg, pair.params_a, pair.params_b, group=group, data=data, seed=seed, max_seconds=max_seconds,
+        progress=progress,
+    )
     pb2 = {k: v.double() for k, v in res.params.items()}
     info = {
         "group": group,
@@ -78,4 +96,5 @@ def open_pair(
         "total_before": res.total_before,
         "total_after": res.total_after,
     }
-    return Pair(ca, ca.cfg, pa, pb2, before, distance(pa, pb2), info, res.element)
+    return Pair(pair.a, pair.cfg, pair.params_a, pb2, pair.distance_before, distance(pair.params_a, pb2), info,
+                res.element)
