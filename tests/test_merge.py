@@ -171,3 +171,30 @@ def test_bad_input_is_one_line_exit_2(pairs, tmp_path, capsys):
     assert "--points" in _one_line_error(capsys, ["barrier", g, g, "--data", held, "--points", "2"])
     assert "need --align" in _one_line_error(capsys, ["barrier", g, g, "--data", held, "--group", "orthogonal"])
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("arch", T.ARCHS)
+def test_aligned_merge_at_alpha_1_computes_b(pairs, arch, tmp_path, capsys):
+    """--align moves B within its gauge group: the α = 1 end is B′, and transformers' float64
+    logits of B′ are B's up to the float32 rounding of the written weights (amplified at most by
+    the element's condition number κ); the loss along the path ends at L(B)."""
+    from transformers import AutoModelForCausalLM
+
+    a, b = pairs[arch]
+    held = str(pairs["heldout"])
+    out = tmp_path / "b_aligned"
+    assert main(["merge", str(a), str(b), "--alpha", "1", "--align", "--max-seconds", "5", "--out", str(out)]) == 0
+    summary = json.loads((out / "merge.json").read_text())
+    al = summary["alignment"]
+    assert al["group"] == "full" and summary["distance"] < summary["distance_before"]
+    ids = torch.from_numpy(corpus.encode(pairs["heldout"].read_bytes())[None, :32])
+    with torch.no_grad():
+        yb = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float64)(input_ids=ids).logits
+        yb2 = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)(input_ids=ids).logits
+    rel = float((yb2 - yb).abs().max() / yb.abs().max())
+    assert rel <= 10 * al["kappa"] * torch.finfo(torch.float32).eps, (rel, al["kappa"])
+    argv = ["barrier", str(a), str(b), "--data", held, "--points", "3", "--windows", "4"]
+    plain = _json(capsys, argv)
+    aligned = _json(capsys, [*argv, "--align", "--group", "orthogonal", "--max-seconds", "5"])
+    assert aligned["loss"][0] == plain["loss"][0]
+    assert aligned["loss"][-1] == pytest.approx(plain["loss"][-1], rel=1e3 * torch.finfo(torch.float64).eps * al["kappa"])

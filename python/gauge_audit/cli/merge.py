@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from ..errors import GaugeAuditError
-from ..progress import echo
+from ..progress import echo, note
 from ..runtime import resolve_dtype
 
 
@@ -65,6 +65,7 @@ def pair_from_args(args):
         data=data,
         seed=args.seed,
         max_seconds=args.max_seconds,
+        progress=note,
     )
 
 
@@ -73,7 +74,8 @@ def describe_alignment(pair) -> str:
         return f"not aligned: ‖A − B‖/‖A‖ = {pair.distance_before:.4f}"
     al = pair.aligned
     return (
-        f"aligned B to A ({al['group']} group, {al['matching']} matching, {al['cpu_seconds']:.1f} CPU-s): "
+        f"aligned B to A ({al['group']} group, {al['matching']} matching, {al['iterations']} rounds, "
+        f"stopped by {al['stopped']}, {al['cpu_seconds']:.1f} CPU-s): "
         f"‖A − B‖/‖A‖ {pair.distance_before:.4f} → ‖A − B′‖/‖A‖ {pair.distance:.4f}"
     )
 

@@ -89,12 +89,15 @@ def align_pair(
     pb2 = {k: v.double() for k, v in res.params.items()}
     info = {
         "group": group,
-        "matching": "activations" if data is not None else "weights",
+        "matching": "activation" if data is not None else "weight",
         "seed": seed,
         "cpu_seconds": time.process_time() - t0,
         "stages": [[stage, dict(d)] for stage, d in res.stages],
         "total_before": res.total_before,
         "total_after": res.total_after,
+        "iterations": res.iterations,
+        "stopped": res.stopped,
+        "kappa": res.kappa,
     }
     return Pair(pair.a, pair.cfg, pair.params_a, pb2, pair.distance_before, distance(pair.params_a, pb2), info,
                 res.element)
