@@ -5,7 +5,8 @@ directory, skipping any model already there.
 
 Each model: byte-level Shakespeare (see gauge_audit.training.corpus), d 128, 4 layers, context
 128, 400 steps of 16 windows, one thread — about 2 CPU-minutes on a 2-core x86 laptop-class CPU.
-The directory is not part of the repository; bench_merge.py reads it.
+The directory is not part of the repository; bench_merge.py reads it.  It also receives
+heldout.txt, the held-out plays as one text file (for `gauge-audit barrier --data`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from gauge_audit.training import corpus
 from gauge_audit.training import train as T
 
 SEEDS = (0, 1)
@@ -49,6 +51,8 @@ def main(argv=None) -> int:
     except FileNotFoundError as exc:
         print(f"train_models: {exc}", file=sys.stderr)
         return 2
+    # the held-out plays as one text file, for `gauge-audit barrier --data`
+    (a.cache / "heldout.txt").write_bytes(bytes(corpus.tokens("heldout").astype("uint8")))
     for (arch, seed), r in recs.items():
         print(f"{arch} seed {seed}: {r['steps_done']} steps ({r['stopped_by']}), held-out {r['heldout_loss']:.4f} "
               f"nats/byte, {r['cpu_seconds']:.0f} CPU-s")

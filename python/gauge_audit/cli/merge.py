@@ -14,8 +14,8 @@ from ..progress import echo, note
 from ..runtime import resolve_dtype
 
 
-def add_pair_options(p) -> None:
-    p.add_argument("a", metavar="A", help="checkpoint A (HF directory or llama GGUF); the result is in its format")
+def add_pair_options(p, a_help: str = "checkpoint A (HF directory or llama GGUF)") -> None:
+    p.add_argument("a", metavar="A", help=a_help)
     p.add_argument("b", metavar="B", help="checkpoint B of the same architecture and shape")
     p.add_argument("--align", action="store_true", help="align B to A within B's gauge group first")
     p.add_argument(
@@ -86,9 +86,9 @@ def register(sub) -> None:
         help="average two models of one architecture (optionally aligned first)",
         description="Write (1 − α)·A + α·B′ as a checkpoint in A's format, B′ = B or, with --align, "
         "B moved within its gauge group (same function) as close to A as the alignment finds.  "
-        "α = 0 gives A and α = 1 gives B′ bit for bit.",
+        "α = 0 gives A bit for bit, α = 1 gives B′ (bit for bit without --align).",
     )
-    add_pair_options(p)
+    add_pair_options(p, "checkpoint A (HF directory or llama GGUF); the result is written in its layout")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of B′ in the average")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist)")
     p.add_argument(
