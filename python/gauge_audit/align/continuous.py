@@ -66,8 +66,8 @@ def norm_scale(cfg: Config, b: Params, a: Params) -> Element | None:
 
 
 def unfold_to(cfg: Config, b: Params, a: Params) -> Element | None:
-    """norm-scale with s = γ_A/γ_B: B's norm weights become A's (entries where either is 0 keep
-    s = 1)."""
+    """norm-scale with s = γ_A/γ_B: B's norm weights become those of ``a`` (entries where either
+    is 0 keep s = 1)."""
     parts = {}
     for n in weighted_norms(cfg, b):
         gb, ga = b[f"{n}.w"], a[f"{n}.w"]
@@ -125,15 +125,13 @@ def _planes(cfg: Config) -> list[tuple[int, int]]:
 
 def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool) -> Element:
     """qk-gl (key "M": per KV group the query/key pair, on the RoPE commutant) or vo-gl (key "N":
-    the value/output pair), each group's matrix from :func:`.procrustes.pair_fit`."""
+    the value/output pair), every group's matrix from one batched :func:`.procrustes.pair_fit`."""
     pair, planes = (qk_pair, _planes(cfg)) if key == "M" else (vo_pair, [])
-    e = cfg.d_head
-    ms = torch.zeros(cfg.n_layers, cfg.n_kv_heads, e, e, dtype=torch.float64)
-    for layer in range(cfg.n_layers):
-        for j in range(cfg.n_kv_heads):
-            x, y = pair(cfg, b, layer, j)
-            xa, ya = pair(cfg, a, layer, j)
-            ms[layer, j] = pair_fit(x, y, xa, ya, planes, orthogonal)
+    where = [(layer, j) for layer in range(cfg.n_layers) for j in range(cfg.n_kv_heads)]
+    sides = [[pair(cfg, p, layer, j) for layer, j in where] for p in (b, a)]
+    x, y = (torch.stack([s[k] for s in sides[0]]) for k in (0, 1))
+    xa, ya = (torch.stack([s[k] for s in sides[1]]) for k in (0, 1))
+    ms = pair_fit(x, y, xa, ya, planes, orthogonal).reshape(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head)
     return Element({key: ms}, cond(ms))
 
 

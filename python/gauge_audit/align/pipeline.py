@@ -4,7 +4,8 @@ Stages, in order (those the group and the architecture have):
 
   stream      fold the norm weights (γ = 1), rotate the residual stream by the Procrustes fit of
               every tensor it moves, give the norms A's weights (norm-scale, stream-rotation,
-              norm-scale; full group, pre-norm families whose norms allow the rotation) —
+              norm-scale; full group, pre-norm families whose norms allow the rotation; from the
+              second iteration on the norms get B's weights back instead) —
   norms       — or, where the stream cannot rotate, only A's norm weights (norm-scale)
   attention   KV groups and query heads matched (head-perm), then per KV group M in GL(d_k),
               O(d_k) or their RoPE commutants (qk-gl) — under a QK-norm the per-plane scaling of
@@ -16,7 +17,7 @@ Stages, in order (those the group and the architecture have):
 Every stage computes its element on the current B', applies it with its action (an exact group
 action: B's function is kept by construction, and certified by the callers) and is kept only if
 the total squared distance ‖A − B'‖² falls; the stages are repeated until an iteration lowers it
-by less than a relative 10⁻⁹, for at most ``MAX_ITERATIONS`` iterations and ``max_seconds``
+by less than a relative 10⁻⁶ (of ‖A − B'‖²), for at most ``MAX_ITERATIONS`` iterations and ``max_seconds``
 (the assignments stop and complete greedily at the deadline; the result says which bound ended
 it).  The first iteration's stream rotation sees only what no permutation moves (embeddings,
 final norm, unembedding); later ones every tensor.
@@ -44,7 +45,7 @@ from . import continuous, matching
 GROUPS = ("permutation", "orthogonal", "full")
 VO_GROUPS = ("gl", "orthogonal")
 MAX_ITERATIONS = 8
-RELATIVE_PROGRESS = 1e-9
+RELATIVE_PROGRESS = 1e-6
 # diagonal scalings and permutations keep every entry's relative rounding (gauge_fix.base.DIAGONAL;
 # qk-norm-scale scales norm weights entry by entry as well)
 NON_AMPLIFYING = DIAGONAL | {"qk-norm-scale"}
@@ -154,7 +155,11 @@ class _Run:
         permutation alone may not lower the distance): with and without it, the better."""
         cfg, a = self.cfg, self.a
         if name in ("stream", "norms"):
-            return self._run(self.cur, [self._fold, self._rotate(iteration), self._unfold]), {}
+            # the first time the norms take A's weights (exact on B's orbit through A); later the
+            # rotation alone is refitted (B's weights back), the norm-scale stage tunes them
+            target = self.a if iteration == 0 else self.cur
+            unfold = lambda p, _: ("norm-scale", continuous.unfold_to(cfg, p, target))  # noqa: E731
+            return self._run(self.cur, [self._fold, self._rotate(iteration), unfold]), {}
         if name == "norm-scale":
             return self._run(self.cur, [lambda p, _: ("norm-scale", continuous.norm_scale(cfg, p, a))]), {}
         if name == "attention":
@@ -193,9 +198,6 @@ class _Run:
             return "stream-rotation", continuous.rotation(self.cfg, p, self.a, all_tensors=iteration > 0)
 
         return build
-
-    def _unfold(self, p, _):
-        return "norm-scale", continuous.unfold_to(self.cfg, p, self.a)
 
     def _heads(self, p, info):
         log = matching.MatchLog()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from ..gauge_fix.base import procrustes
-
 POLISH_ITERATIONS = 60
 
 
@@ -80,10 +78,13 @@ def _f(a, b, c, e, t):
 
 
 # ----------------------------------------------------------------------------- pairs (X·M, Y·M⁻ᵀ)
-def pair_loss(x, y, xa, ya, m) -> torch.Tensor:
-    """‖X·M − X_A‖² + ‖Y·M⁻ᵀ − Y_A‖² (Y·M⁻ᵀ = (M⁻¹·Yᵀ)ᵀ, solved, not inverted)."""
-    ym = torch.linalg.solve(m, y.T).T
-    return ((x @ m - xa) ** 2).sum() + ((ym - ya) ** 2).sum()
+# Every function below takes a batch of independent problems (leading axis P: one per layer and
+# KV group); the losses are summed for L-BFGS (their gradients do not interact) and each problem
+# keeps its polished M only where its own loss fell.
+def pair_losses(x, y, xa, ya, m) -> torch.Tensor:
+    """Per problem ‖X·M − X_A‖² + ‖Y·M⁻ᵀ − Y_A‖² (Y·M⁻ᵀ = (M⁻¹·Yᵀ)ᵀ, solved, not inverted)."""
+    ym = torch.linalg.solve(m, y.transpose(-1, -2)).transpose(-1, -2)
+    return ((x @ m - xa) ** 2).sum((-2, -1)) + ((ym - ya) ** 2).sum((-2, -1))
 
 
 def pair_fit(
@@ -94,94 +95,119 @@ def pair_fit(
     planes: list[tuple[int, int]],
     orthogonal: bool,
 ) -> torch.Tensor:
-    """The M (e × e, block-diagonal: a complex scalar per RoPE plane in ``planes``, one dense
-    block on the other coordinates) minimising :func:`pair_loss`; orthogonal or general.  The
-    blocks are independent (M is block-diagonal, so is M⁻ᵀ), so each is fitted on its columns."""
-    e = x.shape[1]
-    m = torch.eye(e, dtype=torch.float64)
-    rotated = [i for p in planes for i in p]
-    rest = [i for i in range(e) if i not in set(rotated)]
+    """The M (P × e × e, block-diagonal: a complex scalar per RoPE plane in ``planes``, one dense
+    block on the other coordinates) minimising each problem's pair loss; orthogonal or general.
+    The blocks are independent (M is block-diagonal, so is M⁻ᵀ), so each is fitted on its columns."""
+    n, e = x.shape[0], x.shape[-1]
+    m = torch.eye(e, dtype=torch.float64).repeat(n, 1, 1)
+    rotated = {i for p in planes for i in p}
+    rest = [i for i in range(e) if i not in rotated]
     if planes:
-        w = _plane_fit(x, y, xa, ya, planes, orthogonal)
-        for (i, j), wk in zip(planes, w.tolist()):
-            m[i, i] = m[j, j] = wk.real
-            m[i, j], m[j, i] = wk.imag, -wk.imag
+        w = _plane_fit(x, y, xa, ya, planes, orthogonal)  # (P, planes)
+        for k, (i, j) in enumerate(planes):
+            m[:, i, i] = m[:, j, j] = w[:, k].real
+            m[:, i, j], m[:, j, i] = w[:, k].imag, -w[:, k].imag
     if rest:
         idx = torch.tensor(rest)
-        blk = _dense_fit(x[:, idx], y[:, idx], xa[:, idx], ya[:, idx], orthogonal)
-        m[idx[:, None], idx[None, :]] = blk
+        blk = _dense_fit(x[..., idx], y[..., idx], xa[..., idx], ya[..., idx], orthogonal)
+        m[:, idx[:, None], idx[None, :]] = blk
     return m
 
 
+def _procrustes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched orthogonal Q minimising ‖a·Q − b‖ (a, b: P × n × e)."""
+    u, _, vh = torch.linalg.svd(a.transpose(-1, -2) @ b)
+    return u @ vh
+
+
 def _dense_fit(x, y, xa, ya, orthogonal: bool) -> torch.Tensor:
-    q = procrustes(torch.cat([x, y]), torch.cat([xa, ya]))
+    q = _procrustes(torch.cat([x, y], -2), torch.cat([xa, ya], -2))
     if orthogonal:
         return q
-    e = x.shape[1]
-    cands = [torch.eye(e, dtype=torch.float64), q]
-    from_x = lambda: torch.linalg.lstsq(x, xa).solution  # noqa: E731  X·M = X_A
-    from_y = lambda: torch.linalg.inv(torch.linalg.lstsq(y, ya).solution).T  # noqa: E731  Y·M⁻ᵀ = Y_A
-    for solve in (from_x, from_y):
-        try:
-            c = solve()
-        except RuntimeError:  # a singular least-squares solution: not a candidate
-            continue
-        if torch.isfinite(c).all() and torch.linalg.matrix_rank(c) == e:
+    e = x.shape[-1]
+    cands = [torch.eye(e, dtype=torch.float64).expand_as(q), q]
+    for c in (_lstsq(x, xa), _inv_t(_lstsq(y, ya))):  # X·M = X_A; Y·M⁻ᵀ = Y_A
+        if c is not None:
             cands.append(c)
-    losses = [float(pair_loss(x, y, xa, ya, c)) for c in cands]
-    best = cands[min(range(len(cands)), key=lambda k: losses[k])]
-    return _polish(lambda m: pair_loss(x, y, xa, ya, m), best)
+    cands_t = torch.stack(cands)  # (C, P, e, e)
+    losses = torch.stack([_safe_losses(x, y, xa, ya, c) for c in cands])
+    best = cands_t.gather(0, losses.argmin(0)[None, :, None, None].expand(1, *q.shape))[0]
+    return _polish(lambda m: pair_losses(x, y, xa, ya, m), best)
+
+
+def _lstsq(a, b) -> torch.Tensor | None:
+    try:
+        return torch.linalg.lstsq(a, b).solution
+    except RuntimeError:  # rank-deficient beyond what the driver handles: no candidate
+        return None
+
+
+def _inv_t(m):
+    if m is None:
+        return None
+    try:
+        return torch.linalg.inv(m).transpose(-1, -2)
+    except RuntimeError:  # a singular solution: no candidate
+        return None
+
+
+def _safe_losses(x, y, xa, ya, m) -> torch.Tensor:
+    """Per problem loss, +inf for a singular or non-finite M."""
+    out = torch.full((m.shape[0],), torch.inf, dtype=torch.float64)
+    ok = torch.isfinite(m).all(-1).all(-1)
+    ok = ok & (torch.linalg.matrix_rank(torch.where(ok[:, None, None], m, 0.0)) == m.shape[-1])
+    if ok.any():
+        vals = pair_losses(x[ok], y[ok], xa[ok], ya[ok], m[ok])
+        out[ok] = torch.where(torch.isfinite(vals), vals, torch.inf)
+    return out
 
 
 def _planes_of(t: torch.Tensor, planes) -> torch.Tensor:
-    """(rows, P) complex: z = t_i + i·t_j per plane."""
+    """(P, rows, planes) complex: z = t_i + i·t_j per plane."""
     i = torch.tensor([p[0] for p in planes])
     j = torch.tensor([p[1] for p in planes])
-    return torch.complex(t[:, i], t[:, j])
+    return torch.complex(t[..., i], t[..., j])
 
 
-def _plane_loss(zx, zy, zxa, zya, wr, wi) -> torch.Tensor:
-    w = torch.complex(wr, wi)
-    return ((w * zx - zxa).abs() ** 2).sum() + ((zy / w.conj() - zya).abs() ** 2).sum()
+def _plane_losses(zx, zy, zxa, zya, w) -> torch.Tensor:
+    """(P, planes): each plane's loss ‖w·z_x − z_x^A‖² + ‖z_y/w̄ − z_y^A‖²."""
+    w = w[:, None, :]
+    return ((w * zx - zxa).abs() ** 2).sum(1) + ((zy / w.conj() - zya).abs() ** 2).sum(1)
 
 
 def _plane_fit(x, y, xa, ya, planes, orthogonal: bool) -> torch.Tensor:
     zx, zy, zxa, zya = (_planes_of(t, planes) for t in (x, y, xa, ya))
-    cross = (zx.conj() * zxa).sum(0) + (zy.conj() * zya).sum(0)
-    phase = torch.where(cross.abs() > 0, cross / cross.abs().clamp_min(1e-300), torch.ones_like(cross))
+    cross = (zx.conj() * zxa).sum(1) + (zy.conj() * zya).sum(1)
+    one = torch.ones_like(cross)
+    phase = torch.where(cross.abs() > 0, cross / cross.abs().clamp_min(1e-300), one)
     if orthogonal:
         return phase
-    nx, ny = (zx.abs() ** 2).sum(0), (zy.abs() ** 2).sum(0)
-    wq = torch.where(nx > 0, (zx.conj() * zxa).sum(0) / nx.clamp_min(1e-300), phase)
-    u = torch.where(ny > 0, (zy.conj() * zya).sum(0) / ny.clamp_min(1e-300), phase)
-    wk = torch.where(u.abs() > 0, 1.0 / u.conj(), phase)
-
-    def per_plane(w):  # the loss of each plane on its own (the planes are independent)
-        return ((w * zx - zxa).abs() ** 2).sum(0) + ((zy / w.conj() - zya).abs() ** 2).sum(0)
-
-    cands = torch.stack([torch.ones_like(phase), phase, wq, wk])
-    vals = torch.stack([per_plane(c) for c in cands])
-    vals = torch.where(torch.isfinite(vals), vals, torch.full_like(vals, torch.inf))
+    nx, ny = (zx.abs() ** 2).sum(1), (zy.abs() ** 2).sum(1)
+    wq = torch.where(nx > 0, (zx.conj() * zxa).sum(1) / nx.clamp_min(1e-300), phase)
+    u = torch.where(ny > 0, (zy.conj() * zya).sum(1) / ny.clamp_min(1e-300), phase)
+    wk = torch.where(u.abs() > 0, 1.0 / torch.where(u.abs() > 0, u, one).conj(), phase)
+    cands = torch.stack([one, phase, wq, wk])
+    vals = torch.stack([_plane_losses(zx, zy, zxa, zya, c) for c in cands])
+    vals = torch.where(torch.isfinite(vals), vals, torch.inf)
     w0 = cands.gather(0, vals.argmin(0)[None])[0]
     theta = _polish(
-        lambda t: _plane_loss(zx, zy, zxa, zya, t[0], t[1]),
-        torch.stack([w0.real, w0.imag]),
+        lambda t: _plane_losses(zx, zy, zxa, zya, torch.complex(t[0], t[1])), torch.stack([w0.real, w0.imag]), axis=1
     )
-    w1 = torch.complex(theta[0], theta[1])
-    keep = per_plane(w1) <= per_plane(w0)
-    return torch.where(keep, w1, w0)
+    return torch.complex(theta[0], theta[1])
 
 
-def _polish(loss, theta0: torch.Tensor, iterations: int = POLISH_ITERATIONS) -> torch.Tensor:
-    """L-BFGS from ``theta0`` under an iteration budget; ``theta0`` back unless it lowers the loss."""
+def _polish(losses, theta0: torch.Tensor, iterations: int = POLISH_ITERATIONS, axis: int = 0) -> torch.Tensor:
+    """L-BFGS on the summed per-problem ``losses`` from ``theta0`` (θ's axes from ``axis`` on are
+    the losses' axes: the problems), under an iteration budget; each problem keeps θ₀ unless its
+    own loss fell."""
     with torch.no_grad():
-        start = float(loss(theta0))
+        start = losses(theta0)
     theta = theta0.clone().requires_grad_(True)
     opt = torch.optim.LBFGS(
         [theta],
         lr=1.0,
         max_iter=iterations,
-        tolerance_grad=1e-14 * max(start, 1e-300),
+        tolerance_grad=1e-14 * max(float(start.sum()), 1e-300),
         tolerance_change=1e-16,
         history_size=20,
         line_search_fn="strong_wolfe",
@@ -189,7 +215,7 @@ def _polish(loss, theta0: torch.Tensor, iterations: int = POLISH_ITERATIONS) -> 
 
     def closure():
         opt.zero_grad()
-        val = loss(theta)
+        val = losses(theta).sum()
         val.backward()
         return val
 
@@ -199,5 +225,7 @@ def _polish(loss, theta0: torch.Tensor, iterations: int = POLISH_ITERATIONS) -> 
         return theta0
     out = theta.detach()
     with torch.no_grad():
-        end = float(loss(out))
-    return out if end < start and torch.isfinite(out).all() else theta0
+        end = losses(out)
+    better = torch.isfinite(end) & (end < start)
+    mask = better.reshape((1,) * axis + tuple(better.shape) + (1,) * (out.dim() - axis - better.dim()))
+    return torch.where(mask, out, theta0)

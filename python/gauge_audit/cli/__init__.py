@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "transform",
     "canonicalize",
     "compare",
+    "align",
     "merge",
     "barrier",
 )
