@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from gauge_audit.merge import align_pair, barrier_curve, open_pair
-from gauge_audit.merge.loss import path_points, windows
+from gauge_audit.merge.loss import BarrierCurve, path_points, windows
+from gauge_audit.merge.plot import plot_curves
 from gauge_audit.training import corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,6 +84,10 @@ def run(args) -> dict:
             })
             print(f"  {arch} {label}: barrier {curve.barrier:.4f} distance {pair.distance:.4f} "
                   f"({t_align:.0f} CPU-s align)", file=sys.stderr, flush=True)
+        if args.plot_dir:
+            args.plot_dir.mkdir(parents=True, exist_ok=True)
+            curves = {row["variant"]: BarrierCurve(row["curve"]["t"], row["curve"]["loss"]) for row in rows}
+            plot_curves(curves, args.plot_dir / f"merge_{arch}.png", subtitle=f"{arch}: seed 0 (A) and seed 1 (B)")
         results[arch] = {
             "L_A": vanilla.losses[0],
             "L_B": vanilla.losses[-1],
@@ -117,8 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=int, default=11, help="points on each path, ends included")
     ap.add_argument("--windows", type=int, default=32, help="held-out windows of 128 bytes per point")
     ap.add_argument("--match-tokens", type=int, default=4096, help="training tokens for activation matching")
-    ap.add_argument("--max-seconds", type=float, default=60.0, help="time budget of each alignment")
+    ap.add_argument("--max-seconds", type=float, default=300.0, help="time budget (wall) of each alignment")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the result does not depend on it)")
+    ap.add_argument("--plot-dir", type=Path, help="draw each pair's curves to DIR/merge_<arch>.png")
     ap.add_argument("--json-out", type=Path, help="also write every number (and each curve) as JSON")
     args = ap.parse_args(argv)
     t0, w0 = time.process_time(), time.perf_counter()

@@ -4,6 +4,7 @@ from A to B′ and its barrier (see :mod:`gauge_audit.merge.loss`)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..errors import GaugeAuditError
 from ..progress import echo, ticker
@@ -47,7 +48,7 @@ def run(args) -> int:
         from ..merge.plot import plot_curves
 
         label = "aligned (" + pair.aligned["group"] + ")" if pair.aligned else "vanilla"
-        plot_curves({label: curve}, args.plot, subtitle=f"A = {args.a}, B = {args.b}")
+        plot_curves({label: curve}, args.plot, subtitle=f"A = {Path(args.a).name}, B = {Path(args.b).name}")
     result = {
         **curve.to_json(),
         "a": str(args.a),
