@@ -123,7 +123,7 @@ def _planes(cfg: Config) -> list[tuple[int, int]]:
     return rope_planes(cfg) if cfg.pos == "rope" else []
 
 
-def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool) -> Element:
+def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool, floor: float = 0.0) -> Element:
     """qk-gl (key "M": per KV group the query/key pair, on the RoPE commutant) or vo-gl (key "N":
     the value/output pair), every group's matrix from one batched :func:`.procrustes.pair_fit`."""
     pair, planes = (qk_pair, _planes(cfg)) if key == "M" else (vo_pair, [])
@@ -131,7 +131,7 @@ def gl_pairs(cfg: Config, b: Params, a: Params, key: str, orthogonal: bool) -> E
     sides = [[pair(cfg, p, layer, j) for layer, j in where] for p in (b, a)]
     x, y = (torch.stack([s[k] for s in sides[0]]) for k in (0, 1))
     xa, ya = (torch.stack([s[k] for s in sides[1]]) for k in (0, 1))
-    ms = pair_fit(x, y, xa, ya, planes, orthogonal).reshape(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head)
+    ms = pair_fit(x, y, xa, ya, planes, orthogonal, floor).reshape(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, cfg.d_head)
     return Element({key: ms}, cond(ms))
 
 
@@ -148,10 +148,10 @@ def qk_norm_scale(cfg: Config, b: Params, a: Params) -> Element:
         qb, qa = (p[f"{pre}.q_norm"].reshape(groups, -1, cfg.d_head) for p in (b, a))
         kb, ka = (p[f"{pre}.k_norm"].reshape(groups, -1, cfg.d_head) for p in (b, a))
         for u, coords in enumerate(us):
-            c = list(coords)
+            idx = list(coords)
             for k, t in enumerate((qb * qb, qb * qa, kb * kb, kb * ka)):
-                sums[k, layer, :, u] = t[..., c].sum((-2, -1))
-    c = scale_fit(*sums)
+                sums[k, layer, :, u] = t[..., idx].sum((-2, -1))
+    c = scale_fit(sums[0], sums[1], sums[2], sums[3])
     c = c if cfg.qk_norm == "full" else c[:, 0]
     return Element({"c": c}, _kappa(c))
 
@@ -171,5 +171,6 @@ def unit_scaling(cfg: Config, b: Params, a: Params, positive: bool) -> Element:
         ob, oa = b[f"{pre}.W_out"], a[f"{pre}.W_out"]
         for k, t in enumerate((aa, ab, (ob * ob).sum(-1), (ob * oa).sum(-1))):
             sums[k].append(t)
-    s = scale_fit(*(torch.stack(t) for t in sums), positive=positive)
+    aa, ab, cc, ce = (torch.stack(t) for t in sums)
+    s = scale_fit(aa, ab, cc, ce, positive=positive)
     return Element({"s": s}, _kappa(s))

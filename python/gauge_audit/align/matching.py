@@ -70,9 +70,9 @@ def _per_head(cfg: Config, p: Params, layer: int, pair) -> tuple[torch.Tensor, t
     return torch.cat(xs), torch.cat(ys)
 
 
-def _product_cost(xb, yb, xa, ya) -> torch.Tensor:
-    """‖X_b·Y_bᵀ − X_a·Y_aᵀ‖² for every (b, a) pair of heads, from e × e Grams:
-    tr(G_x G_y) of each side minus twice tr((X_bᵀX_a)(Y_aᵀY_b))."""
+def _product_cost(xb, yb, xa, ya) -> tuple[torch.Tensor, torch.Tensor]:
+    """‖X_b·Y_bᵀ − X_a·Y_aᵀ‖² for every (b, a) pair of heads, from e × e Grams: tr(G_x G_y) of
+    each side minus twice tr((X_bᵀX_a)(Y_aᵀY_b)); and A's total Σ‖X_a·Y_aᵀ‖² (the scale)."""
     nb = ((xb.transpose(1, 2) @ xb) * (yb.transpose(1, 2) @ yb)).sum((1, 2))
     na = ((xa.transpose(1, 2) @ xa) * (ya.transpose(1, 2) @ ya)).sum((1, 2))
     p = torch.einsum("bre,arf->baef", xb, xa)
@@ -81,7 +81,7 @@ def _product_cost(xb, yb, xa, ya) -> torch.Tensor:
     return (nb[:, None] + na[None, :] - 2 * cross).clamp_min(0.0), na.sum()
 
 
-def _flat(p: Params, names: list[str], idx: int, cfg: Config, kind: str) -> torch.Tensor:
+def _flat(p: Params, names: list[str], idx: int, cfg: Config) -> torch.Tensor:
     out = []
     for n in names:
         if n in p:
@@ -98,8 +98,8 @@ def _weight_costs(cfg: Config, b: Params, a: Params, layer: int) -> tuple[torch.
     pre = f"blocks.{layer}.attn"
     q = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_O", "q_norm")]
     kv = [f"{pre}.{n}" for n in ("W_K", "b_K", "W_V", "b_V", "k_norm")]
-    fq = [torch.stack([_flat(p, q, h, cfg, "q") for h in range(cfg.n_heads)]) for p in (b, a)]
-    fk = [torch.stack([_flat(p, kv, j, cfg, "kv") for j in range(cfg.n_kv_heads)]) for p in (b, a)]
+    fq = [torch.stack([_flat(p, q, h, cfg) for h in range(cfg.n_heads)]) for p in (b, a)]
+    fk = [torch.stack([_flat(p, kv, j, cfg) for j in range(cfg.n_kv_heads)]) for p in (b, a)]
     return torch.cdist(fq[0], fq[1]) ** 2, torch.cdist(fk[0], fk[1]) ** 2
 
 

@@ -37,15 +37,16 @@ from ..actions.algebra import compose
 from ..errors import GaugeAuditError
 from ..gauge_fix.base import DIAGONAL
 from ..gauge_fix.comparison import relative_distances, sq_by_group
-from ..gauge_fix.pipeline import validate
+from ..gauge_fix.pipeline import storage_dtype_of, validate
 from ..models.config import Config
 from ..runtime import one_thread
 from . import continuous, matching
+from .activations import Activations
 
 GROUPS = ("permutation", "orthogonal", "full")
 VO_GROUPS = ("gl", "orthogonal")
 MAX_ITERATIONS = 8
-RELATIVE_PROGRESS = 1e-6
+RELATIVE_PROGRESS = 1e-4
 # diagonal scalings and permutations keep every entry's relative rounding (gauge_fix.base.DIAGONAL;
 # qk-norm-scale scales norm weights entry by entry as well)
 NON_AMPLIFYING = DIAGONAL | {"qk-norm-scale"}
@@ -136,20 +137,23 @@ class _Run:
     """One alignment in progress: A, the current B' (float64, a dict of its own), the applied
     steps and the distance so far."""
 
-    def __init__(self, cfg, a, b, group, vo_group, deadline, acts):
+    def __init__(self, cfg, a, b, group, vo_group, deadline, acts, unit: float):
         self.cfg, self.a, self.cur = cfg, a, b
         self.group, self.vo_group, self.deadline, self.acts = group, vo_group, deadline, acts
+        # relative rounding of the stored values and of the float64 arithmetic
+        self.unit = unit + 64 * torch.finfo(torch.float64).eps
         self.steps: list[tuple[str, Element]] = []
         self.den = sum(sq_by_group(a).values())
         self.sq = sum(sq_by_group(b, a).values())
-        # below this squared distance B' equals A to float64 rounding: nothing left to align
-        self.floor = (64 * torch.finfo(torch.float64).eps) ** 2 * self.den
+        # below this squared distance B' equals A to the rounding of B's storage (and of the
+        # float64 arithmetic): nothing is left to align that the stored values could show
+        self.floor = self.unit**2 * self.den
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
 
     # --- stage elements: each returns [(action, element)] computed step by step on the current B'
-    def stage(self, name: str, iteration: int) -> tuple[list[tuple[str, Element]], dict, dict]:
+    def stage(self, name: str, iteration: int) -> tuple[tuple[list[tuple[str, Element]], dict], dict]:
         """(steps, B' after them, what the stage matched).  A matching is judged together with
         the continuous fits after it (a permuted head still differs by its GL element, so the
         permutation alone may not lower the distance): with and without it, the better."""
@@ -170,13 +174,15 @@ class _Run:
             fits = [self._unit_scale] if self.group == "full" and _scaling(cfg) else []
         info: dict = {}
         steps, p = self._run(self.cur, match + fits, info)
-        if match and fits:
+        moved = any(v for k, v in info.items() if k.endswith(" moved"))
+        sq = sum(sq_by_group(p, a).values())
+        if match and fits and moved and sq > self.floor:  # (at the floor nothing can be better)
             alt_steps, alt = self._run(self.cur, fits)
-            if sum(sq_by_group(alt, a).values()) < sum(sq_by_group(p, a).values()):
+            if sum(sq_by_group(alt, a).values()) < sq:
                 return (alt_steps, alt), {**info, "matching": "identity kept (lower after the fits)"}
         return (steps, p), info
 
-    def _run(self, p, builders, info: dict | None = None):
+    def _run(self, p, builders, info: dict | None = None) -> tuple[list[tuple[str, Element]], dict]:
         """Apply each builder's element in turn (a builder: (B', info) → (action, element or None))."""
         info = {} if info is None else info
         out: list[tuple[str, Element]] = []
@@ -217,11 +223,11 @@ class _Run:
         out = []
         if _applies("qk-gl", cfg):
             orth = self.group == "orthogonal"
-            out.append(lambda p, _: ("qk-gl", continuous.gl_pairs(cfg, p, a, "M", orthogonal=orth)))
+            out.append(lambda p, _: ("qk-gl", continuous.gl_pairs(cfg, p, a, "M", orth, self.unit**2)))
         elif self.group == "full" and _applies("qk-norm-scale", cfg):
             out.append(lambda p, _: ("qk-norm-scale", continuous.qk_norm_scale(cfg, p, a)))
         orth_vo = self.group == "orthogonal" or self.vo_group == "orthogonal"
-        out.append(lambda p, _: ("vo-gl", continuous.gl_pairs(cfg, p, a, "N", orthogonal=orth_vo)))
+        out.append(lambda p, _: ("vo-gl", continuous.gl_pairs(cfg, p, a, "N", orth_vo, self.unit**2)))
         return out
 
     def _experts(self, p, info):
@@ -312,10 +318,9 @@ def align(
         b = {k: v.detach().to("cpu", torch.float64) for k, v in params_b.items()}
         acts = None
         if data is not None:
-            from .activations import Activations
-
             acts = Activations(cfg, a, data, seed)
-        run = _Run(cfg, a, b, group, vo_group, t0 + max_seconds, acts)
+        unit = torch.finfo(storage_dtype_of(params_b)).eps / 2
+        run = _Run(cfg, a, b, group, vo_group, t0 + max_seconds, acts, unit)
         names = stage_names(cfg, group)
         stages: list[Stage] = [("before", _distances(a, b))]
         log: list[dict] = []

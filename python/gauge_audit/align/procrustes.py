@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-POLISH_ITERATIONS = 60
+POLISH_ITERATIONS = 20
 
 
 def scale_fit(
@@ -94,22 +94,25 @@ def pair_fit(
     ya: torch.Tensor,
     planes: list[tuple[int, int]],
     orthogonal: bool,
+    floor: float = 0.0,
 ) -> torch.Tensor:
     """The M (P × e × e, block-diagonal: a complex scalar per RoPE plane in ``planes``, one dense
     block on the other coordinates) minimising each problem's pair loss; orthogonal or general.
-    The blocks are independent (M is block-diagonal, so is M⁻ᵀ), so each is fitted on its columns."""
+    The blocks are independent (M is block-diagonal, so is M⁻ᵀ), so each is fitted on its columns.
+    ``floor``: a relative squared distance below which a closed-form fit is not polished (the
+    rounding of the stored values: L-BFGS could only fit their noise)."""
     n, e = x.shape[0], x.shape[-1]
     m = torch.eye(e, dtype=torch.float64).repeat(n, 1, 1)
     rotated = {i for p in planes for i in p}
     rest = [i for i in range(e) if i not in rotated]
     if planes:
-        w = _plane_fit(x, y, xa, ya, planes, orthogonal)  # (P, planes)
+        w = _plane_fit(x, y, xa, ya, planes, orthogonal, floor)  # (P, planes)
         for k, (i, j) in enumerate(planes):
             m[:, i, i] = m[:, j, j] = w[:, k].real
             m[:, i, j], m[:, j, i] = w[:, k].imag, -w[:, k].imag
     if rest:
         idx = torch.tensor(rest)
-        blk = _dense_fit(x[..., idx], y[..., idx], xa[..., idx], ya[..., idx], orthogonal)
+        blk = _dense_fit(x[..., idx], y[..., idx], xa[..., idx], ya[..., idx], orthogonal, floor)
         m[:, idx[:, None], idx[None, :]] = blk
     return m
 
@@ -120,7 +123,7 @@ def _procrustes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return u @ vh
 
 
-def _dense_fit(x, y, xa, ya, orthogonal: bool) -> torch.Tensor:
+def _dense_fit(x, y, xa, ya, orthogonal: bool, floor: float) -> torch.Tensor:
     q = _procrustes(torch.cat([x, y], -2), torch.cat([xa, ya], -2))
     if orthogonal:
         return q
@@ -132,7 +135,8 @@ def _dense_fit(x, y, xa, ya, orthogonal: bool) -> torch.Tensor:
     cands_t = torch.stack(cands)  # (C, P, e, e)
     losses = torch.stack([_safe_losses(x, y, xa, ya, c) for c in cands])
     best = cands_t.gather(0, losses.argmin(0)[None, :, None, None].expand(1, *q.shape))[0]
-    return _polish(lambda m: pair_losses(x, y, xa, ya, m), best)
+    scale = (xa**2).sum((-2, -1)) + (ya**2).sum((-2, -1))
+    return _polish(lambda m: pair_losses(x, y, xa, ya, m), best, floor * scale)
 
 
 def _lstsq(a, b) -> torch.Tensor | None:
@@ -175,7 +179,7 @@ def _plane_losses(zx, zy, zxa, zya, w) -> torch.Tensor:
     return ((w * zx - zxa).abs() ** 2).sum(1) + ((zy / w.conj() - zya).abs() ** 2).sum(1)
 
 
-def _plane_fit(x, y, xa, ya, planes, orthogonal: bool) -> torch.Tensor:
+def _plane_fit(x, y, xa, ya, planes, orthogonal: bool, floor: float) -> torch.Tensor:
     zx, zy, zxa, zya = (_planes_of(t, planes) for t in (x, y, xa, ya))
     cross = (zx.conj() * zxa).sum(1) + (zy.conj() * zya).sum(1)
     one = torch.ones_like(cross)
@@ -190,18 +194,26 @@ def _plane_fit(x, y, xa, ya, planes, orthogonal: bool) -> torch.Tensor:
     vals = torch.stack([_plane_losses(zx, zy, zxa, zya, c) for c in cands])
     vals = torch.where(torch.isfinite(vals), vals, torch.inf)
     w0 = cands.gather(0, vals.argmin(0)[None])[0]
+    scale = (zxa.abs() ** 2).sum(1) + (zya.abs() ** 2).sum(1)
     theta = _polish(
-        lambda t: _plane_losses(zx, zy, zxa, zya, torch.complex(t[0], t[1])), torch.stack([w0.real, w0.imag]), axis=1
+        lambda t: _plane_losses(zx, zy, zxa, zya, torch.complex(t[0], t[1])),
+        torch.stack([w0.real, w0.imag]),
+        floor * scale,
+        axis=1,
     )
     return torch.complex(theta[0], theta[1])
 
 
-def _polish(losses, theta0: torch.Tensor, iterations: int = POLISH_ITERATIONS, axis: int = 0) -> torch.Tensor:
+def _polish(
+    losses, theta0: torch.Tensor, floor: torch.Tensor, iterations: int = POLISH_ITERATIONS, axis: int = 0
+) -> torch.Tensor:
     """L-BFGS on the summed per-problem ``losses`` from ``theta0`` (θ's axes from ``axis`` on are
     the losses' axes: the problems), under an iteration budget; each problem keeps θ₀ unless its
-    own loss fell."""
+    own loss fell.  Nothing is polished when every problem's loss is at most its ``floor``."""
     with torch.no_grad():
         start = losses(theta0)
+    if bool((start <= floor).all()):
+        return theta0
     theta = theta0.clone().requires_grad_(True)
     opt = torch.optim.LBFGS(
         [theta],

@@ -179,7 +179,8 @@ def run(args) -> int:
     echo(
         f"group: {res.group}"
         + (f" (VO in {'O' if res.vo_group == 'orthogonal' else 'GL'}(d_v))" if res.group == "full" else "")
-        + f"; matching by {res.matching}; {res.iterations} iterations, stopped: {res.stopped}, {res.seconds:.2f} s"
+        + f"; matching by {res.matching}; {res.iterations} iteration{'s' if res.iterations != 1 else ''}, "
+        + f"stopped: {res.stopped}, {res.seconds:.2f} s"
     )
     print_table(res.stages)
     echo(
