@@ -74,7 +74,7 @@ def describe_alignment(pair) -> str:
         return f"not aligned: ‖A − B‖/‖A‖ = {pair.distance_before:.4f}"
     al = pair.aligned
     return (
-        f"aligned B to A ({al['group']} group, {al['matching']} matching, {al['iterations']} rounds, "
+        f"aligned B to A ({al['group']} group, {al['matching']} matching, {al['iterations']} round{'' if al['iterations'] == 1 else 's'}, "
         f"stopped by {al['stopped']}, {al['cpu_seconds']:.1f} CPU-s): "
         f"‖A − B‖/‖A‖ {pair.distance_before:.4f} → ‖A − B′‖/‖A‖ {pair.distance:.4f}"
     )
