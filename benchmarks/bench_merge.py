@@ -63,27 +63,35 @@ def run(args) -> dict:
         rows, vanilla = [], None
         for label, group, act in VARIANTS:
             t0 = time.process_time()
-            pair = base if group is None else align_pair(
-                base, group, data=match if act else None, seed=0, max_seconds=args.max_seconds
+            pair = (
+                base
+                if group is None
+                else align_pair(base, group, data=match if act else None, seed=0, max_seconds=args.max_seconds)
             )
             t_align = time.process_time() - t0
             curve = barrier_curve(pair.cfg, pair.params_a, pair.params_b, win, ts)
             if vanilla is None:
                 vanilla = curve
             mid = curve.excess[ts.index(0.5)] if 0.5 in ts else float("nan")
-            rows.append({
-                "variant": label,
-                "distance": pair.distance,
-                "barrier": curve.barrier,
-                "midpoint_excess": mid,
-                "ratio": curve.barrier / vanilla.barrier if vanilla.barrier > 0 else float("nan"),
-                "loss_B_change": curve.losses[-1] - vanilla.losses[-1],
-                "align_cpu_s": t_align,
-                "curve": curve.to_json(),
-                "stages": pair.aligned["stages"] if pair.aligned else None,
-            })
-            print(f"  {arch} {label}: barrier {curve.barrier:.4f} distance {pair.distance:.4f} "
-                  f"({t_align:.0f} CPU-s align)", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "variant": label,
+                    "distance": pair.distance,
+                    "barrier": curve.barrier,
+                    "midpoint_excess": mid,
+                    "ratio": curve.barrier / vanilla.barrier if vanilla.barrier > 0 else float("nan"),
+                    "loss_B_change": curve.losses[-1] - vanilla.losses[-1],
+                    "align_cpu_s": t_align,
+                    "curve": curve.to_json(),
+                    "stages": pair.aligned["stages"] if pair.aligned else None,
+                }
+            )
+            print(
+                f"  {arch} {label}: barrier {curve.barrier:.4f} distance {pair.distance:.4f} "
+                f"({t_align:.0f} CPU-s align)",
+                file=sys.stderr,
+                flush=True,
+            )
         if args.plot_dir:
             args.plot_dir.mkdir(parents=True, exist_ok=True)
             curves = {row["variant"]: BarrierCurve(row["curve"]["t"], row["curve"]["loss"]) for row in rows}
@@ -99,8 +107,11 @@ def run(args) -> dict:
 
 
 def table(results: dict, args) -> str:
-    out = ["| model pair | method | ‖A − B′‖/‖A‖ | barrier (max over t) | excess at t = ½ | barrier / vanilla "
-           "| L(B′) − L(B) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| model pair | method | ‖A − B′‖/‖A‖ | barrier (max over t) | excess at t = ½ | barrier / vanilla "
+        "| L(B′) − L(B) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     names = {"gpt2": "GPT-2-style (LayerNorm, learned pos.)", "llama": "LLaMA-style (RMSNorm, RoPE, GQA)"}
     for arch, r in results.items():
         for row in r["rows"]:
@@ -111,8 +122,9 @@ def table(results: dict, args) -> str:
             )
     for name, (v, wm, lm) in GLMC.items():
         for label, x in (("vanilla averaging", v), ("weight matching (GLMC)", wm), ("learned matching (GLMC)", lm)):
-            out.append(f"| {name} (Theus et al. 2025, published) | {label} | – | {x:.2f} (midpoint) | – | "
-                       f"{x / v:.3f} | – |")
+            out.append(
+                f"| {name} (Theus et al. 2025, published) | {label} | – | {x:.2f} (midpoint) | – | {x / v:.3f} | – |"
+            )
     return "\n".join(out)
 
 
@@ -134,9 +146,11 @@ def main(argv=None) -> int:
         print(f"bench_merge: {exc}", file=sys.stderr)
         return 2
     print(table(results, args))
-    print(f"\n{args.points} points per path, {args.windows} × 128 held-out bytes per point; alignment budget "
-          f"{args.max_seconds:g} s each; {time.process_time() - t0:.0f} CPU-s, {time.perf_counter() - w0:.0f} s wall "
-          f"({platform.machine()}, {torch.get_num_threads()} thread(s), torch {torch.__version__})")
+    print(
+        f"\n{args.points} points per path, {args.windows} × 128 held-out bytes per point; alignment budget "
+        f"{args.max_seconds:g} s each; {time.process_time() - t0:.0f} CPU-s, {time.perf_counter() - w0:.0f} s wall "
+        f"({platform.machine()}, {torch.get_num_threads()} thread(s), torch {torch.__version__})"
+    )
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return 0

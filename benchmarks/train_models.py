@@ -54,8 +54,10 @@ def main(argv=None) -> int:
     # the held-out plays as one text file, for `gauge-audit barrier --data`
     (a.cache / "heldout.txt").write_bytes(bytes(corpus.tokens("heldout").astype("uint8")))
     for (arch, seed), r in recs.items():
-        print(f"{arch} seed {seed}: {r['steps_done']} steps ({r['stopped_by']}), held-out {r['heldout_loss']:.4f} "
-              f"nats/byte, {r['cpu_seconds']:.0f} CPU-s")
+        print(
+            f"{arch} seed {seed}: {r['steps_done']} steps ({r['stopped_by']}), held-out {r['heldout_loss']:.4f} "
+            f"nats/byte, {r['cpu_seconds']:.0f} CPU-s"
+        )
     return 0
 
 

@@ -77,8 +77,15 @@ def test_corpus_reads_modern_texts_and_holds_out_by_play(tmp_path):
 
 def test_training_is_reproducible(pairs, tmp_path):
     ids = corpus.encode(_text())
-    T.train("gpt2", 0, tmp_path / "again", TINY, log=lambda s: None, train_ids=ids[: len(ids) * 3 // 4],
-            heldout_ids=ids[len(ids) * 3 // 4 :])
+    T.train(
+        "gpt2",
+        0,
+        tmp_path / "again",
+        TINY,
+        log=lambda s: None,
+        train_ids=ids[: len(ids) * 3 // 4],
+        heldout_ids=ids[len(ids) * 3 // 4 :],
+    )
     first = load_file(pairs["gpt2"][0] / "model.safetensors")
     again = load_file(tmp_path / "again" / "model.safetensors")
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
@@ -120,8 +127,9 @@ def test_barrier_of_a_trained_pair_is_finite_and_plotted(pairs, arch, tmp_path, 
     r = _json(capsys, argv)
     assert len(r["t"]) == 11 and r["t"][0] == 0 and r["t"][-1] == 1
     assert all(math.isfinite(x) for x in r["loss"]) and r["barrier"] >= 0 and math.isfinite(r["barrier"])
-    assert r["barrier"] == pytest.approx(max(lt - ((1 - t) * r["loss"][0] + t * r["loss"][-1])
-                                             for t, lt in zip(r["t"], r["loss"])), abs=1e-12)
+    assert r["barrier"] == pytest.approx(
+        max(lt - ((1 - t) * r["loss"][0] + t * r["loss"][-1]) for t, lt in zip(r["t"], r["loss"])), abs=1e-12
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the text output prints the same curve
     assert main(argv) == 0
@@ -197,4 +205,6 @@ def test_aligned_merge_at_alpha_1_computes_b(pairs, arch, tmp_path, capsys):
     plain = _json(capsys, argv)
     aligned = _json(capsys, [*argv, "--align", "--group", "orthogonal", "--max-seconds", "5"])
     assert aligned["loss"][0] == plain["loss"][0]
-    assert aligned["loss"][-1] == pytest.approx(plain["loss"][-1], rel=1e3 * torch.finfo(torch.float64).eps * al["kappa"])
+    assert aligned["loss"][-1] == pytest.approx(
+        plain["loss"][-1], rel=1e3 * torch.finfo(torch.float64).eps * al["kappa"]
+    )

@@ -83,7 +83,13 @@ def align_pair(
         raise GaugeAuditError(f"unknown group {group!r} (known: {', '.join(GROUPS)})")
     t0 = time.process_time()
     res = align(
-        pair.cfg, pair.params_a, pair.params_b, group=group, data=data, seed=seed, max_seconds=max_seconds,
+        pair.cfg,
+        pair.params_a,
+        pair.params_b,
+        group=group,
+        data=data,
+        seed=seed,
+        max_seconds=max_seconds,
         progress=progress,
     )
     pb2 = {k: v.double() for k, v in res.params.items()}
@@ -99,5 +105,6 @@ def align_pair(
         "stopped": res.stopped,
         "kappa": res.kappa,
     }
-    return Pair(pair.a, pair.cfg, pair.params_a, pb2, pair.distance_before, distance(pair.params_a, pb2), info,
-                res.element)
+    return Pair(
+        pair.a, pair.cfg, pair.params_a, pb2, pair.distance_before, distance(pair.params_a, pb2), info, res.element
+    )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from . import corpus
 
@@ -46,13 +47,13 @@ class Recipe:
     weight_decay: float = 0.1
 
 
-def build(arch: str, recipe: Recipe):
+def build(arch: str, recipe: Recipe) -> PreTrainedModel:
     """A freshly initialised transformers model (the caller seeds torch first)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     r = recipe
     if arch == "gpt2":
-        cfg = GPT2Config(
+        gcfg = GPT2Config(
             vocab_size=corpus.VOCAB,
             n_positions=r.context,
             n_embd=r.d_model,
@@ -65,9 +66,9 @@ def build(arch: str, recipe: Recipe):
             bos_token_id=0,
             eos_token_id=0,
         )
-        return GPT2LMHeadModel(cfg)
+        return GPT2LMHeadModel(gcfg)
     if arch == "llama":
-        cfg = LlamaConfig(
+        lcfg = LlamaConfig(
             vocab_size=corpus.VOCAB,
             hidden_size=r.d_model,
             intermediate_size=r.d_ff,
@@ -75,13 +76,13 @@ def build(arch: str, recipe: Recipe):
             num_attention_heads=r.n_head,
             num_key_value_heads=r.n_kv_head,
             max_position_embeddings=r.context,
-            rope_theta=10000.0,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
             tie_word_embeddings=False,
             bos_token_id=0,
             eos_token_id=0,
             pad_token_id=None,
         )
-        return LlamaForCausalLM(cfg)
+        return LlamaForCausalLM(lcfg)
     raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -170,8 +171,10 @@ def train(
             losses.append(loss.item())
             step += 1
             if step % 100 == 0 or step == r.steps:
-                log(f"{arch} seed {seed}: step {step}/{r.steps} train loss {np.mean(losses[-100:]):.4f} "
-                    f"({time.process_time() - t0:.0f} CPU-s)")
+                log(
+                    f"{arch} seed {seed}: step {step}/{r.steps} train loss {np.mean(losses[-100:]):.4f} "
+                    f"({time.process_time() - t0:.0f} CPU-s)"
+                )
         model.eval()
         held = mean_loss(model, heldout_ids, r.context, max_windows=256)
         record = {
