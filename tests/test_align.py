@@ -114,6 +114,19 @@ def test_align_recovers_a_from_its_orbit_stored_in_low_precision(name, dtype):
     _orbit_case(name, dtype)
 
 
+TRANSLATIONS = ("writer-ones", "key-bias-shift", "value-bias-fold", "norm-shift")
+
+
+def test_align_recovers_a_from_its_orbit_with_translations():
+    """BERT with the bias translations in g too: their least-squares steps alternate with the
+    GL fits (the biases are rows of the QK and VO pairs) and converge to A."""
+    cfg = FAMILIES["bert"]
+    a = build_config(cfg, seed=0).params
+    b, dense = transformed(cfg, a, FULL + TRANSLATIONS, seed=5, kappa=2.0)
+    res = align(cfg, a, b)
+    assert res.total_after <= tolerance(cfg, torch.float64, dense) < res.total_before / 10
+
+
 @pytest.mark.parametrize("name", ["llama-gqa", "bert", "olmo2"])
 def test_permutation_group_recovers_a_permuted_copy_exactly(name):
     cfg = FAMILIES[name]

@@ -7,7 +7,8 @@ chosen to bring B' as close to A as the group allows (for merging and linear mod
 
 Modules: :mod:`.assignment` (the linear assignment problem, budgeted), :mod:`.matching` (heads, KV
 groups, units, experts), :mod:`.procrustes` (the continuous fits), :mod:`.continuous` (one element
-builder per continuous action), :mod:`.activations` (matching by activations on data),
+builder per continuous action), :mod:`.translations` (the bias and offset translations, least
+squares), :mod:`.activations` (matching by activations on data),
 :mod:`.pipeline` (the stages and their alternation).
 """
 

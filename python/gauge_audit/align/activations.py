@@ -26,7 +26,7 @@ from ..models import gpt2 as gpt2_family
 from ..models.config import Config
 from ..models.layers import attention, block, mlp, normalize
 
-MAX_POSITIONS = 4096  # positions read (batch·seq); more are subsampled (seeded)
+MAX_POSITIONS = 4096  # positions read (batch·seq); beyond it a seeded subset of the sequences
 
 
 def _supported(cfg: Config) -> str | None:
@@ -62,16 +62,16 @@ class Activations:
             raise GaugeAuditError(f"data: token ids must lie in 0..{cfg.vocab - 1}")
         if cfg.pos == "learned" and data.shape[1] > cfg.n_ctx:
             raise GaugeAuditError(f"data: sequences of {data.shape[1]} tokens exceed n_ctx {cfg.n_ctx}")
+        rows = max(1, MAX_POSITIONS // data.shape[1])
+        if data.shape[0] > rows:  # every forward below reads the whole batch: bound it
+            keep = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(seed))[:rows]
+            data = data[keep.sort().values]
         self.cfg, self.tokens = cfg, data.long()
-        n = data.numel()
-        g = torch.Generator().manual_seed(seed)
-        self.keep = torch.randperm(n, generator=g)[:MAX_POSITIONS].sort().values if n > MAX_POSITIONS else None
         self.heads_a, self.units_a = self._read(a)
 
     def _flat(self, t: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, …) → (samples, …), subsampled."""
-        t = t.reshape(-1, *t.shape[2:])
-        return t if self.keep is None else t[self.keep]
+        """(batch, seq, …) → (samples, …)."""
+        return t.reshape(-1, *t.shape[2:])
 
     def _read(self, p: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per layer: head contributions (heads × samples·d) and unit activations (d_ff × samples)."""

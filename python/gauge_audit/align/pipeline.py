@@ -12,6 +12,8 @@ Stages, in order (those the group and the architecture have):
               its weights instead (qk-norm-scale, full group) — and N in GL(d_v) or O(d_v) (vo-gl)
   ffn         experts matched by their router columns (expert-perm), hidden units matched
               (ffn-perm), per unit the optimal rescaling (relu-/swiglu-scaling; full group)
+  offsets     the translations, each by its closed-form least squares (writer-ones,
+              key-bias-shift, value-bias-fold, norm-shift; full group, where they apply)
   norm-scale  per norm coordinate the optimal scale (norm-scale; full group)
 
 Every stage computes its element on the current B', applies it with its action (an exact group
@@ -40,12 +42,12 @@ from ..gauge_fix.comparison import relative_distances, sq_by_group
 from ..gauge_fix.pipeline import storage_dtype_of, validate
 from ..models.config import Config
 from ..runtime import one_thread
-from . import continuous, matching
+from . import continuous, matching, translations
 from .activations import Activations
 
 GROUPS = ("permutation", "orthogonal", "full")
 VO_GROUPS = ("gl", "orthogonal")
-MAX_ITERATIONS = 8
+MAX_ITERATIONS = 40  # the translations converge linearly with the GL fits: allow them the iterations
 RELATIVE_PROGRESS = 1e-4
 # diagonal scalings and permutations keep every entry's relative rounding (gauge_fix.base.DIAGONAL;
 # qk-norm-scale scales norm weights entry by entry as well)
@@ -121,6 +123,8 @@ def stage_names(cfg: Config, group: str) -> list[str]:
         out.append("attention")
     if (_applies("ffn-perm", cfg) and (cfg.d_ff > 1 or cfg.experts > 1)) or (full and _scaling(cfg)):
         out.append("ffn")
+    if full and translations.applicable(cfg):
+        out.append("offsets")
     if full and _applies("norm-scale", cfg):
         out.append("norm-scale")
     return out
@@ -166,6 +170,12 @@ class _Run:
             return self._run(self.cur, [self._fold, self._rotate(iteration), unfold]), {}
         if name == "norm-scale":
             return self._run(self.cur, [lambda p, _: ("norm-scale", continuous.norm_scale(cfg, p, a))]), {}
+        if name == "offsets":
+            builders = [
+                (lambda p, _, act=act: (act, translations.element(act, cfg, p, a)))
+                for act in translations.applicable(cfg)
+            ]
+            return self._run(self.cur, builders), {}
         if name == "attention":
             match, fits = [self._heads] if cfg.n_heads > 1 else [], self._attention_fits()
         else:
