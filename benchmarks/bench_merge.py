@@ -84,11 +84,12 @@ def run(args) -> dict:
                     "align_cpu_s": t_align,
                     "curve": curve.to_json(),
                     "stages": pair.aligned["stages"] if pair.aligned else None,
+                    "stopped": pair.aligned["stopped"] if pair.aligned else None,
                 }
             )
             print(
                 f"  {arch} {label}: barrier {curve.barrier:.4f} distance {pair.distance:.4f} "
-                f"({t_align:.0f} CPU-s align)",
+                f"({t_align:.0f} CPU-s align, stopped by {pair.aligned['stopped'] if pair.aligned else '-'})",
                 file=sys.stderr,
                 flush=True,
             )
