@@ -23,7 +23,7 @@ def plot_curves(curves: dict[str, BarrierCurve], out: str | Path, subtitle: str 
     ax.set_xlabel("interpolation t  (θ = (1 − t)·θ_A + t·θ_B)")
     ax.set_ylabel("mean token cross-entropy (nats)")
     ax.set_title(FIGURE_TITLE + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")  # the ends are low, the peak is in the middle
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
