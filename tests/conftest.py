@@ -100,6 +100,7 @@ GROUP_SECONDS = {
     "rule-checkers": 25.0,
     "gemma3-270m": 60.0,
     "deepseek": 35.0,
+    "merge": 30.0,
     "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 25.0,  # three audits
     "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 9.0,
     "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 30.0,
