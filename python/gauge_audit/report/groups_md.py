@@ -1,13 +1,14 @@
-"""Generate the table "what survives, architecture by architecture" of ``docs/concepts/checkpoints.md``.
+"""Generate the table "what survives, architecture by architecture" of ``docs/concepts/checkpoints.md``
+and its short form in ``README.md``.
 
-    python -m gauge_audit.report.groups_md            # print the page
-    python -m gauge_audit.report.groups_md --write    # rewrite the table in the page
-    python -m gauge_audit.report.groups_md --check    # exit 1 if the committed table is stale
+    python -m gauge_audit.report.groups_md            # print the page and the README
+    python -m gauge_audit.report.groups_md --write    # rewrite both tables
+    python -m gauge_audit.report.groups_md --check    # exit 1 if a committed table is stale
 
 Each row is :func:`gauge_audit.nullity.groups.factors` of one architecture at its small default sizes
 (what ``gauge-audit groups ARCH --json`` prints); the cells are the command's own strings, so the page
-cannot drift from the theory.  The table sits between two HTML comments in the page; the rest of the
-page is left as written.  ``tests/test_docs.py`` fails when the committed table differs.
+cannot drift from the theory.  Each table sits between two HTML comments; the rest of the page is
+left as written.  ``tests/test_docs.py`` fails when the committed table differs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..nullity.groups import discrete, factors
 from .generated import generated_file_main
 
 PAGE = ROOT / "docs" / "concepts" / "checkpoints.md"
+README = ROOT / "README.md"
 START, END = "<!-- groups-table: start -->", "<!-- groups-table: end -->"
 #: (row title, architecture name of ``nullity --family`` or a built-in model)
 ROWS = [
@@ -74,15 +76,48 @@ def table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render() -> str:
-    page = PAGE.read_text(encoding="utf-8")
+def _dims(f: dict, slot: str) -> str:
+    return " + ".join(str(f[n].dim) for n in _SLOTS[slot] if n in f) or "0"
+
+
+def compact() -> str:
+    """The README's short form: per layer the continuous group of each slot, its dimension, and the
+    slots where G_max's prediction is not the group (details: the full table)."""
+    lines = [
+        "| architecture | QK / layer | VO / layer | FFN / layer | stream | differs from G_max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for title, name in ROWS:
+        cfg = ARCHITECTURES[name].config() if name in ARCHITECTURES else config_of(name)
+        f = {x.name: x for x in factors(cfg)}
+        differs = sorted({_COLUMN.get(k, k) for k, x in f.items() if x.differs not in ("", "=", "beyond G_max")})
+        stream = str(f["stream"].dim) if "stream" in f else "0"
+        cells = [title, _dims(f, "QK"), _dims(f, "VO"), _dims(f, "FFN"), stream, ", ".join(differs) or "—"]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: factor name → the column it is reported under
+_COLUMN = {n: slot for slot, names in _SLOTS.items() for n in names}
+
+
+def _between(page: str, body: str) -> str:
     head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table()}{END}{tail}"
+    return f"{head}{START}\n{body}{END}{tail}"
+
+
+def render() -> str:
+    return _between(PAGE.read_text(encoding="utf-8"), table())
+
+
+def render_readme() -> str:
+    return _between(README.read_text(encoding="utf-8"), compact())
 
 
 def main(argv=None) -> int:
-    return generated_file_main("gauge_audit.report.groups_md", PAGE, render, argv)
+    rc = generated_file_main("gauge_audit.report.groups_md", PAGE, render, argv)
+    return rc or generated_file_main("gauge_audit.report.groups_md", README, render_readme, argv)
 
 
 if __name__ == "__main__":
