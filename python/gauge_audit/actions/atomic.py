@@ -6,9 +6,9 @@ Its own module so that :mod:`.composite` reads its members from here while the p
 
 from __future__ import annotations
 
-from . import attention, ffn, offsets, qk_norm, stream
+from . import attention, ffn, offsets, parallel, qk_norm, stream
 from .base import Action
 
 ATOMIC: dict[str, Action] = {
-    a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *qk_norm.ACTIONS)
+    a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *parallel.ACTIONS, *qk_norm.ACTIONS)
 }
