@@ -215,12 +215,16 @@ def test_a_parallel_residual_without_norms_is_refused_in_one_line(capsys):
 def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, tiny_hf, kind, tmp_path, capsys):
     """canonicalize --out on a transformers checkpoint of the class: the written canonical copy's
     certificate (transformers' float64 logits; Gemma's norm weights written back as w = γ − 1) HOLDS,
-    and compare calls it EQUIVALENT to the input."""
+    and compare calls it EQUIVALENT to the input; nothing is left unfixed but a small-vocabulary
+    token-table family."""
     src, out = (tiny_hf if kind.startswith("gemma") else hf_family)(kind), tmp_path / "canon"
     assert main(["canonicalize", "--checkpoint", str(src), "--out", str(out), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["function"]["verdict"] == HOLDS and rep["certificate"]["verdict"] == HOLDS
-    assert not rep["not_unique"] and not rep["unfixed"]
+    # the NeoX checkpoint's vocab of 40: block 0's FFN table (5120 numbers) is smaller than its 6168
+    # parameters, and the theory finds a token-table family there (no group action: reported)
+    table = {"token-table-ffn"} if kind == "neox" else set()
+    assert not rep["not_unique"] and {u["family"] for u in rep["unfixed"]} == table
     assert main(["compare", str(src), str(out), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     print(
