@@ -10,5 +10,6 @@ from . import attention, ffn, offsets, parallel, qk_norm, stream
 from .base import Action
 
 ATOMIC: dict[str, Action] = {
-    a.name: a for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *parallel.ACTIONS, *qk_norm.ACTIONS)
+    a.name: a
+    for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *parallel.ACTIONS, *qk_norm.ACTIONS)
 }
