@@ -52,6 +52,8 @@ def test_check_all_agrees_with_theory(hf_family, kind, capsys):
     # key-bias-shift: on the unrotated coordinates of the partial rotary
     for name in ("qk-gl", "stream-rotation", "norm-shift", "writer-ones", "value-bias-fold", "key-bias-shift"):
         assert rows[name]["verdict"] == "HOLDS"
+    # the b_O ↔ b_out trade: a symmetry of the parallel block, not applied to a sequential one
+    assert rows["parallel-bias-trade"]["verdict"] == "HOLDS" if kind == "neox" else "parallel-bias-trade" not in rows
     for r in rows.values():
         assert r["verdict"] == r["expected"], r
 
@@ -79,3 +81,28 @@ def test_transform_round_trip_writes_query_key_value(hf_family, tmp_path, capsys
     transform_round_trip(src, out, "stream-rotation", capsys)
     a, b = open_checkpoint(src).params(), open_checkpoint(out).params()
     assert float((a["blocks.0.attn.W_Q"] - b["blocks.0.attn.W_Q"]).abs().max()) > 1e-3
+
+
+def test_parallel_bias_trade_is_refused_in_one_line_on_a_sequential_model(capsys):
+    """In sequence the FFN reads the attention's output, b_O included: the trade is refused."""
+    assert main(["check", "--model", "gpt2-tiny", "--action", "parallel-bias-trade"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sequential residual" in err
+
+
+def test_parallel_bias_trade_changes_a_sequential_model_by_a_wide_margin():
+    """Why the refusal: applied to the same block in sequence, the constant moved out of b_O reaches
+    the FFN's input, and the logits move far beyond the tolerance (on the parallel block they stay)."""
+    from gauge_audit.actions import ACTIONS
+    from gauge_audit.models import build_config, neox
+    from gauge_audit.runtime import generator
+
+    act = ACTIONS["parallel-bias-trade"]
+    for parallel in (True, False):
+        m = build_config(neox.config(parallel_residual=parallel), seed=0, device="cpu")
+        el = act.sample(m.cfg, m.params, generator(0), 1.0)
+        x = inputs(m.cfg)
+        before = m.family.forward(m.params, m.cfg, x)
+        err = rel(m.family.forward(act.apply(m.cfg, m.params, el), m.cfg, x), before)
+        print(f"parallel={parallel}: {err:.3g} (tol {tol(m.cfg, 12):.3g})")
+        assert (err <= tol(m.cfg, 12)) if parallel else (err > 1e6 * tol(m.cfg, 12))

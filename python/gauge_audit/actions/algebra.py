@@ -23,6 +23,7 @@ ADDITIVE = (
     "embed-offset",
     "router-offset",
     "segment-shift",
+    "parallel-bias-trade",
 )
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
 DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale", "latent-norm-scale")

@@ -6,11 +6,19 @@ Its own module so that :mod:`.composite` reads its members from here while the p
 
 from __future__ import annotations
 
-from . import attention, ffn, mla, offsets, qk_norm, stream
+from . import attention, ffn, mla, offsets, parallel, qk_norm, stream
 from .base import Action
 
 # every action refuses a multi-head latent attention model with its reason unless it carries over (mla.gated)
 ATOMIC: dict[str, Action] = {
     a.name: mla.gated(a)
-    for a in (*attention.ACTIONS, *stream.ACTIONS, *ffn.ACTIONS, *offsets.ACTIONS, *qk_norm.ACTIONS, *mla.ACTIONS)
+    for a in (
+        *attention.ACTIONS,
+        *stream.ACTIONS,
+        *ffn.ACTIONS,
+        *offsets.ACTIONS,
+        *parallel.ACTIONS,
+        *qk_norm.ACTIONS,
+        *mla.ACTIONS,
+    )
 }

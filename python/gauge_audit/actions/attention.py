@@ -236,19 +236,19 @@ def head_perm(cfg: Config, params: Params, el: Element) -> Params:
 def _key_bias_applies(cfg: Config) -> str | None:
     if not cfg.attn_bias:
         return "the model has no key bias"
-    if cfg.pos == "rope" and _rotated(cfg) == cfg.d_head:
+    if cfg.pos == "rope" and rotated_coordinates(cfg) == cfg.d_head:
         return "under RoPE the key bias is rotated with the key, so a shift changes scores position-dependently"
     return None
 
 
-def _rotated(cfg: Config) -> int:
+def rotated_coordinates(cfg: Config) -> int:
     """The leading coordinates of each head RoPE rotates (0 without RoPE)."""
     return (cfg.rotary_dim or cfg.d_head) if cfg.pos == "rope" else 0
 
 
 def _key_bias_sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
     el = _bias_shift_sample(cfg, params, g, kappa)
-    el.parts["c"][..., : _rotated(cfg)] = 0.0  # a partial rotary: only the unrotated coordinates
+    el.parts["c"][..., : rotated_coordinates(cfg)] = 0.0  # a partial rotary: only the unrotated coordinates
     return el
 
 
@@ -269,9 +269,9 @@ def key_bias_shift(cfg: Config, params: Params, el: Element) -> Params:
     """
     c = el.parts["c"]
     require_shape("c", c, (cfg.n_layers, cfg.n_kv_heads, cfg.d_head))
-    if _rotated(cfg) and bool((c[..., : _rotated(cfg)] != 0).any()):
+    if rotated_coordinates(cfg) and bool((c[..., : rotated_coordinates(cfg)] != 0).any()):
         raise GaugeAuditError(
-            f"key-bias-shift: under RoPE only the unrotated coordinates {_rotated(cfg)}..{cfg.d_head - 1} "
+            f"key-bias-shift: under RoPE only the unrotated coordinates {rotated_coordinates(cfg)}..{cfg.d_head - 1} "
             "of the key bias may shift"
         )
     changes = {}

@@ -3,7 +3,8 @@ one is a linear least-squares problem with a closed form.
 
 * writer-ones — row r of every writer into a LayerNorm's input gets a_r·1 (invisible to the mean
   subtraction): a_r = mean(W_A[r] − W[r]);
-* key-bias-shift — b_K[j] + c_j (no RoPE): c = b_K^A − b_K;
+* key-bias-shift — b_K[j] + c_j on the coordinates RoPE leaves alone (all without RoPE, the
+  unrotated ones of a partial rotary): c = b_K^A − b_K there, 0 on the rotated ones;
 * value-bias-fold — b_V[j] + c_j with b_O − Σ_j c_j·S_j (S_j = Σ_{h in group j} W_O[h]): per layer
   (I + S·Sᵀ)·c = (b_V^A − b_V) + S·(b_O − b_O^A);
 * norm-shift — β + δ with every reader's bias b − δ·W: (I + Σ W·Wᵀ)·δ = (β_A − β) + Σ W·(b − b_A).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..actions import ACTIONS, Element
+from ..actions.attention import rotated_coordinates
 from ..actions.offsets import ln_writers
 from ..actions.stream import norm_readers
 from ..models.config import Config
@@ -35,6 +37,7 @@ def element(action: str, cfg: Config, b: Params, a: Params) -> Element | None:
         return Element(parts, 1.0) if parts else None
     if action == "key-bias-shift":
         c = torch.stack([a[f"blocks.{i}.attn.b_K"] - b[f"blocks.{i}.attn.b_K"] for i in range(cfg.n_layers)])
+        c[..., : rotated_coordinates(cfg)] = 0.0
         return Element({"c": c}, 1.0)
     if action == "value-bias-fold":
         return Element({"c": torch.stack([_value_bias(cfg, b, a, i) for i in range(cfg.n_layers)])}, 1.0)

@@ -8,7 +8,7 @@ Order (each step's condition is invariant under the groups of the steps after it
  3 ln-reader-ones    γᵀ·W[:, j] = 0                    10 expert-perm       experts sorted
  4 router-offset     W_router·1 = 0                    11 ffn-perm          units sorted
  5 embed-offset      mean row of W_pos (W_tt) = 0      12 qk-gl             balanced score factors
- 6 biases            openings, b_K, b_V = 0               (QK-norm: qk-norm-scale, ‖γ_q‖ = ‖γ_k‖ per unit)
+ 6 biases            openings, b_K, b_V, P·b_out = 0      (QK-norm: qk-norm-scale, ‖γ_q‖ = ‖γ_k‖ per unit)
  7 ln-writer-ones    writer rows ⊥ 1                   13 vo-gl             balanced output factors
                                                        14 relu/swiglu       balanced units
 
@@ -54,6 +54,7 @@ STEPS: tuple = (
             "stream-translation": stream.cond_segments,
             "key-bias-shift": stream.cond_key_bias,
             "value-bias-fold": stream.cond_value_bias,
+            "parallel-bias-trade": stream.cond_parallel_bias,
         },
     ),
     ("ln-writer-ones", stream.fix_writer_ones, {"ln-writer-ones": stream.cond_writer_ones}),
@@ -117,11 +118,55 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
                 "(unreached-readers, bias-trade, input-offset, tied-unembed-null): not fixed",
             )
         )
+    for family, entries, count in _token_tables(cfg):
+        out.append(
+            (
+                family,
+                f"block 0 reads the stream at the {cfg.vocab} vocab points and its table ({entries} numbers) "
+                f"is smaller than its {count} parameters: flat directions of a finite table, no group action, "
+                "not fixed",
+            )
+        )
     if cfg.experts and cfg.top_k == 1:
         out.append(
             ("router-top1", "top-1 routing: every router weight is locally flat; only the router offset is fixed")
         )
     return out
+
+
+def _token_tables(cfg: Config) -> list[tuple[str, int, int]]:
+    """(family, table entries, sublayer parameters) for every block-0 table of
+    :mod:`gauge_audit.nullity.families.token_tables` that has fewer entries than the parameters it
+    is a function of — where the theory finds its token-table families (the null space of the
+    table's Jacobian outside the families above: with fewer rows than columns it is non-empty
+    unless those families fill it).  Under the same preconditions: no learned positions, no MoE,
+    vocab ≤ 4096, a parallel residual (the FFN's table) or normed sublayer outputs (the scores and
+    values of the first attention)."""
+    if cfg.family == "attn" or cfg.pos == "learned" or cfg.experts or cfg.vocab > 4096:
+        return []
+    shapes = {k: math.prod(shape) for k, (shape, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
+    if "embed.W_E" not in shapes:
+        return []
+
+    def count(names) -> int:
+        return sum(shapes.get(n, 0) for n in names)
+
+    attn, d, v = "blocks.0.attn", cfg.d_model, cfg.vocab
+    heads = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head
+    out = []
+    if cfg.norm_placement == "pre" and cfg.parallel_residual:
+        names = [] if cfg.tied else ["embed.W_E"]
+        names += [f"{attn}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V")]
+        names += [n for n in shapes if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))]
+        out.append(("token-table-ffn", v * (heads + d), count(names)))
+    if cfg.norm_placement == "output":
+        n = cfg.n_ctx
+        pairs = n * (n + 1) // 2 - (max(0, n - cfg.window) * (n - cfg.window + 1) // 2 if cfg.window else 0)
+        qk = [f"{attn}.{k}" for k in ("W_Q", "b_Q", "W_K", "b_K", "q_norm", "k_norm")]
+        vo = [f"{attn}.{k}" for k in ("W_V", "b_V", "W_O", "b_O")]
+        out.append(("token-table-scores", cfg.n_heads * v * v * pairs, count(qk)))
+        out.append(("token-table-values", cfg.n_heads * v * d + (d if f"{attn}.b_O" in shapes else 0), count(vo)))
+    return [(f, entries, params) for f, entries, params in out if entries < params]
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..actions import ACTIONS, Element
+from ..actions.attention import rotated_coordinates
 from ..actions.offsets import LN, absorbed_shift_norms, ln_writers, offset_tables, reader_ones_columns, segments
 from ..actions.strata import spread
 from ..actions.stream import norm_readers
@@ -277,6 +278,13 @@ def _opening_value(p: Params, name: str) -> torch.Tensor:
     return _mean_rows(p[name]) if name.startswith("embed.W_") else p[name]
 
 
+def _trade_projector(cfg: Config) -> torch.Tensor:
+    """The part of b_out the parallel-bias-trade moves: 1^⊥ under a LayerNorm stream (along 1 the
+    bias is writer-ones'), all of ℝ^d otherwise."""
+    eye = torch.eye(cfg.d_model, dtype=torch.float64)
+    return eye - 1.0 / cfg.d_model if cfg.norm in LN else eye
+
+
 def fix_bias_chain(ctx: Context) -> None:
     """Conditions, in stream order (block by block, because a stretch's closing bias may open the
     next one and value-bias-fold writes b_O):
@@ -284,14 +292,24 @@ def fix_bias_chain(ctx: Context) -> None:
     * stream-translation: the bias or β that opens each stretch of stream with biased readers is 0
       (an opening embedding table: its mean row is 0) — reachable by c = −opening (segment-shift),
       unique (translation);
-    * key-bias-shift: b_K = 0 (no RoPE) — reachable by c = −b_K, unique;
-    * value-bias-fold: b_V = 0 (with b_O) — reachable by c = −b_V (b_O takes Σ_h b_V·W_O[h]), unique.
+    * key-bias-shift: b_K = 0 on the coordinates RoPE leaves alone (all without RoPE, the last
+      d_k − R under a partial rotary; none under full RoPE: the action does not apply) — reachable
+      by c = −b_K there and 0 on the rotated ones, unique;
+    * value-bias-fold: b_V = 0 (with b_O) — reachable by c = −b_V (b_O takes Σ_h b_V·W_O[h]), unique;
+    * parallel-bias-trade (a parallel residual): P·b_out = 0, P the projector on 1^⊥ under a
+      LayerNorm stream (identity otherwise) — reachable by c = −P·b_out (b_O takes P·b_out), unique
+      (translation on the image of P).  After value-bias-fold in each block, since both write b_O
+      and only this condition (on b_out) must survive the other: value-bias-fold and writer-ones
+      never touch P·b_out (writer-ones adds multiples of 1, which P removes).
 
-    Each is invariant under the head GL groups (b_K·M⁻ᵀ, b_V·N stay 0) and permutations."""
+    Each is invariant under the head GL groups (b_K·M⁻ᵀ, b_V·N stay 0), permutations, writer-ones
+    and the stream rotation (it fixes 1, so P·b_out·R = P·(b_out·R))."""
     cfg = ctx.cfg
     segs = {s.label: s for s in segments(cfg, ctx.params)}
     key, value = _applies("key-bias-shift", cfg), _applies("value-bias-fold", cfg)
+    trade = _applies("parallel-bias-trade", cfg)
     shape = (cfg.n_layers, cfg.n_kv_heads, cfg.d_head)
+    rotated = rotated_coordinates(cfg)
 
     def segment(label):
         if label in segs:
@@ -305,17 +323,26 @@ def fix_bias_chain(ctx: Context) -> None:
                 reads={w for w, _ in s.readers},
             )
 
-    def bias(i, name, family, action, reads=()):
+    def bias(i, name, family, action, first=0, reads=()):
         c = torch.zeros(shape, dtype=torch.float64)
-        c[i] = -ctx.params[f"blocks.{i}.attn.b_{name}"]
-        ctx.apply(family, action, Element({"c": c}, 1.0), f"b_{name} = 0 in block {i}", reads=reads)
+        c[i, :, first:] = -ctx.params[f"blocks.{i}.attn.b_{name}"][:, first:]
+        where = f" on coordinates {first}..{cfg.d_head - 1}" if first else ""
+        ctx.apply(family, action, Element({"c": c}, 1.0), f"b_{name} = 0{where} in block {i}", reads=reads)
+
+    def parallel(i):
+        c = torch.zeros(cfg.n_layers, cfg.d_model, dtype=torch.float64)
+        c[i] = -_trade_projector(cfg) @ ctx.params[f"blocks.{i}.mlp.b_out"].double()
+        on = " on 1^⊥" if cfg.norm in LN else ""
+        ctx.apply("parallel-bias-trade", "parallel-bias-trade", Element({"c": c}, 1.0), f"b_out = 0{on} in block {i}")
 
     for i in range(cfg.n_layers):
         segment(f"attn{i}")
         if key:
-            bias(i, "K", "key-bias-shift", "key-bias-shift")
+            bias(i, "K", "key-bias-shift", "key-bias-shift", first=rotated)
         if value:
             bias(i, "V", "value-bias-fold", "value-bias-fold", reads={f"blocks.{i}.attn.W_O"})
+        if trade:
+            parallel(i)
         segment(f"ffn{i}")
     segment("unembed")
 
@@ -328,13 +355,23 @@ def cond_segments(cfg: Config, p: Params) -> torch.Tensor | None:
 def cond_key_bias(cfg: Config, p: Params) -> torch.Tensor | None:
     if not _applies("key-bias-shift", cfg):
         return None
-    return torch.cat([p[f"blocks.{i}.attn.b_K"].reshape(-1) for i in range(cfg.n_layers)])
+    first = rotated_coordinates(cfg)
+    return torch.cat([p[f"blocks.{i}.attn.b_K"][:, first:].reshape(-1) for i in range(cfg.n_layers)])
 
 
 def cond_value_bias(cfg: Config, p: Params) -> torch.Tensor | None:
     if not _applies("value-bias-fold", cfg):
         return None
     return torch.cat([p[f"blocks.{i}.attn.b_V"].reshape(-1) for i in range(cfg.n_layers)])
+
+
+def cond_parallel_bias(cfg: Config, p: Params) -> torch.Tensor | None:
+    """P·b_out per parallel block, in coordinates of P's image (the Helmert basis of 1^⊥ under a
+    LayerNorm stream: d − 1 numbers; all d entries otherwise)."""
+    if not _applies("parallel-bias-trade", cfg):
+        return None
+    basis = ones_basis(cfg.d_model) if cfg.norm in LN else torch.eye(cfg.d_model, dtype=torch.float64)
+    return torch.cat([basis.T @ p[f"blocks.{i}.mlp.b_out"] for i in range(cfg.n_layers)])
 
 
 # ----------------------------------------------------------------------------- 7 writer-ones
