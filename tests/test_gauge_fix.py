@@ -23,6 +23,7 @@ from gauge_audit.gauge_fix import (
     DIFFERENT,
     EQUIVALENT,
     canonicalize,
+    comparison,
     compare,
     conditions,
     function_check,
@@ -245,6 +246,41 @@ def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtyp
         }
         print(f"{name} {dtype} seed {seed}: fast/plain response per group {factors}")
         assert all(abs(f - 1.0) <= 64 * EPS64 for f in factors.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", SURVIVORS)
+def test_compare_with_b_by_runs_equals_b_whole(model, name, dtype, monkeypatch):
+    """compare canonicalises B one run of blocks at a time (here one block per run: the runs'
+    records merged into the whole model's) where that is exact, and whole otherwise: the same
+    report, number for number — verdict, distances, tolerances, decisions and notes — and the same
+    element mapping A to B, as B canonicalised whole.  The LayerNorm models (gpt2-tiny, bert-tiny)
+    take the whole path: their writer/reader-ones steps couple blocks."""
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
+    m = model(name)
+    b, _ = _transformed(m, seed=11)
+    stored = {k: v.to(dtype) for k, v in b.items()}
+    calls = []
+    by_runs = comparison.canonical_b_by_runs
+
+    def spy(*args):
+        out = by_runs(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", spy)
+    fast = compare(m.cfg, m.params, m.cfg, stored)
+    assert calls == ([] if name in ("gpt2-tiny", "bert-tiny") else [True])
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", lambda *args: None)
+    whole = compare(m.cfg, m.params, m.cfg, stored)
+    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
+    assert [r.family for r in fast.canonical_b.records] == [r.family for r in whole.canonical_b.records]
+    for rf, rw in zip(fast.canonical_b.records, whole.canonical_b.records):
+        assert (rf.reads, rf.writes, rf.notes, rf.element.kappa) == (rw.reads, rw.writes, rw.notes, rw.element.kappa)
+        assert rf.element.parts.keys() == rw.element.parts.keys()
+        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
+    assert fast.element is not None and whole.element is not None
+    assert all(torch.equal(fast.element.parts[k], whole.element.parts[k]) for k in whole.element.parts)
 
 
 @pytest.mark.parametrize("name", SURVIVORS)

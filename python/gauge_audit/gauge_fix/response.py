@@ -121,47 +121,82 @@ def blockwise(cfg: Config, params: Params) -> bool:
     return cfg.n_layers > 1 and not segments(cfg, params)
 
 
+class RunProbes:
+    """The probes of one model, fed one run of blocks at a time in order (the first run with the
+    embeddings and head): per probe its totals per group and the stream rotation its first run
+    computed."""
+
+    def __init__(self, cfg: Config, params: Params, probes: int, seed: int, u: float, storage_dtype: torch.dtype):
+        self.cfg, self.params, self.seed, self.u, self.storage_dtype = cfg, params, seed, u, storage_dtype
+        self.index = {k: i for i, k in enumerate(params)}
+        self.blocks: dict[int | None, list[str]] = {}
+        for k in params:
+            self.blocks.setdefault(block_of(k), []).append(k)
+        self.outer = self.blocks.get(None, [])
+        self.outer64 = {k: params[k].detach().to("cpu", torch.float64) for k in self.outer}
+        self.totals: list[dict[str, float]] = [{} for _ in range(probes)]
+        self.rotations: list[Element | None] = [None] * probes
+
+    def names(self, lo: int, n: int) -> list[str]:
+        return [k for b in range(lo, lo + n) for k in self.blocks.get(b, [])]
+
+    def run(
+        self,
+        j: int,
+        lo: int,
+        n: int,
+        here: Params,
+        ref: Params,
+        base: Params,
+        base_outer: Params,
+        kept: dict[str, Element],
+    ) -> None:
+        """Run ``j`` (blocks lo … lo+n−1; ``here``: their tensors, and the outer ones for run 0) of
+        every probe against ``base`` (the run's canonical tensors, renumbered from 0) and
+        ``base_outer`` (the canonical outer tensors), with the ``kept`` permutations of the run."""
+        cfg, u, seed, outer = self.cfg, self.u, self.seed, self.outer
+        names = self.names(lo, n)
+        sub_names = [_moved(k, -lo) for k in names]
+        for p in range(len(self.totals)):
+            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
+            sub.update(
+                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer} if j == 0 else self.outer64
+            )
+            keep = dict(kept)
+            rotation = self.rotations[p]
+            if rotation is not None:
+                keep[ROTATION] = rotation
+            c = canonicalize_owned(
+                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=self.storage_dtype, keep=keep
+            )
+            if j == 0:
+                self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                sq_by_group({k: c.params[k] for k in outer}, base_outer, self.totals[p])
+            sq_by_group({k: c.params[k] for k in sub_names}, base, self.totals[p])
+            del c, sub
+
+    def worst(self) -> dict[str, float]:
+        """Per group, the largest total over the probes."""
+        worst: dict[str, float] = {}
+        for total in self.totals:
+            for k, v in total.items():
+                worst[k] = max(worst.get(k, 0.0), v)
+        return worst
+
+
 def response_by_runs(
     cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int, u: float
 ) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
     one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
-    index = {k: i for i, k in enumerate(params)}
-    blocks: dict[int | None, list[str]] = {}
-    for k in params:
-        blocks.setdefault(block_of(k), []).append(k)
-    outer = blocks.get(None, [])
-    outer64 = {k: params[k].detach().to("cpu", torch.float64) for k in outer}
-    ref_outer = {k: reference[k] for k in outer}
-    base_outer = {k: canonical.params[k] for k in outer}
-    runs = _block_runs(cfg, params)
-    totals: list[dict[str, float]] = [{} for _ in range(probes)]
-    rotations: list[Element | None] = [None] * probes
+    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype)
+    ref_outer = {k: reference[k] for k in rp.outer}
+    base_outer = {k: canonical.params[k] for k in rp.outer}
     # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
-    for j, (lo, n) in enumerate(runs):
-        names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
-        here = {k: params[k] for k in names + (outer if j == 0 else [])}
+    for j, (lo, n) in enumerate(_block_runs(cfg, params)):
+        names = rp.names(lo, n)
+        here = {k: params[k] for k in names + (rp.outer if j == 0 else [])}
         ref = {**_sub(reference, names, lo), **ref_outer}
-        sub_names = [_moved(k, -lo) for k in names]
-        base = _sub(canonical.params, names, lo)
-        for p in range(probes):
-            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
-            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0 else outer64)
-            keep = _kept(cfg, canonical, lo, n)
-            rotation = rotations[p]
-            if rotation is not None:
-                keep[ROTATION] = rotation
-            c = canonicalize_owned(
-                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype, keep=keep
-            )
-            if j == 0:
-                rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
-                sq_by_group({k: c.params[k] for k in outer}, base_outer, totals[p])
-            sq_by_group({k: c.params[k] for k in sub_names}, base, totals[p])
-            del c, sub
+        rp.run(j, lo, n, here, ref, _sub(canonical.params, names, lo), base_outer, _kept(cfg, canonical, lo, n))
         del here
-    worst: dict[str, float] = {}
-    for total in totals:
-        for k, v in total.items():
-            worst[k] = max(worst.get(k, 0.0), v)
-    return worst
+    return rp.worst()
