@@ -248,6 +248,18 @@ def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtyp
         assert all(abs(f - 1.0) <= 64 * EPS64 for f in factors.values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_probe_drawn_in_chunks_equals_one_draw(dtype, monkeypatch):
+    """A probe's perturbation drawn and applied a chunk at a time is, entry for entry, the one
+    draw θ + 2u·(w − ½)·|θ| of the whole tensor (chunk boundaries anywhere, a ragged last chunk)."""
+    monkeypatch.setattr(response, "CHUNK", 1000)
+    v = torch.randn(33, 97, generator=generator(3), dtype=torch.float64).to(dtype)
+    u = 2.0**-24
+    w = torch.rand(v.shape, generator=generator(8), dtype=torch.float64) - 0.5
+    v64 = v.to(torch.float64)
+    assert torch.equal(response.perturbed(v, u, 8), v64 + 2.0 * u * w * v64.abs())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", SURVIVORS)
 def test_compare_with_b_by_runs_equals_b_whole(model, name, dtype, monkeypatch):

@@ -70,13 +70,24 @@ def probe_seed(seed: int, probe: int, index: int) -> int:
     return (seed * 1000 + probe) * 1_000_000 + index
 
 
+CHUNK = 1 << 20  # entries drawn and perturbed at a time (8 MiB in float64)
+
+
 def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
     """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor: z = 2w − 1
-    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact), in
-    four passes over the tensor."""
-    v = v.detach().to("cpu", torch.float64)
-    w = torch.rand(v.shape, generator=generator(seed), dtype=torch.float64).sub_(0.5)
-    return torch.addcmul(v, v.abs(), w, value=2.0 * u)
+    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact).
+    :data:`CHUNK` entries at a time (in memory order), so that besides the result only a chunk is
+    held — a vocabulary-sized embedding would otherwise need its float64 copy, the draw and |θ|
+    beside it; the CPU generator draws serially, so the chunks' draws are the one draw's
+    (``tests/test_gauge_fix.py``)."""
+    flat = v.detach().to("cpu").reshape(-1)
+    out = torch.empty(flat.shape, dtype=torch.float64)
+    g = generator(seed)
+    for i in range(0, flat.numel(), CHUNK):
+        x = flat[i : i + CHUNK].to(torch.float64)
+        w = torch.rand(x.shape, generator=g, dtype=torch.float64).sub_(0.5)
+        torch.addcmul(x, x.abs(), w, value=2.0 * u, out=out[i : i + CHUNK])
+    return out.reshape(v.shape)
 
 
 def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
@@ -126,14 +137,26 @@ class RunProbes:
     embeddings and head): per probe its totals per group and the stream rotation its first run
     computed."""
 
-    def __init__(self, cfg: Config, params: Params, probes: int, seed: int, u: float, storage_dtype: torch.dtype):
+    def __init__(
+        self,
+        cfg: Config,
+        params: Params,
+        probes: int,
+        seed: int,
+        u: float,
+        storage_dtype: torch.dtype,
+        taken_along: Params | None = None,
+    ):
         self.cfg, self.params, self.seed, self.u, self.storage_dtype = cfg, params, seed, u, storage_dtype
         self.index = {k: i for i, k in enumerate(params)}
         self.blocks: dict[int | None, list[str]] = {}
         for k in params:
             self.blocks.setdefault(block_of(k), []).append(k)
         self.outer = self.blocks.get(None, [])
-        self.outer64 = {k: params[k].detach().to("cpu", torch.float64) for k in self.outer}
+        # the embeddings and head that runs after the first take along (float64, any values: the
+        # steps look them up, but no block's result depends on them): a canonical form's, which is
+        # in memory anyway, rather than a float64 copy of the model's own
+        self.taken_along = {k: (taken_along or params)[k].detach().to("cpu", torch.float64) for k in self.outer}
         self.totals: list[dict[str, float]] = [{} for _ in range(probes)]
         self.rotations: list[Element | None] = [None] * probes
 
@@ -160,7 +183,7 @@ class RunProbes:
         for p in range(len(self.totals)):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
             sub.update(
-                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer} if j == 0 else self.outer64
+                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer} if j == 0 else self.taken_along
             )
             keep = dict(kept)
             rotation = self.rotations[p]
@@ -189,7 +212,7 @@ def response_by_runs(
 ) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
     one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
-    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype)
+    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
     ref_outer = {k: reference[k] for k in rp.outer}
     base_outer = {k: canonical.params[k] for k in rp.outer}
     # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe

@@ -144,8 +144,8 @@ def canonical_b_by_runs(
     tensor, B's rounding response per group as :func:`.response.response_by_runs` measures it);
     None where the runs' records cannot be merged exactly (then B is canonicalised whole)."""
     u = torch.finfo(storage_dtype).eps / 2
-    rp = RunProbes(cfg, params_b, probes, seed, u, storage_dtype)
     ref = reference.params
+    rp = RunProbes(cfg, params_b, probes, seed, u, storage_dtype, ref)
     ref_outer = {k: ref[k] for k in rp.outer}
     sq: dict[str, float] = {}
     runs: list[tuple[int, list[StepRecord]]] = []
@@ -156,7 +156,7 @@ def canonical_b_by_runs(
         here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
         ref_run = {**_sub(ref, names, lo), **ref_outer}
         sub = {_moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
-        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.outer64)
+        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
         keep = {ROTATION: rotation} if rotation is not None else None
         c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref_run, storage_dtype=storage_dtype, keep=keep)
         if j == 0:
@@ -171,6 +171,7 @@ def canonical_b_by_runs(
         rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
         runs.append((lo, c.records))
         del c, sub, here, base
+        base_outer = {}  # the probes need it in the first run only
     merged = merge_runs(cfg, runs, storage_dtype)
     if merged is None:
         return None
