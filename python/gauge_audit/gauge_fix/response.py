@@ -183,7 +183,9 @@ class RunProbes:
         for p in range(len(self.totals)):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
             sub.update(
-                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer} if j == 0 else self.taken_along
+                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
+                if j == 0
+                else self.taken_along
             )
             keep = dict(kept)
             rotation = self.rotations[p]

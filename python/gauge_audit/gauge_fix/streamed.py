@@ -115,17 +115,16 @@ def merge_runs(cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dt
     for i, (family, action) in enumerate(steps):
         per = [(lo, recs[i]) for lo, recs in runs]
         el = _merge_element(action, [(lo, r.element) for lo, r in per])
+        decisions: list[Decision] | None
         if ACTIONS[action].element_layout == "shared":  # computed by the first run, given to the others
             decisions, notes = per[0][1].decisions, per[0][1].notes
+            reads = _every_block(per[0][1].reads, cfg.n_layers)  # the first run's, for every block
         else:
             decisions = _merge_decisions([r.decisions for _, r in per])
             notes = [n for j, (lo, r) in enumerate(per) for n in _notes(r.notes, lo, j == 0)]
+            reads = frozenset(_renamed(k, lo) for lo, r in per for k in r.reads)
         if el is None or decisions is None:
             return None
-        if ACTIONS[action].element_layout == "shared":  # the first run's reads, for every block
-            reads = _every_block(per[0][1].reads, cfg.n_layers)
-        else:
-            reads = frozenset(_renamed(k, lo) for lo, r in per for k in r.reads)
         writes = frozenset(_renamed(k, lo) for lo, r in per for k in r.writes)
         records.append(StepRecord(family, action, el, per[0][1].condition, decisions, notes, reads, writes))
     return Canonical(cfg, {}, records, unfixed(cfg), storage_dtype)
