@@ -258,6 +258,10 @@ def test_probe_drawn_in_chunks_equals_one_draw(dtype, monkeypatch):
     w = torch.rand(v.shape, generator=generator(8), dtype=torch.float64) - 0.5
     v64 = v.to(torch.float64)
     assert torch.equal(response.perturbed(v, u, 8), v64 + 2.0 * u * w * v64.abs())
+    # squared distances in chunks: the one dot product up to the rounding of summing 4 partial sums
+    d = v64 - w
+    assert abs(response.sq_distance(v, w) - float(d.reshape(-1) @ d.reshape(-1))) <= 8 * EPS64 * float((d * d).sum())
+    assert response.sq_distance(v) == response.sq_distance(v64, torch.zeros_like(v64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)

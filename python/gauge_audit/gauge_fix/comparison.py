@@ -45,7 +45,7 @@ from ..models.config import Config
 from ..runtime import one_thread
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group
+from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
 from .streamed import canonical_b_by_runs
 
 FAILURE_PROBABILITY = 1e-6
@@ -192,10 +192,9 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
         for action, step in steps:
             sub = apply_block(ACTIONS[action], cfg, sub, step, b)
         for k in names:
-            vb = params_b[k].to(torch.float64)
-            d = (vb - sub[k]).reshape(-1)
-            num += float(torch.dot(d, d))
-            den += float(torch.dot(vb.reshape(-1), vb.reshape(-1)))
+            vb = params_b[k]
+            num += sq_distance(vb, sub[k])
+            den += sq_distance(vb)
         del sub
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 

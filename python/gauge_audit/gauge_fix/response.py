@@ -33,6 +33,7 @@ from ..runtime import generator
 from .base import Params, _moved, _span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 
+CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
 ROTATION = "stream-rotation"
 
@@ -58,19 +59,28 @@ def sq_by_group(a: Params, b: Params | None = None, out: dict[str, float] | None
     """Σ‖a − b‖² (or Σ‖a‖²) per tensor group, in float64, one tensor at a time (added to ``out``)."""
     out = {} if out is None else out
     for k, v in a.items():
-        v = v.to(torch.float64)
-        d = v if b is None else v - b[k].to(torch.float64)
-        out[group_of(k)] = out.get(group_of(k), 0.0) + float(torch.dot(d.reshape(-1), d.reshape(-1)))
+        out[group_of(k)] = out.get(group_of(k), 0.0) + sq_distance(v, None if b is None else b[k])
     return out
+
+
+def sq_distance(a: torch.Tensor, b: torch.Tensor | None = None) -> float:
+    """‖a − b‖² (or ‖a‖²) in float64, :data:`CHUNK` entries at a time: a tensor of at most a chunk
+    in one dot product, a vocabulary-sized one without its float64 difference held whole."""
+    fa = a.detach().reshape(-1)
+    fb = None if b is None else b.detach().reshape(-1)
+    total = 0.0
+    for i in range(0, fa.numel(), CHUNK):
+        d = fa[i : i + CHUNK].to(torch.float64)
+        if fb is not None:
+            d = d - fb[i : i + CHUNK].to(torch.float64)
+        total += float(torch.dot(d, d))
+    return total
 
 
 def probe_seed(seed: int, probe: int, index: int) -> int:
     """The seed of tensor ``index``'s draw (its position in the parameter order) in probe
     ``probe``: distinct for every (probe, tensor) of one seed while probes < 1000 and tensors < 10⁶."""
     return (seed * 1000 + probe) * 1_000_000 + index
-
-
-CHUNK = 1 << 20  # entries drawn and perturbed at a time (8 MiB in float64)
 
 
 def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:

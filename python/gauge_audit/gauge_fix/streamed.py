@@ -30,7 +30,7 @@ from ..models.config import Config
 from .base import Decision, Params, StepRecord, _moved, _renumbered
 from .ffn import scaling_kappa
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
-from .response import ROTATION, RunProbes, _block_runs, _sub
+from .response import ROTATION, RunProbes, _block_runs, _sub, sq_distance
 
 _BLOCK_NOTE = re.compile(r"\b(blocks?)([ .])(\d+)\b")
 
@@ -162,9 +162,9 @@ def canonical_b_by_runs(
             rotation = next((r.element for r in c.records if r.family == ROTATION), None)
             base_outer = {k: c.params[k] for k in rp.outer}
             for k in rp.outer:
-                sq[k] = _sq(c.params[k], ref[k])
+                sq[k] = sq_distance(c.params[k], ref[k])
         for k in names:
-            sq[k] = _sq(c.params[_moved(k, -lo)], ref[k])
+            sq[k] = sq_distance(c.params[_moved(k, -lo)], ref[k])
         kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
         base = {_moved(k, -lo): c.params[_moved(k, -lo)] for k in names}
         rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
@@ -175,8 +175,3 @@ def canonical_b_by_runs(
     if merged is None:
         return None
     return merged, sq, rp.worst()
-
-
-def _sq(a: torch.Tensor, b: torch.Tensor) -> float:
-    d = (a.to(torch.float64) - b.to(torch.float64)).reshape(-1)
-    return float(torch.dot(d, d))
