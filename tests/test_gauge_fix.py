@@ -24,6 +24,7 @@ from gauge_audit.gauge_fix import (
     EQUIVALENT,
     canonicalize,
     compare,
+    comparison,
     conditions,
     function_check,
     prepare,
@@ -246,6 +247,57 @@ def test_fast_rounding_response_equals_the_recanonicalised_one(model, name, dtyp
         }
         print(f"{name} {dtype} seed {seed}: fast/plain response per group {factors}")
         assert all(abs(f - 1.0) <= 64 * EPS64 for f in factors.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_probe_drawn_in_chunks_equals_one_draw(dtype, monkeypatch):
+    """A probe's perturbation drawn and applied a chunk at a time is, entry for entry, the one
+    draw θ + 2u·(w − ½)·|θ| of the whole tensor (chunk boundaries anywhere, a ragged last chunk)."""
+    monkeypatch.setattr(response, "CHUNK", 1000)
+    v = torch.randn(33, 97, generator=generator(3), dtype=torch.float64).to(dtype)
+    u = 2.0**-24
+    w = torch.rand(v.shape, generator=generator(8), dtype=torch.float64) - 0.5
+    v64 = v.to(torch.float64)
+    assert torch.equal(response.perturbed(v, u, 8), v64 + 2.0 * u * w * v64.abs())
+    # squared distances in chunks: the one dot product up to the rounding of summing 4 partial sums
+    d = v64 - w
+    assert abs(response.sq_distance(v, w) - float(d.reshape(-1) @ d.reshape(-1))) <= 8 * EPS64 * float((d * d).sum())
+    assert response.sq_distance(v) == response.sq_distance(v64, torch.zeros_like(v64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", SURVIVORS)
+def test_compare_with_b_by_runs_equals_b_whole(model, name, dtype, monkeypatch):
+    """compare canonicalises B one run of blocks at a time (here one block per run: the runs'
+    records merged into the whole model's) where that is exact, and whole otherwise: the same
+    report, number for number — verdict, distances, tolerances, decisions and notes — and the same
+    element mapping A to B, as B canonicalised whole.  The LayerNorm models (gpt2-tiny, bert-tiny)
+    take the whole path: their writer/reader-ones steps couple blocks."""
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
+    m = model(name)
+    b, _ = _transformed(m, seed=11)
+    stored = {k: v.to(dtype) for k, v in b.items()}
+    calls = []
+    by_runs = comparison.canonical_b_by_runs
+
+    def spy(*args):
+        out = by_runs(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", spy)
+    fast = compare(m.cfg, m.params, m.cfg, stored)
+    assert calls == ([] if name in ("gpt2-tiny", "bert-tiny") else [True])
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", lambda *args: None)
+    whole = compare(m.cfg, m.params, m.cfg, stored)
+    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
+    assert [r.family for r in fast.canonical_b.records] == [r.family for r in whole.canonical_b.records]
+    for rf, rw in zip(fast.canonical_b.records, whole.canonical_b.records):
+        assert (rf.reads, rf.writes, rf.notes, rf.element.kappa) == (rw.reads, rw.writes, rw.notes, rw.element.kappa)
+        assert rf.element.parts.keys() == rw.element.parts.keys()
+        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
+    assert fast.element is not None and whole.element is not None
+    assert all(torch.equal(fast.element.parts[k], whole.element.parts[k]) for k in whole.element.parts)
 
 
 @pytest.mark.parametrize("name", SURVIVORS)

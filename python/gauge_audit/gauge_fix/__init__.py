@@ -12,7 +12,8 @@ up to the whole symmetry group.
 
 Modules: :mod:`.base` (records, decisions, shared linear algebra), :mod:`.stream` (norms, biases,
 stream), :mod:`.heads` (attention), :mod:`.ffn` (FFN and experts), :mod:`.pipeline` (the order),
-:mod:`.comparison`.
+:mod:`.comparison` (with :mod:`.response`, its rounding probes, and :mod:`.streamed`, model B one
+run of blocks at a time).
 """
 
 from .comparison import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare

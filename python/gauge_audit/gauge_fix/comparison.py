@@ -45,7 +45,8 @@ from ..models.config import Config
 from ..runtime import one_thread
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import blockwise, probe_params, response_by_runs, sq_by_group
+from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
+from .streamed import canonical_b_by_runs
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
@@ -54,9 +55,12 @@ GROUPS = ("embeddings", "attention.qk", "attention.vo", "norms", "ffn", "router"
 _sq_by_group = sq_by_group
 
 
-def relative_distances(a: Params, b: Params) -> tuple[float, dict[str, float]]:
-    """‖b − a‖_F / ‖a‖_F overall and per tensor group."""
-    num, den = _sq_by_group(b, a), _sq_by_group(a)
+def relative_distances(a: Params, b: Params, den: dict[str, float] | None = None) -> tuple[float, dict[str, float]]:
+    """‖b − a‖_F / ‖a‖_F overall and per tensor group (``den``: Σ‖a‖² per group, if known)."""
+    return _relative(_sq_by_group(b, a), _sq_by_group(a) if den is None else den)
+
+
+def _relative(num: dict[str, float], den: dict[str, float]) -> tuple[float, dict[str, float]]:
     per = {g: math.sqrt(num[g] / den[g]) if den[g] > 0 else math.sqrt(num[g]) for g in den}
     return math.sqrt(sum(num.values()) / sum(den.values())), per
 
@@ -188,10 +192,9 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
         for action, step in steps:
             sub = apply_block(ACTIONS[action], cfg, sub, step, b)
         for k in names:
-            vb = params_b[k].to(torch.float64)
-            d = (vb - sub[k]).reshape(-1)
-            num += float(torch.dot(d, d))
-            den += float(torch.dot(vb.reshape(-1), vb.reshape(-1)))
+            vb = params_b[k]
+            num += sq_distance(vb, sub[k])
+            den += sq_distance(vb)
         del sub
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
@@ -290,14 +293,24 @@ def _compare(
     storage_dtype_b: torch.dtype | None = None,
 ) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
-    cb = canonicalize_owned(
-        cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_dtype_b or storage_dtype_of(params_b)
-    )
-    raw, raw_groups = relative_distances(params_a, params_b)
-    inv, inv_groups = relative_distances(ca.params, cb.params)
+    storage_b = storage_dtype_b or storage_dtype_of(params_b)
     den = _sq_by_group(ca.params)
+    # B one run of blocks at a time where its records merge exactly (:mod:`.streamed`), else whole
+    streamed = None
+    if blockwise(cfg, params_b) and not any(ACTIONS[r.action].element_layout == "whole" for r in ca.records):
+        streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1)
+    if streamed is not None:
+        cb, sq, resp_b = streamed
+        num: dict[str, float] = {}
+        for k in params_b:  # in parameter order, as sq_by_group adds them
+            num[group_of(k)] = num.get(group_of(k), 0.0) + sq[k]
+        inv, inv_groups = _relative(num, den)
+    else:
+        cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_b)
+        inv, inv_groups = relative_distances(ca.params, cb.params, den)
+        resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
+    raw, raw_groups = relative_distances(params_a, params_b)
     resp_a = prep.response
-    resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
     lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
     groups, ok = {}, True
     for gname in den:

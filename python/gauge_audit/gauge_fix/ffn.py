@@ -136,6 +136,11 @@ def scaling_action(cfg: Config) -> str | None:
     return None
 
 
+def scaling_kappa(s: torch.Tensor) -> float:
+    """κ of the unit scalings ``s`` (every layer, every unit): the ratio of the extreme |s_i|."""
+    return float(s.abs().max() / s.abs().min())
+
+
 def fix_scaling(ctx: Context) -> None:
     """Condition: every ReLU / SwiGLU unit balanced, a_i = b_i (its input and output weights of
     equal norm); SwiGLU also allows s_i < 0: its output row W_out[i] has a positive third moment.
@@ -170,7 +175,7 @@ def fix_scaling(ctx: Context) -> None:
     ctx.apply(
         f"{action}",
         action,
-        Element({"s": s}, float(s.abs().max() / s.abs().min())),
+        Element({"s": s}, scaling_kappa(s)),
         "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖"
         + (", W_out[i] signed by its third moment" if action == "swiglu-scaling" else ""),
         decisions=decisions,

@@ -33,6 +33,7 @@ from ..runtime import generator
 from .base import Params, _moved, _span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 
+CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
 ROTATION = "stream-rotation"
 
@@ -58,10 +59,22 @@ def sq_by_group(a: Params, b: Params | None = None, out: dict[str, float] | None
     """Σ‖a − b‖² (or Σ‖a‖²) per tensor group, in float64, one tensor at a time (added to ``out``)."""
     out = {} if out is None else out
     for k, v in a.items():
-        v = v.to(torch.float64)
-        d = v if b is None else v - b[k].to(torch.float64)
-        out[group_of(k)] = out.get(group_of(k), 0.0) + float(torch.dot(d.reshape(-1), d.reshape(-1)))
+        out[group_of(k)] = out.get(group_of(k), 0.0) + sq_distance(v, None if b is None else b[k])
     return out
+
+
+def sq_distance(a: torch.Tensor, b: torch.Tensor | None = None) -> float:
+    """‖a − b‖² (or ‖a‖²) in float64, :data:`CHUNK` entries at a time: a tensor of at most a chunk
+    in one dot product, a vocabulary-sized one without its float64 difference held whole."""
+    fa = a.detach().reshape(-1)
+    fb = None if b is None else b.detach().reshape(-1)
+    total = 0.0
+    for i in range(0, fa.numel(), CHUNK):
+        d = fa[i : i + CHUNK].to(torch.float64)
+        if fb is not None:
+            d = d - fb[i : i + CHUNK].to(torch.float64)
+        total += float(torch.dot(d, d))
+    return total
 
 
 def probe_seed(seed: int, probe: int, index: int) -> int:
@@ -72,11 +85,19 @@ def probe_seed(seed: int, probe: int, index: int) -> int:
 
 def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
     """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor: z = 2w − 1
-    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact), in
-    four passes over the tensor."""
-    v = v.detach().to("cpu", torch.float64)
-    w = torch.rand(v.shape, generator=generator(seed), dtype=torch.float64).sub_(0.5)
-    return torch.addcmul(v, v.abs(), w, value=2.0 * u)
+    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact).
+    :data:`CHUNK` entries at a time (in memory order), so that besides the result only a chunk is
+    held — a vocabulary-sized embedding would otherwise need its float64 copy, the draw and |θ|
+    beside it; the CPU generator draws serially, so the chunks' draws are the one draw's
+    (``tests/test_gauge_fix.py``)."""
+    flat = v.detach().to("cpu").reshape(-1)
+    out = torch.empty(flat.shape, dtype=torch.float64)
+    g = generator(seed)
+    for i in range(0, flat.numel(), CHUNK):
+        x = flat[i : i + CHUNK].to(torch.float64)
+        w = torch.rand(x.shape, generator=g, dtype=torch.float64).sub_(0.5)
+        torch.addcmul(x, x.abs(), w, value=2.0 * u, out=out[i : i + CHUNK])
+    return out.reshape(v.shape)
 
 
 def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
@@ -121,47 +142,96 @@ def blockwise(cfg: Config, params: Params) -> bool:
     return cfg.n_layers > 1 and not segments(cfg, params)
 
 
+class RunProbes:
+    """The probes of one model, fed one run of blocks at a time in order (the first run with the
+    embeddings and head): per probe its totals per group and the stream rotation its first run
+    computed."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        params: Params,
+        probes: int,
+        seed: int,
+        u: float,
+        storage_dtype: torch.dtype,
+        taken_along: Params | None = None,
+    ):
+        self.cfg, self.params, self.seed, self.u, self.storage_dtype = cfg, params, seed, u, storage_dtype
+        self.index = {k: i for i, k in enumerate(params)}
+        self.blocks: dict[int | None, list[str]] = {}
+        for k in params:
+            self.blocks.setdefault(block_of(k), []).append(k)
+        self.outer = self.blocks.get(None, [])
+        # the embeddings and head that runs after the first take along (float64, any values: the
+        # steps look them up, but no block's result depends on them): a canonical form's, which is
+        # in memory anyway, rather than a float64 copy of the model's own
+        self.taken_along = {k: (taken_along or params)[k].detach().to("cpu", torch.float64) for k in self.outer}
+        self.totals: list[dict[str, float]] = [{} for _ in range(probes)]
+        self.rotations: list[Element | None] = [None] * probes
+
+    def names(self, lo: int, n: int) -> list[str]:
+        return [k for b in range(lo, lo + n) for k in self.blocks.get(b, [])]
+
+    def run(
+        self,
+        j: int,
+        lo: int,
+        n: int,
+        here: Params,
+        ref: Params,
+        base: Params,
+        base_outer: Params,
+        kept: dict[str, Element],
+    ) -> None:
+        """Run ``j`` (blocks lo … lo+n−1; ``here``: their tensors, and the outer ones for run 0) of
+        every probe against ``base`` (the run's canonical tensors, renumbered from 0) and
+        ``base_outer`` (the canonical outer tensors), with the ``kept`` permutations of the run."""
+        cfg, u, seed, outer = self.cfg, self.u, self.seed, self.outer
+        names = self.names(lo, n)
+        sub_names = [_moved(k, -lo) for k in names]
+        for p in range(len(self.totals)):
+            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
+            sub.update(
+                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
+                if j == 0
+                else self.taken_along
+            )
+            keep = dict(kept)
+            rotation = self.rotations[p]
+            if rotation is not None:
+                keep[ROTATION] = rotation
+            c = canonicalize_owned(
+                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=self.storage_dtype, keep=keep
+            )
+            if j == 0:
+                self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                sq_by_group({k: c.params[k] for k in outer}, base_outer, self.totals[p])
+            sq_by_group({k: c.params[k] for k in sub_names}, base, self.totals[p])
+            del c, sub
+
+    def worst(self) -> dict[str, float]:
+        """Per group, the largest total over the probes."""
+        worst: dict[str, float] = {}
+        for total in self.totals:
+            for k, v in total.items():
+                worst[k] = max(worst.get(k, 0.0), v)
+        return worst
+
+
 def response_by_runs(
     cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int, u: float
 ) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
     one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
-    index = {k: i for i, k in enumerate(params)}
-    blocks: dict[int | None, list[str]] = {}
-    for k in params:
-        blocks.setdefault(block_of(k), []).append(k)
-    outer = blocks.get(None, [])
-    outer64 = {k: params[k].detach().to("cpu", torch.float64) for k in outer}
-    ref_outer = {k: reference[k] for k in outer}
-    base_outer = {k: canonical.params[k] for k in outer}
-    runs = _block_runs(cfg, params)
-    totals: list[dict[str, float]] = [{} for _ in range(probes)]
-    rotations: list[Element | None] = [None] * probes
+    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
+    ref_outer = {k: reference[k] for k in rp.outer}
+    base_outer = {k: canonical.params[k] for k in rp.outer}
     # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
-    for j, (lo, n) in enumerate(runs):
-        names = [k for b in range(lo, lo + n) for k in blocks.get(b, [])]
-        here = {k: params[k] for k in names + (outer if j == 0 else [])}
+    for j, (lo, n) in enumerate(_block_runs(cfg, params)):
+        names = rp.names(lo, n)
+        here = {k: params[k] for k in names + (rp.outer if j == 0 else [])}
         ref = {**_sub(reference, names, lo), **ref_outer}
-        sub_names = [_moved(k, -lo) for k in names]
-        base = _sub(canonical.params, names, lo)
-        for p in range(probes):
-            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in names}, names, lo)
-            sub.update({k: perturbed(here[k], u, probe_seed(seed, p, index[k])) for k in outer} if j == 0 else outer64)
-            keep = _kept(cfg, canonical, lo, n)
-            rotation = rotations[p]
-            if rotation is not None:
-                keep[ROTATION] = rotation
-            c = canonicalize_owned(
-                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=canonical.storage_dtype, keep=keep
-            )
-            if j == 0:
-                rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
-                sq_by_group({k: c.params[k] for k in outer}, base_outer, totals[p])
-            sq_by_group({k: c.params[k] for k in sub_names}, base, totals[p])
-            del c, sub
+        rp.run(j, lo, n, here, ref, _sub(canonical.params, names, lo), base_outer, _kept(cfg, canonical, lo, n))
         del here
-    worst: dict[str, float] = {}
-    for total in totals:
-        for k, v in total.items():
-            worst[k] = max(worst.get(k, 0.0), v)
-    return worst
+    return rp.worst()

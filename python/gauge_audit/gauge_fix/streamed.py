@@ -1,0 +1,177 @@
+"""compare's model B canonicalised one run of blocks at a time, never whole in float64.
+
+With a reference (compare aligns B to A's canonical form) every gauge-fixing step but the stream
+rotation acts inside one block, and every decision it takes is judged against a threshold that
+does not depend on the other blocks: the dense steps before qk-gl have κ = 1, and with a
+reference the steps from qk-gl on take no thresholded decisions (their compact freedoms are fitted
+to the reference).  So B's canonical form can be computed run by run (the first run with the
+embeddings and head records the rotation, later runs reuse it, as the probes of :mod:`.response`
+do) and each run's records merged into the whole model's: elements joined along their layer axis
+(a norm's part renamed to its block), κ the largest over the runs (the unit scalings' κ the ratio
+of their extreme factors over all runs, as the step computes it), decisions by smallest margin and
+summed counts, notes renamed to their blocks.  Per run the distances to A's canonical form and B's
+rounding probes are taken, then the run is dropped: memory holds A's canonical form and one run.
+
+:func:`merge_runs` refuses (returns None) whatever it cannot merge exactly — a step whose element
+couples blocks (layout "whole"), runs with different steps or decisions, decisions whose
+thresholds differ between runs — and compare then canonicalises B whole.
+``tests/test_gauge_fix.py`` checks the two give the same report.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..actions import ACTIONS, Element
+from ..actions.blockwise import block_of
+from ..models.config import Config
+from .base import Decision, Params, StepRecord, _moved, _renumbered
+from .ffn import scaling_kappa
+from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
+from .response import ROTATION, RunProbes, _block_runs, _sub, sq_distance
+
+_BLOCK_NOTE = re.compile(r"\b(blocks?)([ .])(\d+)\b")
+
+
+def _outer(name: str) -> bool:
+    return block_of(name) is None
+
+
+def _renamed(name: str, lo: int) -> str:
+    return name if _outer(name) else _moved(name, lo)
+
+
+def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | None:
+    layout = ACTIONS[action].element_layout
+    first = runs[0][1]
+    if layout == "shared":  # one element for every block: the rotation the first run computed
+        return first if all(el is first for _, el in runs) else None
+    if layout == "layers":
+        if any(set(el.parts) != set(first.parts) for _, el in runs):
+            return None
+        parts = {k: torch.cat([el.parts[k] for _, el in runs]) for k in first.parts}
+        kappa = scaling_kappa(parts["s"]) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
+        return Element(parts, kappa, first.note)
+    if layout == "norms":  # keyed by the norm's name; the outer norms as the first run has them
+        keys = list(first.parts)
+        lead = bool(keys) and _outer(keys[0])
+        outer = {k: t for k, t in first.parts.items() if _outer(k)}
+        inner = {}
+        for lo, el in runs:
+            for k, t in el.parts.items():
+                b = block_of(k + ".")
+                if b is not None:
+                    inner[_renumbered(k, b, b + lo)] = t
+        parts = {**outer, **inner} if lead else {**inner, **outer}
+        return Element(parts, max(el.kappa for _, el in runs), first.note)
+    return None  # "whole": couples blocks
+
+
+def _merge_decisions(runs: list[list[Decision]]) -> list[Decision] | None:
+    keys = [(d.kind, d.where) for d in runs[0]]
+    if any([(d.kind, d.where) for d in ds] != keys for ds in runs):
+        return None
+    out = []
+    for i, (kind, where) in enumerate(keys):
+        ds = [r[i] for r in runs]
+        if any(d.threshold != ds[0].threshold for d in ds):
+            return None
+        seen = [d for d in ds if d.n]
+        margin = min(d.margin for d in seen) if seen else ds[0].margin
+        out.append(Decision(kind, where, margin, ds[0].threshold, sum(d.n for d in ds), sum(d.n_ties for d in ds)))
+    return out
+
+
+def _notes(notes: list[str], lo: int, first: bool) -> list[str]:
+    """A run's notes renamed to their blocks; a later run's notes about the embeddings and head
+    (taken along, not canonicalised) dropped."""
+    out = []
+    for note in notes:
+        if not first and not _BLOCK_NOTE.search(note):
+            continue
+        out.append(_BLOCK_NOTE.sub(lambda m: f"{m[1]}{m[2]}{int(m[3]) + lo}", note))
+    return out
+
+
+def _every_block(names: frozenset, n_layers: int) -> frozenset:
+    """``names`` (the first run's) with each block tensor's name given for every block."""
+    out = {k for k in names if _outer(k)}
+    for k in names:
+        b = block_of(k)
+        if b is not None:
+            out |= {_renumbered(k, b, i) for i in range(n_layers)}
+    return frozenset(out)
+
+
+def merge_runs(cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dtype: torch.dtype) -> Canonical | None:
+    """The whole model's records from those of its runs (module docstring), as a :class:`Canonical`
+    without parameters; None where they cannot be merged exactly."""
+    steps = [(r.family, r.action) for r in runs[0][1]]
+    if any([(r.family, r.action) for r in recs] != steps for _, recs in runs):
+        return None
+    records = []
+    for i, (family, action) in enumerate(steps):
+        per = [(lo, recs[i]) for lo, recs in runs]
+        el = _merge_element(action, [(lo, r.element) for lo, r in per])
+        decisions: list[Decision] | None
+        if ACTIONS[action].element_layout == "shared":  # computed by the first run, given to the others
+            decisions, notes = per[0][1].decisions, per[0][1].notes
+            reads = _every_block(per[0][1].reads, cfg.n_layers)  # the first run's, for every block
+        else:
+            decisions = _merge_decisions([r.decisions for _, r in per])
+            notes = [n for j, (lo, r) in enumerate(per) for n in _notes(r.notes, lo, j == 0)]
+            reads = frozenset(_renamed(k, lo) for lo, r in per for k in r.reads)
+        if el is None or decisions is None:
+            return None
+        writes = frozenset(_renamed(k, lo) for lo, r in per for k in r.writes)
+        records.append(StepRecord(family, action, el, per[0][1].condition, decisions, notes, reads, writes))
+    return Canonical(cfg, {}, records, unfixed(cfg), storage_dtype)
+
+
+def canonical_b_by_runs(
+    cfg: Config,
+    params_b: Params,
+    reference: Canonical,
+    storage_dtype: torch.dtype,
+    probes: int,
+    seed: int,
+) -> tuple[Canonical, dict[str, float], dict[str, float]] | None:
+    """B canonicalised against ``reference`` (A's canonical form) one run of blocks at a time:
+    (its records merged into a :class:`Canonical` without parameters, ‖canon(B) − canon(A)‖² per
+    tensor, B's rounding response per group as :func:`.response.response_by_runs` measures it);
+    None where the runs' records cannot be merged exactly (then B is canonicalised whole)."""
+    u = torch.finfo(storage_dtype).eps / 2
+    ref = reference.params
+    rp = RunProbes(cfg, params_b, probes, seed, u, storage_dtype, ref)
+    ref_outer = {k: ref[k] for k in rp.outer}
+    sq: dict[str, float] = {}
+    runs: list[tuple[int, list[StepRecord]]] = []
+    rotation: Element | None = None
+    base_outer: dict[str, torch.Tensor] = {}
+    for j, (lo, n) in enumerate(_block_runs(cfg, params_b)):
+        names = rp.names(lo, n)
+        here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
+        ref_run = {**_sub(ref, names, lo), **ref_outer}
+        sub = {_moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
+        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
+        keep = {ROTATION: rotation} if rotation is not None else None
+        c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref_run, storage_dtype=storage_dtype, keep=keep)
+        if j == 0:
+            rotation = next((r.element for r in c.records if r.family == ROTATION), None)
+            base_outer = {k: c.params[k] for k in rp.outer}
+            for k in rp.outer:
+                sq[k] = sq_distance(c.params[k], ref[k])
+        for k in names:
+            sq[k] = sq_distance(c.params[_moved(k, -lo)], ref[k])
+        kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
+        base = {_moved(k, -lo): c.params[_moved(k, -lo)] for k in names}
+        rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
+        runs.append((lo, c.records))
+        del c, sub, here, base
+        base_outer = {}  # the probes need it in the first run only
+    merged = merge_runs(cfg, runs, storage_dtype)
+    if merged is None:
+        return None
+    return merged, sq, rp.worst()
