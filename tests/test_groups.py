@@ -133,7 +133,8 @@ def test_groups_deepseek_v3_full_size_counts():
     assert small(cfg).n_layers == 2 and small(cfg).topk_group == 1 and small(cfg).n_group == 2
 
 
-def test_groups_table_output(capsys):
+def test_groups_table_output(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that no cell is cut, whatever the terminal
     assert main(["groups", "qwen3"]) == 0
     text = capsys.readouterr().out
     assert "total continuous dimension" in text and "qk-norm-scale" in text and "G_max" in text

@@ -79,11 +79,21 @@ def test_false_contrasts_fail_by_a_wide_margin(model, name, action):
     _assert_fails(check(model(name), action, seed=0))
 
 
-# Actions of features no named tiny model has, exercised by their family's test file instead.
-# actions no named model of the pairs above exercises (each tested in the file named)
+# Actions of features no named tiny model has, exercised by their family's test file instead
+# (each tested in the file named).
 EXERCISED_ELSEWHERE: dict[str, str] = {
-    name: "tests/test_family_deepseek.py"  # multi-head latent attention: no named tiny model has it
-    for name in ("latent-rotation", "latent-norm-scale", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl", "latent-gl")
+    **{
+        name: "tests/test_family_deepseek.py"  # multi-head latent attention: no named tiny model has it
+        for name in (
+            "latent-rotation",
+            "latent-norm-scale",
+            "mla-nope-gl",
+            "mla-rope-commutant",
+            "mla-vo-gl",
+            "latent-gl",
+        )
+    },
+    "parallel-bias-trade": "tests/test_family_neox.py",  # a parallel residual: no named tiny model has one
 }
 
 
