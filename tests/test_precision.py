@@ -49,7 +49,7 @@ def assert_scales_with_dps(r):
     assert r.verdict == "HOLDS" and r.expected == "HOLDS", r
     for x in r.residuals:
         assert x.residual <= x.bound, (x.dps, x.residual, x.bound)
-        assert x.bound <= 10.0 ** (5 - x.dps)  # the derived bound is inside the 10^(5−dps)
+        assert x.bound <= 10.0 ** (5 - x.dps)  # the derived bound is inside the claimed 10^(5−dps)
         print(
             f"{r.action} on {r.model}: dps {x.dps}: residual {x.residual:.3e} = "
             f"{x.residual / unit_roundoff(x.dps):.3g} u   (bound {x.bound / unit_roundoff(x.dps):.3g} u)"

@@ -47,7 +47,7 @@ W_O = "inv(diag(s)) @ W_O"
 
 
 # ----------------------------------------------------------------------------- schema
-def test_rule_schema_loads_the_issue_example():
+def test_rule_schema_loads_the_documented_example():
     _, (claim,) = load_text(EXAMPLE_RULE, "paper.toml")
     r = claim.rule
     assert r.scope == "head" and [(e.symbol, e.group, e.dim) for e in r.elements] == [("s", "diagonal", "d_v")]

@@ -15,7 +15,7 @@ float64 ε replaced by the mpmath unit u = 2^(1 − prec(dps))):
 κ the element's condition number (inverting it loses log10 κ digits), L the number of
 layers, K the summed inner-product lengths along one block's path (Higham's γ_k ≈ k·u
 per length-k dot product).  For κ = 10, K ≈ 100: about 10^3 · u ≈ 10^(3 − dps) — well
-inside the issue's 10^(5 − dps).  A false rule gives r = O(1) at every dps.
+inside the precision claims' 10^(5 − dps).  A false rule gives r = O(1) at every dps.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def default_model(action: str) -> str:
 
 
 def one_layer(name: str, seed: int) -> Model:
-    """The named tiny model, cut to one block (the object the issue asks about), float64 CPU."""
+    """The named tiny model, cut to one block (the object a per-block claim is about), float64 CPU."""
     if name == "minilm":
         raise GaugeAuditError("the mpmath reference runs on the tiny models only (MiniLM is 22M parameters)")
     cfg = config_of(name).with_(n_layers=1)
