@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,9 @@ from ..align import GROUPS, VO_GROUPS, align
 from ..errors import GaugeAuditError
 from ..gauge_fix import function_check
 from ..gauge_fix.comparison import same_architecture
-from ..models import build
-from ..models.checkpoint import open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..progress import echo, enabled, ticker
-from .canonicalize import _PACKAGED, Source, StoredParams, looks_like_path
+from .canonicalize import Source, load_source
 
 DISTANCES = "alignment.json"
 
@@ -64,21 +63,8 @@ def register(sub) -> None:
 
 def load(name: str, seed: int) -> Source:
     """A built-in model (float64, from ``seed``) or a checkpoint read in its stored dtype."""
-    if looks_like_path(name):
-        ckpt = open_checkpoint(name)
-    elif name in _PACKAGED:
-        ckpt = _PACKAGED[name]()
-    else:
-        m = build(name, seed=seed, device="cpu")
-        return Source(f"{name} (seed {seed})", m.cfg, dict(m.params), torch.float64)
-    lazy = StoredParams(ckpt)
-    tick = ticker(f"read {ckpt.name}", unit="tensor")
-    params = {}
-    for i, k in enumerate(lazy, 1):
-        params[k] = lazy[k]
-        if tick:
-            tick(i, len(lazy))
-    return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
+    src = load_source(name, seed, native=True, fixable=False)
+    return replace(src, params=dict(src.params))  # B' is built from a copy: the source stays as read
 
 
 def read_tokens(path: str, vocab: int) -> torch.Tensor:

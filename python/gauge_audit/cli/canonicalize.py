@@ -63,22 +63,31 @@ def _gauge_fixable(cfg: Config, label: str | None = None) -> Config:
 
 
 def load_source(
-    name: str, seed: int = 0, checkpoint: bool = False, native: bool = False, resident: bool = True
+    name: str,
+    seed: int = 0,
+    checkpoint: bool = False,
+    native: bool = False,
+    resident: bool = True,
+    fixable: bool = True,
 ) -> Source:
     """A built-in model (the tiny families by name and seed) or a checkpoint (a path, or the
     packaged ``minilm`` / ``smollm2``) read into memory in float64.  ``native``: a checkpoint's
     tensors in the dtype they are stored in instead (the same values in half or a quarter of the
     memory; every gauge-fixing step converts to float64 as it reads), and with ``resident=False``
-    read from the file on every access (:class:`StoredParams`) instead of held."""
+    read from the file on every access (:class:`StoredParams`) instead of held.  ``fixable``: refuse
+    in one line what gauge fixing does not handle (``align`` moves such models too: ``False``)."""
     if checkpoint or looks_like_path(name):
         ckpt = open_checkpoint(name)
     elif name in _PACKAGED:
         ckpt = _PACKAGED[name]()
     else:
-        _gauge_fixable(config_of(name), name)  # unknown names: one line
+        cfg = config_of(name)  # unknown names: one line
+        if fixable:
+            _gauge_fixable(cfg, name)
         m = build(name, seed=seed, device="cpu")
         return Source(f"{name} (seed {seed})", m.cfg, m.params, torch.float64)
-    _gauge_fixable(ckpt.cfg, ckpt.name)
+    if fixable:
+        _gauge_fixable(ckpt.cfg, ckpt.name)
     lazy = StoredParams(ckpt) if native else ckpt.params()
     if native and not resident:
         return Source(ckpt.describe(), ckpt.cfg, lazy, ckpt.storage_dtype, ckpt)
