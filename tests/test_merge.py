@@ -173,7 +173,7 @@ def test_bad_input_is_one_line_exit_2(pairs, tmp_path, capsys):
     assert "no such checkpoint" in _one_line_error(capsys, ["barrier", g, str(tmp_path / "nope"), "--data", held])
     assert "no such file" in _one_line_error(capsys, ["barrier", g, g, "--data", str(tmp_path / "nope.txt")])
     assert "token ids must lie in" in _one_line_error(capsys, ["barrier", g, g, "--data", str(ids)])
-    assert "1-D integer array" in _one_line_error(capsys, ["barrier", g, g, "--data", str(floats)])
+    assert "integer array of token ids" in _one_line_error(capsys, ["barrier", g, g, "--data", str(floats)])
     assert "--alpha" in _one_line_error(capsys, ["merge", g, g, "--alpha", "1.5", "--out", str(tmp_path / "y")])
     assert "already exists" in _one_line_error(capsys, ["merge", g, g, "--out", str(tmp_path)])
     assert "--points" in _one_line_error(capsys, ["barrier", g, g, "--data", held, "--points", "2"])

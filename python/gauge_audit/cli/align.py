@@ -9,9 +9,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from ..actions.elements import save_element
 from ..align import GROUPS, VO_GROUPS, align
 from ..errors import GaugeAuditError
@@ -19,6 +16,7 @@ from ..gauge_fix import function_check
 from ..gauge_fix.comparison import same_architecture
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..progress import echo, enabled, ticker
+from ..training.corpus import load_tokens, token_rows
 from .canonicalize import Source, load_source
 
 DISTANCES = "alignment.json"
@@ -51,9 +49,10 @@ def register(sub) -> None:
     p.add_argument(
         "--data",
         metavar="FILE",
-        help="token ids (.npy integer array (batch, seq), or text: one sequence of integers per line): "
-        "match heads and units by the correlations of their activations on it",
+        help="match heads and units by the correlations of their activations on this file: a .npy of token ids "
+        "(any tokeniser) or text, tokenised at the byte level (as merge --match-data and barrier --data)",
     )
+    p.add_argument("--match-tokens", type=int, default=4096, help="tokens of --data used, in rows of min(n_ctx, 128)")
     p.add_argument("--seed", type=int, default=0, help="seed of a built-in random model A (and B), and of the run")
     p.add_argument("--seed-b", type=int, help="seed of a built-in model B when it differs from A's")
     p.add_argument("--max-seconds", type=float, default=120.0, help="time budget of the alignment loop")
@@ -65,36 +64,6 @@ def load(name: str, seed: int) -> Source:
     """A built-in model (float64, from ``seed``) or a checkpoint read in its stored dtype."""
     src = load_source(name, seed, native=True, fixable=False)
     return replace(src, params=dict(src.params))  # B' is built from a copy: the source stays as read
-
-
-def read_tokens(path: str, vocab: int) -> torch.Tensor:
-    """Token ids from ``path`` as a (batch, seq) LongTensor; one-line errors for anything else."""
-    f = Path(path)
-    if not f.is_file():
-        raise GaugeAuditError(f"--data: no such file: {path}")
-    if f.suffix == ".npy":
-        try:
-            arr = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise GaugeAuditError(f"--data: cannot read {path}: {exc}") from None
-        if arr.dtype.kind not in "iu":
-            raise GaugeAuditError(f"--data: {path} holds {arr.dtype} values, not integer token ids")
-        t = torch.as_tensor(arr.astype(np.int64))
-    else:
-        try:
-            rows = [[int(w) for w in line.split()] for line in f.read_text().splitlines() if line.strip()]
-        except (UnicodeDecodeError, ValueError):
-            raise GaugeAuditError(f"--data: {path} is not lines of integer token ids") from None
-        if not rows or len({len(r) for r in rows}) != 1:
-            raise GaugeAuditError(f"--data: {path} needs one or more lines of equally many token ids")
-        t = torch.tensor(rows, dtype=torch.long)
-    if t.dim() == 1:
-        t = t[None]
-    if t.dim() != 2 or t.numel() == 0:
-        raise GaugeAuditError(f"--data: token ids must be (batch, seq), got shape {tuple(t.shape)}")
-    if int(t.min()) < 0 or int(t.max()) >= vocab:
-        raise GaugeAuditError(f"--data: token ids must lie in 0..{vocab - 1}")
-    return t
 
 
 def _write(out: Path, b: Source, res, report: dict, seed: int) -> dict:
@@ -142,7 +111,10 @@ def run(args) -> int:
     a = load(args.a, args.seed)
     b = load(args.b, args.seed if args.seed_b is None else args.seed_b)
     same_architecture(a.cfg, b.cfg)
-    data = read_tokens(args.data, b.cfg.vocab) if args.data else None
+    data = None
+    if args.data:
+        ids = load_tokens(args.data, b.cfg.vocab)
+        data = token_rows(ids, min(b.cfg.n_ctx, 128), args.match_tokens, str(args.data))
     res = align(
         b.cfg,
         a.params,

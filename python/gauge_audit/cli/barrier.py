@@ -17,7 +17,7 @@ def register(sub) -> None:
         help="loss barrier on the straight path between two models (linear mode connectivity)",
         description="Evaluate the mean token cross-entropy of (1 − t)·A + t·B′ at evenly spaced t on "
         "held-out text and print the barrier max_t [L(t) − ((1 − t)·L(0) + t·L(1))].  --data is a "
-        ".npy file of token ids (1-D, any tokeniser) or a text file tokenised at the byte level "
+        ".npy file of token ids (any tokeniser; rows read in order) or a text file tokenised at the byte level "
         "(the models of benchmarks/train_models.py).",
     )
     add_pair_options(p)

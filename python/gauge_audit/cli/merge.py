@@ -40,6 +40,7 @@ def pair_from_args(args):
     from ..merge import open_pair
     from ..merge.loss import load_tokens
     from ..models.checkpoint import open_checkpoint
+    from ..training.corpus import token_rows
 
     if not (args.max_seconds > 0 and math.isfinite(args.max_seconds)):
         raise GaugeAuditError("--max-seconds must be a positive number")
@@ -47,17 +48,9 @@ def pair_from_args(args):
         raise GaugeAuditError("--group and --match-data need --align")
     data = None
     if args.match_data is not None:
-        if args.match_tokens < 2:
-            raise GaugeAuditError("--match-tokens must be at least 2")
-        import torch
-
         cfg = open_checkpoint(args.a).cfg
-        ids = load_tokens(args.match_data, cfg)[: args.match_tokens]
-        n = min(cfg.n_ctx, 128)
-        rows = len(ids) // n
-        if rows < 1:
-            raise GaugeAuditError(f"{args.match_data}: fewer than {n} tokens")
-        data = torch.from_numpy(ids[: rows * n].reshape(rows, n))
+        ids = load_tokens(args.match_data, cfg)
+        data = token_rows(ids, min(cfg.n_ctx, 128), args.match_tokens, str(args.match_data))
     return open_pair(
         args.a,
         args.b,

@@ -1,6 +1,6 @@
 """Held-out loss along the path and the barrier.
 
-Tokens: a ``.npy`` file of integer token ids (1-D, any tokeniser), or any other file read as
+Tokens: a ``.npy`` file of integer token ids (any tokeniser; 2-D read row by row), or any other file read as
 plain text and tokenised at the byte level like the models of ``gauge_audit.training`` (token id
 = UTF-8 byte; needs a vocabulary of at least 256).  The loss is the mean next-token
 cross-entropy in nats, computed in float64 by the family's own forward, over ``windows``
@@ -24,34 +24,13 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.families import FAMILIES
-from ..training.corpus import VOCAB as BYTE_VOCAB
-from ..training.corpus import encode
+from ..training import corpus
 from .path import interpolate
 
 
 def load_tokens(path: str | Path, cfg: Config) -> np.ndarray:
     """Token ids of ``path`` (module docstring), checked against ``cfg.vocab``."""
-    path = Path(path)
-    if not path.is_file():
-        raise GaugeAuditError(f"{path}: no such file")
-    if path.suffix == ".npy":
-        try:
-            ids = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise GaugeAuditError(f"{path}: not a readable .npy array ({exc})") from None
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise GaugeAuditError(f"{path}: expected a 1-D integer array of token ids, got {ids.dtype} {ids.shape}")
-        ids = ids.astype(np.int64)
-    else:
-        if cfg.vocab < BYTE_VOCAB:
-            raise GaugeAuditError(
-                f"{path}: text is tokenised as bytes (ids 0–255) but the model's vocabulary has "
-                f"{cfg.vocab} tokens; give token ids as a .npy file"
-            )
-        ids = encode(path.read_bytes())
-    if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab):
-        raise GaugeAuditError(f"{path}: token ids must lie in [0, {cfg.vocab}), found {ids.min()}..{ids.max()}")
-    return ids
+    return corpus.load_tokens(path, cfg.vocab)
 
 
 def windows(ids: np.ndarray, context: int, count: int) -> torch.Tensor:

