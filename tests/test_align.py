@@ -109,7 +109,7 @@ def test_align_recovers_a_from_its_orbit_every_family(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "qwen3", "gemma3"])
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_align_recovers_a_from_its_orbit_stored_in_low_precision(name, dtype):
     _orbit_case(name, dtype)
 
