@@ -40,6 +40,8 @@ _BLOCK = re.compile(
 )
 _ANY_CONSOLE = re.compile(r"^```console\n(?P<body>.*?)^```$", re.M | re.S)
 _FILE = re.compile(r"^<!-- file: (?P<name>[\w./-]+) -->\n```toml\n(?P<body>.*?)^```$", re.M | re.S)
+#: the terminal width the examples run at (tables adapt to it)
+COLUMNS = 120
 _TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|min)\b")
 
 
@@ -117,6 +119,8 @@ def run(command: str, cwd: Path) -> tuple[int, str]:
     buf = io.StringIO()
     old = Path.cwd()
     os.chdir(cwd)
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(COLUMNS)  # tables fit the terminal: the pages show them at this width
     try:
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
             try:
@@ -125,6 +129,10 @@ def run(command: str, cwd: Path) -> tuple[int, str]:
                 rc = e.code if isinstance(e.code, int) else 1
     finally:
         os.chdir(old)
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return rc, buf.getvalue()
 
 

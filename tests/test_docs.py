@@ -15,6 +15,7 @@ import pytest
 from docs_examples import PAGES, ROOT, examples, normalise, prepare, run, run_all, unmarked
 
 # Examples shown with their output but not executed, each with why (the page says the same in its marker).
+TRAINED = "needs the trained models of benchmarks/train_models.py (8 CPU-minutes); tests/test_merge.py runs the same paths on tiny trained pairs"
 NOT_EXECUTED = {
     (
         "docs/commands/check.md",
@@ -24,6 +25,27 @@ NOT_EXECUTED = {
         "docs/commands/canonicalize.md",
         "gauge-audit canonicalize --model smollm2 --out smol-canon",
     ): "canonicalizes 135 M parameters; tests/test_gauge_fix_checkpoint.py runs the same path",
+    **{
+        (page, cmd): TRAINED
+        for page, cmd in (
+            (
+                "docs/commands/merge.md",
+                "gauge-audit merge models/llama-seed0 models/llama-seed1 --alpha 0.5 --align --out llama-merged",
+            ),
+            (
+                "docs/commands/barrier.md",
+                "gauge-audit barrier models/llama-seed0 models/llama-seed1 --data models/heldout.txt --plot barrier-llama.png",
+            ),
+            (
+                "docs/commands/barrier.md",
+                "gauge-audit barrier models/gpt2-seed0 models/llama-seed0 --data models/heldout.txt",
+            ),
+            (
+                "docs/commands/barrier.md",
+                "gauge-audit barrier models/gpt2-seed0 models/gpt2-seed1 --align --data models/heldout.txt --plot barrier-gpt2.png --max-seconds 60",
+            ),
+        )
+    },
 }
 
 

@@ -146,7 +146,6 @@ def _train(loss, theta0):
     return v.detach()
 
 
-@experiment("wiki-mode-connectivity")
 def _digits(x):
     """12 significant digits for the report: the last bits of these losses and distances depend on
     the memory alignment the BLAS kernels meet (seen run to run in one process), not on the seed;
@@ -154,6 +153,7 @@ def _digits(x):
     return float(f"{x:.12g}") if isinstance(x, float) else x
 
 
+@experiment("wiki-mode-connectivity")
 def wiki_mode_connectivity(seed: int, full: bool) -> Finding:
     cfg, teacher, unflat, loss, _ = setup(seed)
     starts = [
