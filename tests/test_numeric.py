@@ -28,7 +28,7 @@ from gauge_audit.numeric import (
 )
 
 EPS64 = torch.finfo(torch.float64).eps
-# A false rule must change the output by at least this much (issue acceptance) ...
+# A false rule must change the output by at least this much (a wide margin, not a rounding effect) ...
 CONTRAST_MIN = 1e-3
 # ... which is many orders of magnitude above any derived float64 tolerance here.
 TINY = list(NAMED)  # the random tiny models (real checkpoints: test_minilm_*, tests/test_checkpoint*.py)
