@@ -382,56 +382,32 @@ GPT2_XL = ArchConfig(
     vocab_size=50257,
     n_positions=1024,
 )
+
+
+def _llama(size: str, n_layers: int, d_model: int, n_heads: int, d_ff: int) -> ArchConfig:
+    """A LLaMA-1 size: heads of 128, RMSNorm, SwiGLU, RoPE, a 32 000-token vocabulary."""
+    return ArchConfig(
+        name=f"LLaMA-{size}",
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_k=128,
+        d_ff=d_ff,
+        norm="rmsnorm",
+        activation="swiglu",
+        rope=True,
+        vocab_size=32000,
+    )
+
+
 LLAMA = {
-    "7B": ArchConfig(
-        name="LLaMA-7B",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        d_k=128,
-        d_ff=11008,
-        norm="rmsnorm",
-        activation="swiglu",
-        rope=True,
-        vocab_size=32000,
-    ),
-    "13B": ArchConfig(
-        name="LLaMA-13B",
-        n_layers=40,
-        d_model=5120,
-        n_heads=40,
-        d_k=128,
-        d_ff=13824,
-        norm="rmsnorm",
-        activation="swiglu",
-        rope=True,
-        vocab_size=32000,
-    ),
-    "33B": ArchConfig(
-        name="LLaMA-33B",
-        n_layers=60,
-        d_model=6656,
-        n_heads=52,
-        d_k=128,
-        d_ff=17920,
-        norm="rmsnorm",
-        activation="swiglu",
-        rope=True,
-        vocab_size=32000,
-    ),
-    "65B": ArchConfig(
-        name="LLaMA-65B",
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        d_k=128,
-        d_ff=22016,
-        norm="rmsnorm",
-        activation="swiglu",
-        rope=True,
-        vocab_size=32000,
-    ),
+    "7B": _llama("7B", 32, 4096, 32, 11008),
+    "13B": _llama("13B", 40, 5120, 40, 13824),
+    "33B": _llama("33B", 60, 6656, 52, 17920),
+    "65B": _llama("65B", 80, 8192, 64, 22016),
 }
+
+
 BERT_BASE = ArchConfig(
     name="Transformer-Base / BERT-base (110M)",
     n_layers=12,

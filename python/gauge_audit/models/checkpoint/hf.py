@@ -435,7 +435,12 @@ def llama_like_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
                 same(f"{m}.up_proj.bias", f"{q}.b_in"),
                 same(f"{m}.down_proj.bias", f"{q}.b_out"),
             ]
-    out.append(same("model.norm.weight", "ln_final.w"))
+    return out + llama_final_links(cfg)
+
+
+def llama_final_links(cfg: Config) -> list[Link]:
+    """The final norm and, untied, the head: the same names in every llama-layout checkpoint."""
+    out = [same("model.norm.weight", "ln_final.w")]
     if not cfg.tied:
         out.append(linear("lm_head.weight", "unembed.W_U"))
     return out

@@ -43,6 +43,7 @@ from .hf import (
     linear,
     linear_heads,
     linear_out_heads,
+    llama_final_links,
     refuse,
     same,
 )
@@ -174,10 +175,7 @@ def deepseek_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
                 same(f"{a}.o_proj.bias", f"{q}.b_O"),
             ]
         out += _ffn_links(cfg, i, has)
-    out.append(same("model.norm.weight", "ln_final.w"))
-    if not cfg.tied:
-        out.append(linear("lm_head.weight", "unembed.W_U"))
-    return out
+    return out + llama_final_links(cfg)
 
 
 def _swiglu(m: str, q: str) -> list[Link]:

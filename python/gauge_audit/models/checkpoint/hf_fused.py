@@ -25,6 +25,7 @@ from .hf import (
     _window,
     linear,
     linear_out_heads,
+    llama_final_links,
     refuse,
     same,
 )
@@ -168,10 +169,7 @@ def phi3_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
             fused_gate_up_linear(f"{s}.mlp.gate_up_proj.weight", (f"{p}.mlp.W_gate", f"{p}.mlp.W_in")),
             linear(f"{s}.mlp.down_proj.weight", f"{p}.mlp.W_out"),
         ]
-    out.append(same("model.norm.weight", "ln_final.w"))
-    if not cfg.tied:
-        out.append(linear("lm_head.weight", "unembed.W_U"))
-    return out
+    return out + llama_final_links(cfg)
 
 
 FUSED_ARCHS: dict[str, Arch] = {

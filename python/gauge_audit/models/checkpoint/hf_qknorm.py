@@ -27,6 +27,7 @@ from .hf import (
     _window,
     experts,
     linear,
+    llama_final_links,
     refuse,
     same,
 )
@@ -106,10 +107,7 @@ def qk_norm_links(cfg: Config, has: Callable[[str], bool]) -> list[Link]:
             linear(f"{m}.up_proj.weight", f"{q}.W_in"),
             linear(f"{m}.down_proj.weight", f"{q}.W_out"),
         ]
-    out.append(same("model.norm.weight", "ln_final.w"))
-    if not cfg.tied:
-        out.append(linear("lm_head.weight", "unembed.W_U"))
-    return out
+    return out + llama_final_links(cfg)
 
 
 QK_NORM_ARCHS: dict[str, Arch] = {
