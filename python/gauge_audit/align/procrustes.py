@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gauge_fix.base import procrustes
+
 POLISH_ITERATIONS = 20
 
 
@@ -117,14 +119,8 @@ def pair_fit(
     return m
 
 
-def _procrustes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Batched orthogonal Q minimising ‖a·Q − b‖ (a, b: P × n × e)."""
-    u, _, vh = torch.linalg.svd(a.transpose(-1, -2) @ b)
-    return u @ vh
-
-
 def _dense_fit(x, y, xa, ya, orthogonal: bool, floor: float) -> torch.Tensor:
-    q = _procrustes(torch.cat([x, y], -2), torch.cat([xa, ya], -2))
+    q = procrustes(torch.cat([x, y], -2), torch.cat([xa, ya], -2))
     if orthogonal:
         return q
     e = x.shape[-1]

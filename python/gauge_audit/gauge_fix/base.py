@@ -262,8 +262,8 @@ def descending(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def procrustes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The orthogonal Q minimising ‖a·Q − b‖_F (a, b: n × m)."""
-    u, _, vh = torch.linalg.svd(a.T @ b)
+    """The orthogonal Q minimising ‖a·Q − b‖_F (a, b: n × m, or batches … × n × m)."""
+    u, _, vh = torch.linalg.svd(a.transpose(-1, -2) @ b)
     return u @ vh
 
 
