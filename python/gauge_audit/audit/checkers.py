@@ -16,7 +16,7 @@ from ..experiments import EXPERIMENTS
 from ..models import Model, build, config_of, model_names
 from ..models.registry import REAL, UNTIED
 from ..numeric import HOLDS_WORST_CASE_ONLY, CheckResult, check
-from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence, result_row
 from .selection import matches_params
 
 
@@ -175,7 +175,7 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
             f"action {claim.action} applies to no reference model matching the claim's parameters",
         )
     results = [ctx.check(m, claim.action) for m in models]
-    rows = [_row(r) for r in results]
+    rows = [result_row(r) for r in results]
     measured = {"HOLDS" if r.holds else "FAILS" for r in results}
     want = "HOLDS" if claim.expected == "holds" else "FAILS"
     worst = max(results, key=lambda r: r.max_rel_error)
@@ -245,7 +245,7 @@ def _corrected(claim: Claim, ctx: Context, models: list[str], details: dict) -> 
     if not usable:
         return None
     fixed = [ctx.check(m, fix.name) for m in usable]
-    details["corrected"] = [_row(r) for r in fixed]
+    details["corrected"] = [result_row(r) for r in fixed]
     if all(r.holds for r in fixed):
         worst = max(fixed, key=lambda r: r.max_rel_error)
         return (
@@ -254,19 +254,6 @@ def _corrected(claim: Claim, ctx: Context, models: list[str], details: dict) -> 
             f"{worst.tolerance_eps:.3g} ε worst-case)"
         )
     return None
-
-
-def _row(r) -> dict:
-    return {
-        "model": r.model,
-        "verdict": r.verdict,
-        "max_rel_error": r.max_rel_error,
-        "residual_eps": r.residual_eps,
-        "tolerance_statistical_eps": r.tolerance_statistical_eps,
-        "tolerance_eps": r.tolerance_eps,
-        "kappa": r.kappa,
-        "routing_changed": r.routing_changed,
-    }
 
 
 def _first_line(doc: str) -> str:

@@ -75,3 +75,17 @@ def combine(evidence: list[Evidence]) -> Verdict:
     if holds:
         return Verdict(HOLDS, f"decided by {names}", [], None, None)
     return Verdict(FAILS, f"refuted by {names}", [], None, counter)
+
+
+def result_row(r) -> dict:
+    """One model's numeric check (a :class:`gauge_audit.numeric.CheckResult`) as a row of a checker's details."""
+    return {
+        "model": r.model,
+        "verdict": r.verdict,
+        "max_rel_error": r.max_rel_error,
+        "residual_eps": r.residual_eps,
+        "tolerance_statistical_eps": r.tolerance_statistical_eps,
+        "tolerance_eps": r.tolerance_eps,
+        "kappa": r.kappa,
+        "routing_changed": r.routing_changed,
+    }

@@ -25,7 +25,7 @@ from ..rules import symbolic as rsym
 from ..rules.budget import SYMBOLIC_SECONDS, Budget
 from ..rules.engine import NotApplicable
 from ..rules.torch_check import check_rule, models_for
-from .evidence import CORRECTED, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence
+from .evidence import CORRECTED, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence, result_row
 from .selection import matches_params as _matches
 
 
@@ -167,19 +167,6 @@ def symbolic(claim: Claim, ctx) -> Evidence:
 
 
 # ----------------------------------------------------------------------------- torch
-def _row(r) -> dict:
-    return {
-        "model": r.model,
-        "verdict": r.verdict,
-        "max_rel_error": r.max_rel_error,
-        "residual_eps": r.residual_eps,
-        "tolerance_statistical_eps": r.tolerance_statistical_eps,
-        "tolerance_eps": r.tolerance_eps,
-        "kappa": r.kappa,
-        "routing_changed": r.routing_changed,
-    }
-
-
 def _run(rule, names, ctx, label) -> list:
     return [check_rule(ctx.model(m), rule, seed=ctx.seed, label=label) for m in names]
 
@@ -195,7 +182,7 @@ def torch(claim: Claim, ctx) -> Evidence:
         )
     results = _run(claim.rule, models, ctx, claim.id)
     measured = {r.holds for r in results}
-    details = {"results": [_row(r) for r in results], "not_applicable": skipped}
+    details = {"results": [result_row(r) for r in results], "not_applicable": skipped}
     if len(measured) > 1:
         good = [r.model for r in results if r.holds]
         bad = [r.model for r in results if not r.holds]
@@ -232,7 +219,7 @@ def torch(claim: Claim, ctx) -> Evidence:
         except NotApplicable as exc:
             details["corrected_not_applicable"] = str(exc)
         else:
-            details["corrected"] = [_row(r) for r in fixed]
+            details["corrected"] = [result_row(r) for r in fixed]
             corr_ok = all(r.holds for r in fixed)
             if corr_ok:
                 w = max(fixed, key=lambda r: r.max_rel_error)
