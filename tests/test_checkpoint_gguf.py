@@ -289,6 +289,21 @@ def test_smollm2_config_is_read_from_the_file(smol):
     assert c.rope_style == "half" and c.pos == "rope"
 
 
+def test_smollm2_dequantized_bit_for_bit_as_the_gguf_package_does():
+    """The reader's own Q4_1 / Q8_0 dequantization gives every tensor of the packaged file bit for bit
+    as gguf.quants.dequantize (float32 bit patterns compared, not values within a tolerance)."""
+    f = gguf_io.GGUFFile(smollm2.path())
+    reader = gguf.GGUFReader(str(smollm2.path()))
+    kinds = set()
+    for t in reader.tensors:
+        want = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        got = f.get(t.name)
+        assert tuple(got.shape) == tuple(reversed(t.shape.tolist())) and got.dtype == torch.float32
+        assert np.array_equal(got.numpy().reshape(-1).view(np.int32), want.reshape(-1).view(np.int32)), t.name
+        kinds.add(t.tensor_type.name)
+    assert {"Q4_1", "Q8_0"} <= kinds  # both of the reader's own paths were compared
+
+
 def test_smollm2_matches_transformers_llama_float64(smol, smol_reference):
     tokens, exact, shipped = smol_reference
     ours = smol.forward(smol.params, {"tokens": tokens})

@@ -20,8 +20,9 @@ from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
+from ..nullity.cost import parameter_count
 from ..progress import echo, ticker
-from ..runtime import resolve_dtype
+from ..runtime import model_threads, resolve_dtype
 
 _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
 # Built-in names that are real checkpoints: canonicalised and compared as such (their storage
@@ -211,6 +212,14 @@ def run(args) -> int:
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out:
         refuse_existing(Path(args.out))
+    # one thread up to billion-parameter models (the runtime's thread policy): the reads and
+    # float64 conversions, and the forwards of the function check and the certificate on a few
+    # dozen tokens (the steps themselves run on one thread anyway)
+    with model_threads(parameter_count(src.cfg)):
+        return _run(args, src, dtype)
+
+
+def _run(args, src: Source, dtype: torch.dtype | None) -> int:
     t0 = time.perf_counter()
     canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0

@@ -39,21 +39,45 @@ def vo_pair(cfg: Config, p: Params, layer: int, j: int) -> tuple[torch.Tensor, t
     return _rows(p, pre, "V", j), torch.cat([p[f"{pre}.W_O"][h].T for h in _heads(cfg, j)], 0)
 
 
-def _head_maps(cfg: Config, p: Params, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query head: its score map X_h·Yᵀ and its output map [W_V; b_V]·W_O[h] — both invariant
-    under qk-gl and vo-gl — flattened: (n_heads, ·)."""
+def _head_factors(cfg: Config, p: Params, layer: int) -> tuple[torch.Tensor, ...]:
+    """Per query head h of KV group j the factors of its score map X_h·Y_jᵀ and its output map
+    V_j·W_O[h] (both invariant under qk-gl and vo-gl): X (n_heads, d+1, d_k), Y, V (n_heads, d+1, ·)
+    and W = W_O (n_heads, d_v, d), the KV group's Y and V repeated over its query heads."""
     pre = f"blocks.{layer}.attn"
-    qk, vo = [], []
-    for j in range(cfg.n_kv_heads):
-        y, v = _rows(p, pre, "K", j), _rows(p, pre, "V", j)
-        for h in _heads(cfg, j):
-            qk.append((_rows(p, pre, "Q", h) @ y.T).reshape(-1))
-            vo.append((v @ p[f"{pre}.W_O"][h]).reshape(-1))
-    return torch.stack(qk), torch.stack(vo)
+    kv = [j for j in range(cfg.n_kv_heads) for _ in _heads(cfg, j)]
+    x = torch.stack([_rows(p, pre, "Q", h) for h in range(cfg.n_heads)])
+    y = torch.stack([_rows(p, pre, "K", j) for j in range(cfg.n_kv_heads)])[kv]
+    v = torch.stack([_rows(p, pre, "V", j) for j in range(cfg.n_kv_heads)])[kv]
+    return x, y, v, p[f"{pre}.W_O"]
 
 
-def _dist2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.cdist(a, b) ** 2
+def _group_sums(f: tuple[torch.Tensor, ...], nkv: int) -> tuple[torch.Tensor, ...]:
+    """The factors of each KV group's summed maps: Σ_h X_h·Yᵀ = (Σ_h X_h)·Yᵀ, Σ_h V·W_O[h] = V·Σ_h W_O[h]."""
+    x, y, v, w = (t.reshape(nkv, -1, *t.shape[1:]) for t in f)
+    return x.sum(1), y[:, 0], v[:, 0], w.sum(1)
+
+
+def _map_inner(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Frobenius inner products ⟨S_a[i], S_b[k]⟩ + ⟨O_a[i], O_b[k]⟩ of the maps with these factors,
+    (n_a, n_b), through d_k × d_k and d_v × d_v products (⟨A·Bᵀ, C·Dᵀ⟩ = ⟨AᵀC, BᵀD⟩) instead of the
+    (d+1) × d maps themselves."""
+    (xa, ya, va, wa), (xb, yb, vb, wb) = a, b
+    qk = (torch.einsum("ira,krb->ikab", xa, xb) * torch.einsum("ira,krb->ikab", ya, yb)).sum((-2, -1))
+    vo = (torch.einsum("ira,krb->ikab", va, vb) * torch.einsum("iar,kbr->ikab", wa, wb)).sum((-2, -1))
+    return qk + vo
+
+
+def _map_norms(f: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """‖S[i]‖² + ‖O[i]‖² (the diagonal of :func:`_map_inner` of ``f`` with itself)."""
+    x, y, v, w = f
+    qk = (torch.einsum("ira,irb->iab", x, x) * torch.einsum("ira,irb->iab", y, y)).sum((-2, -1))
+    return qk + (torch.einsum("ira,irb->iab", v, v) * torch.einsum("iar,ibr->iab", w, w)).sum((-2, -1))
+
+
+def _dist2(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Squared distances ‖S_a[i] − S_b[k]‖² + ‖O_a[i] − O_b[k]‖² between the maps with these factors."""
+    na, nb = _map_norms(a), _map_norms(b)
+    return (na[:, None] + nb[None, :] - 2.0 * _map_inner(a, b)).clamp_min(0.0)
 
 
 # ----------------------------------------------------------------------------- 9 head-perm
@@ -74,9 +98,9 @@ def fix_head_perm(ctx: Context) -> None:
     qp = torch.zeros(cfg.n_layers, nkv, g, dtype=torch.long)
     margins = []
     for layer in range(cfg.n_layers):
-        qk, vo = _head_maps(cfg, p, layer)
+        f = _head_factors(cfg, p, layer)
         if ctx.reference is None:
-            keys = (qk * qk).sum(1) + (vo * vo).sum(1)
+            keys = _map_norms(f)
             order, gaps = descending(keys.reshape(nkv, g).sum(1))
             kv[layer] = order
             margins.append(gaps)
@@ -85,15 +109,13 @@ def fix_head_perm(ctx: Context) -> None:
                 qp[layer, j] = o
                 margins.append(gaps)
         else:
-            rqk, rvo = _head_maps(cfg, ctx.reference, layer)
-            feat = torch.cat([qk, vo], 1)
-            rfeat = torch.cat([rqk, rvo], 1)
-            gfeat, rgfeat = feat.reshape(nkv, g, -1).sum(1), rfeat.reshape(nkv, g, -1).sum(1)
-            kv[layer], m = match(_dist2(gfeat, rgfeat))
+            rf = _head_factors(cfg, ctx.reference, layer)
+            kv[layer], m = match(_dist2(_group_sums(f, nkv), _group_sums(rf, nkv)))
             margins.append(torch.tensor([m]))
             for j in range(nkv):
                 src = int(kv[layer, j])
-                qp[layer, j], m = match(_dist2(feat[src * g : (src + 1) * g], rfeat[j * g : (j + 1) * g]))
+                here, there = slice(src * g, (src + 1) * g), slice(j * g, (j + 1) * g)
+                qp[layer, j], m = match(_dist2(tuple(t[here] for t in f), tuple(t[there] for t in rf)))
                 margins.append(torch.tensor([m]))
     kind = "match" if ctx.reference is not None else "order"
     ctx.apply(
