@@ -26,7 +26,14 @@ ADDITIVE = (
     "parallel-bias-trade",
 )
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
-DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale", "latent-norm-scale")
+DIAGONAL = (
+    "norm-scale",
+    "relu-scaling",
+    "swiglu-scaling",
+    "qk-norm-scale",
+    "latent-norm-scale",
+    "deepseek-swiglu-scaling",
+)
 # Stacks of invertible matrices acting on the right (W·M): inverse M⁻¹, product M₁·M₂.
 # (The rotation's κ is that of D_γ⁻¹·R·D_γ, which depends on γ, not on R alone.)
 # (Likewise a latent rotation's, through the latent norm's γ.)

@@ -10,6 +10,8 @@ Per layer, with c = n(x W_D + b_D)⊙γ a latent (c_Q of rank r_Q, c_KV of rank 
 * ``mla-rope-commutant`` — one RoPE-commutant element N per layer (per plane a·I + b·J): every
   head's rope query columns ·N and the shared key W_KR, b_KR ·N⁻ᵀ (N⁻ᵀ commutes with RoPE too).
 * ``mla-vo-gl`` — GL(d_v) per head: W_UV[h]·N, N⁻¹·W_O[h].
+* ``deepseek-swiglu-scaling`` — (ℝ≠0)^width per SwiGLU of DeepSeek's FFNs (dense, routed and shared
+  experts, whose widths differ by layer): the element keyed by FFN prefix.
 * ``latent-gl`` — FALSE CONTRAST: the latent rule with a generic M ∈ GL(r) in place of O; the
   RMSNorm divides by rms(yM) ≠ rms(y), so the function changes.
 """
@@ -22,7 +24,7 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
+from ..models.deepseek import DeepseekConfig, ffn_units
 from ..models.layers import rope_planes
 from .base import (
     Action,
@@ -44,13 +46,15 @@ def _is_mla(cfg: Config) -> str | None:
     return None if isinstance(cfg, DeepseekConfig) else "the model has no latent attention (MLA)"
 
 
-def _latents(cfg: DeepseekConfig) -> list[tuple[str, int, str, list[str]]]:
-    """(name, rank, norm weight, readers) of each latent of a layer."""
+def latents(cfg: DeepseekConfig) -> list[tuple[str, int, str, list[str]]]:
+    """(name, rank, norm weight, readers) of each latent of a layer (the element's part is named
+    after it; its down-projection is W_D{name}, its bias b_D{name})."""
     out = [("KV", cfg.kv_lora_rank, "kv_norm", ["W_UK", "W_UV"])]
     return ([("Q", cfg.q_lora_rank, "q_norm", ["W_UQ"])] if cfg.q_lora_rank else []) + out
 
 
-def _query(cfg: DeepseekConfig, pre: str) -> str:
+def query_name(cfg: DeepseekConfig, pre: str) -> str:
+    """The per-head query weight of attention ``pre``: W_UQ (read from the query latent) or W_Q."""
     return f"{pre}.W_UQ" if cfg.q_lora_rank else f"{pre}.W_Q"
 
 
@@ -58,14 +62,14 @@ def _query(cfg: DeepseekConfig, pre: str) -> str:
 def _latent_sample(orthogonal: bool):
     def sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
         parts = {}
-        for name, r, _, _ in _latents(cfg):
+        for name, r, _, _ in latents(cfg):
             draws = [random_orthogonal(r, g) if orthogonal else random_gl(r, g, kappa) for _ in range(cfg.n_layers)]
             parts[name] = torch.stack(draws)
         # the readers see D_γ⁻¹·M⁻¹·D_γ: its condition number is what rounding is amplified by
         k = max(
             cond(_conjugated(params, f"{pre}.{norm}", torch.linalg.inv(parts[name][l])))
             for l, pre in enumerate(attn_prefixes(cfg))
-            for name, _, norm, _ in _latents(cfg)
+            for name, _, norm, _ in latents(cfg)
         )
         return Element(parts, k if orthogonal else max(k, *(cond(m) for m in parts.values())))
 
@@ -81,7 +85,7 @@ def _conjugated(params: Params, norm: str, m: torch.Tensor) -> torch.Tensor:
 
 def _latent_map(cfg: DeepseekConfig, params: Params, el: Element, orthogonal: bool) -> Params:
     changes = {}
-    for name, r, norm, readers in _latents(cfg):
+    for name, r, norm, readers in latents(cfg):
         ms = el.parts[name]
         require_shape(name, ms, (cfg.n_layers, r, r))
         require_invertible(name, ms)
@@ -92,7 +96,10 @@ def _latent_map(cfg: DeepseekConfig, params: Params, el: Element, orthogonal: bo
             > 1e-10 * r
         ):
             raise GaugeAuditError(f"{name} is not orthogonal (the latent's RMSNorm commutes only with isometries)")
+        eye = torch.eye(r, dtype=torch.float64)
         for l, pre in enumerate(attn_prefixes(cfg)):
+            if torch.equal(ms[l], eye):  # nothing moves (and a latent with a zero γ entry may be left so)
+                continue
             for t in (f"{pre}.W_D{name}", f"{pre}.b_D{name}"):
                 if t in params:
                     changes[t] = put(as64(params[t]) @ ms[l], params[t])
@@ -123,7 +130,7 @@ def latent_gl(cfg: Config, params: Params, el: Element) -> Params:
 
 def _scale_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
     parts = {}
-    for name, r, _, _ in _latents(cfg):
+    for name, r, _, _ in latents(cfg):
         s = kappa ** (torch.rand(cfg.n_layers, r, generator=g, dtype=torch.float64) - 0.5)
         parts[name] = s * torch.where(torch.rand(cfg.n_layers, r, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
     return Element(parts, max(float(s.abs().max() / s.abs().min()) for s in parts.values()))
@@ -138,7 +145,7 @@ def latent_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
     """
     assert isinstance(cfg, DeepseekConfig)
     changes = {}
-    for name, r, norm, readers in _latents(cfg):
+    for name, r, norm, readers in latents(cfg):
         s = el.parts[name]
         require_shape(name, s, (cfg.n_layers, r))
         if (s == 0).any():
@@ -181,7 +188,7 @@ def mla_nope_gl(cfg: Config, params: Params, el: Element) -> Params:
     m, e = as64(m), cfg.nope_dim
     changes = {}
     for l, pre in enumerate(attn_prefixes(cfg)):
-        wq = _query(cfg, pre)
+        wq = query_name(cfg, pre)
         q = as64(params[wq]).clone()
         q[..., :e] = q[..., :e] @ m[l]
         changes[wq] = put(q, params[wq])
@@ -228,7 +235,7 @@ def mla_rope_commutant(cfg: Config, params: Params, el: Element) -> Params:
         raise GaugeAuditError("N is not in the RoPE commutant (per plane a·I + b·J, nothing across planes)")
     changes = {}
     for l, pre in enumerate(attn_prefixes(cfg)):
-        wq = _query(cfg, pre)
+        wq = query_name(cfg, pre)
         q = as64(params[wq]).clone()
         q[..., e:] = q[..., e:] @ n[l]
         changes[wq] = put(q, params[wq])
@@ -266,6 +273,40 @@ def mla_vo_gl(cfg: Config, params: Params, el: Element) -> Params:
     return updated(params, changes)
 
 
+# ----------------------------------------------------------------------------- FFNs
+def _units_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
+    widths = {pre: (cfg.experts, w) if e is not None else (w,) for pre, e, w in ffn_units(cfg)}
+    parts = {
+        pre: kappa ** (torch.rand(shape, generator=g, dtype=torch.float64) - 0.5)
+        * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+        for pre, shape in widths.items()
+    }
+    return Element(parts, max(float(s.abs().max() / s.abs().min()) for s in parts.values()))
+
+
+def deepseek_swiglu_scaling(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: (ℝ≠0)^width per SwiGLU — every dense FFN, routed expert and shared expert — keyed by
+    the FFN's prefix (``blocks.3.moe``: one row per expert).
+
+    Acts: W_in[:, i] ↦ s_i·W_in[:, i], W_out[i, :] ↦ W_out[i, :]/s_i; the gate is untouched.
+
+    Why: the unit silu(x·w_gate)·(x·w_in) is linear in w_in (as swiglu-scaling, whose stacked
+    element cannot hold FFNs whose widths differ by layer).
+    """
+    changes = {}
+    for pre, s in el.parts.items():
+        if f"{pre}.W_in" not in params:
+            raise GaugeAuditError(f"{pre} is not a SwiGLU FFN of this model")
+        w_in, w_out = params[f"{pre}.W_in"], params[f"{pre}.W_out"]
+        require_shape(pre, s, (*w_in.shape[:-2], w_in.shape[-1]))
+        if (s == 0).any():
+            raise GaugeAuditError(f"{pre} has a zero scale (not invertible)")
+        s = as64(s)
+        changes[f"{pre}.W_in"] = put(as64(w_in) * s[..., None, :], w_in)
+        changes[f"{pre}.W_out"] = put(as64(w_out) / s[..., :, None], w_out)
+    return updated(params, changes)
+
+
 ACTIONS = [
     Action("latent-rotation", "O(r_KV) (× O(r_Q)) per layer", True, _is_mla, _latent_sample(True), latent_rotation),
     Action("latent-norm-scale", "(ℝ≠0)^r_KV (× (ℝ≠0)^r_Q) per layer", True, _is_mla, _scale_sample, latent_norm_scale),
@@ -279,6 +320,15 @@ ACTIONS = [
         mla_rope_commutant,
     ),
     Action("mla-vo-gl", "GL(d_v) per head per layer", True, _is_mla, _vo_sample, mla_vo_gl),
+    Action(
+        "deepseek-swiglu-scaling",
+        "(ℝ≠0)^width per SwiGLU FFN, routed and shared expert",
+        True,
+        _is_mla,
+        _units_sample,
+        deepseek_swiglu_scaling,
+        element_layout="norms",
+    ),
     Action("latent-gl", "GL(r) on a latent (false contrast)", False, _is_mla, _latent_sample(False), latent_gl),
 ]
 MLA_NAMES = frozenset(a.name for a in ACTIONS)
@@ -289,14 +339,18 @@ _WHY = {
     "qk-gl": "MLA splits each head's query/key into a nope part (mla-nope-gl, per head) and a RoPE part whose key "
     "is shared by all heads (mla-rope-commutant, per layer): no per-head GL(d_k) acts on a whole head",
     "vo-gl": "MLA's values are c_KV·W_UV[h]: the per-head GL(d_v) is mla-vo-gl",
-    "swiglu-scaling": "DeepSeek's FFNs differ by layer (dense, routed and shared experts); the nullity counts "
-    "their scaling, the action is not implemented for this layout",
+    "swiglu-scaling": "DeepSeek's FFNs differ by layer (dense, routed and shared experts): their scaling is "
+    "deepseek-swiglu-scaling, keyed by FFN",
+    "router-offset": "DeepSeek-V3's sigmoid router scores do not ignore a shift common to every expert's "
+    "column (V2's softmax router does: router-offset applies there)",
 }
 
 
 def refusal(name: str, cfg: Config) -> str | None:
     """Why the other families' action ``name`` does not apply to an MLA model (None: it does)."""
     if not isinstance(cfg, DeepseekConfig) or name in CARRIED or name in MLA_NAMES:
+        return None
+    if name == "router-offset" and cfg.router == "softmax":
         return None
     return _WHY.get(
         name, "written for the per-head W_Q/W_K/W_V layout, which multi-head latent attention does not have"

@@ -31,21 +31,15 @@ def unit_norms(p: Params, pre: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _up(p, pre).norm(dim=-2), p[f"{pre}.W_out"].norm(dim=-1)
 
 
-def _has_ffn(cfg: Config) -> bool:
-    return cfg.family != "attn"
-
-
 # ----------------------------------------------------------------------------- 10 expert-perm
 def fix_expert_perm(ctx: Context) -> None:
     """Condition: in every MoE block the experts are ordered by decreasing router-column norm
     ‖W_router[:, e]‖ (after the router offset and the stream are fixed; invariant under every
     later step).  Reachable: sort (expert-perm).  Unique unless two norms tie (reported).  With a
     reference, experts are matched to the reference's by their router columns."""
-    if ctx.reuse("expert-perm"):
+    if ACTIONS["expert-perm"].applies(ctx.cfg) is not None or ctx.reuse("expert-perm"):
         return
     cfg, p = ctx.cfg, ctx.params
-    if not cfg.experts:
-        return
     perms, margins = [], []
     for pre in _prefixes(cfg):
         cols = p[f"{pre}.W_router"].T
@@ -84,11 +78,9 @@ def fix_ffn_perm(ctx: Context) -> None:
     Reachable: sort (ffn-perm).  Unique unless two keys tie — dead units (a_i·b_i = 0) always do;
     ties are reported.  With a reference, units are matched to the reference's by the directions
     of their input and output weights (and gate)."""
-    if ctx.reuse("ffn-perm"):
+    if ACTIONS["ffn-perm"].applies(ctx.cfg) is not None or ctx.reuse("ffn-perm"):
         return
     cfg, p = ctx.cfg, ctx.params
-    if not _has_ffn(cfg):
-        return
     perms, margins = [], []
     for pre in _prefixes(cfg):
         a, b = unit_norms(p, pre)
@@ -130,15 +122,31 @@ def fix_ffn_perm(ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- 14 scaling
 def scaling_action(cfg: Config) -> str | None:
-    for name in ("relu-scaling", "swiglu-scaling"):
+    for name in ("relu-scaling", "swiglu-scaling", "deepseek-swiglu-scaling"):
         if ACTIONS[name].applies(cfg) is None:
             return name
     return None
 
 
-def scaling_kappa(s: torch.Tensor) -> float:
-    """κ of the unit scalings ``s`` (every layer, every unit): the ratio of the extreme |s_i|."""
-    return float(s.abs().max() / s.abs().min())
+def scaling_family(cfg: Config) -> str | None:
+    """The nullity family the scaling step fixes (DeepSeek's per-FFN element is swiglu-scaling's)."""
+    action = scaling_action(cfg)
+    return "swiglu-scaling" if action == "deepseek-swiglu-scaling" else action
+
+
+def _scaled_ffns(cfg: Config, p: Params, action: str) -> list[str]:
+    """The FFN prefixes the scaling acts on: one per layer, or (DeepSeek: dense FFNs, routed and
+    shared experts differ by layer) every SwiGLU the parameters hold."""
+    if action != "deepseek-swiglu-scaling":
+        return _prefixes(cfg)
+    kinds = ("mlp", "moe", "shared")
+    return [f"blocks.{i}.{k}" for i in range(cfg.n_layers) for k in kinds if f"blocks.{i}.{k}.W_in" in p]
+
+
+def scaling_kappa(s) -> float:
+    """κ of the unit scalings ``s`` (a tensor or a list of them, every unit): the ratio of the extreme |s_i|."""
+    s = [s] if isinstance(s, torch.Tensor) else s
+    return max(float(t.abs().max()) for t in s) / min(float(t.abs().min()) for t in s)
 
 
 def fix_scaling(ctx: Context) -> None:
@@ -153,13 +161,14 @@ def fix_scaling(ctx: Context) -> None:
     if action is None:
         return
     ss, margins, notes = [], [], []
-    for pre in _prefixes(cfg):
+    ffns = _scaled_ffns(cfg, p, action)
+    for pre in ffns:
         a, b = unit_norms(p, pre)
         dead = (a == 0) | (b == 0)
         if dead.any():
             notes.append(f"{pre}: {int(dead.sum())} dead units keep their scale (not unique)")
         s = torch.where(dead, torch.ones_like(a), (b / torch.where(dead, torch.ones_like(a), a)).sqrt())
-        if action == "swiglu-scaling":
+        if action != "relu-scaling":
             out = p[f"{pre}.W_out"] / s.unsqueeze(-1)
             if ctx.reference is None:
                 sign, margin = signs(out, dim=-1)
@@ -168,26 +177,27 @@ def fix_scaling(ctx: Context) -> None:
                 sign = torch.where((out * ctx.reference[f"{pre}.W_out"]).sum(-1) < 0, -1.0, 1.0).double()
             s = s * sign
         ss.append(s)
-    s = torch.stack(ss)
+    parts = dict(zip(ffns, ss)) if action == "deepseek-swiglu-scaling" else {"s": torch.stack(ss)}
     decisions = (
         [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] if margins else []
     )
     ctx.apply(
-        f"{action}",
+        scaling_family(cfg) or action,
         action,
-        Element({"s": s}, scaling_kappa(s)),
+        Element(parts, scaling_kappa(ss)),
         "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖"
-        + (", W_out[i] signed by its third moment" if action == "swiglu-scaling" else ""),
+        + (", W_out[i] signed by its third moment" if action != "relu-scaling" else ""),
         decisions=decisions,
         notes=notes,
     )
 
 
 def cond_scaling(cfg: Config, p: Params) -> torch.Tensor | None:
-    if scaling_action(cfg) is None:
+    action = scaling_action(cfg)
+    if action is None:
         return None
     out = []
-    for pre in _prefixes(cfg):
+    for pre in _scaled_ffns(cfg, p, action):
         up, w_out = _up(p, pre), p[f"{pre}.W_out"]
         out.append(((up * up).sum(-2) - (w_out * w_out).sum(-1)).reshape(-1))
     return torch.cat(out)

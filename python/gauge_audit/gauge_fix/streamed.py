@@ -65,7 +65,8 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
                 if b is not None:
                     inner[_renumbered(k, b, b + lo)] = t
         parts = {**outer, **inner} if lead else {**inner, **outer}
-        return Element(parts, max(el.kappa for _, el in runs), first.note)
+        kappa = scaling_kappa(list(parts.values())) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
+        return Element(parts, kappa, first.note)
     return None  # "whole": couples blocks
 
 
