@@ -31,6 +31,7 @@ from hf_families import EPS32, EPS64, compare, hf_logits, inputs, rel, tol, tran
 
 KINDS = ["deepseek-v3", "deepseek-v3-noqlora-bias", "deepseek-v3-yarn", "deepseek-v2-lite", "deepseek-v2-grouped"]
 MLA = {"latent-rotation", "latent-norm-scale", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl"}
+DEEPSEEK_FFN = {"deepseek-swiglu-scaling", "deepseek-expert-perm", "deepseek-ffn-perm"}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -67,7 +68,7 @@ def test_check_all_agrees_with_theory(hf_family, kind, capsys):
     assert main(["check", "--checkpoint", str(hf_family(kind)), "--all", "--json"]) == 0
     rows = {json.loads(line)["action"]: json.loads(line) for line in capsys.readouterr().out.splitlines()}
     assert not {"qk-gl", "vo-gl", "head-perm", "swiglu-scaling"} & set(rows)  # refused for MLA
-    for name in (*MLA, "stream-rotation", "norm-scale", "deepseek-swiglu-scaling", "composite"):
+    for name in (*MLA, *DEEPSEEK_FFN, "mla-head-perm", "stream-rotation", "norm-scale", "composite"):
         assert rows[name]["verdict"] == "HOLDS", name
     # V2's softmax router ignores a shift common to every expert's column, V3's sigmoid does not
     assert ("router-offset" in rows) == kind.startswith("deepseek-v2")
@@ -76,14 +77,16 @@ def test_check_all_agrees_with_theory(hf_family, kind, capsys):
         assert r["verdict"] == r["expected"], r
 
 
-@pytest.mark.parametrize("action,word", [("qk-gl", "mla-nope-gl"), ("vo-gl", "mla-vo-gl"), ("head-perm", "layout")])
+@pytest.mark.parametrize(
+    "action,word", [("qk-gl", "mla-nope-gl"), ("vo-gl", "mla-vo-gl"), ("head-perm", "mla-head-perm")]
+)
 def test_per_head_actions_are_refused_with_the_reason(hf_family, capsys, action, word):
     assert main(["check", "--checkpoint", str(hf_family("deepseek-v3")), "--action", action]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and word in err
 
 
-@pytest.mark.parametrize("name", sorted(MLA | {"deepseek-swiglu-scaling"}))
+@pytest.mark.parametrize("name", sorted(MLA | DEEPSEEK_FFN | {"mla-head-perm"}))
 def test_group_laws(name):
     """Inverse and product of two elements, as for the other families' actions."""
     from gauge_audit.actions import ACTIONS

@@ -4,7 +4,8 @@ the stream, the scaling of every dense FFN, routed and shared expert, and V2's r
 configuration (V3's sigmoid router with MoE and a dense first layer, V2's softmax router, a query
 latent or none, biases, ε = 0 with top-1 routing): as many conditions as the nullity theory's exact
 families have dimensions, family by family and transversally; the canonical form computes the same
-function and is the same on the whole orbit; ``compare`` calls a transformed copy stored in float32
+function and is the same on the whole orbit (heads, experts within and by groups, and FFN units
+permuted too); ``compare`` calls a transformed copy stored in float32
 or bfloat16 EQUIVALENT and an independent model DIFFERENT; special points are reported as not
 unique; transformers checkpoints are canonicalised with a certificate."""
 
@@ -142,7 +143,9 @@ def test_canonical_form_same_function_idempotent_and_orbit_invariant(name):
         f"idempotent {dist:.2e} ≤ {tol:.2e}; conditions {worst:.2e}; orbit raw {raw:.2f} → {orbit:.2e} ≤ {tol_orbit:.2e}"
         f" ({el.note})"
     )
-    assert {"latent-rotation", "mla-rope-commutant", "deepseek-swiglu-scaling"} <= set(el.note.split(" → "))
+    steps = set(el.note.split(" → "))
+    assert {"latent-rotation", "mla-rope-commutant", "deepseek-swiglu-scaling", "mla-head-perm"} <= steps
+    assert {"deepseek-expert-perm", "deepseek-ffn-perm"} <= steps
     assert dist <= tol
     assert worst <= c.kappa * n * n * EPS64 * s2
     assert raw >= 0.3 and orbit <= tol_orbit
@@ -168,6 +171,39 @@ def test_compare_transformed_copy_survives_storage(name, dtype):
     n = max(m.cfg.d_model, m.cfg.d_ff)
     assert r.element_residual <= r.kappa * (u + n * EPS64)
     assert check(m, "composite", element=r.element).verdict == HOLDS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["v3", "v2-softmax"])
+def test_compare_with_b_by_runs_equals_b_whole(name, dtype, monkeypatch):
+    """compare canonicalises B one block at a time (a dense block and an MoE block: the same steps,
+    the elements keyed by FFN merged) and measures the rounding response by runs: the same report,
+    number for number, and the same element as B canonicalised whole."""
+    from gauge_audit.gauge_fix import comparison, response
+
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
+    m = tiny(name)
+    b, _ = _transformed(m, seed=11)
+    stored = {k: v.to(dtype) for k, v in b.items()}
+    calls = []
+    by_runs = comparison.canonical_b_by_runs
+
+    def spy(*args):
+        out = by_runs(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", spy)
+    fast = compare(m.cfg, m.params, m.cfg, stored)
+    assert calls == [True]
+    monkeypatch.setattr(comparison, "canonical_b_by_runs", lambda *args: None)
+    whole = compare(m.cfg, m.params, m.cfg, stored)
+    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
+    for rf, rw in zip(fast.canonical_b.records, whole.canonical_b.records, strict=True):
+        assert (rf.family, rf.notes, rf.element.kappa) == (rw.family, rw.notes, rw.element.kappa)
+        assert rf.element.parts.keys() == rw.element.parts.keys()
+        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
+    assert fast.verdict == EQUIVALENT
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -228,6 +264,46 @@ def test_special_points_are_reported_not_unique():
     assert function_check(cfg, p, c.params, c.rounding_kappa, element=c.element())["verdict"] == HOLDS
 
 
+def test_equal_heads_and_experts_are_reported_not_unique():
+    """Two identical heads (block 0) and two identical experts in one group (block 1): their order
+    is a tie, reported; the function is kept."""
+    m = tiny("v3")
+    p = dict(m.params)
+    for name in ("W_UQ", "W_UK", "W_UV", "W_O"):
+        t = p[f"blocks.0.attn.{name}"].clone()
+        t[1] = t[0]
+        p[f"blocks.0.attn.{name}"] = t
+    for name in ("W_in", "W_gate", "W_out"):
+        t = p[f"blocks.1.moe.{name}"].clone()
+        t[1] = t[0]
+        p[f"blocks.1.moe.{name}"] = t
+    w = p["blocks.1.moe.W_router"].clone()
+    w[:, 1] = w[:, 0]
+    p["blocks.1.moe.W_router"] = w
+    c = canonicalize(m.cfg, p)
+    ties = {t["step"]: t for t in c.ties() if t["kind"] == "order"}
+    print(sorted(ties))
+    assert {"mla-head-perm", "deepseek-expert-perm"} <= set(ties)
+    assert ties["mla-head-perm"]["not_unique"] == 1 and ties["deepseek-expert-perm"]["not_unique"] >= 1
+    assert function_check(m.cfg, p, c.params, c.rounding_kappa, element=c.element())["verdict"] == HOLDS
+
+
+def test_an_expert_permutation_across_groups_is_refused_in_one_line():
+    """Group-limited routing ranks the groups: whole groups may be swapped (HOLDS), a permutation
+    mixing two groups is no symmetry (refused)."""
+    from gauge_audit.actions.base import Element
+    from gauge_audit.errors import GaugeAuditError
+
+    m = tiny("v3")
+    a = ACTIONS["deepseek-expert-perm"]
+    swap = Element({"blocks.1.moe": torch.tensor([3, 2, 1, 0])}, 1.0)  # the groups swapped, and within them
+    # block 1 is the model's only MoE block (block 0 is dense): its routing is compared under its own label
+    assert check(m, "deepseek-expert-perm", element=swap).verdict == HOLDS
+    with pytest.raises(GaugeAuditError, match="groups onto groups") as e:
+        a.apply(m.cfg, m.params, Element({"blocks.1.moe": torch.tensor([0, 2, 1, 3])}, 1.0))
+    assert "\n" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 @pytest.mark.parametrize("kind", ["deepseek-v3", "deepseek-v3-noqlora-bias", "deepseek-v2-grouped"])
 def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, kind, tmp_path, capsys):
@@ -254,13 +330,15 @@ def test_cli_canonicalizes_checkpoints_with_a_certificate(hf_family, kind, tmp_p
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_ffn_actions_block_by_block_equal_the_whole_model_rule(name):
-    """DeepSeek's per-FFN scaling (keyed by FFN: dense and MoE blocks differ) and V2's router offset
-    (none in the dense first block) give the same tensors block by block as on the whole model, and
-    keep the function."""
+    """DeepSeek's per-FFN scaling and unit permutation (keyed by FFN: dense and MoE blocks differ),
+    its grouped expert permutation, the MLA head permutation and V2's router offset (none in the
+    dense first block) give the same tensors block by block as on the whole model, and keep the
+    function."""
     from gauge_audit.actions.blockwise import apply_blockwise
 
     m = tiny(name)
-    names = ["deepseek-swiglu-scaling"] + (["router-offset"] if m.cfg.router == "softmax" else [])
+    names = ["deepseek-swiglu-scaling", "deepseek-ffn-perm", "deepseek-expert-perm", "mla-head-perm"]
+    names += ["router-offset"] if m.cfg.router == "softmax" else []
     assert (ACTIONS["router-offset"].applies(m.cfg) is None) == (m.cfg.router == "softmax")
     for a in (ACTIONS[n] for n in names):
         el = a.sample(m.cfg, m.params, torch.Generator().manual_seed(1), 10.0)

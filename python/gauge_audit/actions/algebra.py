@@ -40,7 +40,7 @@ DIAGONAL = (
 MATRIX = ("qk-gl", "vo-gl", "stream-rotation", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl", "latent-rotation")
 ROTATIONS = ("stream-rotation", "latent-rotation")  # orthogonal: inverse Rᵀ, κ kept as a bound
 # Index maps new[i] = old[p[i]] along the last axis: inverse argsort, product p₁[p₂].
-PERMUTATION = ("ffn-perm", "expert-perm")
+PERMUTATION = ("ffn-perm", "expert-perm", "mla-head-perm", "deepseek-expert-perm", "deepseek-ffn-perm")
 
 
 def _scale_kappa(parts: dict) -> float:

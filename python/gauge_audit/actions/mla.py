@@ -12,6 +12,11 @@ Per layer, with c = n(x W_D + b_D)⊙γ a latent (c_Q of rank r_Q, c_KV of rank 
 * ``mla-vo-gl`` — GL(d_v) per head: W_UV[h]·N, N⁻¹·W_O[h].
 * ``deepseek-swiglu-scaling`` — (ℝ≠0)^width per SwiGLU of DeepSeek's FFNs (dense, routed and shared
   experts, whose widths differ by layer): the element keyed by FFN prefix.
+* ``mla-head-perm`` — S_h per layer: the heads' W_UQ/W_Q, W_UK, W_UV and W_O together (the RoPE key is
+  shared, so it stays).
+* ``deepseek-expert-perm`` — S_{E/G} ≀ S_G per MoE layer: the routed experts within their groups and
+  the groups as wholes (group-limited routing ranks groups), with the router columns and bias.
+* ``deepseek-ffn-perm`` — S_width per SwiGLU (dense FFN, routed or shared expert), keyed by FFN prefix.
 * ``latent-gl`` — FALSE CONTRAST: the latent rule with a generic M ∈ GL(r) in place of O; the
   RMSNorm divides by rms(yM) ≠ rms(y), so the function changes.
 """
@@ -307,6 +312,118 @@ def deepseek_swiglu_scaling(cfg: Config, params: Params, el: Element) -> Params:
     return updated(params, changes)
 
 
+# ----------------------------------------------------------------------------- permutations
+def _is_perm(t: torch.Tensor, n: int) -> bool:
+    return not t.dtype.is_floating_point and torch.equal(t.sort(-1).values, torch.arange(n).expand_as(t))
+
+
+def _head_perm_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
+    return Element({"perm": torch.stack([torch.randperm(cfg.n_heads, generator=g) for _ in range(cfg.n_layers)])}, 1.0)
+
+
+def mla_head_perm(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: S_h per layer.
+
+    Acts: head h ↦ π(h): the head axis of W_UQ (or W_Q), W_UK, W_UV and W_O.
+
+    Why: the heads' outputs are summed; each head's query, nope key, value and output move together,
+    and the RoPE key, shared by all heads, is the same for every label.
+    """
+    assert isinstance(cfg, DeepseekConfig)
+    perm = el.parts["perm"]
+    require_shape("perm", perm.double(), (cfg.n_layers, cfg.n_heads))
+    if not _is_perm(perm, cfg.n_heads):
+        raise GaugeAuditError("perm is not a permutation of the heads")
+    changes = {}
+    for l, pre in enumerate(attn_prefixes(cfg)):
+        for name in (query_name(cfg, pre), f"{pre}.W_UK", f"{pre}.W_UV", f"{pre}.W_O"):
+            changes[name] = params[name][perm[l]].clone()
+    return updated(params, changes)
+
+
+def _moe_prefixes(cfg: DeepseekConfig) -> list[str]:
+    return [f"blocks.{i}.moe" for i in range(cfg.n_layers) if cfg.moe_layer(i)]
+
+
+def _expert_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
+    per = cfg.experts // cfg.n_group
+    parts = {}
+    for pre in _moe_prefixes(cfg):
+        groups = torch.randperm(cfg.n_group, generator=g)
+        parts[pre] = torch.cat([int(j) * per + torch.randperm(per, generator=g) for j in groups])
+    return Element(parts, 1.0)
+
+
+def _moe_applies(cfg: Config) -> str | None:
+    return _is_mla(cfg) or (None if cfg.experts else "the model has no mixture of experts")
+
+
+def _expert_relabel(el: Element, layer: int, idx: torch.Tensor) -> torch.Tensor:
+    perm = el.parts.get(f"blocks.{layer}.moe")
+    return idx if perm is None else perm[idx]
+
+
+def deepseek_expert_perm(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: S_{E/G} ≀ S_G per MoE layer (G = n_group), keyed by the MoE block's prefix.
+
+    Acts: expert e ↦ π(e): the router's columns W_router[:, π] and its score-correction bias, and
+    every routed expert's tensors along the expert axis; π maps each group of E/G consecutive
+    experts onto a group (the shared experts stay).
+
+    Why: the scores, the group ranking (a function of each group's set of choices) and the top-k
+    are permutation-equivariant under such a π, so Σ_top g_e·E_e(x) is unchanged; a π mixing groups
+    would change which experts a group limit keeps.
+    """
+    assert isinstance(cfg, DeepseekConfig)
+    per = cfg.experts // cfg.n_group
+    changes = {}
+    for pre, perm in el.parts.items():
+        if f"{pre}.W_router" not in params:
+            raise GaugeAuditError(f"{pre} is not a mixture-of-experts block of this model")
+        require_shape(pre, perm.double(), (cfg.experts,))
+        blocks = perm.reshape(cfg.n_group, per) if _is_perm(perm, cfg.experts) else None
+        if blocks is None or not all(len({int(e) // per for e in b}) == 1 for b in blocks):
+            raise GaugeAuditError(f"{pre}: not a permutation of the experts that maps groups onto groups")
+        changes[f"{pre}.W_router"] = params[f"{pre}.W_router"][:, perm].clone()
+        if f"{pre}.b_router" in params:
+            changes[f"{pre}.b_router"] = params[f"{pre}.b_router"][perm].clone()
+        for name in ("W_in", "W_gate", "W_out"):
+            changes[f"{pre}.{name}"] = params[f"{pre}.{name}"][perm].clone()
+    return updated(params, changes)
+
+
+def _ffn_perm_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa: float) -> Element:
+    parts: dict[str, list[torch.Tensor]] = {}
+    for pre, _, w in ffn_units(cfg):
+        parts.setdefault(pre, []).append(torch.randperm(w, generator=g))
+    return Element({pre: torch.stack(ps) if pre.endswith(".moe") else ps[0] for pre, ps in parts.items()}, 1.0)
+
+
+def deepseek_ffn_perm(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: S_width per SwiGLU (every dense FFN, routed and shared expert), keyed by FFN prefix.
+
+    Acts: hidden unit i ↦ π(i): the columns of W_in and W_gate and the rows of W_out.
+
+    Why: the activation acts unit by unit (as ffn-perm, whose stacked element cannot hold FFNs whose
+    widths differ by layer).
+    """
+    changes = {}
+    for pre, perm in el.parts.items():
+        if f"{pre}.W_in" not in params:
+            raise GaugeAuditError(f"{pre} is not a SwiGLU FFN of this model")
+        w_in = params[f"{pre}.W_in"]
+        require_shape(pre, perm.double(), (*w_in.shape[:-2], w_in.shape[-1]))
+        if not _is_perm(perm, w_in.shape[-1]):
+            raise GaugeAuditError(f"{pre}: not a permutation of the hidden units")
+        cols = perm[..., None, :]
+        for name in ("W_in", "W_gate"):
+            t = params[f"{pre}.{name}"]
+            changes[f"{pre}.{name}"] = torch.gather(t, -1, cols.expand_as(t))
+        w = params[f"{pre}.W_out"]
+        changes[f"{pre}.W_out"] = torch.gather(w, -2, perm[..., :, None].expand_as(w))
+    return updated(params, changes)
+
+
 ACTIONS = [
     Action("latent-rotation", "O(r_KV) (× O(r_Q)) per layer", True, _is_mla, _latent_sample(True), latent_rotation),
     Action("latent-norm-scale", "(ℝ≠0)^r_KV (× (ℝ≠0)^r_Q) per layer", True, _is_mla, _scale_sample, latent_norm_scale),
@@ -329,6 +446,28 @@ ACTIONS = [
         deepseek_swiglu_scaling,
         element_layout="norms",
     ),
+    Action("mla-head-perm", "S_h per layer", True, _is_mla, _head_perm_sample, mla_head_perm, generic_kappa=False),
+    Action(
+        "deepseek-expert-perm",
+        "S_{E/G} ≀ S_G per MoE layer",
+        True,
+        _moe_applies,
+        _expert_sample,
+        deepseek_expert_perm,
+        generic_kappa=False,
+        expert_relabel=_expert_relabel,
+        element_layout="norms",
+    ),
+    Action(
+        "deepseek-ffn-perm",
+        "S_width per SwiGLU FFN, routed and shared expert",
+        True,
+        _is_mla,
+        _ffn_perm_sample,
+        deepseek_ffn_perm,
+        generic_kappa=False,
+        element_layout="norms",
+    ),
     Action("latent-gl", "GL(r) on a latent (false contrast)", False, _is_mla, _latent_sample(False), latent_gl),
 ]
 MLA_NAMES = frozenset(a.name for a in ACTIONS)
@@ -339,6 +478,10 @@ _WHY = {
     "qk-gl": "MLA splits each head's query/key into a nope part (mla-nope-gl, per head) and a RoPE part whose key "
     "is shared by all heads (mla-rope-commutant, per layer): no per-head GL(d_k) acts on a whole head",
     "vo-gl": "MLA's values are c_KV·W_UV[h]: the per-head GL(d_v) is mla-vo-gl",
+    "head-perm": "MLA has no KV groups and its RoPE key is shared: the heads' permutation is mla-head-perm",
+    "expert-perm": "DeepSeek's experts are permuted within their groups and by whole groups (group-limited "
+    "routing), and its first layers are dense: deepseek-expert-perm",
+    "ffn-perm": "DeepSeek's FFNs differ by layer (dense, routed and shared experts): deepseek-ffn-perm, keyed by FFN",
     "swiglu-scaling": "DeepSeek's FFNs differ by layer (dense, routed and shared experts): their scaling is "
     "deepseek-swiglu-scaling, keyed by FFN",
     "router-offset": "DeepSeek-V3's sigmoid router scores do not ignore a shift common to every expert's "

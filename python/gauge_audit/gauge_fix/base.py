@@ -96,6 +96,9 @@ DIAGONAL = frozenset(
         "head-perm",
         "ffn-perm",
         "expert-perm",
+        "mla-head-perm",
+        "deepseek-ffn-perm",
+        "deepseek-expert-perm",
     }
 )
 

@@ -12,6 +12,7 @@ import torch
 
 from ..actions import ACTIONS, Element
 from ..models.config import Config
+from ..models.deepseek import DeepseekConfig
 from .base import SIGN_SENSITIVITY, Context, Decision, Params, descending, match, signs
 
 
@@ -36,32 +37,66 @@ def fix_expert_perm(ctx: Context) -> None:
     """Condition: in every MoE block the experts are ordered by decreasing router-column norm
     ‖W_router[:, e]‖ (after the router offset and the stream are fixed; invariant under every
     later step).  Reachable: sort (expert-perm).  Unique unless two norms tie (reported).  With a
-    reference, experts are matched to the reference's by their router columns."""
-    if ACTIONS["expert-perm"].applies(ctx.cfg) is not None or ctx.reuse("expert-perm"):
-        return
+    reference, experts are matched to the reference's by their router columns.
+
+    DeepSeek (deepseek-expert-perm: group-limited routing allows only permutations within the
+    groups and of whole groups): within each group by that norm, and the groups by their sum; with
+    a reference, each group's experts are matched to each reference group's and the groups by the
+    summed cost of those matchings."""
     cfg, p = ctx.cfg, ctx.params
+    action = next((a for a in ("expert-perm", "deepseek-expert-perm") if ACTIONS[a].applies(cfg) is None), None)
+    if action is None or ctx.reuse(action):
+        return
     perms, margins = [], []
-    for pre in _prefixes(cfg):
+    routed = [pre for pre in _prefixes(cfg) if f"{pre}.W_router" in p]  # DeepSeek: not in its dense blocks
+    groups = cfg.n_group if isinstance(cfg, DeepseekConfig) else 1
+    for pre in routed:
         cols = p[f"{pre}.W_router"].T
-        if ctx.reference is None:
-            order, gaps = descending(cols.norm(dim=1))
-            perms.append(order)
-            margins.append(gaps)
-        else:
-            order, m = match(torch.cdist(cols, ctx.reference[f"{pre}.W_router"].T))
-            perms.append(order)
-            margins.append(torch.tensor([m]))
+        ref = ctx.reference[f"{pre}.W_router"].T if ctx.reference is not None else None
+        order, m = _grouped_order(cols, ref, groups)
+        perms.append(order)
+        margins.append(m)
+    parts = dict(zip(routed, perms)) if action == "deepseek-expert-perm" else {"perm": torch.stack(perms)}
     ctx.apply(
-        "expert-perm",
-        "expert-perm",
-        Element({"perm": torch.stack(perms)}, 1.0),
-        "experts in decreasing order of their router-column norm",
+        action,
+        action,
+        Element(parts, 1.0),
+        "experts in decreasing order of their router-column norm"
+        + (" within their groups, the groups by their sum" if groups > 1 else ""),
         decisions=[
             Decision.of(
-                "order" if ctx.reference is None else "match", "experts", torch.cat(margins), ctx.threshold(2.0)
+                "order" if ctx.reference is None else "match",
+                "experts",
+                torch.cat(margins) if margins else torch.zeros(0),  # a run of dense blocks: none
+                ctx.threshold(2.0),
             )
         ],
     )
+
+
+def _grouped_order(cols: torch.Tensor, ref: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert order (new[j] = old[order[j]]) for router columns ``cols`` (E × d) in ``groups``
+    consecutive groups, and its margins: sorted by decreasing norm (groups by their summed norm),
+    or matched to the reference's columns (groups by the summed cost of their best matching)."""
+    per = cols.shape[0] // groups
+    block = cols.reshape(groups, per, -1)
+    if ref is None:
+        keys = cols.norm(dim=1).reshape(groups, per)
+        gorder, ggaps = descending(keys.sum(1))
+        inner = [descending(keys[g]) for g in range(groups)]
+        order = torch.cat([int(g) * per + inner[int(g)][0] for g in gorder])
+        return order, torch.cat([ggaps, *(gaps for _, gaps in inner)])
+    rblock = ref.reshape(groups, per, -1)
+    cost = torch.zeros(groups, groups, dtype=torch.float64)
+    inner_perm, inner_margin = {}, {}
+    for a in range(groups):
+        for b in range(groups):
+            c = torch.cdist(block[a], rblock[b])
+            inner_perm[a, b], inner_margin[a, b] = match(c)
+            cost[a, b] = c[inner_perm[a, b], torch.arange(per)].sum()
+    gperm, gm = match(cost)
+    order = torch.cat([int(gperm[b]) * per + inner_perm[int(gperm[b]), b] for b in range(groups)])
+    return order, torch.tensor([gm, *(inner_margin[int(gperm[b]), b] for b in range(groups))], dtype=torch.float64)
 
 
 # ----------------------------------------------------------------------------- 11 ffn-perm
@@ -78,27 +113,30 @@ def fix_ffn_perm(ctx: Context) -> None:
     Reachable: sort (ffn-perm).  Unique unless two keys tie — dead units (a_i·b_i = 0) always do;
     ties are reported.  With a reference, units are matched to the reference's by the directions
     of their input and output weights (and gate)."""
-    if ACTIONS["ffn-perm"].applies(ctx.cfg) is not None or ctx.reuse("ffn-perm"):
-        return
     cfg, p = ctx.cfg, ctx.params
+    action = next((a for a in ("ffn-perm", "deepseek-ffn-perm") if ACTIONS[a].applies(cfg) is None), None)
+    if action is None or ctx.reuse(action):
+        return
     perms, margins = [], []
-    for pre in _prefixes(cfg):
+    ffns = _ffns(cfg, p, keyed=action == "deepseek-ffn-perm")
+    for pre in ffns:
         a, b = unit_norms(p, pre)
         if ctx.reference is None:
             order, gaps = descending(a * b)
             perms.append(order)
             margins.append(gaps.reshape(-1))
             continue
+        experts = p[f"{pre}.W_in"].shape[0] if p[f"{pre}.W_in"].dim() == 3 else 0
         per = []
-        for e in range(cfg.experts or 1):
+        for e in range(experts or 1):
 
-            def sel(q, name, pre=pre, e=e):
+            def sel(q, name, pre=pre, e=e, experts=experts):
                 t = q[f"{pre}.{name}"]
-                return t[e] if cfg.experts else t
+                return t[e] if experts else t
 
             sim = _cosines(
-                _up(p, pre)[e] if cfg.experts else _up(p, pre),
-                _up(ctx.reference, pre)[e] if cfg.experts else _up(ctx.reference, pre),
+                _up(p, pre)[e] if experts else _up(p, pre),
+                _up(ctx.reference, pre)[e] if experts else _up(ctx.reference, pre),
             )
             sim = sim + _cosines(sel(p, "W_out").T, sel(ctx.reference, "W_out").T)
             if f"{pre}.W_gate" in p:
@@ -106,11 +144,12 @@ def fix_ffn_perm(ctx: Context) -> None:
             order, m = match(-sim)
             per.append(order)
             margins.append(torch.tensor([m]))
-        perms.append(torch.stack(per) if cfg.experts else per[0])
+        perms.append(torch.stack(per) if experts else per[0])
+    parts = dict(zip(ffns, perms)) if action == "deepseek-ffn-perm" else {"perm": torch.stack(perms)}
     ctx.apply(
-        "ffn-perm",
-        "ffn-perm",
-        Element({"perm": torch.stack(perms)}, 1.0),
+        action,
+        action,
+        Element(parts, 1.0),
         "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
         decisions=[
             Decision.of(
@@ -134,10 +173,10 @@ def scaling_family(cfg: Config) -> str | None:
     return "swiglu-scaling" if action == "deepseek-swiglu-scaling" else action
 
 
-def _scaled_ffns(cfg: Config, p: Params, action: str) -> list[str]:
-    """The FFN prefixes the scaling acts on: one per layer, or (DeepSeek: dense FFNs, routed and
-    shared experts differ by layer) every SwiGLU the parameters hold."""
-    if action != "deepseek-swiglu-scaling":
+def _ffns(cfg: Config, p: Params, keyed: bool) -> list[str]:
+    """The FFN prefixes a step acts on: one per layer, or (``keyed``, DeepSeek: dense FFNs, routed
+    and shared experts differ by layer) every SwiGLU the parameters hold."""
+    if not keyed:
         return _prefixes(cfg)
     kinds = ("mlp", "moe", "shared")
     return [f"blocks.{i}.{k}" for i in range(cfg.n_layers) for k in kinds if f"blocks.{i}.{k}.W_in" in p]
@@ -161,7 +200,7 @@ def fix_scaling(ctx: Context) -> None:
     if action is None:
         return
     ss, margins, notes = [], [], []
-    ffns = _scaled_ffns(cfg, p, action)
+    ffns = _ffns(cfg, p, action == "deepseek-swiglu-scaling")
     for pre in ffns:
         a, b = unit_norms(p, pre)
         dead = (a == 0) | (b == 0)
@@ -197,7 +236,7 @@ def cond_scaling(cfg: Config, p: Params) -> torch.Tensor | None:
     if action is None:
         return None
     out = []
-    for pre in _scaled_ffns(cfg, p, action):
+    for pre in _ffns(cfg, p, action == "deepseek-swiglu-scaling"):
         up, w_out = _up(p, pre), p[f"{pre}.W_out"]
         out.append(((up * up).sum(-2) - (w_out * w_out).sum(-1)).reshape(-1))
     return torch.cat(out)

@@ -28,7 +28,7 @@ from ..actions.mla import latents, query_name
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig
 from ..models.layers import rope_planes
-from .base import Context, Decision, Params, gram_axes
+from .base import Context, Decision, Params, descending, gram_axes, match
 from .heads import balanced_block, balanced_conditions, gl_decisions, plane_commutant, plane_conditions
 
 
@@ -130,6 +130,51 @@ def cond_latent_rotation(cfg: Config, p: Params) -> torch.Tensor | None:
             i, j = torch.triu_indices(r, r, 1)
             out.append((d.T @ d)[i, j])
     return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- mla-head-perm
+def _head_maps(cfg: DeepseekConfig, p: Params, layer: int) -> torch.Tensor:
+    """Per head, flattened: its nope score map X^nope·W_UKᵀ, its rope score map X^rope·[W_KR; b_KR]ᵀ
+    and its output map W_UV·W_O — invariant under mla-nope-gl, the shared RoPE commutant and
+    mla-vo-gl, which come later: (n_heads, ·)."""
+    out = []
+    for h in range(cfg.n_heads):
+        x, k = nope_pair(cfg, p, layer, h)
+        xr, kr = rope_pair(cfg, p, layer)
+        q_in = xr.shape[0] // cfg.n_heads
+        v, o = vo_pair(cfg, p, layer, h)
+        maps = (x @ k.T, xr[h * q_in : (h + 1) * q_in] @ kr.T, v @ o.T)
+        out.append(torch.cat([m.reshape(-1) for m in maps]))
+    return torch.stack(out)
+
+
+def fix_mla_head_perm(ctx: Context) -> None:
+    """Condition: in every layer the heads are ordered by decreasing ‖nope score map‖² + ‖rope score
+    map‖² + ‖output map‖² (:func:`_head_maps`).  Reachable: sort (mla-head-perm).  Unique when no
+    two keys tie (reported).  With a reference, heads are matched to the reference's by their maps
+    (after the latent steps both are in the same latent frame)."""
+    cfg = _mla(ctx.cfg)
+    if cfg is None or cfg.n_heads == 1 or ctx.reuse("mla-head-perm"):
+        return
+    perm = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.long)
+    margins = []
+    for layer in range(cfg.n_layers):
+        feat = _head_maps(cfg, ctx.params, layer)
+        if ctx.reference is None:
+            perm[layer], gaps = descending((feat * feat).sum(1))
+            margins.append(gaps)
+        else:
+            perm[layer], m = match(torch.cdist(feat, _head_maps(cfg, ctx.reference, layer)) ** 2)
+            margins.append(torch.tensor([m]))
+    ctx.apply(
+        "mla-head-perm",
+        "mla-head-perm",
+        Element({"perm": perm}, 1.0),
+        "heads in decreasing order of their score and output map norms",
+        decisions=[
+            Decision.of("order" if ctx.reference is None else "match", "heads", torch.cat(margins), ctx.threshold(4.0))
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- the heads

@@ -63,13 +63,16 @@ STEPS: tuple = (
     ("latent-norm-scale", mla.fix_latent_norm_scale, {"latent-norm-scale": mla.cond_latent_norm_scale}),
     ("latent-rotation", mla.fix_latent_rotation, {"latent-rotation": mla.cond_latent_rotation}),
     ("head-perm", heads.fix_head_perm, {}),
+    ("mla-head-perm", mla.fix_mla_head_perm, {}),
     ("expert-perm", ffn.fix_expert_perm, {}),
     ("ffn-perm", ffn.fix_ffn_perm, {}),
     ("qk-gl", heads.fix_qk, {"qk-gl": heads.cond_qk}),
     ("qk-norm-scale", qk_norm.fix_qk_norm, {"qk-norm-scale": qk_norm.cond_qk_norm}),
     ("vo-gl", heads.fix_vo, {"vo-gl": heads.cond_vo}),
-    ("mla-nope-gl", mla.fix_nope, {"mla-nope-gl": mla.cond_nope}),
+    # the shared-key commutant before the per-head GLs: its phase decision is then taken before any
+    # dense element, at the same threshold in every run of blocks (compare by runs)
     ("mla-rope-commutant", mla.fix_rope, {"mla-rope-commutant": mla.cond_rope}),
+    ("mla-nope-gl", mla.fix_nope, {"mla-nope-gl": mla.cond_nope}),
     ("mla-vo-gl", mla.fix_mla_vo, {"mla-vo-gl": mla.cond_mla_vo}),
     ("scaling", ffn.fix_scaling, {"relu-scaling": ffn.cond_scaling, "swiglu-scaling": ffn.cond_scaling}),
 )
@@ -289,7 +292,7 @@ def storage_dtype_of(params: Params) -> torch.dtype:
     return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
 
 
-PERMUTATIONS = ("head-perm", "expert-perm", "ffn-perm")
+PERMUTATIONS = ("head-perm", "mla-head-perm", "expert-perm", "deepseek-expert-perm", "ffn-perm", "deepseek-ffn-perm")
 
 
 def canonicalize(
