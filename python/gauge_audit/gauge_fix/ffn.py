@@ -96,7 +96,8 @@ def _grouped_order(cols: torch.Tensor, ref: torch.Tensor | None, groups: int) ->
             cost[a, b] = c[inner_perm[a, b], torch.arange(per)].sum()
     gperm, gm = match(cost)
     order = torch.cat([int(gperm[b]) * per + inner_perm[int(gperm[b]), b] for b in range(groups)])
-    return order, torch.tensor([gm, *(inner_margin[int(gperm[b]), b] for b in range(groups))], dtype=torch.float64)
+    within = [inner_margin[int(gperm[b]), b] for b in range(groups)]
+    return order, torch.tensor(within if groups == 1 else [gm, *within], dtype=torch.float64)
 
 
 # ----------------------------------------------------------------------------- 11 ffn-perm
