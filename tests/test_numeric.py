@@ -91,6 +91,10 @@ EXERCISED_ELSEWHERE: dict[str, str] = {
             "mla-rope-commutant",
             "mla-vo-gl",
             "latent-gl",
+            "mla-head-perm",
+            "deepseek-swiglu-scaling",
+            "deepseek-expert-perm",
+            "deepseek-ffn-perm",
         )
     },
     "parallel-bias-trade": "tests/test_family_neox.py",  # a parallel residual: no named tiny model has one

@@ -311,8 +311,10 @@ def compare(
         # is reported as a tie instead.
         relabel = relabel or (lambda layer, idx: idx)
         routing = 0
-        for l, (a, b) in enumerate(zip(trace0["routing"], trace1["routing"])):
-            changed = (a.sort(-1).values != relabel(l, b).sort(-1).values).any(-1)
+        # the block each trace entry comes from (DeepSeek's first blocks are dense: no entry)
+        blocks = trace0.get("routing_layers", range(len(trace0["routing"])))
+        for l, (layer, a, b) in enumerate(zip(blocks, trace0["routing"], trace1["routing"])):
+            changed = (a.sort(-1).values != relabel(layer, b).sort(-1).values).any(-1)
             tie = trace0["router_margin"][l] <= 2 * tol
             routing += int((changed & ~tie).sum())
             ties += int((changed & tie).sum())

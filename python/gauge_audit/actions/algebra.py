@@ -26,14 +26,21 @@ ADDITIVE = (
     "parallel-bias-trade",
 )
 # Elements that multiply entry by entry (diagonal scalings): inverse 1/s, product s·t.
-DIAGONAL = ("norm-scale", "relu-scaling", "swiglu-scaling", "qk-norm-scale", "latent-norm-scale")
+DIAGONAL = (
+    "norm-scale",
+    "relu-scaling",
+    "swiglu-scaling",
+    "qk-norm-scale",
+    "latent-norm-scale",
+    "deepseek-swiglu-scaling",
+)
 # Stacks of invertible matrices acting on the right (W·M): inverse M⁻¹, product M₁·M₂.
 # (The rotation's κ is that of D_γ⁻¹·R·D_γ, which depends on γ, not on R alone.)
 # (Likewise a latent rotation's, through the latent norm's γ.)
 MATRIX = ("qk-gl", "vo-gl", "stream-rotation", "mla-nope-gl", "mla-rope-commutant", "mla-vo-gl", "latent-rotation")
 ROTATIONS = ("stream-rotation", "latent-rotation")  # orthogonal: inverse Rᵀ, κ kept as a bound
 # Index maps new[i] = old[p[i]] along the last axis: inverse argsort, product p₁[p₂].
-PERMUTATION = ("ffn-perm", "expert-perm")
+PERMUTATION = ("ffn-perm", "expert-perm", "mla-head-perm", "deepseek-expert-perm", "deepseek-ffn-perm")
 
 
 def _scale_kappa(parts: dict) -> float:

@@ -105,8 +105,9 @@ def apply(cfg: Config, params: Params, el: Element) -> Params:
 def _relabel(el: Element, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """Expert labels after the composite → labels before it (through every expert-perm step)."""
     for action, step in reversed(steps(el)):
-        if action == "expert-perm":
-            idx = step.parts["perm"][layer][idx]
+        relabel = ATOMIC[action].expert_relabel if action in ATOMIC else None
+        if relabel is not None:
+            idx = relabel(step, layer, idx)
     return idx
 
 

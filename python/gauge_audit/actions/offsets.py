@@ -353,7 +353,8 @@ def router_offset(cfg: Config, params: Params, el: Element) -> Params:
     changes = {}
     for i in range(cfg.n_layers):
         key = f"blocks.{i}.moe.W_router"
-        changes[key] = put(as64(params[key]) + as64(c[i])[:, None], params[key])
+        if key in params:  # DeepSeek's first layers are dense: no router there
+            changes[key] = put(as64(params[key]) + as64(c[i])[:, None], params[key])
     return updated(params, changes)
 
 

@@ -18,7 +18,6 @@ from ..gauge_fix import canonicalize, function_check
 from ..models import Config, build, config_of, gemma3, minilm, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
-from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..nullity.cost import parameter_count
 from ..progress import echo, ticker
@@ -51,12 +50,10 @@ def _gauge_fixable(cfg: Config, label: str | None = None) -> Config:
     does not yet know (its conditions would be the wrong ones).  Known: QK-norms (head, full), a
     partial rotary, normed sublayer outputs, sandwich norms with Gemma's embedding scale, (1 + w)
     weights and soft-capping, RoPE scaling tables, sliding windows, a parallel residual read through
-    norms."""
+    norms, multi-head latent attention with DeepSeek's mixture of experts."""
     for feature, used in (
         # the bias chain's stretches of a norm-free stream are derived for sublayers in sequence
         ("a parallel residual without norms", cfg.parallel_residual and cfg.norm == "none"),
-        # MLA's latent rotations and shared RoPE key have no canonical form here yet
-        ("multi-head latent attention (DeepSeek)", isinstance(cfg, DeepseekConfig)),
     ):
         if used:
             raise GaugeAuditError(f"{label + ': ' if label else ''}gauge fixing does not support {feature} yet")

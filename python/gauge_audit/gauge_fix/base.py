@@ -86,7 +86,20 @@ class StepRecord:
 # entry's relative rounding error and every |x|·|W| product a rounding bound is made of, so they
 # do not amplify the input's rounding — unlike the dense GL / rotation elements.
 DIAGONAL = frozenset(
-    {"norm-scale", "qk-norm-scale", "relu-scaling", "swiglu-scaling", "head-perm", "ffn-perm", "expert-perm"}
+    {
+        "norm-scale",
+        "qk-norm-scale",
+        "latent-norm-scale",
+        "relu-scaling",
+        "swiglu-scaling",
+        "deepseek-swiglu-scaling",
+        "head-perm",
+        "ffn-perm",
+        "expert-perm",
+        "mla-head-perm",
+        "deepseek-ffn-perm",
+        "deepseek-expert-perm",
+    }
 )
 
 
@@ -289,6 +302,30 @@ def match(cost: torch.Tensor) -> tuple[torch.Tensor, float]:
             perm[j] = i
             used[i] = True
     return perm, 0.0
+
+
+def gram_axes(ctx: Context, x: torch.Tensor, ref: torch.Tensor | None, where: str) -> tuple[torch.Tensor, list]:
+    """The orthogonal Q (e × e) that makes the Gram of x·Q diagonal with descending entries and
+    each column x·Q[:, i] of positive third moment — or, with ``ref``, the orthogonal Procrustes
+    fit of x to it — and its decisions (eigenvalue gaps and signs, resp. the fit's conditioning).
+    Unique when the eigenvalues are distinct and no third moment vanishes."""
+    if ref is not None:
+        sv = torch.linalg.svdvals(x.T @ ref)
+        fit = float(sv[-1] / sv[0]) if float(sv[0]) > 0 else 0.0
+        return procrustes(x, ref), [
+            Decision.of("match", f"{where} (Procrustes to the reference)", [fit], ctx.threshold(2.0))
+        ]
+    lam, vec = torch.linalg.eigh(x.T @ x)
+    lam, vec = lam.flip(0), vec.flip(1)
+    s, margin = signs(x @ vec, dim=0)
+    top = float(lam[0]) if float(lam[0]) > 0 else 1.0
+    spread = float((x * x).sum()) / top
+    return vec * s, [
+        Decision.of(
+            "spectrum", f"{where}: Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, ctx.threshold(2.0 * spread)
+        ),
+        Decision.of("sign", f"{where}: axes", margin, ctx.threshold(SIGN_SENSITIVITY)),
+    ]
 
 
 @dataclass

@@ -12,6 +12,7 @@ import torch
 
 from ..actions import ACTIONS, Element
 from ..models.config import Config
+from ..models.deepseek import DeepseekConfig
 from .base import SIGN_SENSITIVITY, Context, Decision, Params, descending, match, signs
 
 
@@ -31,43 +32,72 @@ def unit_norms(p: Params, pre: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _up(p, pre).norm(dim=-2), p[f"{pre}.W_out"].norm(dim=-1)
 
 
-def _has_ffn(cfg: Config) -> bool:
-    return cfg.family != "attn"
-
-
 # ----------------------------------------------------------------------------- 10 expert-perm
 def fix_expert_perm(ctx: Context) -> None:
     """Condition: in every MoE block the experts are ordered by decreasing router-column norm
     ‖W_router[:, e]‖ (after the router offset and the stream are fixed; invariant under every
     later step).  Reachable: sort (expert-perm).  Unique unless two norms tie (reported).  With a
-    reference, experts are matched to the reference's by their router columns."""
-    if ctx.reuse("expert-perm"):
-        return
+    reference, experts are matched to the reference's by their router columns.
+
+    DeepSeek (deepseek-expert-perm: group-limited routing allows only permutations within the
+    groups and of whole groups): within each group by that norm, and the groups by their sum; with
+    a reference, each group's experts are matched to each reference group's and the groups by the
+    summed cost of those matchings."""
     cfg, p = ctx.cfg, ctx.params
-    if not cfg.experts:
+    action = next((a for a in ("expert-perm", "deepseek-expert-perm") if ACTIONS[a].applies(cfg) is None), None)
+    if action is None or ctx.reuse(action):
         return
     perms, margins = [], []
-    for pre in _prefixes(cfg):
+    routed = [pre for pre in _prefixes(cfg) if f"{pre}.W_router" in p]  # DeepSeek: not in its dense blocks
+    groups = cfg.n_group if isinstance(cfg, DeepseekConfig) else 1
+    for pre in routed:
         cols = p[f"{pre}.W_router"].T
-        if ctx.reference is None:
-            order, gaps = descending(cols.norm(dim=1))
-            perms.append(order)
-            margins.append(gaps)
-        else:
-            order, m = match(torch.cdist(cols, ctx.reference[f"{pre}.W_router"].T))
-            perms.append(order)
-            margins.append(torch.tensor([m]))
+        ref = ctx.reference[f"{pre}.W_router"].T if ctx.reference is not None else None
+        order, m = _grouped_order(cols, ref, groups)
+        perms.append(order)
+        margins.append(m)
+    parts = dict(zip(routed, perms)) if action == "deepseek-expert-perm" else {"perm": torch.stack(perms)}
     ctx.apply(
-        "expert-perm",
-        "expert-perm",
-        Element({"perm": torch.stack(perms)}, 1.0),
-        "experts in decreasing order of their router-column norm",
+        action,
+        action,
+        Element(parts, 1.0),
+        "experts in decreasing order of their router-column norm"
+        + (" within their groups, the groups by their sum" if groups > 1 else ""),
         decisions=[
             Decision.of(
-                "order" if ctx.reference is None else "match", "experts", torch.cat(margins), ctx.threshold(2.0)
+                "order" if ctx.reference is None else "match",
+                "experts",
+                torch.cat(margins) if margins else torch.zeros(0),  # a run of dense blocks: none
+                ctx.threshold(2.0),
             )
         ],
     )
+
+
+def _grouped_order(cols: torch.Tensor, ref: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert order (new[j] = old[order[j]]) for router columns ``cols`` (E × d) in ``groups``
+    consecutive groups, and its margins: sorted by decreasing norm (groups by their summed norm),
+    or matched to the reference's columns (groups by the summed cost of their best matching)."""
+    per = cols.shape[0] // groups
+    block = cols.reshape(groups, per, -1)
+    if ref is None:
+        keys = cols.norm(dim=1).reshape(groups, per)
+        gorder, ggaps = descending(keys.sum(1))
+        inner = [descending(keys[g]) for g in range(groups)]
+        order = torch.cat([int(g) * per + inner[int(g)][0] for g in gorder])
+        return order, torch.cat([ggaps, *(gaps for _, gaps in inner)])
+    rblock = ref.reshape(groups, per, -1)
+    cost = torch.zeros(groups, groups, dtype=torch.float64)
+    inner_perm, inner_margin = {}, {}
+    for a in range(groups):
+        for b in range(groups):
+            c = torch.cdist(block[a], rblock[b])
+            inner_perm[a, b], inner_margin[a, b] = match(c)
+            cost[a, b] = c[inner_perm[a, b], torch.arange(per)].sum()
+    gperm, gm = match(cost)
+    order = torch.cat([int(gperm[b]) * per + inner_perm[int(gperm[b]), b] for b in range(groups)])
+    within = [inner_margin[int(gperm[b]), b] for b in range(groups)]
+    return order, torch.tensor(within if groups == 1 else [gm, *within], dtype=torch.float64)
 
 
 # ----------------------------------------------------------------------------- 11 ffn-perm
@@ -84,29 +114,30 @@ def fix_ffn_perm(ctx: Context) -> None:
     Reachable: sort (ffn-perm).  Unique unless two keys tie — dead units (a_i·b_i = 0) always do;
     ties are reported.  With a reference, units are matched to the reference's by the directions
     of their input and output weights (and gate)."""
-    if ctx.reuse("ffn-perm"):
-        return
     cfg, p = ctx.cfg, ctx.params
-    if not _has_ffn(cfg):
+    action = next((a for a in ("ffn-perm", "deepseek-ffn-perm") if ACTIONS[a].applies(cfg) is None), None)
+    if action is None or ctx.reuse(action):
         return
     perms, margins = [], []
-    for pre in _prefixes(cfg):
+    ffns = _ffns(cfg, p, keyed=action == "deepseek-ffn-perm")
+    for pre in ffns:
         a, b = unit_norms(p, pre)
         if ctx.reference is None:
             order, gaps = descending(a * b)
             perms.append(order)
             margins.append(gaps.reshape(-1))
             continue
+        experts = p[f"{pre}.W_in"].shape[0] if p[f"{pre}.W_in"].dim() == 3 else 0
         per = []
-        for e in range(cfg.experts or 1):
+        for e in range(experts or 1):
 
-            def sel(q, name, pre=pre, e=e):
+            def sel(q, name, pre=pre, e=e, experts=experts):
                 t = q[f"{pre}.{name}"]
-                return t[e] if cfg.experts else t
+                return t[e] if experts else t
 
             sim = _cosines(
-                _up(p, pre)[e] if cfg.experts else _up(p, pre),
-                _up(ctx.reference, pre)[e] if cfg.experts else _up(ctx.reference, pre),
+                _up(p, pre)[e] if experts else _up(p, pre),
+                _up(ctx.reference, pre)[e] if experts else _up(ctx.reference, pre),
             )
             sim = sim + _cosines(sel(p, "W_out").T, sel(ctx.reference, "W_out").T)
             if f"{pre}.W_gate" in p:
@@ -114,11 +145,12 @@ def fix_ffn_perm(ctx: Context) -> None:
             order, m = match(-sim)
             per.append(order)
             margins.append(torch.tensor([m]))
-        perms.append(torch.stack(per) if cfg.experts else per[0])
+        perms.append(torch.stack(per) if experts else per[0])
+    parts = dict(zip(ffns, perms)) if action == "deepseek-ffn-perm" else {"perm": torch.stack(perms)}
     ctx.apply(
-        "ffn-perm",
-        "ffn-perm",
-        Element({"perm": torch.stack(perms)}, 1.0),
+        action,
+        action,
+        Element(parts, 1.0),
         "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
         decisions=[
             Decision.of(
@@ -130,15 +162,31 @@ def fix_ffn_perm(ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- 14 scaling
 def scaling_action(cfg: Config) -> str | None:
-    for name in ("relu-scaling", "swiglu-scaling"):
+    for name in ("relu-scaling", "swiglu-scaling", "deepseek-swiglu-scaling"):
         if ACTIONS[name].applies(cfg) is None:
             return name
     return None
 
 
-def scaling_kappa(s: torch.Tensor) -> float:
-    """κ of the unit scalings ``s`` (every layer, every unit): the ratio of the extreme |s_i|."""
-    return float(s.abs().max() / s.abs().min())
+def scaling_family(cfg: Config) -> str | None:
+    """The nullity family the scaling step fixes (DeepSeek's per-FFN element is swiglu-scaling's)."""
+    action = scaling_action(cfg)
+    return "swiglu-scaling" if action == "deepseek-swiglu-scaling" else action
+
+
+def _ffns(cfg: Config, p: Params, keyed: bool) -> list[str]:
+    """The FFN prefixes a step acts on: one per layer, or (``keyed``, DeepSeek: dense FFNs, routed
+    and shared experts differ by layer) every SwiGLU the parameters hold."""
+    if not keyed:
+        return _prefixes(cfg)
+    kinds = ("mlp", "moe", "shared")
+    return [f"blocks.{i}.{k}" for i in range(cfg.n_layers) for k in kinds if f"blocks.{i}.{k}.W_in" in p]
+
+
+def scaling_kappa(s) -> float:
+    """κ of the unit scalings ``s`` (a tensor or a list of them, every unit): the ratio of the extreme |s_i|."""
+    s = [s] if isinstance(s, torch.Tensor) else s
+    return max(float(t.abs().max()) for t in s) / min(float(t.abs().min()) for t in s)
 
 
 def fix_scaling(ctx: Context) -> None:
@@ -153,13 +201,14 @@ def fix_scaling(ctx: Context) -> None:
     if action is None:
         return
     ss, margins, notes = [], [], []
-    for pre in _prefixes(cfg):
+    ffns = _ffns(cfg, p, action == "deepseek-swiglu-scaling")
+    for pre in ffns:
         a, b = unit_norms(p, pre)
         dead = (a == 0) | (b == 0)
         if dead.any():
             notes.append(f"{pre}: {int(dead.sum())} dead units keep their scale (not unique)")
         s = torch.where(dead, torch.ones_like(a), (b / torch.where(dead, torch.ones_like(a), a)).sqrt())
-        if action == "swiglu-scaling":
+        if action != "relu-scaling":
             out = p[f"{pre}.W_out"] / s.unsqueeze(-1)
             if ctx.reference is None:
                 sign, margin = signs(out, dim=-1)
@@ -168,26 +217,27 @@ def fix_scaling(ctx: Context) -> None:
                 sign = torch.where((out * ctx.reference[f"{pre}.W_out"]).sum(-1) < 0, -1.0, 1.0).double()
             s = s * sign
         ss.append(s)
-    s = torch.stack(ss)
+    parts = dict(zip(ffns, ss)) if action == "deepseek-swiglu-scaling" else {"s": torch.stack(ss)}
     decisions = (
         [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] if margins else []
     )
     ctx.apply(
-        f"{action}",
+        scaling_family(cfg) or action,
         action,
-        Element({"s": s}, scaling_kappa(s)),
+        Element(parts, scaling_kappa(ss)),
         "every unit balanced: ‖W_in[:, i]‖ = ‖W_out[i]‖"
-        + (", W_out[i] signed by its third moment" if action == "swiglu-scaling" else ""),
+        + (", W_out[i] signed by its third moment" if action != "relu-scaling" else ""),
         decisions=decisions,
         notes=notes,
     )
 
 
 def cond_scaling(cfg: Config, p: Params) -> torch.Tensor | None:
-    if scaling_action(cfg) is None:
+    action = scaling_action(cfg)
+    if action is None:
         return None
     out = []
-    for pre in _prefixes(cfg):
+    for pre in _ffns(cfg, p, action == "deepseek-swiglu-scaling"):
         up, w_out = _up(p, pre), p[f"{pre}.W_out"]
         out.append(((up * up).sum(-2) - (w_out * w_out).sum(-1)).reshape(-1))
     return torch.cat(out)

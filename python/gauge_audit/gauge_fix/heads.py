@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..actions import Element
+from ..actions import ACTIONS, Element
 from ..actions.base import cond
 from ..models.config import Config
 from ..models.layers import rope_planes
@@ -51,6 +51,11 @@ def _head_factors(cfg: Config, p: Params, layer: int) -> tuple[torch.Tensor, ...
     return x, y, v, p[f"{pre}.W_O"]
 
 
+def _applies(action: str, cfg: Config) -> bool:
+    """Multi-head latent attention has no per-head W_Q/W_K/W_V: these steps are :mod:`.mla`'s there."""
+    return ACTIONS[action].applies(cfg) is None
+
+
 def _group_sums(f: tuple[torch.Tensor, ...], nkv: int) -> tuple[torch.Tensor, ...]:
     """The factors of each KV group's summed maps: Σ_h X_h·Yᵀ = (Σ_h X_h)·Yᵀ, Σ_h V·W_O[h] = V·Σ_h W_O[h]."""
     x, y, v, w = (t.reshape(nkv, -1, *t.shape[1:]) for t in f)
@@ -88,7 +93,7 @@ def fix_head_perm(ctx: Context) -> None:
     Reachable: sort (head-perm, S_{n_kv} ≀ S_g).  Unique when no two keys tie; ties (incl. zero
     heads) are reported.  The keys are invariant under qk-gl and vo-gl, which come later.  With a
     reference, groups and heads are matched to the reference's by their score and output maps."""
-    if ctx.reuse("head-perm"):
+    if not _applies("head-perm", ctx.cfg) or ctx.reuse("head-perm"):
         return
     cfg, p = ctx.cfg, ctx.params
     g, nkv = cfg.group_size, cfg.n_kv_heads
@@ -171,7 +176,7 @@ def fix_qk(ctx: Context) -> None:
     A partial rotary (RoPE on the first R coordinates only): the commutant is the planes' scalars
     ⊕ GL(d_k − R) on the unrotated coordinates, fixed as without RoPE: R + (d_k − R)² conditions.
     A QK-norm leaves no qk-gl (its weights' rescaling is fixed by :mod:`.qk_norm`)."""
-    if ctx.cfg.qk_norm == "none":
+    if ctx.cfg.qk_norm == "none" and _applies("qk-gl", ctx.cfg):
         _fix_gl(ctx, "qk-gl", "qk-gl", qk_pair, rope=ctx.cfg.pos == "rope")
 
 
@@ -180,7 +185,8 @@ def fix_vo(ctx: Context) -> None:
     (equal diagonal Gram matrices, the singular values of the group's output map, descending) and
     each value column with a positive third moment: d_v² conditions.  Reachable and unique as
     for qk-gl without RoPE."""
-    _fix_gl(ctx, "vo-gl", "vo-gl", vo_pair, rope=False)
+    if _applies("vo-gl", ctx.cfg):
+        _fix_gl(ctx, "vo-gl", "vo-gl", vo_pair, rope=False)
 
 
 def _rest(cfg: Config, rope: bool) -> int:
@@ -189,7 +195,7 @@ def _rest(cfg: Config, rope: bool) -> int:
     return (cfg.rotary_dim or cfg.d_head) if rope else 0
 
 
-def _balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gaps, sgn) -> torch.Tensor:
+def balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gaps, sgn) -> torch.Tensor:
     """M (e × e) balancing X·M and Y·M⁻ᵀ, signed by the third moment — or, with a reference, the
     balanced form rotated by the Procrustes fit to the reference's; rank-deficient: the identity."""
     bal = balance(x, y)
@@ -204,6 +210,43 @@ def _balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gap
     scale = float(x.norm() * y.norm() / bal.sigma[0])
     gaps.append(((bal.sigma[:-1] - bal.sigma[1:]) / bal.sigma[0], scale))
     return m * s
+
+
+def plane_commutant(ctx: Context, m, x, y, ref, planes, where: str, phase: list, sgn: list, notes: list) -> None:
+    """Write into ``m`` the RoPE commutant element fixing each plane (:func:`_plane_fix`) of the
+    query side x and key side y (acting as x·m, y·m⁻ᵀ); ``ref``: the reference's (x, y) or None."""
+    rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
+    for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
+        w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
+        if pm == 0.0:
+            notes.append(f"{where} plane {k}: zero or circular plane, phase not fixed")
+        m[a, a] = m[b, b] = w.real
+        m[a, b], m[b, a] = w.imag, -w.imag
+        phase.append(pm)
+        sgn.append(sm)
+
+
+def gl_decisions(ctx: Context, family: str, gaps: list, phase: list, sgn: list) -> list[Decision]:
+    """The decisions of the balanced blocks (singular-value gaps, with the scale that bounds their
+    rounding), the RoPE plane phases and the column signs of one GL step."""
+    decisions = []
+    if gaps:
+        worst = max(s for _, s in gaps)
+        decisions.append(
+            Decision.of(
+                "spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]), ctx.threshold(2.0 * worst)
+            )
+        )
+    if phase:
+        decisions.append(
+            Decision.of(
+                "phase" if ctx.reference is None else "match", f"{family} RoPE plane phases", phase, ctx.threshold(2.0)
+            )
+        )
+    if sgn and ctx.reference is None:
+        flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
+        decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
+    return decisions
 
 
 def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
@@ -222,36 +265,12 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
             ref = pair(cfg, ctx.reference, layer, j) if ctx.reference is not None else None
             where = f"block {layer} KV group {j}"
             m = torch.zeros(e, e, dtype=torch.float64)
-            rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
-            for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
-                w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
-                if pm == 0.0:
-                    notes.append(f"{family} {where} plane {k}: zero or circular plane, phase not fixed")
-                m[a, a] = m[b, b] = w.real
-                m[a, b], m[b, a] = w.imag, -w.imag
-                phase.append(pm)
-                sgn.append(sm)
+            plane_commutant(ctx, m, x, y, ref, planes, f"{family} {where}", phase, sgn, notes)
             if r < e:  # the whole GL on the coordinates no rotation touches (all of them without RoPE)
                 sub = ref if ref is None else (ref[0][:, r:], ref[1][:, r:])
-                m[r:, r:] = _balanced_block(ctx, x[:, r:], y[:, r:], sub, family, where, notes, gaps, sgn)
+                m[r:, r:] = balanced_block(ctx, x[:, r:], y[:, r:], sub, family, where, notes, gaps, sgn)
             ms[layer, j] = m
-    decisions = []
-    if gaps:
-        worst = max(s for _, s in gaps)
-        decisions.append(
-            Decision.of(
-                "spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]), ctx.threshold(2.0 * worst)
-            )
-        )
-    if phase:
-        decisions.append(
-            Decision.of(
-                "phase" if ctx.reference is None else "match", f"{family} RoPE plane phases", phase, ctx.threshold(2.0)
-            )
-        )
-    if sgn and ctx.reference is None:
-        flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
-        decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
+    decisions = gl_decisions(ctx, family, gaps, phase, sgn)
     text = "balanced factors with diagonal descending Grams, columns signed by their third moment"
     if rope:
         text = "per RoPE plane: balanced norms, query columns orthogonal, signed" + (
@@ -268,12 +287,14 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
 
 
 def cond_qk(cfg: Config, p: Params) -> torch.Tensor | None:
-    if cfg.qk_norm != "none":
+    if cfg.qk_norm != "none" or not _applies("qk-gl", cfg):
         return None
     return _cond_gl(cfg, p, qk_pair, rope=cfg.pos == "rope")
 
 
-def cond_vo(cfg: Config, p: Params) -> torch.Tensor:
+def cond_vo(cfg: Config, p: Params) -> torch.Tensor | None:
+    if not _applies("vo-gl", cfg):
+        return None
     return _cond_gl(cfg, p, vo_pair, rope=False)
 
 
@@ -281,14 +302,27 @@ def _cond_gl(cfg: Config, p: Params, pair, rope: bool) -> torch.Tensor:
     out = []
     r = _rest(cfg, rope)
     n = cfg.d_head - r
-    upper, strict = torch.triu_indices(n, n, 0), torch.triu_indices(n, n, 1)
     for layer in range(cfg.n_layers):
         for j in range(cfg.n_kv_heads):
             x, y = pair(cfg, p, layer, j)
-            for a, b in rope_planes(cfg) if rope else []:
-                out.append((x[:, a] @ x[:, a] + x[:, b] @ x[:, b] - y[:, a] @ y[:, a] - y[:, b] @ y[:, b])[None])
-                out.append((x[:, a] @ x[:, b])[None])
+            out += plane_conditions(x, y, rope_planes(cfg) if rope else [])
             if n:
-                gx, gy = x[:, r:].T @ x[:, r:], y[:, r:].T @ y[:, r:]
-                out += [(gx - gy)[upper[0], upper[1]], gx[strict[0], strict[1]]]
+                out += balanced_conditions(x[:, r:], y[:, r:])
     return torch.cat(out)
+
+
+def plane_conditions(x: torch.Tensor, y: torch.Tensor, planes) -> list[torch.Tensor]:
+    """Per RoPE plane (a, b): ‖x_a‖² + ‖x_b‖² = ‖y_a‖² + ‖y_b‖² and x_a ⊥ x_b — two conditions."""
+    out = []
+    for a, b in planes:
+        out.append((x[:, a] @ x[:, a] + x[:, b] @ x[:, b] - y[:, a] @ y[:, a] - y[:, b] @ y[:, b])[None])
+        out.append((x[:, a] @ x[:, b])[None])
+    return out
+
+
+def balanced_conditions(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """XᵀX = YᵀY (upper triangle) and XᵀX diagonal (strict upper triangle): e² conditions."""
+    n = x.shape[1]
+    upper, strict = torch.triu_indices(n, n, 0), torch.triu_indices(n, n, 1)
+    gx, gy = x.T @ x, y.T @ y
+    return [(gx - gy)[upper[0], upper[1]], gx[strict[0], strict[1]]]

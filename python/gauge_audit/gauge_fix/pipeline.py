@@ -30,10 +30,11 @@ import torch
 from ..actions import Element, composite
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
+from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..numeric import compare
 from ..runtime import eps, one_thread
-from . import ffn, heads, qk_norm, stream
+from . import ffn, heads, mla, qk_norm, stream
 from .base import Context, Params, StepRecord, rounding_kappa
 
 # (step, the fix, {nullity family: its condition function}) in pipeline order
@@ -59,12 +60,20 @@ STEPS: tuple = (
     ),
     ("ln-writer-ones", stream.fix_writer_ones, {"ln-writer-ones": stream.cond_writer_ones}),
     ("stream-rotation", stream.fix_stream_rotation, {"stream-rotation": stream.cond_stream_rotation}),
+    ("latent-norm-scale", mla.fix_latent_norm_scale, {"latent-norm-scale": mla.cond_latent_norm_scale}),
+    ("latent-rotation", mla.fix_latent_rotation, {"latent-rotation": mla.cond_latent_rotation}),
     ("head-perm", heads.fix_head_perm, {}),
+    ("mla-head-perm", mla.fix_mla_head_perm, {}),
     ("expert-perm", ffn.fix_expert_perm, {}),
     ("ffn-perm", ffn.fix_ffn_perm, {}),
     ("qk-gl", heads.fix_qk, {"qk-gl": heads.cond_qk}),
     ("qk-norm-scale", qk_norm.fix_qk_norm, {"qk-norm-scale": qk_norm.cond_qk_norm}),
     ("vo-gl", heads.fix_vo, {"vo-gl": heads.cond_vo}),
+    # the shared-key commutant before the per-head GLs: its phase decision is then taken before any
+    # dense element, at the same threshold in every run of blocks (compare by runs)
+    ("mla-rope-commutant", mla.fix_rope, {"mla-rope-commutant": mla.cond_rope}),
+    ("mla-nope-gl", mla.fix_nope, {"mla-nope-gl": mla.cond_nope}),
+    ("mla-vo-gl", mla.fix_mla_vo, {"mla-vo-gl": mla.cond_mla_vo}),
     ("scaling", ffn.fix_scaling, {"relu-scaling": ffn.cond_scaling, "swiglu-scaling": ffn.cond_scaling}),
 )
 
@@ -75,7 +84,7 @@ def conditions(cfg: Config, params: Params) -> dict[str, torch.Tensor]:
     out = {}
     for _, _, conds in STEPS:
         for family, fn in conds.items():
-            if family.endswith("-scaling") and family != f"{ffn.scaling_action(cfg)}":
+            if family.endswith("-scaling") and family != ffn.scaling_family(cfg):
                 continue
             c = fn(cfg, params)
             if c is not None and c.numel():
@@ -127,10 +136,31 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
                 "not fixed",
             )
         )
+    if isinstance(cfg, DeepseekConfig):
+        return out + _deepseek_unfixed(cfg)
     if cfg.experts and cfg.top_k == 1:
         out.append(
             ("router-top1", "top-1 routing: every router weight is locally flat; only the router offset is fixed")
         )
+    return out
+
+
+def _deepseek_unfixed(cfg: DeepseekConfig) -> list[tuple[str, str]]:
+    """DeepSeek's families that are no group action (or only one at ε = 0)."""
+    out = []
+    moe = cfg.experts and any(cfg.moe_layer(i) for i in range(cfg.n_layers))
+    if moe and cfg.router == "sigmoid":
+        out.append(
+            (
+                "router-bias-selection",
+                "the score-correction bias only selects experts: locally flat where the selection is constant, "
+                "no group action, not fixed",
+            )
+        )
+        if cfg.top_k == 1 and cfg.router_renorm:
+            out.append(("router-top1", "top-1 routing with renormalised gates: every router weight only selects"))
+    if cfg.latent_eps == 0:
+        out.append(("latent-input-scale", "a symmetry only at latent norm ε = 0: not fixed"))
     return out
 
 
@@ -262,7 +292,7 @@ def storage_dtype_of(params: Params) -> torch.dtype:
     return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
 
 
-PERMUTATIONS = ("head-perm", "expert-perm", "ffn-perm")
+PERMUTATIONS = ("head-perm", "mla-head-perm", "expert-perm", "deepseek-expert-perm", "ffn-perm", "deepseek-ffn-perm")
 
 
 def canonicalize(

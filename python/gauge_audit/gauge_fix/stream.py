@@ -21,7 +21,7 @@ from ..actions.offsets import LN, absorbed_shift_norms, ln_writers, offset_table
 from ..actions.strata import spread
 from ..actions.stream import norm_readers
 from ..models.config import Config
-from .base import SIGN_SENSITIVITY, Context, Decision, Params, ones_basis, procrustes, signs
+from .base import Context, Decision, Params, gram_axes, ones_basis
 
 
 def _applies(action: str, cfg: Config) -> bool:
@@ -208,21 +208,28 @@ def fix_router_offset(ctx: Context) -> None:
     Reachable: c = −W_router·1 / E (router-offset adds c to every column).  Unique: translation.
     Invariant under the stream rotation (C⁻¹·W·1 = 0) and expert permutations."""
     cfg, p = ctx.cfg, ctx.params
-    if not cfg.experts:
+    if not _applies("router-offset", cfg):
         return
-    c = torch.stack([-p[f"blocks.{i}.moe.W_router"].sum(1) / cfg.experts for i in range(cfg.n_layers)])
+    c = torch.zeros(cfg.n_layers, cfg.d_model, dtype=torch.float64)
+    for i in _routed(cfg, p):
+        c[i] = -p[f"blocks.{i}.moe.W_router"].sum(1) / cfg.experts
     ctx.apply("router-offset", "router-offset", Element({"c": c}, 1.0), "W_router·1 = 0 in every MoE block")
 
 
+def _routed(cfg: Config, p: Params) -> list[int]:
+    """The blocks with a router (DeepSeek's first blocks have a dense FFN instead)."""
+    return [i for i in range(cfg.n_layers) if f"blocks.{i}.moe.W_router" in p]
+
+
 def cond_router_offset(cfg: Config, p: Params) -> torch.Tensor | None:
-    if not cfg.experts:
+    if not _applies("router-offset", cfg):
         return None
     out = []
-    for i in range(cfg.n_layers):
+    for i in _routed(cfg, p):
         s = p[f"blocks.{i}.moe.W_router"].sum(1)
         basis = _router_basis(cfg, p, i)
         out.append(s if basis is None else basis.T @ s)
-    return torch.cat(out)
+    return torch.cat(out) if out else None
 
 
 # ----------------------------------------------------------------------------- 5 embed-offset
@@ -422,29 +429,8 @@ def fix_stream_rotation(ctx: Context) -> None:
     if not rotates(cfg) or ctx.reuse("stream-rotation"):
         return
     u = _rotation_basis(cfg)
-    x = p["embed.W_E"] @ u
-    decisions = []
-    if ctx.reference is not None:
-        q = procrustes(x, ctx.reference["embed.W_E"] @ u)
-        sv = torch.linalg.svdvals(x.T @ (ctx.reference["embed.W_E"] @ u))
-        decisions.append(
-            Decision.of(
-                "match", "stream rotation (Procrustes to the reference)", float(sv[-1] / sv[0]), ctx.threshold(2.0)
-            )
-        )
-    else:
-        lam, vec = torch.linalg.eigh(x.T @ x)
-        lam, vec = lam.flip(0), vec.flip(1)
-        s, margin = signs(x @ vec, dim=0)
-        q = vec * s
-        top = float(lam[0]) if float(lam[0]) > 0 else 1.0
-        spread = float((x * x).sum()) / top
-        decisions += [
-            Decision.of(
-                "spectrum", "embedding Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, ctx.threshold(2.0 * spread)
-            ),
-            Decision.of("sign", "stream axes", margin, ctx.threshold(SIGN_SENSITIVITY)),
-        ]
+    ref = ctx.reference["embed.W_E"] @ u if ctx.reference is not None else None
+    q, decisions = gram_axes(ctx, p["embed.W_E"] @ u, ref, "stream rotation (embedding)")
     r = u @ q @ u.T
     if cfg.norm in LN:
         r = r + 1.0 / cfg.d_model

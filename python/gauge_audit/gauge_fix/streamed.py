@@ -52,7 +52,12 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
         if any(set(el.parts) != set(first.parts) for _, el in runs):
             return None
         parts = {k: torch.cat([el.parts[k] for _, el in runs]) for k in first.parts}
-        kappa = scaling_kappa(parts["s"]) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
+        if action.endswith("-scaling"):
+            kappa = scaling_kappa(parts["s"])
+        elif action == "latent-norm-scale":  # the extreme ratio per latent, over every layer
+            kappa = max(scaling_kappa(t) for t in parts.values())
+        else:
+            kappa = max(el.kappa for _, el in runs)
         return Element(parts, kappa, first.note)
     if layout == "norms":  # keyed by the norm's name; the outer norms as the first run has them
         keys = list(first.parts)
@@ -65,7 +70,8 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
                 if b is not None:
                     inner[_renumbered(k, b, b + lo)] = t
         parts = {**outer, **inner} if lead else {**inner, **outer}
-        return Element(parts, max(el.kappa for _, el in runs), first.note)
+        kappa = scaling_kappa(list(parts.values())) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
+        return Element(parts, kappa, first.note)
     return None  # "whole": couples blocks
 
 
