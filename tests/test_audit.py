@@ -54,6 +54,24 @@ def test_context_measures_each_torch_check_once():
     assert ctx.check("llama-tiny-gqa", "qk-gl").to_json() != first.to_json()
 
 
+def test_context_checks_real_checkpoints_on_fewer_sequences(monkeypatch):
+    """The default audit runs a real checkpoint on REAL_SEQUENCES sequences (its forwards are most
+    of the audit's time), --full and every other model on the four of Model.sample_inputs."""
+    from gauge_audit.audit import checkers
+    from gauge_audit.models import build
+
+    seen: list = []
+    monkeypatch.setattr(checkers, "check", lambda model, action, inputs, seed: seen.append(inputs))
+    tiny = build("llama-tiny")  # stands in for the checkpoint: only the inputs are looked at
+    for name, full in (("smollm2", False), ("smollm2", True), ("llama-tiny", False)):
+        ctx = checkers.Context(seed=1, full=full)
+        ctx.models[name] = tiny
+        ctx.check(name, "qk-gl")
+    real, real_full, other = seen
+    assert real["tokens"].shape[0] == checkers.REAL_SEQUENCES < 4
+    assert real_full is None and other is None  # numeric.check draws its own four
+
+
 def test_catalog_audit_every_claim_decided_by_checkers(catalog_report):
     report, out = catalog_report
     catalog = load_catalog()

@@ -39,7 +39,11 @@ def register(sub) -> None:
     p.add_argument(
         "--force", action="store_true", help="replace an existing --out directory (once the new report is complete)"
     )
-    p.add_argument("--full", action="store_true", help="also run the heavy parts (large κ sweeps, larger nullity runs)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also run the heavy parts (large κ sweeps, larger nullity runs, 4 sequences per real checkpoint, not 2)",
+    )
     p.add_argument(
         "--fail-on", metavar="VERDICT", help=f"exit 1 if any claim gets this verdict ({', '.join(VERDICTS)})"
     )

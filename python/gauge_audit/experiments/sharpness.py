@@ -20,7 +20,6 @@ count as zero.  Invariant sharpness: min over the identity component of the per-
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
@@ -133,7 +132,6 @@ _CACHE: dict[int, dict] = {}
 def measure(seed: int = 0) -> dict:
     if seed in _CACHE:
         return _CACHE[seed]
-    t0 = time.process_time()
     cfg, theta, unflat, loss, n_out = setup(seed)
     H = hessian(loss, theta)
     grad = torch.autograd.functional.jacobian(loss, theta)
@@ -181,7 +179,6 @@ def measure(seed: int = 0) -> dict:
         "invariant_from_theta": s0,
         "invariant_from_g_theta": s1,
         "iterations": [it0, it1],
-        "cpu_s": time.process_time() - t0,
         "parameters": P,
         "outputs": n_out,
     }

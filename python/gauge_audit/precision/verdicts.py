@@ -40,6 +40,13 @@ class PrecisionVerdict:
         return "\n".join(out)
 
 
+@functools.lru_cache(maxsize=16)
+def certificate(rule: str, seed: int):
+    """``certify_rule(rule, seed=seed)``, computed once per process: ln-affine-rotation and
+    ln-reviewer-no-fix both certify the paper's stream rotation (treat it as read-only)."""
+    return certify_rule(rule, seed=seed)
+
+
 def _res(r) -> str:
     return ", ".join(f"dps {x.dps}: {x.residual:.2e}" for x in r.residuals)
 
@@ -61,7 +68,7 @@ def _holds_claim(claim: str, action: str, model: str | None = None):
 
 def _certified_false(claim: str, rule: str, corrected: str):
     def run(seed: int) -> PrecisionVerdict:
-        c = certify_rule(rule, seed=seed)
+        c = certificate(rule, seed)
         return PrecisionVerdict(
             claim,
             FAILS if c.excludes_zero else "INCONCLUSIVE",
@@ -75,7 +82,7 @@ def _certified_false(claim: str, rule: str, corrected: str):
 
 
 def _value_g3(seed: int) -> PrecisionVerdict:
-    c = certify_rule("value-g3-eq-g0", seed=seed)
+    c = certificate("value-g3-eq-g0", seed)
     rows = value_g3_residuals(seed=seed)
     return PrecisionVerdict(
         "value-g3-eq-g0",
@@ -89,7 +96,7 @@ def _value_g3(seed: int) -> PrecisionVerdict:
 
 def _ln_affine(seed: int) -> PrecisionVerdict:
     ref = referee_test(seed=seed)
-    c = certify_rule("stream-rotation-paper", seed=seed)
+    c = certificate("stream-rotation-paper", seed)
     paper_fails = c.excludes_zero and ref.paper_rel > 1e-3
     fixed = ref.corrected_rel <= 10.0 ** (10 - ref.dps)
     verdict = HOLDS if not paper_fails else (HWC if fixed else FAILS)
@@ -104,7 +111,7 @@ def _ln_affine(seed: int) -> PrecisionVerdict:
 
 
 def _reviewer_no_fix(seed: int) -> PrecisionVerdict:
-    c = certify_rule("stream-rotation-paper", seed=seed)
+    c = certificate("stream-rotation-paper", seed)
     fixed = check_action("stream-rotation", "gpt2-tiny", seed=seed)
     if not c.excludes_zero:
         verdict = FAILS
@@ -144,7 +151,7 @@ def _rmsnorm(seed: int) -> PrecisionVerdict:
 def _with_contrast(claim: str, action: str, model: str, rule: str):
     def run(seed: int) -> PrecisionVerdict:
         r = check_action(action, model, seed=seed)
-        c = certify_rule(rule, seed=seed)
+        c = certificate(rule, seed)
         ok = r.verdict == HOLDS and c.excludes_zero
         return PrecisionVerdict(
             claim,
@@ -159,7 +166,7 @@ def _with_contrast(claim: str, action: str, model: str, rule: str):
 
 def _relu(seed: int) -> PrecisionVerdict:
     r = check_action("relu-scaling", seed=seed)
-    c = certify_rule("gelu-scaling", seed=seed)
+    c = certificate("gelu-scaling", seed)
     return PrecisionVerdict(
         "relu-forces-identity",
         FAILS if r.verdict == HOLDS else HOLDS,
