@@ -226,7 +226,9 @@ def torch(claim: Claim, ctx: Context) -> Evidence:
         return Evidence("torch", HOLDS, summary, details)
     if len(measured) > 1:
         return Evidence("torch", UNDECIDED, f"{claim.action} holds on some models and fails on others", details)
-    bad = worst if want == "HOLDS" else min(results, key=lambda r: r.max_rel_error)
+    # a rule that holds everywhere: the first model names it (the smallest residual would be
+    # picked by the processor's last bits, all of them being at the rounding level)
+    bad = worst if want == "HOLDS" else results[0]
     counter = (
         f"{bad.model}, seed {bad.seed}: {claim.action} changes the output by {bad.max_rel_error:.3e} relative"
         if want == "HOLDS"
