@@ -146,26 +146,29 @@ def _null_of_table(problem: Problem, names: list[str], fn: Callable[[dict], torc
 
 
 def _outside(vectors: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
-    """An orthonormal basis of the part of span(vectors) outside span(others) (both in ker J: so
-    is what is left).  Principal angles against the others' span: sin θ > 1e-6 counts as new."""
+    """Rows spanning a complement of span(others) ∩ span(vectors) in span(vectors): combinations
+    of the vectors, so exact wherever they are (orthonormal when the vectors are).  Principal
+    angles against the others' span: sin θ > 1e-6 counts as new."""
     if vectors.shape[0] == 0:
         return vectors
     stack = [o for o in others if o.shape[0]]
     if stack:
         O = torch.cat(stack)
         sup = (O != 0).any(0) | (vectors != 0).any(0)  # generators are sparse: work on their columns
-        q, r = torch.linalg.qr(O[:, sup].T)
-        keep = r.diagonal().abs() > 1e-10 * r.diagonal().abs().max()
-        q = q[:, keep]
+        # an orthonormal basis of the others' span from the SVD of their normalised rows (a QR
+        # without pivoting misjudges the rank of generators that are far from orthogonal)
+        On = O[:, sup] / torch.linalg.vector_norm(O[:, sup], dim=1, keepdim=True).clamp_min(1e-300)
+        _, so, vo = torch.linalg.svd(On, full_matrices=False)
+        q = vo[so > 1e-9 * so[0]].T
         res = vectors[:, sup] - (vectors[:, sup] @ q) @ q.T
     else:
         sup = (vectors != 0).any(0)
         res = vectors[:, sup]
-    u, s, vh = torch.linalg.svd(res, full_matrices=False)
-    new = vh[s > 1e-6]
-    out = torch.zeros(new.shape[0], vectors.shape[1], dtype=torch.float64)
-    out[:, sup] = new
-    return out
+    u, s, _ = torch.linalg.svd(res, full_matrices=False)
+    # the new directions as combinations of the given vectors (orthonormal coefficients U), not
+    # as the residuals themselves: those carry the projection's rounding on the others' span,
+    # amplified by 1/σ where the others' generators are far from orthogonal (wide readers)
+    return u[:, s > 1e-6].T @ vectors
 
 
 def token_table_families(problem: Problem, above: list[Family]) -> list[Family]:
@@ -214,8 +217,8 @@ def tied_table_dimension(d: int, vocab: int) -> int:
     n(W_E[t]) (block 0's readers and n₁ absorb an affine change, nothing else): with
     x_t = μ_t·1 + s_t·n_t, J_n(x_t)[x_t·A] = (μ_t/s_t)·(1·A·P − ⋯) + n_t·A·P − n_t·(n_t·A·n_tᵀ)/d,
     affine on the vocab points where 1·A·P = 0 (d − 1 conditions) and n_t·A·n_tᵀ is the same for
-    every token (vocab − 1).  That is also the most it can cost: an affine function of n_t is (d−1)·d numbers against the table's
-    (d−1)·vocab, so the conditions number min((d−1)·(vocab−d), (d−1) + (vocab−1)) — the first
+    every token (vocab − 1).  That is also the most it can cost: an affine function of n_t is
+    (d−1)·d numbers against the table's (d−1)·vocab, so the conditions number min((d−1)·(vocab−d), (d−1) + (vocab−1)) — the first
     just above d (vocab = d + 1: d − 1 conditions), the second from vocab ≥ d + 2 on.  Gone once
     vocab ≥ (d−1)(d−2)/2 + d + 2: a small-vocabulary family."""
     if vocab <= d:
