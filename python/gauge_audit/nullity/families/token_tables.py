@@ -164,11 +164,13 @@ def _outside(vectors: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
     else:
         sup = (vectors != 0).any(0)
         res = vectors[:, sup]
-    u, s, _ = torch.linalg.svd(res, full_matrices=False)
+    # left singular vectors of res from its Gram (k × k: the dense SVD of the wide res may fail
+    # to converge); σ > 1e-6 is σ² > 1e-12, far above the Gram's rounding (~ε·‖res‖²)
+    lam, u = torch.linalg.eigh(res @ res.T)
     # the new directions as combinations of the given vectors (orthonormal coefficients U), not
     # as the residuals themselves: those carry the projection's rounding on the others' span,
     # amplified by 1/σ where the others' generators are far from orthogonal (wide readers)
-    return u[:, s > 1e-6].T @ vectors
+    return u[:, lam > 1e-12].T @ vectors
 
 
 def token_table_families(problem: Problem, above: list[Family]) -> list[Family]:
