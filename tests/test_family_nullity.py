@@ -1,13 +1,17 @@
 """The nullity theory of the QK-norm (Qwen3: per head, shared weights; OLMo 2: full width), of
 normed sublayer outputs without pre-norms (OLMo 2) and of a partial rotary (Phi-3): at generic points
 the measured nullity of the Jacobian equals the explained dimension, family by family, on several
-configurations of each feature — and the pre-QK-norm theory (qk-gl) would over-count by a wide margin."""
+configurations of each feature — and the pre-QK-norm theory (qk-gl) would over-count by a wide margin.
+A tied GPT-NeoX whose parallel block 0 reads d_model < vocab points has tied-table-rotation, of the
+dimension its formula gives, and nothing unexplained at any vocab around it, tied or not, parallel
+or sequential."""
 
 from __future__ import annotations
 
 import pytest
 
-from gauge_audit.models import llama, olmo2, phi3, qwen3
+from gauge_audit.models import llama, neox, olmo2, phi3, qwen3
+from gauge_audit.nullity.families.token_tables import tied_table_dimension
 
 A = dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8)
 B = dict(d_model=8, n_heads=2, n_kv_heads=2, d_head=4, d_ff=7, n_ctx=4, vocab=11)
@@ -23,6 +27,49 @@ CONFIGS = {
     "llama-B-partial-rotary": lambda: llama.config(**B, n_layers=1, rotary_dim=2),
     "phi3-B-gqa-2layers-partial-rotary": lambda: phi3.config(**{**B, "n_heads": 4}, n_layers=2, rotary_dim=2),
 }
+
+
+# GPT-NeoX (parallel residual, LayerNorm, partial rotary) at small vocabularies; d_ff 32 lets block
+# 0's FFN set its stream table at will up to vocab 24 (the formula's regime)
+NX = dict(n_heads=2, n_kv_heads=2, d_head=4, d_ff=32, n_ctx=4, n_layers=1)
+NEOX = {
+    **{
+        f"neox-d8-v{v}-tied": (lambda v=v: neox.config(**NX, d_model=8, vocab=v, tied=True))
+        for v in (9, 11, 13, 16, 24)
+    },
+    "neox-d8-v11-untied": lambda: neox.config(**NX, d_model=8, vocab=11),
+    "neox-d8-v11-tied-sequential": lambda: neox.config(**NX, d_model=8, vocab=11, tied=True, parallel_residual=False),
+    "neox-d12-v16-tied": lambda: neox.config(**{**NX, "n_heads": 3, "n_kv_heads": 3}, d_model=12, vocab=16, tied=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEOX))
+def test_neox_small_vocab_measured_equals_explained(analyzed, name):
+    """Measured nullity = explained, nothing unexplained, every family at its formula; tied with a
+    parallel block 0, tied-table-rotation at (d−1)(d−2)/2 + 2d − min((d−1)(V−d), d+V−2)."""
+    cfg = NEOX[name]()
+    r = analyzed(cfg, seed=0)
+    ranks = {f.name: f.rank for f in r.families if f.flat}
+    print(f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, {ranks}")
+    assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6
+    assert r.generators_ok and r.overlap == 0 and r.genericity.clean
+    assert r.unexplained == 0, r.unexplained_blocks
+    assert r.measured_nullity == r.explained == sum(r.family_dims().values())
+    for f in r.families:
+        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+    if cfg.tied and cfg.parallel_residual:
+        assert ranks["tied-table-rotation"] == tied_table_dimension(cfg.d_model, cfg.vocab) > 0
+    else:  # untied, W_E's two roles are separate parameters; in sequence the FFN reads the attention
+        assert "tied-table-rotation" not in ranks
+
+
+def test_tied_table_dimension_counts_both_regimes():
+    """Just above d the affine condition on n₁ costs (d−1)·(V−d); from V = d + 2 on, 1·A·P = 0 and
+    n_t·A·n_tᵀ constant cost (d−1) + (V−1); gone at V ≥ (d−1)(d−2)/2 + d + 2."""
+    assert [tied_table_dimension(8, v) for v in (9, 10, 11, 13, 16, 24, 30, 31, 40)] == [30, 23, 20, 18, 15, 7, 1, 0, 0]
+    assert tied_table_dimension(12, 16) == 55 + 24 - 26
+    with pytest.raises(ValueError):
+        tied_table_dimension(8, 8)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

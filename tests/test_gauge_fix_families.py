@@ -62,7 +62,7 @@ TINY = {
     "gemma2-tiny": lambda: config_of("gemma2-tiny"),
 }
 # block-0 table families: flat directions of a finite table, not group actions (reported unfixed)
-TOKEN_TABLES = {"token-table-ffn", "token-table-scores", "token-table-values"}
+TOKEN_TABLES = {"token-table-ffn", "token-table-scores", "token-table-values", "tied-table-rotation"}
 UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
 
@@ -109,13 +109,18 @@ def test_condition_count_equals_explained_nullity(name):
 
 def test_token_table_families_are_reported_unfixed_where_the_theory_finds_them():
     """A parallel block 0 at vocab 11 (its FFN table: 352 numbers against 463 parameters) has a
-    token-table family and the pipeline reports it unfixed; at vocab 32 neither."""
-    for name, present in (("neox", True), ("neox-2layers-vocab32", False)):
-        cfg = SMALL[name]()
+    token-table family and the pipeline reports it unfixed; at vocab 32 neither.  Tied, the table
+    also lets W_E rotate (tied-table-rotation), reported unfixed as well."""
+    for name, present in (
+        ("neox", {"token-table-ffn"}),
+        ("neox-tied", {"token-table-ffn", "tied-table-rotation"}),
+        ("neox-2layers-vocab32", set()),
+    ):
+        cfg = neox.config(**S, n_layers=1, tied=True) if name == "neox-tied" else SMALL[name]()
         problem = make_problem(cfg, seed=0)
         found = {f.name for f in families(problem, genericity(problem))} & TOKEN_TABLES
-        reported = {f for f, _ in unfixed(cfg)}
-        assert found == reported == ({"token-table-ffn"} if present else set()), name
+        reported = {f for f, _ in unfixed(cfg)} & TOKEN_TABLES
+        assert found == reported == present, name
 
 
 # ----------------------------------------------------------------------------- canonical form

@@ -32,6 +32,7 @@ from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
 from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
+from ..nullity.families.token_tables import tied_table_dimension
 from ..numeric import compare
 from ..runtime import eps, one_thread
 from . import ffn, heads, mla, qk_norm, stream
@@ -136,6 +137,15 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
                 "not fixed",
             )
         )
+    if _tied_table(cfg):
+        out.append(
+            (
+                "tied-table-rotation",
+                f"tied, and block 0's table at the {cfg.vocab} vocab points re-solves for a moved W_E: "
+                "a stream rotation the tied final norm allows only through that table, no group action, "
+                "not fixed",
+            )
+        )
     if isinstance(cfg, DeepseekConfig):
         return out + _deepseek_unfixed(cfg)
     if cfg.experts and cfg.top_k == 1:
@@ -197,6 +207,19 @@ def _token_tables(cfg: Config) -> list[tuple[str, int, int]]:
         out.append(("token-table-scores", cfg.n_heads * v * v * pairs, count(qk)))
         out.append(("token-table-values", cfg.n_heads * v * d + (d if f"{attn}.b_O" in shapes else 0), count(vo)))
     return [(f, entries, params) for f, entries, params in out if entries < params]
+
+
+def _tied_table(cfg: Config) -> bool:
+    """Where the theory finds tied-table-rotation (:func:`~gauge_audit.nullity.families.token_tables.
+    tied_table_family`): a tied parallel block 0 under an affine LayerNorm reading d_model < vocab
+    points, where its dimension formula is positive (the formula's regime, an FFN that sets its stream
+    table at will, holds at every size the theory is measured at but the narrowest FFNs)."""
+    parallel = cfg.family != "attn" and cfg.norm_placement == "pre" and cfg.parallel_residual
+    if not (parallel and cfg.tied and cfg.norm == "layernorm" and cfg.pos != "learned" and not cfg.experts):
+        return False
+    if not cfg.d_model < cfg.vocab <= 4096:
+        return False
+    return tied_table_dimension(cfg.d_model, cfg.vocab) > 0
 
 
 @dataclass

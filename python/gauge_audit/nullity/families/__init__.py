@@ -40,7 +40,8 @@ Modules, by kind (imports point down this list):
 * :mod:`.deepseek` — multi-head latent attention and the sigmoid-routed MoE (DeepSeek-V3);
 * :mod:`.data` — directions created by the sample, not the architecture;
 * :mod:`.token_tables` — block-0 sublayers that read only the vocab points (a parallel
-  residual's FFN, OLMo 2's first attention): the null space of their finite table.
+  residual's FFN, OLMo 2's first attention): the null space of their finite table; tied, the
+  rotation a parallel block 0's table lets W_E take (tied-table-rotation).
 
 :func:`families` assembles them for one problem; :func:`theory` adds the sample's genericity.
 """

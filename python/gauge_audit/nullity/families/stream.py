@@ -240,7 +240,7 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
         return None
     if norm == "none":
         if tied:
-            gens = _skew_basis(torch.eye(d, dtype=torch.float64))
+            gens = skew_basis(torch.eye(d, dtype=torch.float64))
             name, formula = "stream-rotation", "d(d−1)/2"
         else:
             gens = []
@@ -251,10 +251,10 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
                     gens.append(a)
             name, formula = "stream-gl", "d²"
     elif norm in LN:
-        gens = _skew_basis(complement_of_ones(d).T)
+        gens = skew_basis(complement_of_ones(d).T)
         name, formula = "stream-rotation", "(d−1)(d−2)/2"
     else:
-        gens = _skew_basis(torch.eye(d, dtype=torch.float64))
+        gens = skew_basis(torch.eye(d, dtype=torch.float64))
         name, formula = "stream-rotation", "d(d−1)/2"
     R = Rows(layout)
     for a in gens:
@@ -270,7 +270,7 @@ def _stream_map_family(problem: Problem, readers: dict, writers: list[str]) -> F
     return make_family(layout, name, formula, len(gens), R, doc)
 
 
-def _skew_basis(u: torch.Tensor) -> list[torch.Tensor]:
+def skew_basis(u: torch.Tensor) -> list[torch.Tensor]:
     """U·(E_ab − E_ba)·Uᵀ for a < b: a basis of so(range U)."""
     m = u.shape[1]
     out = []

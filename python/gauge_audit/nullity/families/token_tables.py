@@ -29,7 +29,9 @@ from torch.func import jacfwd
 
 from ...models.layers import ffn, full_norm, head_norm, normalize, rope
 from ..measure import Problem
-from .base import Family, Rows, make_family
+from .base import LN, Family, Rows, complement_of_ones, make_family, null_rows
+from .readers import pre_norm_readers, pre_norm_writers, stream_map_vector
+from .stream import skew_basis
 
 
 def _finite_inputs(problem: Problem) -> torch.Tensor | None:
@@ -144,26 +146,31 @@ def _null_of_table(problem: Problem, names: list[str], fn: Callable[[dict], torc
 
 
 def _outside(vectors: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
-    """An orthonormal basis of the part of span(vectors) outside span(others) (both in ker J: so
-    is what is left).  Principal angles against the others' span: sin θ > 1e-6 counts as new."""
+    """Rows spanning a complement of span(others) ∩ span(vectors) in span(vectors): combinations
+    of the vectors, so exact wherever they are (orthonormal when the vectors are).  Principal
+    angles against the others' span: sin θ > 1e-6 counts as new."""
     if vectors.shape[0] == 0:
         return vectors
     stack = [o for o in others if o.shape[0]]
     if stack:
         O = torch.cat(stack)
         sup = (O != 0).any(0) | (vectors != 0).any(0)  # generators are sparse: work on their columns
-        q, r = torch.linalg.qr(O[:, sup].T)
-        keep = r.diagonal().abs() > 1e-10 * r.diagonal().abs().max()
-        q = q[:, keep]
+        # an orthonormal basis of the others' span from the SVD of their normalised rows (a QR
+        # without pivoting misjudges the rank of generators that are far from orthogonal)
+        On = O[:, sup] / torch.linalg.vector_norm(O[:, sup], dim=1, keepdim=True).clamp_min(1e-300)
+        _, so, vo = torch.linalg.svd(On, full_matrices=False)
+        q = vo[so > 1e-9 * so[0]].T
         res = vectors[:, sup] - (vectors[:, sup] @ q) @ q.T
     else:
         sup = (vectors != 0).any(0)
         res = vectors[:, sup]
-    u, s, vh = torch.linalg.svd(res, full_matrices=False)
-    new = vh[s > 1e-6]
-    out = torch.zeros(new.shape[0], vectors.shape[1], dtype=torch.float64)
-    out[:, sup] = new
-    return out
+    # left singular vectors of res from its Gram (k × k: the dense SVD of the wide res may fail
+    # to converge); σ > 1e-6 is σ² > 1e-12, far above the Gram's rounding (~ε·‖res‖²)
+    lam, u = torch.linalg.eigh(res @ res.T)
+    # the new directions as combinations of the given vectors (orthonormal coefficients U), not
+    # as the residuals themselves: those carry the projection's rounding on the others' span,
+    # amplified by 1/σ where the others' generators are far from orthogonal (wide readers)
+    return u[:, lam > 1e-12].T @ vectors
 
 
 def token_table_families(problem: Problem, above: list[Family]) -> list[Family]:
@@ -190,4 +197,149 @@ def token_table_families(problem: Problem, above: list[Family]) -> list[Family]:
         )
         exact.append(fam.vectors)
         out.append(fam)
-    return out
+    tied = tied_table_family(problem, [*above, *out])
+    return [*out, tied] if tied is not None else out
+
+
+def _rotation_basis(cfg) -> list[torch.Tensor]:
+    """The stream rotations every later norm admits: so(1^⊥) under a LayerNorm, so(d) else."""
+    d = cfg.d_model
+    return skew_basis(complement_of_ones(d).T if cfg.norm in LN else torch.eye(d, dtype=torch.float64))
+
+
+def tied_table_dimension(d: int, vocab: int) -> int:
+    """The dimension of tied-table-rotation (affine final norm, d < vocab) when block 0's FFN can
+    set its stream table at will (∂T/∂θ_FFN onto R^{vocab·d}), under an affine LayerNorm.
+
+    The stream table then follows any δW_E, so only the unembedding and n₁ constrain it.  The
+    unembedding (W_Eᵀ has full row rank d) asks δW_E = W_E·A with
+    A = D_γ·B·D_γ⁻¹ − D_{δγ/γ} + u⊗γ⁻¹: B in so(1^⊥) ((d−1)(d−2)/2), δγ (d) and u (d: the
+    ones direction the centring P leaves free, 1·P = 0); δβ =
+    −β·Aᵀ then always exists.  n₁ asks that the first-order change of n(W_E[t]) be affine in
+    n(W_E[t]) (block 0's readers and n₁ absorb an affine change, nothing else): with
+    x_t = μ_t·1 + s_t·n_t, J_n(x_t)[x_t·A] = (μ_t/s_t)·(1·A·P − ⋯) + n_t·A·P − n_t·(n_t·A·n_tᵀ)/d,
+    affine on the vocab points where 1·A·P = 0 (d − 1 conditions) and n_t·A·n_tᵀ is the same for
+    every token (vocab − 1).  That is also the most it can cost: an affine function of n_t is
+    (d−1)·d numbers against the table's (d−1)·vocab, so the conditions number min((d−1)·(vocab−d), (d−1) + (vocab−1)) — the first
+    just above d (vocab = d + 1: d − 1 conditions), the second from vocab ≥ d + 2 on.  Gone once
+    vocab ≥ (d−1)(d−2)/2 + d + 2: a small-vocabulary family."""
+    if vocab <= d:
+        raise ValueError("tied_table_dimension: the formula holds for vocab > d_model")
+    free = (d - 1) * (d - 2) // 2 + 2 * d
+    return max(0, free - min((d - 1) * (vocab - d), (d - 1) + (vocab - 1)))
+
+
+def tied_table_family(problem: Problem, above: list[Family]) -> Family | None:
+    """Tied embeddings and a parallel block 0 (see :func:`token_table_families`): W_E may move as
+    δW_E if block 0's table puts the stream back rotated and the unembedding takes the move.
+
+    The rest of the model sees W_E twice: through block 0's table (the projections n₁(W_E[t])·W
+    + b and the stream W_E[t] + FFN(n₂(W_E[t]))) and as the unembedding, logits = (n·D_γ + β)·W_Eᵀ
+    with n = n_f(x_L).  Take a stream rotation generator B (B·1 = 0 under a LayerNorm), applied
+    from block 0's attention output on (writers W·B, later readers and norms by the stream-map
+    rule), and δγ, δβ on the final norm.  The logits stay iff, for every n the final norm can
+    output (n ⊥ 1 under a LayerNorm: P the centring, else P = I),
+
+        P·[(B·D_γ + D_δγ)·W_Eᵀ + D_γ·δW_Eᵀ] = 0   and   δβ·W_Eᵀ + β·δW_Eᵀ = 0,
+
+    and the rest of block 0 stays iff its table moves by exactly the rotation of its stream:
+    ∂table/∂θ₀·δθ₀ + ∂table/∂W_E·δW_E = (0 on the projections, T·B on the stream T), θ₀ the
+    table's own parameters (block 0's readers, n₁, n₂, the FFN).  Every solution of these linear
+    conditions is an exact generator.  Untied, W_E's two roles are separate parameters (the
+    stream rotation and token-table-ffn hold them); tied, B must reconcile them and the
+    stream-rotation family is absent, so this one is what is left of it.
+
+    Counted: the solutions outside the span of the families above; where block 0's FFN can set
+    its stream table at will, :func:`tied_table_dimension` predicts that count."""
+    cfg, p, layout = problem.cfg, problem.params(), problem.layout
+    if not (cfg.tied and cfg.parallel_residual and cfg.norm_placement == "pre" and cfg.norm != "none"):
+        return None
+    tables = [t for t in _tables(problem) if t[0] == "FFN"]
+    if not tables:
+        return None
+    _, names, fn = tables[0]
+    E = p["embed.W_E"]
+    V, d = E.shape
+    sub = {n: p[n] for n in names} | {"embed.W_E": E}
+    jac = jacfwd(lambda s: fn(s).reshape(-1))(sub)
+    J_sub = torch.cat([jac[n].reshape(jac[n].shape[0], -1) for n in names], dim=1)
+    J_E = jac["embed.W_E"].reshape(-1, V * d)
+    T = fn(sub)[-V * d :].reshape(V, d)  # the stream table
+    rows = J_sub.shape[0]
+    gens = _rotation_basis(cfg)
+    gamma = p.get("ln_final.w", torch.ones(d, dtype=torch.float64))
+    beta = p.get("ln_final.b")
+    P = torch.eye(d, dtype=torch.float64) - 1.0 / d if cfg.norm in LN else torch.eye(d, dtype=torch.float64)
+    n_sub, n_e, n_b = J_sub.shape[1], V * d, len(gens)
+    n_g = d if "ln_final.w" in p else 0
+    n_beta = d if beta is not None else 0
+    # unknowns: δθ₀ | δW_E | B's coefficients | δγ | δβ
+    table = torch.zeros(rows, n_sub + n_e + n_b + n_g + n_beta, dtype=torch.float64)
+    table[:, :n_sub], table[:, n_sub : n_sub + n_e] = J_sub, J_E
+    for k, b in enumerate(gens):
+        table[rows - V * d :, n_sub + n_e + k] = -(T @ b).reshape(-1)
+    unemb = torch.zeros(d * V + (V if beta is not None else 0), table.shape[1], dtype=torch.float64)
+    eye_e = torch.eye(n_e, dtype=torch.float64).reshape(n_e, V, d)
+    # P·D_γ·δW_Eᵀ, column by column of δW_E
+    unemb[: d * V, n_sub : n_sub + n_e] = (P @ (gamma[:, None] * eye_e.transpose(1, 2))).reshape(n_e, -1).T
+    for k, b in enumerate(gens):
+        unemb[: d * V, n_sub + n_e + k] = (P @ b @ torch.diag(gamma) @ E.T).reshape(-1)
+    for i in range(n_g):
+        unemb[: d * V, n_sub + n_e + n_b + i] = (P[:, i : i + 1] @ E[:, i : i + 1].T).reshape(-1)
+    if beta is not None:
+        unemb[d * V :, n_sub : n_sub + n_e] = (eye_e @ beta).T  # β·δW_Eᵀ
+        unemb[d * V :, n_sub + n_e + n_b + n_g :] = E  # δβ·W_Eᵀ
+    # the two blocks of conditions in comparable units (the null space does not depend on it)
+    C = torch.cat([table / torch.linalg.matrix_norm(table), unemb / torch.linalg.matrix_norm(unemb)])
+    null = null_rows(C, C.shape[1])
+    if null.shape[0] == 0:
+        return None
+    readers = {
+        n: rs for n, rs in pre_norm_readers(cfg, p).items() if n not in ("blocks.0.ln1", "blocks.0.ln2", "ln_final")
+    }
+    writers = [
+        w for w in pre_norm_writers(cfg, p) if w not in ("embed.W_E", "blocks.0.mlp.W_out", "blocks.0.mlp.b_out")
+    ]
+    R = Rows(layout)
+    for z in null:
+        v = R.new()
+        B = sum(
+            (c * b for c, b in zip(z[n_sub + n_e : n_sub + n_e + n_b], gens)), torch.zeros(d, d, dtype=torch.float64)
+        )
+        stream_map_vector(problem, R, v, B, readers, writers)
+        col = 0
+        for n in names:
+            k = p[n].numel()
+            R.at(v, n).view(-1)[...] += z[col : col + k]
+            col += k
+        R.at(v, "embed.W_E").view(-1)[...] += z[n_sub : n_sub + n_e]
+        if n_g:
+            R.at(v, "ln_final.w")[...] = z[n_sub + n_e + n_b : n_sub + n_e + n_b + n_g]
+        if n_beta:
+            R.at(v, "ln_final.b")[...] = z[n_sub + n_e + n_b + n_g :]
+    new = _outside(R.matrix(), [f.vectors for f in above if f.kind != "eps-broken"])
+    if new.shape[0] == 0:
+        return None
+    out = Rows(layout)
+    out.rows = list(new)
+    # the FFN (with n₂) sets its stream table at will: the formula's regime
+    ffn = [i for i, n in enumerate(names) if n.startswith(("blocks.0.ln2.", "blocks.0.mlp."))]
+    cols = torch.cat([jac[names[i]].reshape(rows, -1)[rows - V * d :] for i in ffn], dim=1)
+    sv = torch.linalg.svdvals(cols)
+    onto = cfg.norm == "layernorm" and V > d and int((sv > 1e-10 * sv[0]).sum()) == V * d
+    if onto:
+        formula, expected = "(d−1)(d−2)/2 + 2d − min((d−1)(V−d), d+V−2)", tied_table_dimension(d, V)
+    else:
+        formula, expected = "null of its conditions − the families above", new.shape[0]
+    return make_family(
+        layout,
+        "tied-table-rotation",
+        formula,
+        expected,
+        out,
+        """Tied embeddings and a parallel block 0: W_E may move if block 0's table (the
+            projections of n₁(W_E[t]) and the stream W_E[t] + FFN(n₂(W_E[t]))) re-solves to the
+            same projections and a rotated stream T·B, and the unembedding takes the move with the
+            final norm (P·[(B·D_γ + D_δγ)·W_Eᵀ + D_γ·δW_Eᵀ] = 0, δβ·W_Eᵀ + β·δW_Eᵀ = 0): the
+            stream rotation that the tied final norm otherwise forbids (a small-vocabulary family).""",
+    )
