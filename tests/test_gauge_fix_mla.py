@@ -20,13 +20,18 @@ from torch.func import jvp
 
 from gauge_audit.actions import ACTIONS
 from gauge_audit.cli import main
-from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, conditions, function_check, unfixed
+from gauge_audit.gauge_fix import EQUIVALENT, canonicalize, compare, conditions, function_check, unfixed
 from gauge_audit.gauge_fix.comparison import relative_distances
 from gauge_audit.models import build_config, deepseek
 from gauge_audit.nullity.families import families
 from gauge_audit.nullity.measure import EPS64, genericity, make_problem
 from gauge_audit.numeric import HOLDS, check, tolerance
 from gauge_audit.runtime import generator
+from gauge_fix_cases import (
+    assert_independent_model_is_different,
+    assert_transformed_copy_survives_storage,
+    transformed,
+)
 
 # small configurations for the condition count (the nullity theory builds dense generators)
 _S = dict(d_model=6, n_heads=2, d_head=2, nope_dim=2, v_dim=2, kv_lora_rank=3, d_ff=6, moe_d_ff=3, vocab=12, n_ctx=8)
@@ -69,18 +74,11 @@ TINY = {
     "v3-plain-q-bias": lambda: deepseek.config(n_layers=2, q_lora_rank=0, attn_bias=True, out_bias=True, d_head=4),
     "v2-softmax": lambda: deepseek.config(n_layers=2, router="softmax", router_renorm=False),
 }
-UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
 
 @functools.cache
 def tiny(name: str, seed: int = 0):
     return build_config(TINY[name](), seed=seed, device="cpu", name=name)
-
-
-def _transformed(m, seed: int, kappa: float = 4.0):
-    act = ACTIONS["composite"]
-    el = act.sample(m.cfg, m.params, generator(seed), kappa)
-    return act.apply(m.cfg, m.params, el), el
 
 
 # ----------------------------------------------------------------------------- conditions = orbit dimension
@@ -134,7 +132,7 @@ def test_canonical_form_same_function_idempotent_and_orbit_invariant(name):
     s2 = max(float(t.abs().max()) for t in c.params.values()) ** 2
     worst = max(float(r.abs().max()) for r in conditions(cfg, c.params).values())
     # the same canonical form for g·θ, g a random element of every action that applies (rules only)
-    b, el = _transformed(m, seed=3)
+    b, el = transformed(m, seed=3)
     raw, _ = relative_distances(m.params, b)
     orbit, _ = relative_distances(c.params, canonicalize(cfg, b).params)
     tol_orbit, _ = tolerance(m, el.kappa * c.kappa, torch.float64, 16)
@@ -155,22 +153,7 @@ def test_canonical_form_same_function_idempotent_and_orbit_invariant(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_compare_transformed_copy_survives_storage(name, dtype):
-    """B = g·A stored in ``dtype``: EQUIVALENT, the invariant distance within the derived tolerance
-    and at the storage rounding level, and the element found maps A to B (its check HOLDS)."""
-    m = tiny(name)
-    b, el = _transformed(m, seed=11)
-    r = compare(m.cfg, m.params, m.cfg, {k: v.to(dtype) for k, v in b.items()})
-    u = UNIT[dtype]
-    print(
-        f"{name} {dtype}: raw {r.raw_distance:.3f}, invariant {r.invariant_distance / u:.3g} u, "
-        f"tolerance {r.tolerance / u:.3g} u; element κ {r.kappa:.3g}, ‖g·A − B‖/‖B‖ = {r.element_residual:.2e}"
-    )
-    assert r.verdict == EQUIVALENT and r.raw_distance >= 0.3
-    assert r.invariant_distance <= r.tolerance
-    assert r.invariant_distance <= el.kappa * 64 * u
-    n = max(m.cfg.d_model, m.cfg.d_ff)
-    assert r.element_residual <= r.kappa * (u + n * EPS64)
-    assert check(m, "composite", element=r.element).verdict == HOLDS
+    assert_transformed_copy_survives_storage(name, tiny(name), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -183,7 +166,7 @@ def test_compare_with_b_by_runs_equals_b_whole(name, dtype, monkeypatch):
 
     monkeypatch.setattr(response, "RUN_ENTRIES", 1)
     m = tiny(name)
-    b, _ = _transformed(m, seed=11)
+    b, _ = transformed(m, seed=11)
     stored = {k: v.to(dtype) for k, v in b.items()}
     calls = []
     by_runs = comparison.canonical_b_by_runs
@@ -208,10 +191,7 @@ def test_compare_with_b_by_runs_equals_b_whole(name, dtype, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_compare_independent_model_is_different(name):
-    a, b = tiny(name), tiny(name, seed=1)
-    r = compare(a.cfg, a.params, b.cfg, b.params, with_element=False)
-    print(f"{name}: invariant {r.invariant_distance:.3g} = {r.invariant_distance / r.tolerance:.3g}× the tolerance")
-    assert r.verdict == DIFFERENT and r.invariant_distance >= 1e6 * r.tolerance
+    assert_independent_model_is_different(name, tiny(name), tiny(name, seed=1))
 
 
 # ----------------------------------------------------------------------------- special points
