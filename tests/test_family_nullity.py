@@ -43,6 +43,17 @@ NEOX = {
 }
 
 
+def _assert_fully_explained(r) -> None:
+    """A well-resolved measurement (enough rows, a wide gap, generic weights) that the theory
+    explains exactly: measured = explained, nothing left over, every family at its formula."""
+    assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6
+    assert r.generators_ok and r.overlap == 0 and r.genericity.clean
+    assert r.unexplained == 0, r.unexplained_blocks
+    assert r.measured_nullity == r.explained == sum(r.family_dims().values())
+    for f in r.families:
+        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+
+
 @pytest.mark.parametrize("name", sorted(NEOX))
 def test_neox_small_vocab_measured_equals_explained(analyzed, name):
     """Measured nullity = explained, nothing unexplained, every family at its formula; tied with a
@@ -51,12 +62,7 @@ def test_neox_small_vocab_measured_equals_explained(analyzed, name):
     r = analyzed(cfg, seed=0)
     ranks = {f.name: f.rank for f in r.families if f.flat}
     print(f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, {ranks}")
-    assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6
-    assert r.generators_ok and r.overlap == 0 and r.genericity.clean
-    assert r.unexplained == 0, r.unexplained_blocks
-    assert r.measured_nullity == r.explained == sum(r.family_dims().values())
-    for f in r.families:
-        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+    _assert_fully_explained(r)
     if cfg.tied and cfg.parallel_residual:
         assert ranks["tied-table-rotation"] == tied_table_dimension(cfg.d_model, cfg.vocab) > 0
     else:  # untied, W_E's two roles are separate parameters; in sequence the FFN reads the attention
@@ -80,12 +86,7 @@ def test_measured_equals_explained(analyzed, name):
         f"{name}: P = {r.params}, measured {r.measured_nullity}, explained {r.explained}, gap {r.gap_ratio:.3g}; "
         + ", ".join(f"{f.name} {f.rank}" for f in r.families if f.flat)
     )
-    assert r.rows >= 3 * r.params and r.gap_ratio >= 1e6
-    assert r.generators_ok and r.overlap == 0 and r.genericity.clean
-    assert r.unexplained == 0, r.unexplained_blocks
-    assert r.measured_nullity == r.explained == sum(r.family_dims().values())
-    for f in r.families:
-        assert f.rank == f.expected, (f.name, f.rank, f.expected)
+    _assert_fully_explained(r)
     names = {f.name for f in r.families if f.flat}
     if cfg.qk_norm != "none":
         assert "qk-norm-scale" in names and "qk-gl" not in names
