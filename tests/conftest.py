@@ -197,7 +197,7 @@ def catalog_report(tmp_path_factory, audit_context):
     from gauge_audit.report import write
 
     catalog = load_catalog()
-    report = audit(list(catalog.values()), audit_context, progress=None)
+    report = audit(list(catalog.values()), audit_context, progress=None, jobs=2)  # as the CLI on 2 cores
     out = tmp_path_factory.mktemp("report")
     write(report, out)
     return report, out

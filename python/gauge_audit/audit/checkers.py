@@ -12,6 +12,7 @@ from typing import Any
 from .. import formal
 from ..actions import get_action
 from ..claims import Claim
+from ..errors import GaugeAuditError
 from ..experiments import EXPERIMENTS
 from ..models import Model, build, config_of, model_names
 from ..models.registry import REAL, UNTIED
@@ -37,6 +38,7 @@ class Context:
     lake: dict = field(default_factory=dict)  # cached `lake build` outcome
     cache: dict = field(default_factory=dict)  # checker-specific shared results (error study, ...)
     checks: dict = field(default_factory=dict)  # (model, action) -> the torch check at this seed
+    refused: dict = field(default_factory=dict)  # (model, action) -> why that check cannot run (its error)
 
     def model(self, name: str) -> Model:
         if name not in self.models:
@@ -47,6 +49,8 @@ class Context:
         """The torch check of ``action`` on model ``name`` at the run's seed, measured once per run:
         several claims name the same action (qk-gl on its own and as a corrected rule), and the
         check is deterministic in the seed (treat the result as read-only)."""
+        if (name, action) in self.refused:
+            raise GaugeAuditError(self.refused[name, action])
         if (name, action) not in self.checks:
             model = self.model(name)
             inputs = None
@@ -157,15 +161,35 @@ def _real_excluded(claim: Claim, used: list[str]) -> dict[str, str]:
     return out
 
 
-def torch(claim: Claim, ctx: Context) -> Evidence:
-    if (
+def _experiment(claim: Claim) -> bool:
+    """A catalog claim settled by an experiment (several actions, enumerations, losses); a user's
+    claim that happens to reuse the id is not."""
+    return (
         claim.id in EXPERIMENTS
         and not claim.action
         and claim.file.startswith("claims/")
         and "/examples/" not in claim.file
-    ):
-        # a catalog claim settled by an experiment (several actions, enumerations, losses); a user's
-        # claim that happens to reuse the id is not
+    )
+
+
+def torch_pairs(claim: Claim) -> list[tuple[str, str]] | None:
+    """The (model, action) checks :func:`torch` reads from :meth:`Context.check` for ``claim``
+    (its action, and its corrected action where the models admit it), so that they can be measured
+    ahead, elsewhere; None where the checker does other work (an experiment)."""
+    if _experiment(claim):
+        return None
+    if not claim.action:
+        return []
+    models = torch_models(claim)
+    pairs = [(m, claim.action) for m in models]
+    if claim.corrected_action:
+        fix = get_action(claim.corrected_action)
+        pairs += [(m, fix.name) for m in models if fix.applies(config_of(m)) is None]
+    return pairs
+
+
+def torch(claim: Claim, ctx: Context) -> Evidence:
+    if _experiment(claim):
         f = EXPERIMENTS[claim.id](ctx.seed, ctx.full)
         return Evidence(
             "torch",
@@ -281,7 +305,7 @@ def precision(claim: Claim, ctx: Context) -> Evidence:
     if claim.id in pv.CLAIMS:
         v = pv.claim_verdict(claim.id, seed=ctx.seed, full=ctx.full)
         if claim.id in pv.STUDY_CLAIMS:
-            ctx.cache["error_study"] = True  # the report plots it
+            ctx.cache["error_study"] = pv.study_for(ctx.seed, ctx.full)  # the report plots it (computed once)
         outcome = v.verdict if v.verdict in (HOLDS, FAILS, CORRECTED) else UNDECIDED
         counter = v.summary if outcome == FAILS else None
         return Evidence(

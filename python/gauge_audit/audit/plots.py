@@ -15,23 +15,32 @@ FIGURE_TITLES = {
 }
 
 
+def _plotted(key) -> bool:
+    """Is this ``Context.cache`` entry something the report plots (the error study, a nullity report)?"""
+    return key == "error_study" or (isinstance(key, tuple) and key[0] == "nullity")
+
+
+def report_state(cache: dict) -> dict:
+    """The entries of a ``Context.cache`` that the figures and tables below read (what a worker
+    process of the audit hands back)."""
+    return {k: v for k, v in cache.items() if _plotted(k)}
+
+
 def error_study_plot(ctx: Context) -> bytes | None:
     """The error-vs-κ plot of the float error study (if the audit ran it)."""
-    if not ctx.cache.get("error_study"):
+    study = ctx.cache.get("error_study")
+    if study is None:
         return None
     from ..precision.error_study import plot_study
-    from ..precision.verdicts import study_for
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "error_vs_kappa.png"
-        plot_study(study_for(ctx.seed, ctx.full), path)
+        plot_study(study, path)
         return path.read_bytes()
 
 
 def nullity_reports(ctx: Context) -> list:
-    return [
-        v for k, v in sorted(ctx.cache.items(), key=lambda kv: str(kv[0])) if isinstance(k, tuple) and k[0] == "nullity"
-    ]
+    return [v for k, v in sorted(ctx.cache.items(), key=lambda kv: str(kv[0])) if _plotted(k) and k != "error_study"]
 
 
 def nullity_spectra_plot(ctx: Context) -> bytes | None:

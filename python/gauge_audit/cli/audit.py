@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..audit.checkers import Context
 from ..audit.evidence import CORRECTED, FAILS, HOLDS, UNDECIDED
+from ..audit.parallel import MAX_JOBS, default_jobs
 from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
@@ -57,6 +58,14 @@ def register(sub) -> None:
         help="bound the whole run: checks not started within M minutes are NOT-RUN (and say so), "
         "the rule checkers' searches get at most what is left (default 0: no limit)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="worker processes for the checks (default 0: one per usable core, at most "
+        f"{MAX_JOBS}, when the claims repay it; 1: this process only); the report does not depend on it",
+    )
     p.set_defaults(func=run)
 
 
@@ -78,11 +87,14 @@ def run(args) -> int:
         if unknown:
             raise GaugeAuditError(f"unknown claim id(s): {', '.join(unknown)}")
         claims = [catalog[x] for x in wanted]
+    if args.jobs < 0:
+        raise GaugeAuditError("--jobs must be >= 0 (0: one per usable core)")
     refuse_existing(Path(args.out), args.force)  # before minutes of work, after the inputs' errors
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     keep_freed_memory()
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
-        report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None)
+        jobs = args.jobs or default_jobs(claims)
+        report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None, jobs=jobs)
     with reproducible():  # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)

@@ -85,3 +85,11 @@ def build(name: str, seed: int = 0, device: str = "auto", dtype: torch.dtype = t
         m.name = name
         return m
     return build_config(config_of(name), seed, device, dtype, name)
+
+
+def release(name: str) -> None:
+    """Drop the resident weights of a real checkpoint (``build`` reads them again): for a process
+    done with that checkpoint.  Nothing to do for the other models (their Model holds them)."""
+    base = UNTIED.get(name, name)
+    if base in ("smollm2", "gemma3"):
+        {"smollm2": smollm2, "gemma3": gemma3}[base].checkpoint().release()

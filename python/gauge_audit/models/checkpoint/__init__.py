@@ -147,6 +147,10 @@ class Checkpoint:
         self._resident: dict[str, torch.Tensor] = {}  # project-layout float64, for params(resident=True)
         self._validate()
 
+    def release(self) -> None:
+        """Forget the tensors kept by ``params(resident=True)`` (read again on the next access)."""
+        self._resident.clear()
+
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
         entries = self.source.entries
