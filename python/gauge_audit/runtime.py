@@ -132,3 +132,57 @@ def keep_freed_memory() -> None:
     mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
     mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never trim
     mallopt(-2, 64 << 20)  # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
+
+
+class Forked:
+    """``fn(*args)`` in a forked child process while the caller goes on (work that does not need
+    the caller's later state: on 2 cores it overlaps); :meth:`result` returns its value, which
+    travels back by value as a plain pickle, or raises its error.  Where the platform cannot fork
+    (or for CUDA work, which cannot be forked once initialised) it runs in :meth:`result` instead."""
+
+    def __init__(self, fn, *args, fork: bool = True):
+        import multiprocessing
+
+        self._fn, self._args, self._proc = fn, args, None
+        if fork and "fork" in multiprocessing.get_all_start_methods():
+            mp = multiprocessing.get_context("fork")
+            self._recv, send = mp.Pipe(duplex=False)
+            self._proc = mp.Process(target=_forked_main, args=(send, fn, args), daemon=True)
+            self._proc.start()
+            send.close()
+
+    def result(self):
+        import pickle
+
+        if self._proc is None:
+            return self._fn(*self._args)
+        try:
+            data = self._recv.recv_bytes()
+        except EOFError:
+            self._proc.join()
+            raise GaugeAuditError(
+                f"a helper process ended with exit code {self._proc.exitcode} before its work was done (out of memory?)"
+            ) from None
+        finally:
+            self._recv.close()
+        self._proc.join()
+        kind, value = pickle.loads(data)
+        if kind == "error":
+            raise GaugeAuditError(*value)
+        if kind == "crash":
+            raise RuntimeError(f"a helper process failed:\n{value}")
+        return value
+
+
+def _forked_main(send, fn, args) -> None:
+    import pickle
+    import traceback
+
+    try:
+        payload = ("ok", fn(*args))
+    except GaugeAuditError as exc:  # bad input: the caller reports it in one line per problem
+        payload = ("error", exc.lines)
+    except BaseException:
+        payload = ("crash", traceback.format_exc())
+    send.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    send.close()

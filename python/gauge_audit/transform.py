@@ -172,18 +172,40 @@ def write_tokenizer(ckpt, directory: Path) -> list[str]:
     return notes
 
 
-def certify_written(ckpt, cfg, directory: Path, kappa: float, written: dict) -> dict:
+def original_logits(ckpt, cfg) -> torch.Tensor:
+    """transformers' float64 logits of the original checkpoint on the certificate's inputs (the
+    half of :func:`certify_written` that needs nothing written)."""
+    from .reference import Reference, checkpoint_tensors
+
+    return Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), certificate_inputs(cfg))
+
+
+def certificate_ahead(ckpt, cfg, staging: Path, n_threads: int) -> tuple[list[str], torch.Tensor]:
+    """What a written checkpoint's certificate needs from the original alone — its tokenizer
+    written to ``staging`` (:func:`write_tokenizer`'s notes) and :func:`original_logits`, on
+    ``n_threads`` torch threads — for a helper process to compute while the caller canonicalises."""
+    from .runtime import threads
+
+    with threads(n_threads):
+        return write_tokenizer(ckpt, staging), original_logits(ckpt, cfg)
+
+
+def certify_written(
+    ckpt, cfg, directory: Path, kappa: float, written: dict, before: torch.Tensor | None = None
+) -> dict:
     """transformers' own model class evaluates the original checkpoint and the one written to
     ``directory`` (config.json + model.safetensors) in float64 on the recorded input set; the
     maximum relative change of the logits against κ·L·K·ε (worst case) and κ·λ·√(L·K)·ε
-    (statistical), ε that of the written dtype."""
+    (statistical), ε that of the written dtype.  ``before``: the original's logits, if computed
+    already (:func:`original_logits`)."""
     from .numeric import statistical_tolerance, verdict_for
-    from .reference import Reference, checkpoint_tensors, require_transformers
+    from .reference import Reference, require_transformers
 
     T = require_transformers()
     inputs = certificate_inputs(cfg)
     n = inputs["tokens"].shape[1]
-    before = Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), inputs)
+    if before is None:
+        before = original_logits(ckpt, cfg)
     out_hf = json.loads((Path(directory) / "config.json").read_text())
     stored = SafetensorsFile(Path(directory) / "model.safetensors")
     after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name, torch.float64), inputs)

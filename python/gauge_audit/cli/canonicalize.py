@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,9 +175,12 @@ def write_atomically(out: str, files: dict) -> None:
             write(tmp / fname)
 
 
-def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype: torch.dtype | None) -> dict:
+def write_canonical_checkpoint(
+    out: str, src: Source, canon, report: dict, dtype: torch.dtype | None, ahead: Ahead | None = None
+) -> dict:
     """The canonical form as a checkpoint of the input's own architecture (``transform``'s format
-    rules and certificate), with element.npz and report.json; atomically."""
+    rules and certificate), with element.npz and report.json; atomically.  ``ahead``: the
+    tokenizer and the original's reference logits, computed meanwhile by a helper process."""
     from ..models.checkpoint.writer import write_hf
     from ..transform import certify_written, write_tokenizer
 
@@ -183,20 +188,50 @@ def write_canonical_checkpoint(out: str, src: Source, canon, report: dict, dtype
     assert ckpt is not None  # called only for a source read from a checkpoint
     with atomic_dir(Path(out)) as tmp:
         written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
-        notes = write_tokenizer(ckpt, tmp)
+        before = None
+        if ahead is None:
+            notes = write_tokenizer(ckpt, tmp)
+        else:
+            notes, before = ahead.collect(tmp)
         cert = {
             "checkpoint": str(ckpt.path),
             "kappa": canon.kappa,
             "rounding_kappa": canon.rounding_kappa,
             "written": written,
             "notes": notes,
-            **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written),
+            **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written, before),
         }
         report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
         save_element(tmp / "element.npz", canon.element())
         (tmp / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
         (tmp / "certificate.json").write_text(json.dumps(cert, indent=2, sort_keys=True, default=float) + "\n")
     return cert
+
+
+class Ahead:
+    """The original checkpoint's tokenizer (converted from a GGUF vocabulary: seconds) and its
+    transformers reference logits, computed by a forked helper while this process canonicalises;
+    identical to computing them afterwards (the same code on the same threads)."""
+
+    def __init__(self, src: Source, n_threads: int):
+        from ..runtime import Forked
+        from ..transform import certificate_ahead
+
+        self.staging = Path(tempfile.mkdtemp(prefix="gauge-audit-tokenizer-"))
+        self.job = Forked(certificate_ahead, src.checkpoint, src.cfg, self.staging, n_threads)
+
+    def collect(self, directory: Path) -> tuple[list[str], torch.Tensor]:
+        """The notes and logits; the tokenizer's files moved into ``directory``."""
+        try:
+            notes, before = self.job.result()
+            for f in sorted(self.staging.iterdir()):
+                shutil.move(str(f), str(directory / f.name))
+            return notes, before
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def run(args) -> int:
@@ -213,10 +248,17 @@ def run(args) -> int:
     # float64 conversions, and the forwards of the function check and the certificate on a few
     # dozen tokens (the steps themselves run on one thread anyway)
     with model_threads(parameter_count(src.cfg)):
-        return _run(args, src, dtype)
+        # the certificate's parts that need only the original start now, beside the
+        # canonicalisation, on the threads chosen here
+        ahead = Ahead(src, torch.get_num_threads()) if args.out and src.checkpoint is not None else None
+        try:
+            return _run(args, src, dtype, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
 
 
-def _run(args, src: Source, dtype: torch.dtype | None) -> int:
+def _run(args, src: Source, dtype: torch.dtype | None, ahead: Ahead | None = None) -> int:
     t0 = time.perf_counter()
     canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0
@@ -228,7 +270,7 @@ def _run(args, src: Source, dtype: torch.dtype | None) -> int:
     report = {"model": src.label, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
     cert = None
     if args.out and src.checkpoint is not None:
-        cert = write_canonical_checkpoint(args.out, src, canon, report, dtype)
+        cert = write_canonical_checkpoint(args.out, src, canon, report, dtype, ahead)
     elif args.out:
         from safetensors.torch import save_file
 
