@@ -38,7 +38,7 @@ class Context:
     lake: dict = field(default_factory=dict)  # cached `lake build` outcome
     cache: dict = field(default_factory=dict)  # checker-specific shared results (error study, ...)
     checks: dict = field(default_factory=dict)  # (model, action) -> the torch check at this seed
-    refused: dict = field(default_factory=dict)  # (model, action) -> why that check cannot run (its error)
+    refused: dict = field(default_factory=dict)  # (model, action) -> why that check cannot run (its error's lines)
 
     def model(self, name: str) -> Model:
         if name not in self.models:
@@ -50,7 +50,7 @@ class Context:
         several claims name the same action (qk-gl on its own and as a corrected rule), and the
         check is deterministic in the seed (treat the result as read-only)."""
         if (name, action) in self.refused:
-            raise GaugeAuditError(self.refused[name, action])
+            raise GaugeAuditError(*self.refused[name, action])
         if (name, action) not in self.checks:
             model = self.model(name)
             inputs = None

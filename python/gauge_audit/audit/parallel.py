@@ -251,10 +251,9 @@ def _collect(claims, ctx: Context, workers, results, progress, ahead: Ahead) -> 
             raise RuntimeError(f"an audit worker process failed:\n{msg[1]}")
 
 
-def _worker(claims, seed, device, full, settings, deadline, max_minutes, units, results) -> None:
+def _worker(claims, seed, device, full, settings, deadline, max_minutes, units, out) -> None:
     claims = pickle.loads(claims)
-    send = results.put
-    results = _Sender(send)
+    results = _Sender(out)
     ctx = Context(seed=seed, device=device, full=full)
     ctx.cache.update(settings)
     keep_freed_memory()
@@ -270,11 +269,13 @@ def _worker(claims, seed, device, full, settings, deadline, max_minutes, units, 
 
 
 class _Sender:
-    def __init__(self, put):
-        self._put = put
+    """A worker's end of the results queue: every message a plain pickle (see :class:`_Pickler`)."""
+
+    def __init__(self, out):
+        self._out = out
 
     def put(self, msg: tuple) -> None:
-        self._put(_dumps(msg))
+        self._out.put(_dumps(msg))
 
 
 def _run_unit(unit: Unit, claims, ctx: Context, deadline, max_minutes, results) -> None:
@@ -287,7 +288,7 @@ def _run_unit(unit: Unit, claims, ctx: Context, deadline, max_minutes, results) 
             try:
                 results.put(("check", (m, a), ctx.check(m, a)))
             except GaugeAuditError as exc:
-                results.put(("refused", (m, a), str(exc)))
+                results.put(("refused", (m, a), exc.lines))
         # this unit was the checkpoint's only reader: free its weights for what comes next
         for m in {m for m, _ in unit.pairs}:
             ctx.models.pop(m, None)
