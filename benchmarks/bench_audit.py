@@ -16,7 +16,7 @@ import time
 import torch
 
 from gauge_audit.audit.checkers import Context
-from gauge_audit.audit.parallel import default_jobs
+from gauge_audit.audit.parallel import default_jobs, plan
 from gauge_audit.audit.plots import collect
 from gauge_audit.audit.run import audit
 from gauge_audit.claims import load_catalog
@@ -50,7 +50,8 @@ def run(full: bool, jobs: int) -> tuple[float, dict]:
 
 
 def main() -> None:
-    jobs = default_jobs(list(load_catalog().values()))
+    claims = list(load_catalog().values())
+    jobs = default_jobs(plan(claims), claims)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {jobs} worker process(es)")
     t_default, per = run(full=False, jobs=jobs)
     print(

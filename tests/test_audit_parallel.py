@@ -103,10 +103,11 @@ def test_plan_units_share_what_they_compute(monkeypatch):
 
 
 def test_default_jobs_one_for_small_work():
-    catalog = load_catalog([EXAMPLE])
-    assert parallel.default_jobs([catalog["example-relu-rescaling"]]) == 1
+    small = [load_catalog([EXAMPLE])["example-relu-rescaling"]]
+    assert parallel.default_jobs(parallel.plan(small), small) == 1
     cores = len(os.sched_getaffinity(0))
-    assert parallel.default_jobs(list(load_catalog().values())) == min(cores, parallel.MAX_JOBS)
+    claims = list(load_catalog().values())
+    assert parallel.default_jobs(parallel.plan(claims), claims) == min(cores, parallel.MAX_JOBS)
 
 
 def test_dead_worker_one_line_error(monkeypatch):

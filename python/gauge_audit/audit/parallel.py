@@ -151,15 +151,14 @@ def plan(claims: list[Claim]) -> Plan:
     return Plan(units + singles, assembled)
 
 
-def default_jobs(claims: list[Claim]) -> int:
-    """Worker processes for an audit of ``claims``: one per usable core (at most MAX_JOBS) when a
-    real checkpoint or a good number of steps is involved; 1 (this process alone) for a few small
-    steps, which would not repay starting the workers."""
+def default_jobs(p: Plan, claims: list[Claim]) -> int:
+    """Worker processes for an audit of ``claims`` (planned as ``p``): one per usable core (at most
+    MAX_JOBS) when a real checkpoint or a good number of steps is involved; 1 (this process alone)
+    for a few small steps, which would not repay starting the workers."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    p = plan(claims)
     heavy = any(u.label in REAL for u in p.units) or sum(len(c.checkers) for c in claims) >= 24
     return max(1, min(cores, MAX_JOBS, len(p.units))) if heavy else 1
 
@@ -176,9 +175,13 @@ def _start_method(device: str) -> str:
 def run(
     claims: list[Claim], ctx: Context, jobs: int, progress, deadline: float | None, max_minutes: float | None
 ) -> Ahead:
-    """Run the plan's units on ``jobs`` worker processes; fill ``ctx`` (checks, refusals, what the
-    report plots) and return the workers' evidence."""
+    """Run the plan's units on ``jobs`` worker processes (0: :func:`default_jobs`); fill ``ctx``
+    (checks, refusals, what the report plots) and return the workers' evidence — nothing where one
+    process is the choice (the caller runs every step itself)."""
     p = plan(claims)
+    jobs = jobs or default_jobs(p, claims)
+    if jobs <= 1:
+        return Ahead()
     mp: Any = multiprocessing.get_context(_start_method(ctx.device))  # (typeshed's BaseContext lacks Process)
     units, results = mp.Queue(), mp.Queue()
     for u in p.units:

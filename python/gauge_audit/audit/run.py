@@ -84,8 +84,8 @@ def audit(
 ) -> AuditReport:
     """``max_minutes`` (None: no limit) bounds the whole run: a check that would start after it
     is NOT-RUN and says so, and the rule checkers' searches get no more than what is left.
-    ``jobs`` > 1: the checks run on that many worker processes (:mod:`.parallel`) — the same
-    report, byte for byte."""
+    ``jobs`` > 1: the checks run on that many worker processes (:mod:`.parallel`; 0: one per
+    usable core where the claims repay it) — the same report, byte for byte."""
     # One intra-op thread throughout, phases that would choose more included (runtime's thread
     # policy): the checks are small operations, and the report must be byte-identical whatever
     # OMP_NUM_THREADS says.
@@ -101,7 +101,7 @@ def _audit(
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     if deadline is not None:
         ctx.cache[DEADLINE_KEY] = deadline
-    ahead = parallel.run(claims, ctx, jobs, progress, deadline, max_minutes) if jobs > 1 else parallel.Ahead()
+    ahead = parallel.run(claims, ctx, jobs, progress, deadline, max_minutes) if jobs != 1 else parallel.Ahead()
     for i, claim in enumerate(claims, 1):
         evidence = []
         for name in claim.checkers:

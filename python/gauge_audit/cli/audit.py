@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..audit.checkers import Context
 from ..audit.evidence import CORRECTED, FAILS, HOLDS, UNDECIDED
-from ..audit.parallel import MAX_JOBS, default_jobs
+from ..audit.parallel import MAX_JOBS
 from ..audit.run import audit
 from ..claims import load_catalog
 from ..errors import GaugeAuditError
@@ -93,8 +93,7 @@ def run(args) -> int:
     ctx = Context(seed=args.seed, device=args.device, full=args.full)
     keep_freed_memory()
     with _AuditBar(sum(len(c.checkers) for c in claims), args.quiet) as progress:
-        jobs = args.jobs or default_jobs(claims)
-        report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None, jobs=jobs)
+        report = audit(claims, ctx, progress=progress, max_minutes=args.max_minutes or None, jobs=args.jobs)
     with reproducible():  # the plots' data, in report.json: as reproducible as the audit
         plots, extras = collect(ctx)
     report.extras.update(extras)

@@ -176,7 +176,7 @@ def write_atomically(out: str, files: dict) -> None:
 
 
 def write_canonical_checkpoint(
-    out: str, src: Source, canon, report: dict, dtype: torch.dtype | None, ahead: Ahead | None = None
+    out: str, src: Source, canon, report: dict, dtype: torch.dtype | None, ahead: CertificateAhead | None = None
 ) -> dict:
     """The canonical form as a checkpoint of the input's own architecture (``transform``'s format
     rules and certificate), with element.npz and report.json; atomically.  ``ahead``: the
@@ -208,7 +208,7 @@ def write_canonical_checkpoint(
     return cert
 
 
-class Ahead:
+class CertificateAhead:
     """The original checkpoint's tokenizer (converted from a GGUF vocabulary: seconds) and its
     transformers reference logits, computed by a forked helper while this process canonicalises;
     identical to computing them afterwards (the same code on the same threads)."""
@@ -250,7 +250,7 @@ def run(args) -> int:
     with model_threads(parameter_count(src.cfg)):
         # the certificate's parts that need only the original start now, beside the
         # canonicalisation, on the threads chosen here
-        ahead = Ahead(src, torch.get_num_threads()) if args.out and src.checkpoint is not None else None
+        ahead = CertificateAhead(src, torch.get_num_threads()) if args.out and src.checkpoint is not None else None
         try:
             return _run(args, src, dtype, ahead)
         finally:
@@ -258,7 +258,7 @@ def run(args) -> int:
                 ahead.close()
 
 
-def _run(args, src: Source, dtype: torch.dtype | None, ahead: Ahead | None = None) -> int:
+def _run(args, src: Source, dtype: torch.dtype | None, ahead: CertificateAhead | None = None) -> int:
     t0 = time.perf_counter()
     canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0
