@@ -369,3 +369,22 @@ def test_smollm2_transform_loads_in_transformers_with_the_same_next_token(smol, 
     top2 = before.topk(2).values
     # not a rounding tie: the top-2 gap is far above the measured change of the logits
     assert float(top2[0] - top2[1]) > 1e3 * cert["max_rel_change"] * float(before.abs().max())
+
+
+def test_smollm2_tokenizer_is_the_one_autotokenizer_converts(tmp_path):
+    """The GGUF vocabulary's tokenizer is built by the class AutoTokenizer chooses, found from the
+    model type already read (AutoTokenizer parses the whole file again for it): the saved files
+    are byte for byte AutoTokenizer's."""
+    from gauge_audit.reference import _tokenizer, tokenizer
+
+    ckpt = smollm2.checkpoint()
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _tokenizer.cache_clear()
+    tokenizer(ckpt).save_pretrained(str(ours))
+    transformers.AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name).save_pretrained(
+        str(theirs)
+    )
+    names = sorted(p.name for p in ours.iterdir())
+    assert names == sorted(p.name for p in theirs.iterdir()) and "tokenizer.json" in names
+    for name in names:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name

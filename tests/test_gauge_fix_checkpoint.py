@@ -166,6 +166,41 @@ def test_canonicalize_checkpoint_writes_a_certified_checkpoint(tiny_hf, capsys, 
     assert main(["canonicalize", "--checkpoint", str(tiny_hf("qwen")), "--out", str(out)]) == 2  # exists
 
 
+def test_canonicalize_helpers_change_nothing(tiny_hf, capsys, tmp_path, monkeypatch):
+    """canonicalize --out computes the tokenizer, the original's outputs and the certificate in
+    helper processes: the files are byte for byte those of the same work done in this process
+    (report.json up to its timing)."""
+    import gauge_audit.cli.canonicalize as canon_cli
+
+    ckpt = str(tiny_hf("llama"))
+    assert main(["canonicalize", "--checkpoint", ckpt, "--out", str(tmp_path / "helpers")]) == 0
+    monkeypatch.setattr(canon_cli, "CertificateAhead", lambda *args, **kwargs: None)
+    assert main(["canonicalize", "--checkpoint", ckpt, "--out", str(tmp_path / "here")]) == 0
+    capsys.readouterr()
+    names = sorted(p.name for p in (tmp_path / "here").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "helpers").iterdir())
+    for name in names:
+        a, b = (tmp_path / d / name for d in ("helpers", "here"))
+        if name == "report.json":
+            ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+            assert ra.pop("seconds") > 0 and rb.pop("seconds") > 0
+            assert ra == rb and ra["function"]["verdict"] == "HOLDS"
+        else:
+            assert a.read_bytes() == b.read_bytes(), name
+
+
+def test_certificate_helper_ends_when_no_checkpoint_comes(tiny_hf):
+    """A canonicalisation that fails before writing closes the helpers: the certifying one, which
+    waits for the written checkpoint, ends with nothing (never a hang)."""
+    from gauge_audit.cli.canonicalize import CertificateAhead
+
+    src = load_source(str(tiny_hf("llama")), native=True, resident=False)
+    ahead = CertificateAhead(src, 1, 0)
+    ahead.close()
+    assert ahead.cert.result() is None
+    assert ahead.job.result()[1][0].shape[0] > 0  # the other helper's work was done all the same
+
+
 def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
     assert main(["compare", str(tiny_hf("llama")), str(tiny_hf("gpt2"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()

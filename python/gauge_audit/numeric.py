@@ -286,14 +286,17 @@ def compare(
     seed: int,
     relabel=None,
     special: Special | None = None,
+    original: tuple[torch.Tensor, dict | None] | None = None,
 ) -> CheckResult:
     """Run the original and the transformed parameters (both rounded to ``dtype``) on the same
     inputs and judge the change against the derived tolerances for an element of condition
     number ``kappa``.  ``relabel(layer, expert_indices)`` maps the transformed model's MoE expert
     labels back (None: unchanged); ``special``: the nearest special point of a contrast — why the
     prediction is HOLDS here (``expected_holds``), or, off it by a relative defect within the
-    tolerance, why the predicted failure cannot be resolved."""
-    y0, trace0 = reference_output(model, inputs, dtype)
+    tolerance, why the predicted failure cannot be resolved.  ``original``: the model's own
+    output and routing trace on ``inputs`` (:func:`reference_output`), computed already (by a
+    helper process: ``canonicalize --out``)."""
+    y0, trace0 = original if original is not None else reference_output(model, inputs, dtype)
     trace1: dict | None = {} if model.cfg.experts else None  # the router records its choices here
     with torch.no_grad():
         y1 = model.forward(cast(new, dtype=dtype), inputs, trace1).to(torch.float64)

@@ -550,15 +550,32 @@ def checkpoint_tensors(ckpt: Checkpoint, cfg: Config | None = None, params=None)
 
 def tokenizer(ckpt: Checkpoint):
     """The checkpoint's tokenizer: the HF tokenizer files, or the GGUF's own vocabulary."""
-    return _tokenizer(str(ckpt.path), ckpt.format)
+    return _tokenizer(str(ckpt.path), ckpt.format, str(ckpt.hf_config.get("model_type", "")))
+
+
+def _gguf_tokenizer_class(T, model_type: str):
+    """The tokenizer class ``AutoTokenizer`` chooses for a GGUF file of this model type, found
+    from the model type we already read.  ``AutoTokenizer`` itself parses the whole file again to
+    build a config only to look the class up (SmolLM2: 6.7 s against 0.4 s; Gemma 3 270M: 25 s
+    against 3.6 s; the saved files are the same, byte for byte).  Its own lookup where the type
+    is not in its table."""
+    from transformers.models.auto import tokenization_auto as ta
+
+    if model_type not in ta.TOKENIZER_MAPPING_NAMES:
+        return T.AutoTokenizer
+    name = ta.TOKENIZER_MAPPING_NAMES[model_type]
+    if isinstance(name, (tuple, list)):  # (slow, fast) in older tables
+        name = name[-1] or name[0]
+    return (ta.tokenizer_class_from_name(name) if name else None) or getattr(T, "TokenizersBackend", T.AutoTokenizer)
 
 
 @functools.lru_cache(maxsize=4)  # converting a GGUF vocabulary takes seconds
-def _tokenizer(path: str, fmt: str):
+def _tokenizer(path: str, fmt: str, model_type: str = ""):
     T = require_transformers()
     try:
         if fmt == "gguf":
-            return T.AutoTokenizer.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
+            cls = _gguf_tokenizer_class(T, model_type)
+            return cls.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
         return T.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise GaugeAuditError(f"{path}: no usable tokenizer ({str(exc).splitlines()[0]})") from None

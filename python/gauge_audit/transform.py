@@ -180,14 +180,22 @@ def original_logits(ckpt, cfg) -> torch.Tensor:
     return Reference(ckpt.arch, ckpt.hf_config, ckpt.cfg).forward(checkpoint_tensors(ckpt), certificate_inputs(cfg))
 
 
-def certificate_ahead(ckpt, cfg, staging: Path, n_threads: int) -> tuple[list[str], torch.Tensor]:
-    """What a written checkpoint's certificate needs from the original alone — its tokenizer
-    written to ``staging`` (:func:`write_tokenizer`'s notes) and :func:`original_logits`, on
-    ``n_threads`` torch threads — for a helper process to compute while the caller canonicalises."""
+def certificate_when_written(ckpt, cfg, request, sender, n_threads: int) -> dict | None:
+    """A written checkpoint's certificate (:func:`certify_written`), for a helper process started
+    before the checkpoint exists: it computes :func:`original_logits` first (on ``n_threads``
+    torch threads), then waits for ``request`` (a connection) to send the written directory, κ and
+    ``write_hf``'s record.  None if the request never comes (the caller closed ``sender``, its
+    end, which a forked helper closes at once: otherwise its own copy would keep it open)."""
     from .runtime import threads
 
+    sender.close()
     with threads(n_threads):
-        return write_tokenizer(ckpt, staging), original_logits(ckpt, cfg)
+        before = original_logits(ckpt, cfg)
+        try:
+            directory, kappa, written = request.recv()
+        except EOFError:
+            return None
+        return certify_written(ckpt, cfg, Path(directory), kappa, written, before)
 
 
 def certify_written(

@@ -176,11 +176,19 @@ def write_atomically(out: str, files: dict) -> None:
 
 
 def write_canonical_checkpoint(
-    out: str, src: Source, canon, report: dict, dtype: torch.dtype | None, ahead: CertificateAhead | None = None
+    out: str,
+    src: Source,
+    canon,
+    report: dict,
+    dtype: torch.dtype | None,
+    ahead: CertificateAhead | None = None,
+    check=None,
 ) -> dict:
     """The canonical form as a checkpoint of the input's own architecture (``transform``'s format
-    rules and certificate), with element.npz and report.json; atomically.  ``ahead``: the
-    tokenizer and the original's reference logits, computed meanwhile by a helper process."""
+    rules and certificate), with element.npz and report.json; atomically.  ``ahead``: the helper
+    processes that computed the tokenizer and the original's outputs meanwhile, and certify the
+    written file while this process runs ``check`` (the function check, given the original's
+    output or None; its result is the report's ``function``)."""
     from ..models.checkpoint.writer import write_hf
     from ..transform import certify_written, write_tokenizer
 
@@ -188,18 +196,24 @@ def write_canonical_checkpoint(
     assert ckpt is not None  # called only for a source read from a checkpoint
     with atomic_dir(Path(out)) as tmp:
         written = write_hf(tmp, ckpt, src.cfg, canon.params, dtype, progress=ticker("write", unit="tensor group"))
-        before = None
         if ahead is None:
             notes = write_tokenizer(ckpt, tmp)
+            if check is not None:
+                report["function"] = check(None)
+            certificate = certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written)
         else:
-            notes, before = ahead.collect(tmp)
+            ahead.certify(tmp, canon.rounding_kappa, written)  # the helper reads the written file now
+            notes, original = ahead.collect(tmp)
+            if check is not None:  # the canonical form's forward, beside the certificate's
+                report["function"] = check(original)
+            certificate = ahead.certificate()
         cert = {
             "checkpoint": str(ckpt.path),
             "kappa": canon.kappa,
             "rounding_kappa": canon.rounding_kappa,
             "written": written,
             "notes": notes,
-            **certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written, before),
+            **certificate,
         }
         report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
         save_element(tmp / "element.npz", canon.element())
@@ -208,29 +222,71 @@ def write_canonical_checkpoint(
     return cert
 
 
-class CertificateAhead:
-    """The original checkpoint's tokenizer (converted from a GGUF vocabulary: seconds) and its
-    transformers reference logits, computed by a forked helper while this process canonicalises;
-    identical to computing them afterwards (the same code on the same threads)."""
+def _original_ahead(ckpt, cfg, params, staging: Path, n_threads: int, seed: int, tokenizer: bool):
+    """The helper's half that needs only the original: its tokenizer written to ``staging`` (with
+    :func:`~gauge_audit.transform.write_tokenizer`'s notes; not without ``tokenizer``) and the
+    function check's output of the original
+    (:func:`~gauge_audit.gauge_fix.pipeline.original_output`)."""
+    from ..gauge_fix.pipeline import original_output
+    from ..runtime import threads
+    from ..transform import write_tokenizer
 
-    def __init__(self, src: Source, n_threads: int):
+    with threads(n_threads):
+        notes = write_tokenizer(ckpt, staging) if tokenizer else []
+        return notes, original_output(cfg, params, seed)
+
+
+class CertificateAhead:
+    """Two forked helpers, started before canonicalisation, so that only the canonical form's own
+    work is left once it is written: one converts the original's tokenizer (from a GGUF
+    vocabulary) and runs the function check's forward of the original; the other computes
+    transformers' float64 logits of the original, then waits for the written checkpoint and
+    certifies it.  Identical to computing these afterwards in this process (the same code on the
+    same threads).  Both are forked while this process holds little: the canonical form is never
+    counted in their resident sets."""
+
+    def __init__(self, src: Source, n_threads: int, seed: int, certify: bool = True):
+        import multiprocessing
+
         from ..runtime import Forked
-        from ..transform import certificate_ahead
+        from ..transform import certificate_when_written
 
         self.staging = Path(tempfile.mkdtemp(prefix="gauge-audit-tokenizer-"))
-        self.job = Forked(certificate_ahead, src.checkpoint, src.cfg, self.staging, n_threads)
+        self.job = Forked(_original_ahead, src.checkpoint, src.cfg, src.params, self.staging, n_threads, seed, certify)
+        self._send: object | None = None
+        self.cert = None
+        if certify:  # nothing is written without --out: the first helper alone
+            self._request, send = multiprocessing.Pipe(duplex=False)
+            self._send = send
+            self.cert = Forked(certificate_when_written, src.checkpoint, src.cfg, self._request, send, n_threads)
 
-    def collect(self, directory: Path) -> tuple[list[str], torch.Tensor]:
-        """The notes and logits; the tokenizer's files moved into ``directory``."""
-        try:
-            notes, before = self.job.result()
-            for f in sorted(self.staging.iterdir()):
-                shutil.move(str(f), str(directory / f.name))
-            return notes, before
-        finally:
-            self.close()
+    def certify(self, directory: Path, kappa: float, written: dict) -> None:
+        """Send the written checkpoint to the certifying helper."""
+        assert self._send is not None
+        self._send.send((str(directory), kappa, written))  # type: ignore[attr-defined]
+
+    def collect(self, directory: Path) -> tuple[list[str], tuple[torch.Tensor, dict | None]]:
+        """The notes and the original's function-check output; the tokenizer's files moved into
+        ``directory``."""
+        notes, original = self.job.result()
+        for f in sorted(self.staging.iterdir()):
+            shutil.move(str(f), str(directory / f.name))
+        return notes, original
+
+    def original(self) -> tuple[torch.Tensor, dict | None]:
+        """The original's function-check output (the helper's work when nothing is written)."""
+        return self.job.result()[1]
+
+    def certificate(self) -> dict:
+        assert self.cert is not None  # created with certify=True
+        cert = self.cert.result()
+        assert cert is not None  # certify() was called
+        return cert
 
     def close(self) -> None:
+        if self._send is not None:  # a helper still waiting for a checkpoint ends (EOF)
+            self._send.close()  # type: ignore[attr-defined]
+            self._send = None
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
@@ -250,7 +306,13 @@ def run(args) -> int:
     with model_threads(parameter_count(src.cfg)):
         # the certificate's parts that need only the original start now, beside the
         # canonicalisation, on the threads chosen here
-        ahead = CertificateAhead(src, torch.get_num_threads()) if args.out and src.checkpoint is not None else None
+        # (a checkpoint without --out: the original's function-check output alone, also beside the
+        # canonicalisation, and not held in this process beside the canonical form)
+        ahead = (
+            CertificateAhead(src, torch.get_num_threads(), args.seed, certify=bool(args.out))
+            if src.checkpoint is not None
+            else None
+        )
         try:
             return _run(args, src, dtype, ahead)
         finally:
@@ -262,16 +324,28 @@ def _run(args, src: Source, dtype: torch.dtype | None, ahead: CertificateAhead |
     t0 = time.perf_counter()
     canon = canonicalize(src.cfg, src.params, storage_dtype=src.storage_dtype)
     seconds = time.perf_counter() - t0
-    # the tolerance's κ: that of the dense steps (diagonal scalings such as the folding of norm
-    # weights do not amplify rounding, gauge_fix.base.DIAGONAL)
-    fn = function_check(
-        src.cfg, src.params, canon.params, canon.rounding_kappa, seed=args.seed, element=canon.element()
-    )
-    report = {"model": src.label, "seed": args.seed, "seconds": seconds, "function": fn, **canon.report()}
+    report = {"model": src.label, "seed": args.seed, "seconds": seconds, **canon.report()}
+
+    def check(original) -> dict:
+        # the tolerance's κ: that of the dense steps (diagonal scalings such as the folding of
+        # norm weights do not amplify rounding, gauge_fix.base.DIAGONAL)
+        return function_check(
+            src.cfg,
+            src.params,
+            canon.params,
+            canon.rounding_kappa,
+            seed=args.seed,
+            element=canon.element(),
+            original=original,
+        )
+
     cert = None
     if args.out and src.checkpoint is not None:
-        cert = write_canonical_checkpoint(args.out, src, canon, report, dtype, ahead)
-    elif args.out:
+        cert = write_canonical_checkpoint(args.out, src, canon, report, dtype, ahead, check)
+    else:
+        report["function"] = check(ahead.original() if ahead is not None else None)
+    fn = report["function"]
+    if cert is None and args.out:
         from safetensors.torch import save_file
 
         params = {k: v.to(dtype or torch.float64).contiguous() for k, v in canon.params.items()}

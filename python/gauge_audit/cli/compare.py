@@ -119,6 +119,7 @@ def run(args) -> int:
         seed=args.seed,
         storage_dtype_a=a.storage_dtype,
         storage_dtype_b=storage_b,
+        parallel=True,
     )
     e = max(eps(torch.float64), *(torch.finfo(getattr(torch, d)).eps for d in (r.storage_dtype_a, r.storage_dtype_b)))
     report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e, "eps": e}

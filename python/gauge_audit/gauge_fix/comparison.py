@@ -42,7 +42,7 @@ from ..actions.algebra import compose, inverse
 from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..runtime import one_thread
+from ..runtime import Forked, one_thread
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
 from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
@@ -247,14 +247,23 @@ def prepare(
     """Canonicalise model A and measure its rounding response, for :func:`compare`.
     ``storage_dtype``: the precision A was stored in (default: the coarsest dtype of ``params``;
     a checkpoint read into float64 passes its file's dtype)."""
+    ca = _canonical_a(cfg, params, probes, storage_dtype)
+    return Prepared(cfg, params, ca, _response_one_thread(cfg, params, ca, probes, seed))
+
+
+def _canonical_a(cfg: Config, params: Params, probes: int, storage_dtype: torch.dtype | None) -> Canonical:
     validate(cfg, params)
     if probes < 1:
         raise GaugeAuditError("probes must be >= 1")
     with one_thread():
-        ca = canonicalize_owned(
+        return canonicalize_owned(
             cfg, _float64(params), reference=None, storage_dtype=storage_dtype or storage_dtype_of(params)
         )
-        return Prepared(cfg, params, ca, rounding_response(cfg, params, ca, ca.params, probes, seed))
+
+
+def _response_one_thread(cfg: Config, params: Params, ca: Canonical, probes: int, seed: int) -> dict[str, float]:
+    with one_thread():
+        return rounding_response(cfg, params, ca, ca.params, probes, seed)
 
 
 def compare(
@@ -269,17 +278,26 @@ def compare(
     prepared: Prepared | None = None,
     storage_dtype_a: torch.dtype | None = None,
     storage_dtype_b: torch.dtype | None = None,
+    parallel: bool = False,
 ) -> Comparison:
     """Compare two models of the same architecture up to the whole symmetry group (see the module
     docstring).  Parameters may be in any floating dtype: that dtype is their storage precision,
     unless ``storage_dtype_a`` / ``storage_dtype_b`` say otherwise (checkpoints read into float64).
-    ``prepared``: A's side from :func:`prepare` (same A, reused)."""
+    ``prepared``: A's side from :func:`prepare` (same A, reused).  ``parallel``: A's rounding
+    probes in a forked helper process while this one canonicalises B (two cores: the probes are
+    most of the work); the same report (each probe's draws are seeded per tensor)."""
     same_architecture(cfg_a, cfg_b)
     validate(cfg_b, params_b)
     with one_thread():
         if prepared is None:
-            prepared = prepare(cfg_a, params_a, probes=probes, seed=seed, storage_dtype=storage_dtype_a)
-        elif prepared.params is not params_a:
+            ca = _canonical_a(cfg_a, params_a, probes, storage_dtype_a)
+            # forked once A's canonical form exists (the probes are measured against it); the
+            # helper shares its pages copy-on-write and only reads them
+            job = Forked(_response_one_thread, cfg_a, params_a, ca, probes, seed, fork=parallel)
+            return _compare(
+                Prepared(cfg_a, params_a, ca, {}), params_b, probes, seed, with_element, storage_dtype_b, job
+            )
+        if prepared.params is not params_a:
             raise GaugeAuditError("prepared is for another model A")
         return _compare(prepared, params_b, probes, seed, with_element, storage_dtype_b)
 
@@ -291,6 +309,7 @@ def _compare(
     seed: int,
     with_element: bool,
     storage_dtype_b: torch.dtype | None = None,
+    response_a: Forked | None = None,
 ) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     storage_b = storage_dtype_b or storage_dtype_of(params_b)
@@ -310,6 +329,8 @@ def _compare(
         inv, inv_groups = relative_distances(ca.params, cb.params, den)
         resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
     raw, raw_groups = relative_distances(params_a, params_b)
+    if response_a is not None:  # A's probes, done meanwhile (or now, where nothing was forked)
+        prep.response = response_a.result()
     resp_a = prep.response
     lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
     groups, ok = {}, True

@@ -33,7 +33,7 @@ from ..models import FAMILIES, Config, Model
 from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..nullity.families.token_tables import tied_table_dimension
-from ..numeric import compare
+from ..numeric import compare, reference_output
 from ..runtime import eps, one_thread
 from . import ffn, heads, mla, qk_norm, stream
 from .base import Context, Params, StepRecord, rounding_kappa
@@ -368,6 +368,25 @@ def canonicalize_owned(
     return Canonical(cfg, ctx.params, ctx.records, unfixed(cfg), storage_dtype)
 
 
+def _before_model(cfg: Config, before: Params, dtype: torch.dtype) -> Model:
+    # stored in another precision: converted block by block as the forward reads it, not as one
+    # more copy of the whole model
+    if isinstance(before, LazyParams):
+        before = before.cast(dtype)
+    elif any(v.dtype != dtype for v in before.values()):
+        before = LazyParams({k: tuple(v.shape) for k, v in before.items()}, before.__getitem__, dtype)
+    return Model("canonical", cfg, before, FAMILIES[cfg.family])
+
+
+def original_output(
+    cfg: Config, before: Params, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, dict | None]:
+    """The output (and MoE routing trace) of ``before`` that :func:`function_check` compares the
+    canonical form's against: the same computation, for a helper process to do ahead."""
+    model = _before_model(cfg, before, dtype)
+    return reference_output(model, model.sample_inputs(seed), dtype)
+
+
 def function_check(
     cfg: Config,
     before: Params,
@@ -376,24 +395,22 @@ def function_check(
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     element: Element | None = None,
+    original: tuple[torch.Tensor, dict | None] | None = None,
 ) -> dict:
     """Run both parameter sets on the same seeded inputs (:func:`gauge_audit.numeric.compare`):
     the max relative output change against the derived tolerances (worst case κ·L·K·ε,
     statistical κ·λ·√(L·K)·ε) and the verdict.  ``element``: the composite mapping ``before``
-    to ``after`` (:meth:`Canonical.element`), through which MoE expert labels are compared."""
-    # stored in another precision: converted block by block as the forward reads it, not as one
-    # more copy of the whole model
-    if isinstance(before, LazyParams):
-        before = before.cast(dtype)
-    elif any(v.dtype != dtype for v in before.values()):
-        before = LazyParams({k: tuple(v.shape) for k, v in before.items()}, before.__getitem__, dtype)
-    model = Model("canonical", cfg, before, FAMILIES[cfg.family])
+    to ``after`` (:meth:`Canonical.element`), through which MoE expert labels are compared.
+    ``original``: :func:`original_output` of ``before``, computed already."""
+    model = _before_model(cfg, before, dtype)
     relabel = None
     if element is not None:
         relabel_of = composite.ACTIONS[0].expert_relabel
         assert relabel_of is not None  # the composite relabels the experts its steps permute
         relabel = lambda layer, idx: relabel_of(element, layer, idx)  # noqa: E731
-    r = compare(model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel)
+    r = compare(
+        model, after, model.sample_inputs(seed), kappa, dtype, "canonical form", True, seed, relabel, original=original
+    )
     return {
         "max_rel_error": r.max_rel_error,
         "residual_eps": r.residual_eps,
