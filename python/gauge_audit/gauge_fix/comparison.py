@@ -266,6 +266,15 @@ def _response_one_thread(cfg: Config, params: Params, ca: Canonical, probes: int
         return rounding_response(cfg, params, ca, ca.params, probes, seed)
 
 
+def _a_side(
+    cfg: Config, params_a: Params, params_b: Params, ca: Canonical, probes: int, seed: int
+) -> tuple[dict[str, float], tuple[float, dict[str, float]]]:
+    """What needs A's canonical form but nothing of B's: A's rounding response, and the raw
+    distance (both models read once more), for a helper process while B is canonicalised."""
+    with one_thread():
+        return _response_one_thread(cfg, params_a, ca, probes, seed), relative_distances(params_a, params_b)
+
+
 def compare(
     cfg_a: Config,
     params_a: Params,
@@ -284,8 +293,9 @@ def compare(
     docstring).  Parameters may be in any floating dtype: that dtype is their storage precision,
     unless ``storage_dtype_a`` / ``storage_dtype_b`` say otherwise (checkpoints read into float64).
     ``prepared``: A's side from :func:`prepare` (same A, reused).  ``parallel``: A's rounding
-    probes in a forked helper process while this one canonicalises B (two cores: the probes are
-    most of the work); the same report (each probe's draws are seeded per tensor)."""
+    probes and the raw distance in a forked helper process while this one canonicalises B (two
+    cores: the probes are most of the work); the same report (each probe's draws are seeded per
+    tensor)."""
     same_architecture(cfg_a, cfg_b)
     validate(cfg_b, params_b)
     with one_thread():
@@ -293,7 +303,7 @@ def compare(
             ca = _canonical_a(cfg_a, params_a, probes, storage_dtype_a)
             # forked once A's canonical form exists (the probes are measured against it); the
             # helper shares its pages copy-on-write and only reads them
-            job = Forked(_response_one_thread, cfg_a, params_a, ca, probes, seed, fork=parallel)
+            job = Forked(_a_side, cfg_a, params_a, params_b, ca, probes, seed, fork=parallel)
             return _compare(
                 Prepared(cfg_a, params_a, ca, {}), params_b, probes, seed, with_element, storage_dtype_b, job
             )
@@ -309,7 +319,7 @@ def _compare(
     seed: int,
     with_element: bool,
     storage_dtype_b: torch.dtype | None = None,
-    response_a: Forked | None = None,
+    a_side: Forked | None = None,
 ) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     storage_b = storage_dtype_b or storage_dtype_of(params_b)
@@ -328,9 +338,10 @@ def _compare(
         cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_b)
         inv, inv_groups = relative_distances(ca.params, cb.params, den)
         resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
-    raw, raw_groups = relative_distances(params_a, params_b)
-    if response_a is not None:  # A's probes, done meanwhile (or now, where nothing was forked)
-        prep.response = response_a.result()
+    if a_side is not None:  # A's probes and the raw distance, done meanwhile (or now, where nothing was forked)
+        prep.response, (raw, raw_groups) = a_side.result()
+    else:
+        raw, raw_groups = relative_distances(params_a, params_b)
     resp_a = prep.response
     lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
     groups, ok = {}, True
