@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from gauge_audit import __version__
-from gauge_audit.cli import build_parser, main
+from gauge_audit.cli import SUBCOMMANDS, build_parser, main
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -137,3 +139,25 @@ def test_audit_refuses_existing_out_unless_force(tmp_path, capsys):
     capsys.readouterr()
     assert main(["audit", "--only", FAST_CLAIM, "--out", str(afile), "--quiet", "--force"]) == 2
     assert "not a directory" in capsys.readouterr().err and afile.read_text() == "x"
+
+
+def test_a_subcommand_imports_its_own_module_only():
+    """`gauge-audit CMD` registers CMD alone (the other commands bring the audit, the nullity theory
+    and SymPy: a second of every start); help and a typo still see every subcommand."""
+    code = (
+        "import sys; from gauge_audit.cli import main; "
+        "rc = main(['canonicalize', '--model', 'gpt2-tiny', '--json']); "
+        "print(sorted(m for m in ('sympy', 'gauge_audit.cli.audit', 'gauge_audit.nullity') if m in sys.modules)); "
+        "sys.exit(rc)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+    p = subprocess.run(
+        [sys.executable, "-c", "from gauge_audit.cli import main; main(['bogus'])"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and all(name in err[0] for name in SUBCOMMANDS)

@@ -196,3 +196,8 @@ def test_same_output_allows_rounding_digits_and_nothing_else():
     assert not same_output(shown, shown.replace("6.331e-16", "6.331e-13"))
     assert not same_output(shown, shown.replace("2.851", "-2.851"))
     assert not same_output(shown, shown + " extra")
+    # a residual in ε that prints without decimals is a measurement: within the factor, not exact
+    measured = "κ 10: 8 ε, κ 10000: 3.77e+03 ε, dps 100: 5.09e-100, 118 directions"
+    assert same_output(measured, "κ 10: 7 ε, κ 10000: 8.18e+03 ε, dps 100: 1.29e-99, 118 directions")
+    assert not same_output(measured, measured.replace("8 ε", "80 ε"))
+    assert not same_output(measured, measured.replace("118 directions", "119 directions"))

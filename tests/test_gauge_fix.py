@@ -86,10 +86,26 @@ def test_condition_count_equals_explained_nullity(name):
 
 
 # ----------------------------------------------------------------------------- canonical form
+@pytest.fixture(scope="module")
+def canonical(model):
+    """``canonical(name)`` -> canonicalize of the cached model, computed once for this module's
+    tests (deterministic; treat as read-only): SmolLM2's untied copy is a 155 GFLOP pass."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            m = model(name)
+            made[name] = canonicalize(m.cfg, m.params)
+        return made[name]
+
+    yield get
+    made.clear()
+
+
 @pytest.mark.parametrize("name", TINY)
-def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name):
+def test_canonical_form_same_function_idempotent_and_conditions_hold(model, canonical, name):
     m = model(name)
-    c = canonicalize(m.cfg, m.params)
+    c = canonical(name)
     fn = function_check(m.cfg, m.params, c.params, c.rounding_kappa, element=c.element())
     print(
         f"{name}: function change {fn['residual_eps']:.3g} ε vs statistical tolerance "
@@ -111,12 +127,12 @@ def test_canonical_form_same_function_idempotent_and_conditions_hold(model, name
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_canonical_form_is_the_same_on_the_whole_orbit(model, name):
+def test_canonical_form_is_the_same_on_the_whole_orbit(model, canonical, name):
     """canon(g·θ) = canon(θ) for a random g of every action that applies — by the rules alone (no
     reference), within κ(g)·κ(canon)·L·K·ε."""
     m = model(name)
     b, el = _transformed(m, seed=3)
-    ca, cb = canonicalize(m.cfg, m.params), canonicalize(m.cfg, b)
+    ca, cb = canonical(name), canonicalize(m.cfg, b)
     raw, _ = relative_distances(m.params, b)
     dist, _ = relative_distances(ca.params, cb.params)
     tol, _ = tolerance(m, el.kappa * ca.kappa, torch.float64, 16)

@@ -68,7 +68,7 @@ def _has_bar(err: str, desc: str) -> bool:
             ],
             "Jacobian rows",
         ),
-        (["audit", "--only", "qk-gl,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),  # three runs
+        (["audit", "--only", "hg-savings,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),  # three runs
     ],
 )
 def test_bar_on_a_terminal_only_and_never_with_json(tmp_path, argv, desc):

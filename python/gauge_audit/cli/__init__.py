@@ -65,13 +65,21 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with ``only`` that one (its module alone is imported:
+    the others bring the audit, the nullity theory and SymPy, a second of every start)."""
     parser = _Parser(prog="gauge-audit", description="Audit gauge-symmetry claims about transformers.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else (only,):
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names, when it starts with one (else None: help, --version, a
+    typo, which the parser with every subcommand answers)."""
+    return argv[0] if argv and argv[0] in SUBCOMMANDS else None
 
 
 def _version() -> str:
@@ -79,8 +87,8 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_subcommand(argv)).parse_args(argv)
     try:
         if getattr(args, "json", False):  # JSON output: no progress bars, even on a terminal
             with quiet():

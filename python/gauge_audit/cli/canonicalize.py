@@ -17,11 +17,10 @@ import torch
 from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import canonicalize, function_check
-from ..models import Config, build, config_of, gemma3, minilm, smollm2
+from ..models import Config, build, config_of, gemma3, minilm, parameter_count, smollm2
 from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
-from ..nullity.cost import parameter_count
 from ..progress import echo, ticker
 from ..runtime import model_threads, resolve_dtype
 

@@ -7,9 +7,8 @@ import json
 from ..actions import ACTIONS, get_action
 from ..actions.elements import load_element
 from ..errors import GaugeAuditError
-from ..models import build, config_of, model_names
+from ..models import build, config_of, model_names, parameter_count
 from ..models.checkpoint import open_checkpoint
-from ..nullity.cost import parameter_count
 from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
 from ..runtime import eps, model_threads, resolve_dtype

@@ -32,7 +32,6 @@ from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
 from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
-from ..nullity.families.token_tables import tied_table_dimension
 from ..numeric import compare, reference_output
 from ..runtime import eps, one_thread
 from . import ffn, heads, mla, qk_norm, stream
@@ -219,6 +218,10 @@ def _tied_table(cfg: Config) -> bool:
         return False
     if not cfg.d_model < cfg.vocab <= 4096:
         return False
+    # imported here: the nullity package brings SymPy (half a second at every start of canonicalize
+    # and compare), and only this narrow configuration needs the formula
+    from ..nullity.families.token_tables import tied_table_dimension
+
     return tied_table_dimension(cfg.d_model, cfg.vocab) > 0
 
 

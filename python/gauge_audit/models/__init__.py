@@ -5,7 +5,7 @@ Parameters are plain ``dict[str, Tensor]`` with per-head W_Q, W_K, W_V, W_O
 """
 
 from .config import ACTS, NORMS, Config, validate
-from .families import FAMILIES
+from .families import FAMILIES, parameter_count
 from .model import Model
 from .registry import NAMED, build, build_config, config_of, model_names
 
@@ -15,6 +15,7 @@ __all__ = [
     "Config",
     "validate",
     "FAMILIES",
+    "parameter_count",
     "NAMED",
     "Model",
     "build",

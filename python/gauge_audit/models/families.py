@@ -7,6 +7,7 @@ registry of named models (which loads real checkpoints), so neither imports the 
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 
 from . import attn, bert, deepseek, gemma, gpt2, llama, moe, neox, olmo2, phi3, qwen, qwen3
@@ -25,3 +26,8 @@ FAMILIES: dict[str, ModuleType] = {
     "gemma": gemma,
     "deepseek": deepseek,
 }
+
+
+def parameter_count(cfg) -> int:
+    """The number of parameters of a model of this configuration (from its family's shapes)."""
+    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())

@@ -80,9 +80,10 @@ def duration_text(s: float) -> str:
 
 
 def parameter_count(cfg: Config) -> int:
-    from ..models import FAMILIES
+    """:func:`gauge_audit.models.parameter_count` (the architecture's; kept here for the cost model)."""
+    from ..models import parameter_count as count
 
-    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
+    return count(cfg)
 
 
 @functools.lru_cache(maxsize=1)
