@@ -86,6 +86,18 @@ def test_transformed_checkpoint_is_equivalent(copies, capsys, tmp_path, kind, dt
     assert (out / "element.npz").is_file()
 
 
+def test_compare_in_parallel_gives_the_serial_report(copies):
+    """compare's CLI measures A's rounding probes and the raw distance in a forked helper while it
+    canonicalises B: the report is that of the same work in one process, number for number."""
+    a, b = copies("llama", "float32")
+    sa = load_source(str(a), native=True, resident=False)
+    sb = load_source(str(b), native=True, resident=False)
+    kw = dict(storage_dtype_a=sa.storage_dtype, storage_dtype_b=sb.storage_dtype)
+    serial = compare(sa.cfg, sa.params, sb.cfg, sb.params, parallel=False, **kw)
+    forked = compare(sa.cfg, sa.params, sb.cfg, sb.params, parallel=True, **kw)
+    assert serial.verdict == EQUIVALENT and serial.to_json() == forked.to_json()
+
+
 @pytest.mark.parametrize("kind", ["llama", "mixtral", "bert"])
 def test_compare_element_reproduces_b_through_transform(copies, capsys, tmp_path, kind):
     """compare --out element.npz, then transform --element: A is mapped onto B up to B's rounding."""
@@ -174,9 +186,15 @@ def test_canonicalize_helpers_change_nothing(tiny_hf, capsys, tmp_path, monkeypa
 
     ckpt = str(tiny_hf("llama"))
     assert main(["canonicalize", "--checkpoint", ckpt, "--out", str(tmp_path / "helpers")]) == 0
+    capsys.readouterr()
+    assert main(["canonicalize", "--checkpoint", ckpt, "--json"]) == 0  # without --out: the function check's helper
+    helped = _json(capsys)
     monkeypatch.setattr(canon_cli, "CertificateAhead", lambda *args, **kwargs: None)
     assert main(["canonicalize", "--checkpoint", ckpt, "--out", str(tmp_path / "here")]) == 0
     capsys.readouterr()
+    assert main(["canonicalize", "--checkpoint", ckpt, "--json"]) == 0
+    alone = _json(capsys)
+    assert helped.pop("seconds") > 0 and alone.pop("seconds") > 0 and helped == alone
     names = sorted(p.name for p in (tmp_path / "here").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "helpers").iterdir())
     for name in names:
