@@ -117,15 +117,6 @@ def model_threads(n_params: int):
     return threads(DEFAULT_THREADS if n_params > LARGE_MODEL_PARAMS else 1)
 
 
-_keeping = False
-
-
-def keeps_freed_memory() -> bool:
-    """Has this process chosen :func:`keep_freed_memory` (which the checkpoint reader's steady
-    memory then leaves alone)?"""
-    return _keeping
-
-
 def keep_freed_memory() -> None:
     """Let glibc's malloc keep freed memory for reuse instead of returning it to the system: the
     gauge-fixing steps and the audit's checks on real checkpoints allocate and free block-sized
@@ -134,11 +125,12 @@ def keep_freed_memory() -> None:
     every one of them is page-faulted in afresh — on SmolLM2 over 20 GB of fresh pages for
     compare's six probes, half its CPU time in the kernel (the default audit: 13 s of kernel time → 8 s).  Chunks up to 32 MiB come from the heap,
     which is never trimmed; larger ones are still mapped and unmapped.  No effect elsewhere.
-    Opening a checkpoint afterwards keeps this choice (:func:`~gauge_audit.models.checkpoint.
-    steady_memory` would otherwise lower the mmap threshold to 1 MiB again: compare on SmolLM2
-    spent 24.5 s in the kernel instead of 7.2 s)."""
-    global _keeping
-    _keeping = True
+    Opening a checkpoint afterwards lowers the mmap threshold to 1 MiB again
+    (:func:`~gauge_audit.models.checkpoint.steady_memory`): call this after opening them where
+    the process should keep its freed memory (compare on SmolLM2: 24.5 s in the kernel
+    otherwise, 7 s).  The audit's report.json is measured with the order the audit has always
+    used (kept, then lowered when its real checkpoints open): the last bits of one LAPACK least
+    squares in its wiki-align-models experiment move with the allocation pattern."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ...errors import GaugeAuditError
-from ...runtime import keeps_freed_memory, resolve_device
+from ...runtime import resolve_device
 from ..config import Config
 from ..families import FAMILIES
 from ..lazy import LazyParams
@@ -322,10 +322,9 @@ def steady_memory() -> bool:
     layers' tensors (a few MiB each) come from the heap instead, and its fragmentation makes the
     resident set grow with the number of layers streamed.  A fixed 1 MiB threshold returns every
     such tensor to the system when it is freed (measured: the peak of transform on SmolLM2 and on
-    a 2×-deeper copy then agree within 2 %, instead of 1.4×).  Not where the process keeps freed
-    memory for reuse instead (:func:`~gauge_audit.runtime.keep_freed_memory`: compare, audit)."""
-    if keeps_freed_memory():
-        return False
+    a 2×-deeper copy then agree within 2 %, instead of 1.4×).  A process that keeps freed memory
+    for reuse instead calls :func:`~gauge_audit.runtime.keep_freed_memory` after opening its
+    checkpoints (compare)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
