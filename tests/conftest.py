@@ -32,6 +32,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gauge_audit.models import build  # noqa: E402
+from gauge_audit.models import checkpoint as checkpoint_io  # noqa: E402
 from gauge_audit.runtime import keep_freed_memory  # noqa: E402
 
 if _THREADS is not None:
@@ -40,8 +41,12 @@ if _THREADS is not None:
 # The suite allocates and frees model-sized float64 tensors thousands of times (the real
 # checkpoints' canonicalisations and checks); with glibc's defaults each one is page-faulted in
 # afresh.  Keep freed memory for reuse, as `compare` and `audit` do (SmolLM2's canonical-form
-# tests: 31 s of kernel time → 22 s, peak 4.08 → 4.22 GB).
+# tests: 31 s of kernel time → 22 s, peak 4.08 → 4.22 GB).  And keep it so when a test opens a
+# checkpoint: opening one lowers glibc's mmap threshold to 1 MiB (steady memory for streamed
+# checks of large models, measured by benchmarks/bench_checkpoint.py, not here), after which every
+# block-sized tensor is mapped and faulted in afresh again (the suite: 9:03 → 7:30 on 2 cores).
 keep_freed_memory()
+checkpoint_io.steady_memory = lambda: False
 
 
 # Tests that share an expensive session- or module-scoped result run on one worker, so it is
