@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 
 import torch
 
@@ -104,14 +105,24 @@ def wiki_align_models(seed: int, full: bool) -> Finding:
     best = min(float((theta1 - act(cfg, unflat, theta2, *_sample(cfg, g))).norm()) / ref for _ in range(N_SAMPLES))
     aligned, *_ = closed_form(cfg, unflat, theta1, theta2)
     closed = float((theta1 - aligned).norm()) / ref
+    # reported as the power of ten above it: a rounding-level residual whose last bits follow the
+    # LAPACK least squares' threading state (2.9e-16, 3.37e-16 or 3.39e-16 for the same inputs
+    # on one thread), which would make the report differ between runs
+    closed_bound = 10.0 ** math.ceil(math.log10(closed)) if closed > 0 else 0.0
     tol = 1e3 * theta1.numel() * eps(torch.float64)
     syntax = _parses(WIKI_CODE)
     text = (
         f"θ₂ = g·θ₁ (same orbit): align_models with {N_SAMPLES} samples reaches relative distance {best:.3f}; "
-        f"closed-form alignment {closed:.1e} (tol {tol:.1e})"
+        f"closed-form alignment ≤ {closed_bound:.0e} (tol {tol:.1e})"
         + (f"; the code as written does not parse ({syntax})" if syntax else "")
     )
-    details = {"sampled": best, "closed_form": closed, "tolerance": tol, "syntax_error": syntax, "samples": N_SAMPLES}
+    details = {
+        "sampled": best,
+        "closed_form_at_most": closed_bound,
+        "tolerance": tol,
+        "syntax_error": syntax,
+        "samples": N_SAMPLES,
+    }
     if closed > tol:
         return Finding(UNDECIDED, "the closed-form alignment did not reach the orbit point: " + text, details)
     if best > 1e3 * tol:
@@ -120,7 +131,7 @@ def wiki_align_models(seed: int, full: bool) -> Finding:
             text,
             details,
             counterexample=f"seed {seed}: best of {N_SAMPLES} sampled τ leaves ‖θ₁ − τ(θ₂)‖/‖θ₁‖ = "
-            f"{best:.3f}, the closed form {closed:.1e}",
+            f"{best:.3f}, the closed form ≤ {closed_bound:.0e}",
         )
     return Finding(HOLDS, text, details)
 
