@@ -34,9 +34,8 @@ from typing import Any
 
 from ..claims import Claim
 from ..errors import GaugeAuditError
-from ..models import config_of
+from ..models import config_of, parameter_count
 from ..models.registry import REAL, UNTIED, release
-from ..nullity.cost import parameter_count
 from ..runtime import keep_freed_memory, reproducible
 from .checkers import Context, torch_pairs
 from .dispatch import run_check, step_line

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import GaugeAuditError
+from ..models import parameter_count
 from ..models.config import Config
 
 DEFAULT_MAX_MINUTES = 15.0  # the CLI's default budget (P ≈ 20 000 takes about a minute on 2 cores)
@@ -77,13 +78,6 @@ def duration_text(s: float) -> str:
     if s >= 60:
         return f"{s / 60:.3g} min"
     return f"{s:.2g} s"
-
-
-def parameter_count(cfg: Config) -> int:
-    """:func:`gauge_audit.models.parameter_count` (the architecture's; kept here for the cost model)."""
-    from ..models import parameter_count as count
-
-    return count(cfg)
 
 
 @functools.lru_cache(maxsize=1)
