@@ -14,7 +14,7 @@ from gauge_audit.actions.blockwise import TransformedParams
 from gauge_audit.models import checkpoint as ck
 from gauge_audit.models.checkpoint import open_checkpoint
 from gauge_audit.models.checkpoint import safetensors_file as sf
-from gauge_audit.runtime import generator
+from gauge_audit.runtime import StoragePool, generator
 
 transformers = pytest.importorskip("transformers")
 from gauge_audit import reference  # noqa: E402
@@ -56,6 +56,43 @@ def test_piecewise_reads_equal_whole_reads(tiny_hf, monkeypatch, kind, dtype):
     assert calls, "no tensor took the piecewise path"
     for f, v in raw.items():
         assert torch.equal(ckpt.raw(f, torch.float64), v), f
+
+
+def test_storage_pool_reuses_only_storages_nothing_uses():
+    pool = StoragePool()
+    a = pool.empty((6, 5))
+    first = a.data_ptr()
+    view = a.T
+    del a
+    assert pool.empty((5, 6)).data_ptr() != first  # a view still reads it: a fresh storage
+    del view
+    b = pool.empty((3, 10))  # the same size, now free: handed out again, in the shape asked for
+    assert b.data_ptr() == first and b.shape == (3, 10) and b.is_contiguous() and b.dtype == torch.float64
+    kept = pool.empty((7,))  # no free storage fits: the free ones are released first
+    assert len(pool._storages) == 2  # b's and the new one (the unused (5, 6) one was released)
+    del kept
+    pool.clear()
+    assert pool.empty((3, 10)).data_ptr() != first  # b is alive; cleared pools hold nothing
+
+
+def test_streamed_blocks_reuse_the_storages_of_the_block_before(tiny_hf, monkeypatch):
+    """Block after block of a streamed checkpoint, each large read takes the storage its
+    predecessor of the same shape left, and reads the same values as a fresh read."""
+    ckpt = open_checkpoint(tiny_hf("llama"))
+    whole = dict(ckpt.params().items())
+    _pieces(monkeypatch)
+    params = ckpt.params()
+    name = "blocks.{}.mlp.W_in"
+    t0 = params[name.format(0)]
+    ptr = t0.data_ptr()
+    assert torch.equal(t0, whole[name.format(0)])
+    del t0
+    t1 = params[name.format(1)]
+    assert t1.data_ptr() == ptr and torch.equal(t1, whole[name.format(1)])
+    held = params[name.format(0)]  # t1 still alive: a storage of its own
+    assert held.data_ptr() != t1.data_ptr() and torch.equal(held, whole[name.format(0)])
+    ckpt.release()
+    assert not ckpt._pool._storages
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 
 import torch
 
@@ -138,6 +139,44 @@ def keep_freed_memory() -> None:
     mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
     mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never trim
     mallopt(-2, 64 << 20)  # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
+
+
+class StoragePool:
+    """Float64 tensors of recurring sizes on storages that no tensor uses any more, handed out again
+    instead of fresh ones.
+
+    glibc maps every allocation above 32 MiB afresh and unmaps it when it is freed, so each block of
+    a streamed checkpoint (an 8 B model's FFN matrices are 470 MB in float64) is page-faulted in anew
+    on every read: a third of ``check``'s time at 8 B is the kernel zeroing those pages.  Blocks of
+    one model repeat their shapes, so the storages of block i, once block i's tensors are gone, can
+    take block i+1's.  A storage is free when nothing but the pool refers to it (its use count is the
+    pool's one).  A request that no free storage fits first releases every free storage: memory held
+    beyond what is in use is then at most the buffers the next requests of the same sizes take, and
+    a change of pattern (from the blocks to the vocabulary-sized head) returns them to the system.
+    Where the use count cannot be read (another torch), every request is a fresh tensor."""
+
+    def __init__(self) -> None:
+        self._storages: list = []
+        self._count = getattr(torch._C, "_storage_Use_Count", None)
+
+    def _free(self, s) -> bool:
+        return self._count is not None and self._count(s._cdata) == 1
+
+    def empty(self, shape: tuple) -> torch.Tensor:
+        """An uninitialised float64 tensor of ``shape`` (its contents are whatever was there)."""
+        nbytes = 8 * math.prod(shape)
+        if self._count is None:
+            return torch.empty(shape, dtype=torch.float64)
+        for s in self._storages:
+            if s.nbytes() == nbytes and self._free(s):
+                return torch.empty(0, dtype=torch.float64).set_(s).view(shape)
+        self._storages = [s for s in self._storages if not self._free(s)]
+        t = torch.empty(shape, dtype=torch.float64)
+        self._storages.append(t.untyped_storage())
+        return t
+
+    def clear(self) -> None:
+        self._storages = []
 
 
 class Forked:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ...errors import GaugeAuditError
-from ...runtime import resolve_device
+from ...runtime import StoragePool, resolve_device
 from ..config import Config
 from ..families import FAMILIES
 from ..lazy import LazyParams
@@ -61,7 +61,9 @@ for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
         ),
     )
 
-DIRECT = 1 << 26  # float64 bytes above which a one-tensor link is read straight into its result
+# float64 bytes from which a one-tensor link is read straight into its result (from 32 MiB on glibc
+# maps every allocation afresh, so these reads also take their storage from the checkpoint's pool)
+DIRECT = 1 << 25
 
 ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS, **_GEMMA_ARCHS, **DEEPSEEK_ARCHS}
 __all__ = ["Checkpoint", "open_checkpoint", "Link", "Arch", "ARCHS"]
@@ -145,11 +147,13 @@ class Checkpoint:
     def __post_init__(self):
         self.by_param = {p: link for link in self.links for p in link.params}
         self._resident: dict[str, torch.Tensor] = {}  # project-layout float64, for params(resident=True)
+        self._pool = StoragePool()  # the large reads' float64 results, reused block after block
         self._validate()
 
     def release(self) -> None:
         """Forget the tensors kept by ``params(resident=True)`` (read again on the next access)."""
         self._resident.clear()
+        self._pool.clear()
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
@@ -273,9 +277,9 @@ class Checkpoint:
             return None
         f = link.files[0]
         dtype, fshape = self.source.entries[f]
-        if math.prod(fshape) * 8 <= DIRECT:  # small: the plain path costs nothing
+        if math.prod(fshape) * 8 < DIRECT:  # small: the plain path costs nothing
             return None
-        out = torch.empty(shape, dtype=torch.float64)
+        out = self._pool.empty(shape)  # every entry is written below
         view = link.write(out)[0]
         if tuple(view.shape) != tuple(fshape) or view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
             return None
