@@ -62,7 +62,7 @@ for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
     )
 
 # float64 bytes from which a one-tensor link is read straight into its result (from 32 MiB on glibc
-# maps every allocation afresh, so these reads also take their storage from the checkpoint's pool)
+# maps every allocation afresh: these are the reads that ``params(reuse=True)`` takes from its pool)
 DIRECT = 1 << 25
 
 ARCHS: dict[str, Arch] = {**_HF_ARCHS, **QK_NORM_ARCHS, **FUSED_ARCHS, **_GEMMA_ARCHS, **DEEPSEEK_ARCHS}
@@ -147,13 +147,11 @@ class Checkpoint:
     def __post_init__(self):
         self.by_param = {p: link for link in self.links for p in link.params}
         self._resident: dict[str, torch.Tensor] = {}  # project-layout float64, for params(resident=True)
-        self._pool = StoragePool()  # the large reads' float64 results, reused block after block
         self._validate()
 
     def release(self) -> None:
         """Forget the tensors kept by ``params(resident=True)`` (read again on the next access)."""
         self._resident.clear()
-        self._pool.clear()
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
@@ -228,13 +226,18 @@ class Checkpoint:
         t = self.source.get(name)
         return t if dtype is None else t.to(dtype)
 
-    def params(self, resident: bool = False, device: str | torch.device = "cpu") -> LazyParams:
+    def params(self, resident: bool = False, device: str | torch.device = "cpu", reuse: bool = False) -> LazyParams:
         """The project-layout parameters, float64, read on access.  ``resident`` keeps each one in
         memory after its first read (shared by every resident view of this checkpoint) — for
         repeated checks of a model that fits; otherwise at most a few stored tensors are cached
-        and memory does not grow with the depth."""
+        and memory does not grow with the depth.  ``reuse``: the large reads take their storage
+        from a :class:`~gauge_audit.runtime.StoragePool` (block i+1 in block i's pages) — for a
+        consumer that drops each block before it reads the next and allocates little else between
+        them (``check``'s forwards; a writer that holds other large buffers meanwhile would add the
+        pool's free storages to its peak)."""
         shapes = {n: s for n, (s, _) in FAMILIES[self.cfg.family].param_shapes(self.cfg).items()}
         cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        pool = StoragePool() if reuse and not resident else None
 
         def stored(f: str, keep: bool) -> torch.Tensor:
             if f in cache:
@@ -253,7 +256,7 @@ class Checkpoint:
             if name in self._resident:
                 return self._resident[name]
             link = self.by_param[name]
-            t = self._read_direct(link, shapes[name])
+            t = self._read_direct(link, shapes[name], pool)
             if t is None:
                 out = link.read(*[stored(f, len(link.params) > 1).to(torch.float64) for f in link.files])
                 t = out[link.params.index(name)].contiguous()
@@ -264,7 +267,7 @@ class Checkpoint:
         # resident tensors live on the CPU: on another device every access is a fresh copy
         return LazyParams(shapes, load, torch.float64, device, stable=resident and torch.device(device).type == "cpu")
 
-    def _read_direct(self, link: Link, shape: tuple) -> torch.Tensor | None:
+    def _read_direct(self, link: Link, shape: tuple, pool: StoragePool | None = None) -> torch.Tensor | None:
         """A large one-file, one-tensor link read straight into its float64 result: the result is
         allocated in the project's layout, ``link.write`` gives the file's view of it (for
         nn.Linear the transpose), and the file is read into that view chunk by chunk — one float64
@@ -279,7 +282,8 @@ class Checkpoint:
         dtype, fshape = self.source.entries[f]
         if math.prod(fshape) * 8 < DIRECT:  # small: the plain path costs nothing
             return None
-        out = self._pool.empty(shape)  # every entry is written below
+        # every entry is written below
+        out = pool.empty(shape) if pool is not None else torch.empty(shape, dtype=torch.float64)
         view = link.write(out)[0]
         if tuple(view.shape) != tuple(fshape) or view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
             return None
@@ -303,9 +307,11 @@ class Checkpoint:
             return False
         return self.float64_bytes() < fraction * avail
 
-    def model(self, name: str | None = None, device: str = "cpu", resident: bool = False) -> Model:
-        """A :class:`~gauge_audit.models.Model` whose parameters are read on access."""
-        m = Model(name or self.name, self.cfg, self.params(resident, resolve_device(device)), FAMILIES[self.cfg.family])
+    def model(self, name: str | None = None, device: str = "cpu", resident: bool = False, reuse: bool = False) -> Model:
+        """A :class:`~gauge_audit.models.Model` whose parameters are read on access (``resident``,
+        ``reuse``: as :meth:`params`)."""
+        params = self.params(resident, resolve_device(device), reuse)
+        m = Model(name or self.name, self.cfg, params, FAMILIES[self.cfg.family])
         m._finite = True  # every stored tensor is checked for NaN / ∞ as it is read
         return m
 
