@@ -281,6 +281,85 @@ def test_probe_drawn_in_chunks_equals_one_draw(dtype, monkeypatch):
     assert response.sq_distance(v) == response.sq_distance(v64, torch.zeros_like(v64))
 
 
+def test_spilled_tensor_gives_the_same_squared_distance(monkeypatch):
+    """A float64 tensor kept in a temporary file (B's canonical embeddings while its first run's
+    probes run) is read back a chunk at a time: the squared distance to it is the in-memory one,
+    bit for bit (a ragged last chunk included)."""
+    monkeypatch.setattr(response, "CHUNK", 1000)
+    a = torch.randn(33, 97, generator=generator(4), dtype=torch.float64)
+    b = torch.randn(33, 97, generator=generator(5), dtype=torch.float64)
+    spilled = response.Spilled(b)
+    assert response.sq_distance(a, spilled) == response.sq_distance(a, b)
+    assert response.sq_distance(a, spilled) == response.sq_distance(a, b)  # read again for the next probe
+    spilled.close()
+
+
+@pytest.mark.parametrize("name", ["llama-tiny-gqa", "qwen-tiny", "moe-tiny"])
+def test_compare_with_b_runs_shared_with_the_helper_gives_the_serial_report(model, name, monkeypatch):
+    """In parallel the helper takes B's last runs of blocks once A's probes are done (and B's
+    canonical embeddings wait in a file during the first run's probes): the report and the
+    element are those of the serial comparison, number for number."""
+    from gauge_audit.gauge_fix import streamed
+
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
+    monkeypatch.setattr(streamed, "SPILL", 0)
+    claim = streamed.SharedRuns.claim
+    helper_runs = []
+
+    def first_run_only(self, last):  # this process takes the first run, the helper all the others
+        return claim(self, last) if last or self._next[0] == 0 else None
+
+    def add(self, other, add=streamed._BRuns.add):
+        helper_runs.extend(other["records"])
+        add(self, other)
+
+    monkeypatch.setattr(streamed.SharedRuns, "claim", first_run_only)
+    monkeypatch.setattr(streamed._BRuns, "add", add)
+    m = model(name)
+    b, _ = _transformed(m, seed=11)
+    stored = {k: v.to(torch.float32) for k, v in b.items()}
+    serial = compare(m.cfg, m.params, m.cfg, stored)
+    forked = compare(m.cfg, m.params, m.cfg, stored, parallel=True)
+    assert sorted(helper_runs) == list(range(1, m.cfg.n_layers))
+    assert json.dumps(serial.to_json(), sort_keys=True) == json.dumps(forked.to_json(), sort_keys=True)
+    assert serial.element is not None and forked.element is not None
+    assert all(torch.equal(serial.element.parts[k], forked.element.parts[k]) for k in serial.element.parts)
+
+
+def test_compare_error_in_b_first_run_leaves_no_helper_waiting(model, monkeypatch):
+    """An error in B's first run (before the helper could be sent what it needs for B's other runs)
+    reaches the caller, and the helpers end: none waits for the first run or to send its result."""
+    import multiprocessing
+    import signal
+
+    from gauge_audit.gauge_fix import streamed
+
+    monkeypatch.setattr(response, "RUN_ENTRIES", 1)
+    run = streamed._BRuns.run
+
+    def failing(self, j):
+        if j == 0:
+            raise GaugeAuditError("injected failure in B's first run")
+        run(self, j)
+
+    monkeypatch.setattr(streamed._BRuns, "run", failing)
+    m = model("llama-tiny-gqa")
+    b, _ = _transformed(m, seed=11)
+
+    def stuck(signum, frame):
+        raise AssertionError("compare did not return within 120 s")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(120)
+    try:
+        with pytest.raises(GaugeAuditError, match="injected failure"):
+            compare(m.cfg, m.params, m.cfg, {k: v.to(torch.float32) for k, v in b.items()}, parallel=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert multiprocessing.active_children() == []
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", SURVIVORS)
 def test_compare_with_b_by_runs_equals_b_whole(model, name, dtype, monkeypatch):

@@ -141,6 +141,19 @@ def keep_freed_memory() -> None:
     mallopt(-2, 64 << 20)  # M_TOP_PAD: grow the heap 64 MiB at a time (pages touched only when used)
 
 
+def release_freed_memory() -> None:
+    """Return the heap's free pages to the system once (glibc's ``malloc_trim``), where
+    :func:`keep_freed_memory` keeps them otherwise: after a phase whose block-sized temporaries
+    are not needed again before a larger peak (compare on SmolLM2: A's whole canonicalisation
+    leaves a third of a GB free in the heap, which B's first run of blocks, with the
+    vocabulary-sized embeddings mapped on their own, would otherwise add to).  No effect elsewhere."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
+
+
 class StoragePool:
     """Float64 tensors of recurring sizes on storages that no tensor uses any more, handed out again
     instead of fresh ones.
@@ -195,6 +208,18 @@ class Forked:
             self._proc = mp.Process(target=_forked_main, args=(send, fn, args), daemon=True)
             self._proc.start()
             send.close()
+
+    @property
+    def forked(self) -> bool:
+        """Whether ``fn`` runs in a helper process (else in :meth:`result`)."""
+        return self._proc is not None
+
+    def cancel(self) -> None:
+        """End the helper if it still runs (its result not wanted: after an error in the caller);
+        nothing where it was collected or never forked."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join()
 
     def result(self):
         import pickle

@@ -42,11 +42,11 @@ from ..actions.algebra import compose, inverse
 from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..runtime import Forked, one_thread
+from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
-from .streamed import canonical_b_by_runs
+from .response import _block_runs, blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
+from .streamed import SharedRuns, canonical_b_by_runs, helper_b_runs
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT = "EQUIVALENT", "DIFFERENT"
@@ -266,13 +266,47 @@ def _response_one_thread(cfg: Config, params: Params, ca: Canonical, probes: int
         return rounding_response(cfg, params, ca, ca.params, probes, seed)
 
 
-def _a_side(
-    cfg: Config, params_a: Params, params_b: Params, ca: Canonical, probes: int, seed: int
-) -> tuple[dict[str, float], tuple[float, dict[str, float]]]:
-    """What needs A's canonical form but nothing of B's: A's rounding response, and the raw
-    distance (both models read once more), for a helper process while B is canonicalised."""
+def _raw_side(params_a: Params, params_b: Params) -> tuple[float, dict[str, float]]:
+    """The raw distance (both models read once more), for a helper process while A is canonicalised."""
     with one_thread():
-        return _response_one_thread(cfg, params_a, ca, probes, seed), relative_distances(params_a, params_b)
+        return relative_distances(params_a, params_b)
+
+
+def _a_side(
+    cfg: Config,
+    params_a: Params,
+    params_b: Params,
+    ca: Canonical,
+    probes: int,
+    seed: int,
+    share: SharedRuns | None = None,
+    storage_b: torch.dtype | None = None,
+) -> tuple[dict[str, float], dict | None]:
+    """What needs A's canonical form but nothing of B's: A's rounding response, for a helper process
+    while B is canonicalised; then (``share``) B's runs not taken yet, from the last down."""
+    with one_thread():
+        response = _response_one_thread(cfg, params_a, ca, probes, seed)
+        if share is None or not share.active:
+            return response, None
+        assert storage_b is not None
+        return response, helper_b_runs(share, cfg, params_b, ca, storage_b, probes, seed + 1)
+
+
+class _Once:
+    """A helper's result, fetched once for the callers that need it."""
+
+    def __init__(self, job: Forked):
+        self._job, self._done, self._value = job, False, None
+
+    def __call__(self):
+        if not self._done:
+            self._value, self._done = self._job.result(), True
+        return self._value
+
+
+def _streamable(cfg: Config, params_b: Params, ca: Canonical) -> bool:
+    """B one run of blocks at a time (:mod:`.streamed`), where its records can merge exactly."""
+    return blockwise(cfg, params_b) and not any(ACTIONS[r.action].element_layout == "whole" for r in ca.records)
 
 
 def compare(
@@ -292,21 +326,43 @@ def compare(
     """Compare two models of the same architecture up to the whole symmetry group (see the module
     docstring).  Parameters may be in any floating dtype: that dtype is their storage precision,
     unless ``storage_dtype_a`` / ``storage_dtype_b`` say otherwise (checkpoints read into float64).
-    ``prepared``: A's side from :func:`prepare` (same A, reused).  ``parallel``: A's rounding
-    probes and the raw distance in a forked helper process while this one canonicalises B (two
-    cores: the probes are most of the work); the same report (each probe's draws are seeded per
-    tensor)."""
+    ``prepared``: A's side from :func:`prepare` (same A, reused).  ``parallel``: the raw distance
+    in a forked helper while A is canonicalised, then A's rounding probes in another while this one
+    canonicalises B, that helper taking B's last runs of blocks once its probes are done (two cores:
+    the probes are most of the work); the same report (each probe's draws are seeded per tensor,
+    the squared responses summed per tensor in parameter order)."""
     same_architecture(cfg_a, cfg_b)
     validate(cfg_b, params_b)
     with one_thread():
         if prepared is None:
+            # the raw distance needs neither canonical form: a first helper while A is canonicalised
+            raw = Forked(_raw_side, params_a, params_b, fork=parallel)
             ca = _canonical_a(cfg_a, params_a, probes, storage_dtype_a)
+            release_freed_memory()  # A's temporaries: neither process needs them before its first run
             # forked once A's canonical form exists (the probes are measured against it); the
-            # helper shares its pages copy-on-write and only reads them
-            job = Forked(_a_side, cfg_a, params_a, params_b, ca, probes, seed, fork=parallel)
-            return _compare(
-                Prepared(cfg_a, params_a, ca, {}), params_b, probes, seed, with_element, storage_dtype_b, job
-            )
+            # helper shares its pages copy-on-write and only reads them, then takes B's last runs
+            share = None
+            if parallel and _streamable(cfg_b, params_b, ca):
+                share = SharedRuns(len(_block_runs(cfg_b, params_b)))
+            storage_b = (storage_dtype_b or storage_dtype_of(params_b)) if share is not None else None
+            job = Forked(_a_side, cfg_a, params_a, params_b, ca, probes, seed, share, storage_b, fork=parallel)
+            if share is not None and not job.forked:
+                share.active = False
+            try:
+                return _compare(
+                    Prepared(cfg_a, params_a, ca, {}),
+                    params_b,
+                    probes,
+                    seed,
+                    with_element,
+                    storage_dtype_b,
+                    _Once(job),
+                    share,
+                    _Once(raw),
+                )
+            finally:  # after an error here, no helper is left waiting to send what nobody reads
+                job.cancel()
+                raw.cancel()
         if prepared.params is not params_a:
             raise GaugeAuditError("prepared is for another model A")
         return _compare(prepared, params_b, probes, seed, with_element, storage_dtype_b)
@@ -319,15 +375,22 @@ def _compare(
     seed: int,
     with_element: bool,
     storage_dtype_b: torch.dtype | None = None,
-    a_side: Forked | None = None,
+    a_side: _Once | None = None,
+    share: SharedRuns | None = None,
+    raw_side: _Once | None = None,
 ) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     storage_b = storage_dtype_b or storage_dtype_of(params_b)
     den = _sq_by_group(ca.params)
     # B one run of blocks at a time where its records merge exactly (:mod:`.streamed`), else whole
     streamed = None
-    if blockwise(cfg, params_b) and not any(ACTIONS[r.action].element_layout == "whole" for r in ca.records):
-        streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1)
+    if _streamable(cfg, params_b, ca):
+        if share is None:
+            streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1)
+        else:  # the runs from the last down are the helper's, once A's probes are done
+            assert a_side is not None
+            share.collect = lambda: a_side()[1]
+            streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1, share)
     if streamed is not None:
         cb, sq, resp_b = streamed
         num: dict[str, float] = {}
@@ -338,8 +401,10 @@ def _compare(
         cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_b)
         inv, inv_groups = relative_distances(ca.params, cb.params, den)
         resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
-    if a_side is not None:  # A's probes and the raw distance, done meanwhile (or now, where nothing was forked)
-        prep.response, (raw, raw_groups) = a_side.result()
+    if a_side is not None:  # A's probes, done meanwhile (or now, where nothing was forked)
+        prep.response = a_side()[0]
+    if raw_side is not None:
+        raw, raw_groups = raw_side()
     else:
         raw, raw_groups = relative_distances(params_a, params_b)
     resp_a = prep.response
@@ -374,5 +439,6 @@ def _compare(
     if ok and with_element:
         el, _ = element_a_to_b(ca, cb)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
+        release_freed_memory()  # B's runs' temporaries, before the embeddings are mapped once more
         out.element_residual = element_residual(cfg, params_a, params_b, el)
     return out

@@ -23,6 +23,8 @@ from its own seeded generator (:func:`probe_seed`), so a run can draw its tensor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from ..actions import ACTIONS, Element
@@ -63,15 +65,47 @@ def sq_by_group(a: Params, b: Params | None = None, out: dict[str, float] | None
     return out
 
 
-def sq_distance(a: torch.Tensor, b: torch.Tensor | None = None) -> float:
+class Spilled:
+    """A float64 tensor kept in a temporary file instead of memory, read back :data:`CHUNK` entries
+    at a time by :func:`sq_distance` (the same values, so the same sums): B's canonical embeddings,
+    which its first run's probes are measured against, beside each probe's perturbed copy and its
+    steps' results (SmolLM2: a quarter of a GB less at the peak, for one write and a read per probe
+    from the page cache)."""
+
+    def __init__(self, t: torch.Tensor):
+        import tempfile
+
+        flat = t.detach().to("cpu", torch.float64).reshape(-1)
+        self.shape, self.n = tuple(t.shape), flat.numel()
+        self._file = tempfile.TemporaryFile()
+        for i in range(0, self.n, CHUNK):
+            self._file.write(flat[i : i + CHUNK].contiguous().numpy().data)
+
+    def chunks(self):
+        self._file.seek(0)
+        buf = torch.empty(min(CHUNK, self.n), dtype=torch.float64)
+        for i in range(0, self.n, CHUNK):
+            view = buf[: min(CHUNK, self.n - i)]
+            if self._file.readinto(view.numpy().data.cast("B")) != 8 * view.numel():
+                raise OSError("a temporary file came back short")
+            yield view
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def sq_distance(a: torch.Tensor, b: torch.Tensor | Spilled | None = None) -> float:
     """‖a − b‖² (or ‖a‖²) in float64, :data:`CHUNK` entries at a time: a tensor of at most a chunk
     in one dot product, a vocabulary-sized one without its float64 difference held whole."""
     fa = a.detach().reshape(-1)
-    fb = None if b is None else b.detach().reshape(-1)
+    spilled = b.chunks() if isinstance(b, Spilled) else None
+    fb = b.detach().reshape(-1) if isinstance(b, torch.Tensor) else None
     total = 0.0
     for i in range(0, fa.numel(), CHUNK):
         d = fa[i : i + CHUNK].to(torch.float64)
-        if fb is not None:
+        if spilled is not None:
+            d = d - next(spilled)
+        elif fb is not None:
             d = d - fb[i : i + CHUNK].to(torch.float64)
         total += float(torch.dot(d, d))
     return total
@@ -143,9 +177,10 @@ def blockwise(cfg: Config, params: Params) -> bool:
 
 
 class RunProbes:
-    """The probes of one model, fed one run of blocks at a time in order (the first run with the
-    embeddings and head): per probe its totals per group and the stream rotation its first run
-    computed."""
+    """The probes of one model, fed one run of blocks at a time (the first run, with the embeddings
+    and head, before the others; the others in any order, some maybe in another process: see
+    :mod:`.streamed`): per probe its squared response per tensor and the stream rotation its first
+    run computed."""
 
     def __init__(
         self,
@@ -167,7 +202,9 @@ class RunProbes:
         # steps look them up, but no block's result depends on them): a canonical form's, which is
         # in memory anyway, rather than a float64 copy of the model's own
         self.taken_along = {k: (taken_along or params)[k].detach().to("cpu", torch.float64) for k in self.outer}
-        self.totals: list[dict[str, float]] = [{} for _ in range(probes)]
+        # per probe ‖canon(θ + δ) − canon(θ)‖² per tensor, summed per group in parameter order
+        # (outer tensors first, then the blocks) whatever order the runs were taken in
+        self.sq: list[dict[str, float]] = [{} for _ in range(probes)]
         self.rotations: list[Element | None] = [None] * probes
 
     def names(self, lo: int, n: int) -> list[str]:
@@ -181,7 +218,7 @@ class RunProbes:
         here: Params,
         ref: Params,
         base: Params,
-        base_outer: Params,
+        base_outer: Mapping[str, torch.Tensor | Spilled],
         kept: dict[str, Element],
     ) -> None:
         """Run ``j`` (blocks lo … lo+n−1; ``here``: their tensors, and the outer ones for run 0) of
@@ -190,7 +227,7 @@ class RunProbes:
         cfg, u, seed, outer = self.cfg, self.u, self.seed, self.outer
         names = self.names(lo, n)
         sub_names = [_moved(k, -lo) for k in names]
-        for p in range(len(self.totals)):
+        for p in range(len(self.sq)):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
             sub.update(
                 {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
@@ -204,16 +241,31 @@ class RunProbes:
             c = canonicalize_owned(
                 cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=self.storage_dtype, keep=keep
             )
+            sq = self.sq[p]
             if j == 0:
                 self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
-                sq_by_group({k: c.params[k] for k in outer}, base_outer, self.totals[p])
-            sq_by_group({k: c.params[k] for k in sub_names}, base, self.totals[p])
+                for k in outer:
+                    sq[k] = sq_distance(c.params[k], base_outer[k])
+            for k, s in zip(names, sub_names):
+                sq[k] = sq_distance(c.params[s], base[s])
             del c, sub
+
+    def totals(self) -> list[dict[str, float]]:
+        """Per probe, Σ‖canon(θ + δ) − canon(θ)‖² per group (added in the order the runs feed them:
+        the outer tensors, then the blocks in order)."""
+        order = self.outer + [k for b in range(self.cfg.n_layers) for k in self.blocks.get(b, [])]
+        out = []
+        for sq in self.sq:
+            total: dict[str, float] = {}
+            for k in order:
+                total[group_of(k)] = total.get(group_of(k), 0.0) + sq[k]
+            out.append(total)
+        return out
 
     def worst(self) -> dict[str, float]:
         """Per group, the largest total over the probes."""
         worst: dict[str, float] = {}
-        for total in self.totals:
+        for total in self.totals():
             for k, v in total.items():
                 worst[k] = max(worst.get(k, 0.0), v)
         return worst

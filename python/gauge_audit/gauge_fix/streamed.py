@@ -10,7 +10,9 @@ do) and each run's records merged into the whole model's: elements joined along 
 (a norm's part renamed to its block), κ the largest over the runs (the unit scalings' κ the ratio
 of their extreme factors over all runs, as the step computes it), decisions by smallest margin and
 summed counts, notes renamed to their blocks.  Per run the distances to A's canonical form and B's
-rounding probes are taken, then the run is dropped: memory holds A's canonical form and one run.
+rounding probes are taken, then the run is dropped: memory holds A's canonical form and one run
+(B's canonical embeddings wait in a temporary file while the first run's probes run).  In
+parallel the runs after the first are shared with a forked helper (:class:`SharedRuns`).
 
 :func:`merge_runs` refuses (returns None) whatever it cannot merge exactly — a step whose element
 couples blocks (layout "whole"), runs with different steps or decisions, decisions whose
@@ -20,7 +22,9 @@ thresholds differ between runs — and compare then canonicalises B whole.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -30,7 +34,9 @@ from ..models.config import Config
 from .base import Decision, Params, StepRecord, _moved, _renumbered
 from .ffn import scaling_kappa
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
-from .response import ROTATION, RunProbes, _block_runs, _sub, sq_distance
+from .response import ROTATION, RunProbes, Spilled, _block_runs, _sub, sq_distance
+
+SPILL = 1 << 24  # outer tensors of at least this many entries (128 MiB in float64) wait in a file
 
 _BLOCK_NOTE = re.compile(r"\b(blocks?)([ .])(\d+)\b")
 
@@ -136,6 +142,132 @@ def merge_runs(cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dt
     return Canonical(cfg, {}, records, unfixed(cfg), storage_dtype)
 
 
+class SharedRuns:
+    """B's runs of blocks shared between this process, which takes them from the first up, and a
+    forked helper, which takes them from the last down once its own work is done (two cores: the
+    helper's work, A's probes, is shorter than B's).  Each run's numbers are the same whichever
+    process computes it (the draws are seeded per tensor, the sums taken per tensor and added in
+    parameter order at the end), so the report does not depend on the split.  The helper needs
+    what the first run computed (B's stream rotation and each probe's): sent through a pipe.
+    Made before the fork; ``active`` is cleared where nothing was forked (this process then takes
+    every run)."""
+
+    def __init__(self, n_runs: int):
+        import multiprocessing
+
+        mp = multiprocessing.get_context("fork")
+        self._next = mp.RawArray("i", [0, n_runs - 1])  # the next run from the first, from the last
+        self._lock = mp.Lock()
+        self._recv, self._send = mp.Pipe(duplex=False)
+        self.active = True
+        self.collect: Callable[[], dict] | None = None  # the helper's runs (set by the caller)
+
+    def claim(self, last: bool) -> int | None:
+        """The next run not taken yet (from the last down: never the first), or None."""
+        with self._lock:
+            lo, hi = self._next[0], self._next[1]
+            if lo > hi or (last and hi == 0):
+                return None
+            if last:
+                self._next[1] = hi - 1
+                return hi
+            self._next[0] = lo + 1
+            return lo
+
+    def post_first(self, rotation: Element | None, rotations: list) -> None:
+        """This process: what the first run computed, for the helper (sent from a thread: the
+        helper reads it only when its own work is done)."""
+        import pickle
+        import threading
+
+        if not self.active:
+            return
+        data = pickle.dumps((rotation, rotations), protocol=pickle.HIGHEST_PROTOCOL)
+        threading.Thread(target=self._send.send_bytes, args=(data,), daemon=True).start()
+
+    def abandon(self) -> None:
+        """This process: no runs for the helper (an error before the first run was done): the
+        helper's :meth:`first` returns None at once."""
+        import pickle
+
+        with self._lock:
+            self._next[1] = -1
+        if self.active:
+            self._send.send_bytes(pickle.dumps(None))
+
+    def first(self) -> tuple[Element | None, list] | None:
+        """The helper: what the first run computed (waits for it), or None (:meth:`abandon`)."""
+        import pickle
+
+        return pickle.loads(self._recv.recv_bytes())
+
+
+class _BRuns:
+    """B canonicalised against the reference run by run, with its probes (see
+    :func:`canonical_b_by_runs`); the runs in any order after the first."""
+
+    def __init__(self, cfg, params_b, reference, storage_dtype, probes, seed):
+        self.cfg, self.params_b, self.storage_dtype = cfg, params_b, storage_dtype
+        self.ref = reference.params
+        self.rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, self.ref)
+        self.ref_outer = {k: self.ref[k] for k in self.rp.outer}
+        self.runs = _block_runs(cfg, params_b)
+        self.rotation: Element | None = None
+        self.sq: dict[str, float] = {}
+        self.records: dict[int, tuple[int, list[StepRecord]]] = {}
+
+    def run(self, j: int) -> None:
+        cfg, params_b, rp, ref = self.cfg, self.params_b, self.rp, self.ref
+        lo, n = self.runs[j]
+        names = rp.names(lo, n)
+        here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
+        ref_run = {**_sub(ref, names, lo), **self.ref_outer}
+        sub = {_moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
+        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
+        keep = {ROTATION: self.rotation} if self.rotation is not None else None
+        c = canonicalize_owned(
+            cfg.with_(n_layers=n), sub, reference=ref_run, storage_dtype=self.storage_dtype, keep=keep
+        )
+        base_outer: dict[str, torch.Tensor | Spilled] = {}  # the probes need it in the first run only
+        if j == 0:
+            self.rotation = next((r.element for r in c.records if r.family == ROTATION), None)
+            for k in rp.outer:
+                self.sq[k] = sq_distance(c.params[k], ref[k])
+            # the canonical embeddings and head in a temporary file while the probes run
+            base_outer = {k: Spilled(v) if v.numel() >= SPILL else v for k, v in c.params.items() if k in rp.outer}
+        for k in names:
+            self.sq[k] = sq_distance(c.params[_moved(k, -lo)], ref[k])
+        kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
+        base = {_moved(k, -lo): c.params[_moved(k, -lo)] for k in names}
+        records = c.records
+        del c, sub  # the outer tensors: only in base_outer now
+        rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
+        self.records[j] = (lo, records)
+        for v in base_outer.values():
+            if isinstance(v, Spilled):
+                v.close()
+        del here, base, base_outer
+
+    def result(self) -> dict:
+        """What the helper sends back: its runs' records and squared distances."""
+        return {"records": self.records, "sq": self.sq, "probes": self.rp.sq}
+
+    def add(self, other: dict) -> None:
+        """The helper's runs: its records hold a copy of the first run's rotation, replaced by the
+        element itself (runs merge a shared element when every run holds that one)."""
+        for j, (lo, recs) in other["records"].items():
+            for i, r in enumerate(recs):
+                if r.family == ROTATION:
+                    assert self.rotation is not None and all(
+                        torch.equal(r.element.parts[k], self.rotation.parts[k]) for k in self.rotation.parts
+                    )
+                    recs[i] = dataclasses.replace(r, element=self.rotation)
+            self.records[j] = (lo, recs)
+        self.sq.update(other["sq"])
+        for mine, theirs in zip(self.rp.sq, other["probes"]):
+            mine.update(theirs)
+
+
 def canonical_b_by_runs(
     cfg: Config,
     params_b: Params,
@@ -143,41 +275,45 @@ def canonical_b_by_runs(
     storage_dtype: torch.dtype,
     probes: int,
     seed: int,
+    share: SharedRuns | None = None,
 ) -> tuple[Canonical, dict[str, float], dict[str, float]] | None:
     """B canonicalised against ``reference`` (A's canonical form) one run of blocks at a time:
     (its records merged into a :class:`Canonical` without parameters, ‖canon(B) − canon(A)‖² per
     tensor, B's rounding response per group as :func:`.response.response_by_runs` measures it);
-    None where the runs' records cannot be merged exactly (then B is canonicalised whole)."""
-    u = torch.finfo(storage_dtype).eps / 2
-    ref = reference.params
-    rp = RunProbes(cfg, params_b, probes, seed, u, storage_dtype, ref)
-    ref_outer = {k: ref[k] for k in rp.outer}
-    sq: dict[str, float] = {}
-    runs: list[tuple[int, list[StepRecord]]] = []
-    rotation: Element | None = None
-    base_outer: dict[str, torch.Tensor] = {}
-    for j, (lo, n) in enumerate(_block_runs(cfg, params_b)):
-        names = rp.names(lo, n)
-        here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
-        ref_run = {**_sub(ref, names, lo), **ref_outer}
-        sub = {_moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
-        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
-        keep = {ROTATION: rotation} if rotation is not None else None
-        c = canonicalize_owned(cfg.with_(n_layers=n), sub, reference=ref_run, storage_dtype=storage_dtype, keep=keep)
-        if j == 0:
-            rotation = next((r.element for r in c.records if r.family == ROTATION), None)
-            base_outer = {k: c.params[k] for k in rp.outer}
-            for k in rp.outer:
-                sq[k] = sq_distance(c.params[k], ref[k])
-        for k in names:
-            sq[k] = sq_distance(c.params[_moved(k, -lo)], ref[k])
-        kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
-        base = {_moved(k, -lo): c.params[_moved(k, -lo)] for k in names}
-        rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
-        runs.append((lo, c.records))
-        del c, sub, here, base
-        base_outer = {}  # the probes need it in the first run only
-    merged = merge_runs(cfg, runs, storage_dtype)
+    None where the runs' records cannot be merged exactly (then B is canonicalised whole).
+    ``share``: the runs from the last down are a helper's (:func:`helper_b_runs`), collected here."""
+    b = _BRuns(cfg, params_b, reference, storage_dtype, probes, seed)
+    if share is None or not share.active:
+        for i in range(len(b.runs)):
+            b.run(i)
+    else:
+        posted = False
+        try:
+            while (j := share.claim(last=False)) is not None:
+                b.run(j)
+                if j == 0:
+                    share.post_first(b.rotation, b.rp.rotations)
+                    posted = True
+        finally:
+            if not posted:  # an error before the helper could start: it must not wait for run 0
+                share.abandon()
+        assert share.collect is not None
+        b.add(share.collect())
+    merged = merge_runs(cfg, [b.records[j] for j in range(len(b.runs))], storage_dtype)
     if merged is None:
         return None
-    return merged, sq, rp.worst()
+    return merged, b.sq, b.rp.worst()
+
+
+def helper_b_runs(share: SharedRuns, *b_side) -> dict:
+    """The helper's share of :func:`canonical_b_by_runs` (``b_side``: its arguments before
+    ``share``): the runs not taken yet, from the last down, with the first run's rotations from the
+    other process (none where that process gave up: then none of B's runs here)."""
+    b = _BRuns(*b_side)
+    first = share.first() if share.active else None
+    if first is None:
+        return b.result()
+    b.rotation, b.rp.rotations = first
+    while (j := share.claim(last=True)) is not None:
+        b.run(j)
+    return b.result()
