@@ -326,6 +326,32 @@ def test_compare_with_b_runs_shared_with_the_helper_gives_the_serial_report(mode
     assert all(torch.equal(serial.element.parts[k], forked.element.parts[k]) for k in serial.element.parts)
 
 
+@pytest.mark.parametrize("name", ["llama-tiny-gqa", "qwen-tiny"])
+def test_element_residual_in_parallel_is_the_serial_one(model, name, monkeypatch):
+    """compare's CLI maps A's last blocks by the element in a forked helper: ‖g·A − B‖/‖B‖ is the
+    serial value to the last bit (the squared distances are added in parameter order), and the
+    helper really took blocks (this process mapped fewer than all)."""
+    m = model(name)
+    b, _ = _transformed(m, seed=5)
+    stored = {k: v.to(torch.float32) for k, v in b.items()}
+    r = compare(m.cfg, m.params, m.cfg, stored)
+    assert r.verdict == EQUIVALENT and r.element is not None
+    mapped_here = []
+    terms = comparison._block_terms
+
+    def recorded(cfg, pa, pb, steps, runs):
+        mapped_here.append(len(runs))
+        return terms(cfg, pa, pb, steps, runs)
+
+    monkeypatch.setattr(comparison, "_block_terms", recorded)
+    serial = comparison.element_residual(m.cfg, m.params, stored, r.element)
+    forked = comparison.element_residual(m.cfg, m.params, stored, r.element, parallel=True)
+    n_blocks = m.cfg.n_layers + 1  # the layers and the outer tensors
+    assert mapped_here == [n_blocks, mapped_here[1]] and 0 < mapped_here[1] < n_blocks
+    assert forked == serial == r.element_residual
+    assert 0 < serial <= r.kappa * 2 * torch.finfo(torch.float32).eps  # B's rounding, amplified at most by κ
+
+
 def test_compare_error_in_b_first_run_leaves_no_helper_waiting(model, monkeypatch):
     """An error in B's first run (before the helper could be sent what it needs for B's other runs)
     reaches the caller, and the helpers end: none waits for the first run or to send its result."""

@@ -186,9 +186,10 @@ def certificate_when_written(ckpt, cfg, request, sender, n_threads: int) -> dict
     torch threads), then waits for ``request`` (a connection) to send the written directory, κ and
     ``write_hf``'s record.  None if the request never comes (the caller closed ``sender``, its
     end, which a forked helper closes at once: otherwise its own copy would keep it open)."""
-    from .runtime import threads
+    from .runtime import keep_freed_memory, threads
 
     sender.close()
+    keep_freed_memory()  # a helper process: its forwards' activations reuse freed pages, nothing else runs here
     with threads(n_threads):
         before = original_logits(ckpt, cfg)
         try:

@@ -227,9 +227,10 @@ def _original_ahead(ckpt, cfg, params, staging: Path, n_threads: int, seed: int,
     function check's output of the original
     (:func:`~gauge_audit.gauge_fix.pipeline.original_output`)."""
     from ..gauge_fix.pipeline import original_output
-    from ..runtime import threads
+    from ..runtime import keep_freed_memory, threads
     from ..transform import write_tokenizer
 
+    keep_freed_memory()  # the forward's activations reuse freed pages (see ``run``)
     with threads(n_threads):
         notes = write_tokenizer(ckpt, staging) if tokenizer else []
         return notes, original_output(cfg, params, seed)
@@ -293,8 +294,10 @@ class CertificateAhead:
 
 
 def run(args) -> int:
-    # keep_freed_memory() is not called here: a single pass gains little from it (SmolLM2: sys
-    # 10.7 → 6.0 s) and the heap that is never trimmed raises the peak (1.96 → 2.09 GB)
+    # keep_freed_memory() is not called here, only in the helpers (transformers' forwards, which
+    # free and allocate the same activations again and again: SmolLM2's page faults 4.4 M → 2.8 M,
+    # kernel time 15 → 11 s, peak unchanged): in this process the heap that is never trimmed would
+    # raise the peak (1.44 → 1.55 GB) for its single pass of the steps
     # the checkpoint read from its file when asked (twice: canonicalisation, function check), not held
     src = load_source(
         args.checkpoint or args.model, args.seed, checkpoint=bool(args.checkpoint), native=True, resident=False

@@ -42,6 +42,7 @@ from ..actions.algebra import compose, inverse
 from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
+from ..models.lazy import LazyParams
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
@@ -173,10 +174,12 @@ def element_a_to_b(ca: Canonical, cb: Canonical) -> tuple[Element, int]:
     return composite.make([(r.action, r.element) for r in chain]), n0
 
 
-def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Element) -> float:
+def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Element, parallel: bool = False) -> float:
     """‖g·A − B‖_F / ‖B‖_F for a composite g (= ACTIONS["composite"].apply), one block at a time
     (every step applied to block i's float64 copy, then compared with B's block and dropped) unless
-    a step's element couples blocks (layout "whole"): then the whole float64 g·A, in place."""
+    a step's element couples blocks (layout "whole"): then the whole float64 g·A, in place.
+    ``parallel``: the last blocks (half the parameters) in a forked helper; the squared distances
+    are added in parameter order either way, so the value is the same to the last bit."""
     steps = composite.steps(el)
     if any(ACTIONS[action].element_layout == "whole" for action, _ in steps):
         mapped = _float64(params_a)
@@ -186,17 +189,51 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
     blocks: dict[int | None, list[str]] = {}
     for k in params_a:
         blocks.setdefault(block_of(k), []).append(k)
+    runs = list(blocks.items())
+    split = len(runs)
+    if parallel:  # the helper takes blocks from the last down until it holds half the parameters
+        total, tail = sum(_numel(params_a, k) for k in params_a), 0
+        while split > 1 and 2 * tail < total:
+            split -= 1
+            tail += sum(_numel(params_a, k) for k in runs[split][1])
+    helper = (
+        Forked(_block_terms, cfg, params_a, params_b, steps, runs[split:], fork=True) if split < len(runs) else None
+    )
+    try:
+        terms = _block_terms(cfg, params_a, params_b, steps, runs[:split])
+        if helper is not None:
+            terms += helper.result()
+    finally:
+        if helper is not None:
+            helper.cancel()
     num = den = 0.0
-    for b, names in blocks.items():
-        sub: Params = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
-        for action, step in steps:
-            sub = apply_block(ACTIONS[action], cfg, sub, step, b)
-        for k in names:
-            vb = params_b[k]
-            num += sq_distance(vb, sub[k])
-            den += sq_distance(vb)
-        del sub
+    for n, d in terms:
+        num += n
+        den += d
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+def _numel(params: Params, name: str) -> int:
+    """The size of a parameter, without reading it where it is read on access."""
+    return math.prod(params.shapes[name]) if isinstance(params, LazyParams) else params[name].numel()
+
+
+def _block_terms(
+    cfg: Config, params_a: Params, params_b: Params, steps: list, runs: list[tuple[int | None, list[str]]]
+) -> list[tuple[float, float]]:
+    """(‖(g·A)_k − B_k‖², ‖B_k‖²) for every parameter k of the blocks ``runs``, in their order, on
+    one thread (the same sums in either process; a forked child must not use the parent's pool)."""
+    out = []
+    with one_thread():
+        for b, names in runs:
+            sub: Params = {k: params_a[k].detach().to("cpu", torch.float64) for k in names}
+            for action, step in steps:
+                sub = apply_block(ACTIONS[action], cfg, sub, step, b)
+            for k in names:
+                vb = params_b[k]
+                out.append((sq_distance(vb, sub[k]), sq_distance(vb)))
+            del sub
+    return out
 
 
 # ----------------------------------------------------------------------------- compare
@@ -359,6 +396,7 @@ def compare(
                     _Once(job),
                     share,
                     _Once(raw),
+                    parallel,
                 )
             finally:  # after an error here, no helper is left waiting to send what nobody reads
                 job.cancel()
@@ -378,6 +416,7 @@ def _compare(
     a_side: _Once | None = None,
     share: SharedRuns | None = None,
     raw_side: _Once | None = None,
+    parallel: bool = False,
 ) -> Comparison:
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     storage_b = storage_dtype_b or storage_dtype_of(params_b)
@@ -440,5 +479,5 @@ def _compare(
         el, _ = element_a_to_b(ca, cb)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
         release_freed_memory()  # B's runs' temporaries, before the embeddings are mapped once more
-        out.element_residual = element_residual(cfg, params_a, params_b, el)
+        out.element_residual = element_residual(cfg, params_a, params_b, el, parallel)
     return out
