@@ -42,7 +42,7 @@ from ..actions.algebra import compose, inverse
 from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..models.lazy import LazyParams
+from ..models.families import FAMILIES
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
@@ -192,10 +192,12 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
     runs = list(blocks.items())
     split = len(runs)
     if parallel:  # the helper takes blocks from the last down until it holds half the parameters
-        total, tail = sum(_numel(params_a, k) for k in params_a), 0
+        # sizes from the family's shapes: a checkpoint's tensors are read on access
+        size = {k: math.prod(shape) for k, (shape, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
+        total, tail = sum(size[k] for k in params_a), 0
         while split > 1 and 2 * tail < total:
             split -= 1
-            tail += sum(_numel(params_a, k) for k in runs[split][1])
+            tail += sum(size[k] for k in runs[split][1])
     helper = (
         Forked(_block_terms, cfg, params_a, params_b, steps, runs[split:], fork=True) if split < len(runs) else None
     )
@@ -211,11 +213,6 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
         num += n
         den += d
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
-
-
-def _numel(params: Params, name: str) -> int:
-    """The size of a parameter, without reading it where it is read on access."""
-    return math.prod(params.shapes[name]) if isinstance(params, LazyParams) else params[name].numel()
 
 
 def _block_terms(
