@@ -133,28 +133,38 @@ def fix_head_perm(ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- 12 qk-gl
-def _plane_fix(ctx: Context, zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
-    """The commutant element w = a + ib (acting as z ↦ w·z on the query plane, z ↦ z/w̄ on the key
-    plane) balancing ‖w·zq‖ = ‖zk/w̄‖ and making Σ (w·zq)² real positive (then the sign by the
-    third moment), or aligning the phase to the reference planes.  Returns (w, phase margin,
-    sign margin)."""
-    nq, nk = float(zq.abs().norm()), float(zk.abs().norm())
-    if nq == 0 or nk == 0:
-        return complex(1.0), 0.0, 0.0
-    r = (nk / nq) ** 0.5
+def _plane_fixes(zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
+    """Per plane (a column of ``zq``, ``zk``: the query and key planes as complex columns) the
+    commutant element w = a + ib (acting as z ↦ w·z on the query plane, z ↦ z/w̄ on the key plane)
+    balancing ‖w·zq‖ = ‖zk/w̄‖ and making Σ (w·zq)² real positive (then the sign by the third
+    moment), or aligning the phase to the reference planes ``ref`` = (rq, rk).  Every plane at once
+    (a head has d_k/2 of them, a checkpoint thousands).  Returns (w, phase margin, sign margin),
+    one entry per plane; a zero plane keeps w = 1 with both margins 0."""
+    nq, nk = zq.abs().norm(dim=0), zk.abs().norm(dim=0)
+    live = (nq > 0) & (nk > 0)
+    one = torch.ones_like(nq)
+    r = torch.where(live, nk / torch.where(live, nq, one), one).sqrt()
     if ref is not None:
-        s = complex((ref[0] * (r * zq).conj()).sum() + (ref[1] * (zk / r).conj()).sum())
-        scale = float(ref[0].abs().norm() * r * nq + ref[1].abs().norm() * nk / r)
-        w = r * s / abs(s) if abs(s) > 0 else complex(r)
-        return w, abs(s) / scale if scale > 0 else 0.0, 1.0
-    s2 = complex((zq * zq).sum())
-    w = r * (complex(abs(s2) / s2) ** 0.5 if abs(s2) > 0 else 1.0)
-    sign, margin = signs((w * zq).real)
-    return w * float(sign), abs(s2) / (nq * nq), float(margin)
+        s = (ref[0] * (r * zq).conj()).sum(0) + (ref[1] * (zk / r).conj()).sum(0)
+        scale = ref[0].abs().norm(dim=0) * r * nq + ref[1].abs().norm(dim=0) * nk / r
+        turn = torch.where(s.abs() > 0, s / torch.where(s.abs() > 0, s.abs(), one), torch.ones_like(s))
+        pm = torch.where(scale > 0, s.abs() / torch.where(scale > 0, scale, one), 0.0)
+        w = torch.where(live, r * turn, torch.ones_like(turn))
+        return w, torch.where(live, pm, 0.0), torch.where(live, 1.0, 0.0)
+    s2 = (zq * zq).sum(0)
+    # the principal square root of |s2|/s2: arg w = −arg(s2)/2
+    turn = torch.where(s2.abs() > 0, torch.polar(one, -torch.angle(s2) / 2), torch.ones_like(s2))
+    w = r * turn
+    sign, margin = signs((w * zq).real, dim=0)
+    pm = s2.abs() / torch.where(live, nq * nq, one)
+    w = torch.where(live, w * sign, torch.ones_like(w))
+    return w, torch.where(live, pm, 0.0), torch.where(live, margin, 0.0)
 
 
-def _planes(x: torch.Tensor, planes) -> list[torch.Tensor]:
-    return [torch.complex(x[:, i], x[:, j]) for i, j in planes]
+def _planes(x: torch.Tensor, planes) -> torch.Tensor:
+    """The planes (a, b) of ``x``'s columns as complex columns x_a + i·x_b."""
+    a, b = (torch.tensor(c, dtype=torch.long) for c in zip(*planes))
+    return torch.complex(x[:, a], x[:, b])
 
 
 def fix_qk(ctx: Context) -> None:
@@ -213,17 +223,18 @@ def balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gaps
 
 
 def plane_commutant(ctx: Context, m, x, y, ref, planes, where: str, phase: list, sgn: list, notes: list) -> None:
-    """Write into ``m`` the RoPE commutant element fixing each plane (:func:`_plane_fix`) of the
+    """Write into ``m`` the RoPE commutant element fixing each plane (:func:`_plane_fixes`) of the
     query side x and key side y (acting as x·m, y·m⁻ᵀ); ``ref``: the reference's (x, y) or None."""
-    rq = list(zip(_planes(ref[0], planes), _planes(ref[1], planes))) if ref is not None else None
-    for k, ((a, b), zq, zk) in enumerate(zip(planes, _planes(x, planes), _planes(y, planes))):
-        w, pm, sm = _plane_fix(ctx, zq, zk, rq[k] if rq is not None else None)
-        if pm == 0.0:
-            notes.append(f"{where} plane {k}: zero or circular plane, phase not fixed")
-        m[a, a] = m[b, b] = w.real
-        m[a, b], m[b, a] = w.imag, -w.imag
-        phase.append(pm)
-        sgn.append(sm)
+    if not planes:
+        return
+    rq = (_planes(ref[0], planes), _planes(ref[1], planes)) if ref is not None else None
+    w, pm, sm = _plane_fixes(_planes(x, planes), _planes(y, planes), rq)
+    a, b = (torch.tensor(c, dtype=torch.long) for c in zip(*planes))
+    m[a, a] = m[b, b] = w.real
+    m[a, b], m[b, a] = w.imag, -w.imag
+    notes += [f"{where} plane {k}: zero or circular plane, phase not fixed" for k in (pm == 0).nonzero()[:, 0].tolist()]
+    phase += pm.tolist()
+    sgn.append(sm)
 
 
 def gl_decisions(ctx: Context, family: str, gaps: list, phase: list, sgn: list) -> list[Decision]:
