@@ -147,7 +147,8 @@ def _plane_fixes(zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
     if ref is not None:
         s = (ref[0] * (r * zq).conj()).sum(0) + (ref[1] * (zk / r).conj()).sum(0)
         scale = ref[0].abs().norm(dim=0) * r * nq + ref[1].abs().norm(dim=0) * nk / r
-        turn = torch.where(s.abs() > 0, s / torch.where(s.abs() > 0, s.abs(), one), torch.ones_like(s))
+        sa = s.abs()
+        turn = torch.where(sa > 0, s / torch.where(sa > 0, sa, one), torch.ones_like(s))
         pm = torch.where(scale > 0, s.abs() / torch.where(scale > 0, scale, one), 0.0)
         w = torch.where(live, r * turn, torch.ones_like(turn))
         return w, torch.where(live, pm, 0.0), torch.where(live, 1.0, 0.0)
@@ -161,9 +162,15 @@ def _plane_fixes(zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
     return w, torch.where(live, pm, 0.0), torch.where(live, margin, 0.0)
 
 
+def _plane_index(planes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The planes' first and second coordinates, as index tensors."""
+    a, b = (torch.tensor(c, dtype=torch.long) for c in zip(*planes))
+    return a, b
+
+
 def _planes(x: torch.Tensor, planes) -> torch.Tensor:
     """The planes (a, b) of ``x``'s columns as complex columns x_a + i·x_b."""
-    a, b = (torch.tensor(c, dtype=torch.long) for c in zip(*planes))
+    a, b = _plane_index(planes)
     return torch.complex(x[:, a], x[:, b])
 
 
@@ -229,7 +236,7 @@ def plane_commutant(ctx: Context, m, x, y, ref, planes, where: str, phase: list,
         return
     rq = (_planes(ref[0], planes), _planes(ref[1], planes)) if ref is not None else None
     w, pm, sm = _plane_fixes(_planes(x, planes), _planes(y, planes), rq)
-    a, b = (torch.tensor(c, dtype=torch.long) for c in zip(*planes))
+    a, b = _plane_index(planes)
     m[a, a] = m[b, b] = w.real
     m[a, b], m[b, a] = w.imag, -w.imag
     notes += [f"{where} plane {k}: zero or circular plane, phase not fixed" for k in (pm == 0).nonzero()[:, 0].tolist()]
