@@ -229,6 +229,24 @@ def test_rule_engine_matches_the_builtin_qk_gl_action_exactly(model):
     assert any(not torch.equal(ours[k], m.params[k]) for k in theirs)
 
 
+def test_rule_permutation_factor_is_gathered_exactly():
+    """A wide signed permutation on either side of a product is a gather, bit-for-bit the dense
+    product (each entry is one entry times ±1); a near-permutation is multiplied densely."""
+    from gauge_audit.rules.algebra import PERMUTATION_MIN, TorchOps
+
+    ops, g = TorchOps(), torch.Generator().manual_seed(4)
+    n = PERMUTATION_MIN + 3
+    signs = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    P = torch.eye(n, dtype=torch.float64)[torch.randperm(n, generator=g)] * signs[None, :]
+    x, y = torch.randn(5, n, dtype=torch.float64, generator=g), torch.randn(n, 6, dtype=torch.float64, generator=g)
+    for got, want in ((ops.matmul(x, P), x @ P), (ops.matmul(P, y), P @ y), (ops.matmul(P.T, y), P.T @ y)):
+        assert torch.equal(got, want)
+    near = P.clone()
+    near[0, :] += 1e-3  # one row no longer a unit vector: not a permutation, the dense product
+    assert torch.equal(ops.matmul(x, near), x @ near)
+    assert not torch.equal(ops.matmul(x, near), ops.matmul(x, P))
+
+
 def test_rule_tied_unembedding_consistency():
     m = build_config(NAMED["gpt2-tiny-tied"], 0, "cpu")
     paper = parse_rule(PAPER)

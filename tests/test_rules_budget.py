@@ -121,6 +121,42 @@ def test_linear_unknowns_are_solved_exactly():
     assert unique_linear([b[0] - 1, b[0] - 2], list(b[:1])) is None  # inconsistent
 
 
+def test_affine_residuals_are_evaluated_as_coefficient_rows_with_the_general_paths_outcomes(monkeypatch):
+    """Residuals affine in the unknowns by their form are evaluated as exact coefficient rows; the
+    outcome (solution, fixed point, reason) is the general path's (substitute and expand) on a
+    unique, an under-determined, an inconsistent and a parameter-dependent system, and a residual
+    with a product of two unknown factors goes to the general path."""
+    from gauge_audit.rules import solve
+
+    b = sp.symbols("b0:3")
+    x, y = sp.symbols("x y", real=True)
+    w = sp.Symbol("w", positive=True)
+    systems = {
+        "unique": [
+            (b[0] - 3) * x + (b[1] + sp.Rational(1, 2)) * y * w,
+            (b[2] - 2) * x * y * w,
+            x * (b[0] + b[1] - b[2] - sp.Rational(1, 2)),
+        ],
+        "under": [(b[0] + b[1] - 1) * x, (b[2] - 2) * y],
+        "inconsistent": [(b[0] - 1) * x, (b[0] - 2) * x * y, b[1] * x, b[2] * y],
+        "parameter": [(w * b[0] - 1) * x, (b[1] - w**2) * y + (b[2] - 1 / w) * x * y],
+    }
+    for name, res in systems.items():
+        assert solve._compile_affine(res, list(b), sorted({x, y, w}, key=str)) is not None, name
+        for fixed in (set(), {w}):
+            fast = solve_sampled(res, list(b), fixed, random.Random(3), Budget(None))
+            with monkeypatch.context() as mp:
+                mp.setattr(solve, "_compile_affine", lambda *a: None)
+                general = solve_sampled(res, list(b), fixed, random.Random(3), Budget(None))
+            assert fast == general, (name, fixed, fast, general)
+    sol, _, why = solve_sampled(systems["unique"], list(b), set(), random.Random(0), Budget(None))
+    assert sol is not None and sol[b[0]] == 3 and sol[b[1]] == sp.Rational(-1, 2), why
+    assert (
+        "not unique (rank 2 of 3)" in solve_sampled(systems["under"], list(b), set(), random.Random(0), Budget(None))[2]
+    )
+    assert solve._compile_affine([(b[0] - 1) * (b[1] + x)], list(b), [x]) is None  # degree 2 by its form
+
+
 def test_inconsistent_and_oversized_polynomial_systems_are_reported_not_attempted():
     b = sp.symbols(f"b0:{POLY_LIMITS['unknowns'] + 1}")
     x = sp.Symbol("x", real=True)

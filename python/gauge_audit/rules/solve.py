@@ -13,7 +13,12 @@ can run for many minutes (Gröbner bases of large systems).  Instead:
   re-checked exactly on fresh draws by the caller, so sampling can miss a correction with small
   probability but never report a wrong one.
 * **Linear first.**  When every equation is affine in the unknowns (the usual case: a factor of one
-  parameter), the system is solved by exact linear algebra over ℚ (``linsolve``).
+  parameter), the system is solved by exact linear algebra over ℚ.  A residual that is affine in
+  the unknowns by its form (no product of two factors that contain them, no unknown in a
+  denominator or a function) is compiled once into an evaluator of its coefficient row in exact
+  integers and fractions (:func:`_affine`): a point costs one pass over the expression tree, not
+  a SymPy substitution and expansion.  Any other residual takes the general path (substitute,
+  expand, read the degree); both give the same equations.
 * **Polynomial only when needed and small.**  A system of higher degree (an unknown that also
   acts on the stream, through the norm core) goes to ``sympy.solve`` only within
   :data:`POLY_LIMITS`; a larger one is reported as such, not attempted.
@@ -25,6 +30,8 @@ Every limit here is a size, so the same seed gives the same outcome; the time bu
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from fractions import Fraction
 
 import sympy as sp
 from sympy.polys.domains import QQ
@@ -81,6 +88,123 @@ def _degree(e, xs) -> int:
     return sp.Poly(e, *xs).total_degree() if e.free_symbols & set(xs) else 0
 
 
+Num = int | Fraction  # a value at an integer point: exact
+
+
+class _NotAffine(Exception):
+    """The residual is not affine in the unknowns by its form (the general path decides it)."""
+
+
+def _numeric(e, syms: dict) -> Callable[[list], Num]:
+    """An evaluator of an unknown-free subexpression at a point (``pt[i]`` the value of symbol i):
+    Python integers and fractions, exactly."""
+    if e.is_Symbol:
+        i = syms[e]
+        return lambda pt: pt[i]
+    if e.is_Integer:
+        v = int(e)
+        return lambda pt: v
+    if e.is_Rational:
+        q = Fraction(int(e.p), int(e.q))
+        return lambda pt: q
+    if e.is_Add or e.is_Mul:
+        parts = [_numeric(a, syms) for a in e.args]
+        if e.is_Add:
+            return lambda pt: sum((f(pt) for f in parts), 0)
+
+        def product(pt):
+            out: Num = 1
+            for f in parts:
+                out = out * f(pt)
+            return out
+
+        return product
+    if e.is_Pow and e.exp.is_Integer:
+        base, n = _numeric(e.base, syms), int(e.exp)
+        if n >= 0:
+            return lambda pt: base(pt) ** n
+        return lambda pt: Fraction(1) / base(pt) ** -n  # ZeroDivisionError at a pole: the point is skipped
+    raise _NotAffine  # a float, a function, a symbolic exponent: not exact integer arithmetic
+
+
+def _affine(e, xs: dict, syms: dict, has: Callable) -> Callable[[list], list[Num]]:
+    """An evaluator of ``e``'s coefficient row ``[c_1, …, c_n, c_0]`` at a point (``e`` = Σ c_j·x_j + c_0
+    there), for ``e`` affine in the unknowns ``xs`` by its form; raises :class:`_NotAffine` otherwise.
+    ``has(node)``: does the node contain an unknown."""
+    n = len(xs)
+    if not has(e):
+        f = _numeric(e, syms)
+
+        def const(pt):
+            row: list[Num] = [0] * (n + 1)
+            row[n] = f(pt)
+            return row
+
+        return const
+    if e.is_Symbol:  # an unknown
+        unit: list[Num] = [0] * (n + 1)
+        unit[xs[e]] = 1
+        return lambda pt: list(unit)
+    if e.is_Add:
+        parts = [_affine(a, xs, syms, has) for a in e.args]
+
+        def total(pt):
+            row = parts[0](pt)
+            for f in parts[1:]:
+                for j, c in enumerate(f(pt)):
+                    row[j] += c
+            return row
+
+        return total
+    if e.is_Mul:
+        inner = [a for a in e.args if has(a)]
+        if len(inner) != 1:
+            raise _NotAffine  # a product of two factors with unknowns: its degree needs the expansion
+        g = _affine(inner[0], xs, syms, has)
+        others = [_numeric(a, syms) for a in e.args if a is not inner[0]]
+
+        def scaled(pt):
+            k: Num = 1
+            for f in others:
+                k = k * f(pt)
+            return [k * c for c in g(pt)]
+
+        return scaled
+    raise _NotAffine  # an unknown in a power, a denominator or a function
+
+
+def _compile_affine(residuals: list, xs: list, free: list) -> list | None:
+    """Every residual's coefficient-row evaluator (:func:`_affine`), or None if one is not affine by
+    its form (then the general path decides them all)."""
+    xi = {x: j for j, x in enumerate(xs)}
+    si = {s: i for i, s in enumerate(free)}
+    memo: dict = {}
+
+    def has(node) -> bool:
+        if node not in memo:
+            memo[node] = node in xi if node.is_Symbol else any(has(a) for a in node.args)
+        return memo[node]
+
+    try:
+        return [_affine(sp.sympify(e), xi, si, has) for e in residuals]
+    except _NotAffine:
+        return None
+
+
+def _solve_rows(rows: list, n: int, solve: bool = False) -> tuple[int, bool, list | None]:
+    """(rank of A, whether A·x + c = 0 is consistent, and with ``solve`` its unique solution or
+    None) for the coefficient rows [A | c], exactly over ℚ."""
+    M = DomainMatrix([[QQ(c.numerator, c.denominator) for c in r] for r in rows], (len(rows), n + 1), QQ)
+    r = M[:, :n].rank()
+    if M.rank() > r:
+        return r, False, None
+    if not solve or r < n:
+        return r, True, None
+    red, _ = M.rref()  # rank n, consistent: the first n rows are [I | −x]
+    entries = red.to_list()
+    return r, True, [-entries[i][n] for i in range(n)]
+
+
 def solve_sampled(
     residuals: list, xs: list, fixed_syms: set, rng: random.Random, budget: Budget, max_points: int | None = None
 ) -> tuple[dict | None, dict, str]:
@@ -92,6 +216,9 @@ def solve_sampled(
     fixed = {s: _draw(s, rng) for s in free if s in fixed_syms}
     varying = [s for s in free if s not in fixed_syms]
     max_points = max_points or 2 * len(xs) + 4
+    rows = _compile_affine(residuals, xs, free)
+    if rows is not None:
+        return _solve_affine(rows, xs, free, fixed, varying, rng, budget, max_points)
     eqs: list = []
     seen: set = set()
     rank, stable, degree = -1, 0, 0
@@ -145,6 +272,47 @@ def solve_sampled(
     if len(sols) != 1 or any(x not in sols[0] for x in xs):
         return None, fixed, f"{len(sols)} solutions of the polynomial system"
     return sols[0], fixed, ""
+
+
+def _solve_affine(
+    rows: list, xs: list, free: list, fixed: dict, varying: list, rng: random.Random, budget: Budget, max_points: int
+) -> tuple[dict | None, dict, str]:
+    """:func:`solve_sampled` for residuals affine in the unknowns by their form: the same points,
+    the same stopping rule and outcomes, each equation evaluated as its exact coefficient row."""
+    n = len(xs)
+    eqs: list = []
+    seen: set = set()
+    rank, stable = -1, 0
+    for _ in range(max_points):
+        budget.check()
+        point = {**fixed, **{s: _draw(s, rng) for s in varying}}
+        pt = [int(point[s]) for s in free]
+        for f in rows:
+            try:
+                row = tuple(Fraction(c) for c in f(pt))
+            except ZeroDivisionError:  # pragma: no cover - a pole at the point
+                continue
+            if not any(row) or row in seen:
+                continue
+            if not any(row[:n]):
+                return None, fixed, "the residual does not depend on the unknowns and is not zero"
+            seen.add(row)
+            eqs.append(row)
+        if not eqs:
+            continue
+        r, consistent, _ = _solve_rows(eqs, n)
+        if not consistent:
+            return None, fixed, "inconsistent: no value of the unknowns works"
+        stable = stable + 1 if r == rank else 0
+        rank = r
+        if (r == n and stable >= EXTRA_POINTS - 1) or (r < n and stable >= EXTRA_POINTS):
+            break
+    if not eqs:
+        return None, fixed, "no equation involves the unknowns"
+    _, _, sol = _solve_rows(eqs, n, solve=True)
+    if sol is None:
+        return None, fixed, f"not unique (rank {rank} of {n})"
+    return {x: QQ.to_sympy(v) for x, v in zip(xs, sol)}, fixed, ""
 
 
 __all__ = ["POLY_LIMITS", "solve_sampled", "unique_linear"]

@@ -120,7 +120,7 @@ def counterexample(rule: Rule, m: SymModel, r: ArchResult, budget: Budget | None
     shown = "; ".join(f"{sym} = {mat_text(v)}" for els in list(r.elements.values())[:1] for sym, v in els.items())
     for e in bad.residual:
         budget.check()
-        val = sp.sympify(e).subs(subs)
+        val = sp.sympify(e).xreplace(subs)  # symbols to numbers at once (subs would substitute one by one)
         free = sorted(val.free_symbols, key=str)
         val = (
             sp.nsimplify(sp.cancel(val))

@@ -127,7 +127,7 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
             return (q * R * k.T)[0, 0]
 
         r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
-        r_mod = r - r.subs({v: 0 for v in key_vars})  # a constant per query is no change for softmax
+        r_mod = r - r.xreplace({v: 0 for v in key_vars})  # a constant per query is no change for softmax
         out.append(
             Interface(
                 f"attention scores (head {h})", "scores", [r_mod], ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")
