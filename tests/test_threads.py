@@ -80,3 +80,34 @@ def test_reproducible_pins_one_thread_for_nested_choices():
             assert torch.get_num_threads() == runtime.DEFAULT_THREADS
         with runtime.dense_threads(runtime.DENSE_KERNEL_MIN - 1):
             assert torch.get_num_threads() == 1
+
+
+def test_lu_on_a_stack_of_matrices_is_correct_on_two_threads():
+    """torch's LU on a stack of matrices from ~150 rows on, on more than one thread, raises (MKL:
+    "Parameter 6 was incorrect on entry to DLASWP") or returns wrong numbers without a word; the
+    project's LU calls (runtime.stacked_*) run a stack on one thread and agree with the matrices
+    one by one to n·κ·ε.  The built-in vo-gl action on 256-wide heads (Gemma 3 270M's, here on a
+    random model of its shapes) stays a symmetry on two threads."""
+    from gauge_audit.models import build_config, config_of
+    from gauge_audit.numeric import check
+
+    g = torch.Generator().manual_seed(0)
+    n = 256
+    a = torch.randn(4, n, n, dtype=torch.float64, generator=g) + n**0.5 * torch.eye(n, dtype=torch.float64)
+    b = torch.randn(4, n, 8, dtype=torch.float64, generator=g)
+    kappa = float(torch.linalg.cond(a).max())
+    tol = n * kappa * runtime.eps(torch.float64)
+    with runtime.threads(2):
+        assert torch.get_num_threads() == 2
+        x, inv, det = runtime.stacked_solve(a, b), runtime.stacked_inv(a), runtime.stacked_det(a)
+        lu, piv = runtime.stacked_lu_factor(a)
+    for i in range(4):
+        one = torch.linalg.solve(a[i], b[i])
+        assert float((x[i] - one).abs().max() / one.abs().max()) <= tol
+        assert float((a[i] @ inv[i] - torch.eye(n, dtype=torch.float64)).abs().max()) <= tol
+        assert abs(float(det[i] / torch.linalg.det(a[i])) - 1) <= tol
+        assert int(piv[i].min()) >= 1 and float((torch.linalg.lu_solve(lu[i], piv[i], b[i]) - one).abs().max()) <= tol
+    cfg = config_of("gpt2-tiny").with_(n_heads=2, n_kv_heads=2, d_head=n, n_layers=1)
+    with runtime.threads(2):
+        r = check(build_config(cfg, seed=0, device="cpu"), "vo-gl", seed=0)
+    assert r.holds, (r.verdict, r.residual_eps, r.tolerance_statistical_eps)

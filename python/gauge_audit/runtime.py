@@ -118,6 +118,41 @@ def model_threads(n_params: int):
     return threads(DEFAULT_THREADS if n_params > LARGE_MODEL_PARAMS else 1)
 
 
+# torch's LU on a stack of matrices (linalg.solve, inv, det, slogdet, lu_factor with batch
+# dimensions) runs LAPACK's getrf for several matrices of the stack at once on its threads, and
+# MKL's row swaps are not safe so: from about 150 rows on, with more than one thread, it raises
+# "Pivots given to lu_solve must all be greater or equal to 1" after MKL's "Parameter 6 was
+# incorrect on entry to DLASWP", or returns wrong numbers without a word (a stack of four 256×256
+# solves: residual 1e11; Gemma 3's 256-wide value heads).  One thread for the stack is correct,
+# and a single matrix is; these are the project's LU calls.
+def _stacked(a: torch.Tensor):
+    return threads(1) if a.dim() > 2 else contextlib.nullcontext()
+
+
+def stacked_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.solve(a, b)``, correct on a stack of matrices whatever the thread count."""
+    with _stacked(a):
+        return torch.linalg.solve(a, b)
+
+
+def stacked_inv(a: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.inv(a)``, correct on a stack of matrices whatever the thread count."""
+    with _stacked(a):
+        return torch.linalg.inv(a)
+
+
+def stacked_det(a: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.det(a)``, correct on a stack of matrices whatever the thread count."""
+    with _stacked(a):
+        return torch.linalg.det(a)
+
+
+def stacked_lu_factor(a: torch.Tensor):
+    """``torch.linalg.lu_factor(a)``, correct on a stack of matrices whatever the thread count."""
+    with _stacked(a):
+        return torch.linalg.lu_factor(a)
+
+
 def keep_freed_memory() -> None:
     """Let glibc's malloc keep freed memory for reuse instead of returning it to the system: the
     gauge-fixing steps and the audit's checks on real checkpoints allocate and free block-sized

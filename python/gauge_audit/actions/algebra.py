@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import GaugeAuditError
+from ..runtime import stacked_inv
 from .base import Element, cond
 
 # Elements that act by adding a parameter-independent vector (translations): inverse −x, product x + y.
@@ -76,7 +77,7 @@ def inverse(action: str, el: Element) -> Element:
     if action in ROTATIONS:
         return Element({k: v.transpose(-1, -2).clone() for k, v in p.items()}, el.kappa)
     if action in MATRIX:
-        return Element({k: torch.linalg.inv(v) for k, v in p.items()}, el.kappa)
+        return Element({k: stacked_inv(v) for k, v in p.items()}, el.kappa)
     if action in PERMUTATION:
         return Element({k: torch.argsort(v, dim=-1) for k, v in p.items()}, 1.0)
     if action == "head-perm":

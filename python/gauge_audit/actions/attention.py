@@ -9,6 +9,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.layers import rope_planes
+from ..runtime import stacked_inv, stacked_solve
 from . import strata
 from .base import (
     Action,
@@ -97,7 +98,7 @@ def _qk_transform(cfg: Config, params: Params, m_query: torch.Tensor, m_key: tor
 
 
 def _inv_t(m: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.inv(m).transpose(-1, -2)
+    return stacked_inv(m).transpose(-1, -2)
 
 
 # ----------------------------------------------------------------------------- qk-gl
@@ -171,7 +172,7 @@ def vo_gl(cfg: Config, params: Params, el: Element) -> Params:
             if key in params:
                 changes[key] = put(_times(as64(params[key]), n[l]), params[key])
         key = f"{pre}.W_O"
-        changes[key] = put(torch.linalg.solve(n_q[l], as64(params[key])), params[key])
+        changes[key] = put(stacked_solve(n_q[l], as64(params[key])), params[key])
     return updated(params, changes)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
+from ..runtime import stacked_det
 
 # Read-only: a plain dict or parameters read lazily from a checkpoint.
 Params = Mapping[str, torch.Tensor]
@@ -104,7 +105,7 @@ def put(t64: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def random_orthogonal(n: int, g: torch.Generator, special: bool = False) -> torch.Tensor:
     q, r = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
     q = q * torch.sign(torch.diagonal(r))[None, :]  # Haar measure
-    if special and torch.linalg.det(q) < 0:
+    if special and stacked_det(q) < 0:
         q[:, 0] = -q[:, 0]
     return q
 

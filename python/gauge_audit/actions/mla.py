@@ -31,6 +31,7 @@ from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig, ffn_units
 from ..models.layers import rope_planes
+from ..runtime import stacked_inv
 from .base import (
     Action,
     Element,
@@ -72,7 +73,7 @@ def _latent_sample(orthogonal: bool):
             parts[name] = torch.stack(draws)
         # the readers see D_γ⁻¹·M⁻¹·D_γ: its condition number is what rounding is amplified by
         k = max(
-            cond(_conjugated(params, f"{pre}.{norm}", torch.linalg.inv(parts[name][l])))
+            cond(_conjugated(params, f"{pre}.{norm}", stacked_inv(parts[name][l])))
             for l, pre in enumerate(attn_prefixes(cfg))
             for name, _, norm, _ in latents(cfg)
         )
@@ -108,7 +109,7 @@ def _latent_map(cfg: DeepseekConfig, params: Params, el: Element, orthogonal: bo
             for t in (f"{pre}.W_D{name}", f"{pre}.b_D{name}"):
                 if t in params:
                     changes[t] = put(as64(params[t]) @ ms[l], params[t])
-            c_inv = _conjugated(params, f"{pre}.{norm}", torch.linalg.inv(ms[l]))
+            c_inv = _conjugated(params, f"{pre}.{norm}", stacked_inv(ms[l]))
             for w in readers:
                 changes[f"{pre}.{w}"] = put(c_inv @ as64(params[f"{pre}.{w}"]), params[f"{pre}.{w}"])
     return updated(params, changes)
@@ -198,7 +199,7 @@ def mla_nope_gl(cfg: Config, params: Params, el: Element) -> Params:
         q[..., :e] = q[..., :e] @ m[l]
         changes[wq] = put(q, params[wq])
         k = params[f"{pre}.W_UK"]
-        changes[f"{pre}.W_UK"] = put(as64(k) @ torch.linalg.inv(m[l]).transpose(-1, -2), k)
+        changes[f"{pre}.W_UK"] = put(as64(k) @ stacked_inv(m[l]).transpose(-1, -2), k)
     return updated(params, changes)
 
 
@@ -244,7 +245,7 @@ def mla_rope_commutant(cfg: Config, params: Params, el: Element) -> Params:
         q = as64(params[wq]).clone()
         q[..., e:] = q[..., e:] @ n[l]
         changes[wq] = put(q, params[wq])
-        inv_t = torch.linalg.inv(n[l]).T
+        inv_t = stacked_inv(n[l]).T
         for t in (f"{pre}.W_KR", f"{pre}.b_KR"):
             if t in params:
                 changes[t] = put(as64(params[t]) @ inv_t, params[t])
@@ -274,7 +275,7 @@ def mla_vo_gl(cfg: Config, params: Params, el: Element) -> Params:
     for l, pre in enumerate(attn_prefixes(cfg)):
         v, o = params[f"{pre}.W_UV"], params[f"{pre}.W_O"]
         changes[f"{pre}.W_UV"] = put(as64(v) @ m[l], v)
-        changes[f"{pre}.W_O"] = put(torch.linalg.inv(m[l]) @ as64(o), o)
+        changes[f"{pre}.W_O"] = put(stacked_inv(m[l]) @ as64(o), o)
     return updated(params, changes)
 
 

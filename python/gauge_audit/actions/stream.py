@@ -14,6 +14,7 @@ from ..errors import GaugeAuditError
 from ..models import deepseek
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig
+from ..runtime import stacked_inv
 from . import strata
 from .base import (
     Action,
@@ -264,7 +265,7 @@ def _rotation_and_inverse(cfg: Config, given: torch.Tensor) -> tuple[torch.Tenso
     if _LAST_ROTATION and _LAST_ROTATION[0][0] is given and _LAST_ROTATION[0][1] == key:
         return _LAST_ROTATION[0][2], _LAST_ROTATION[0][3]
     r = _validate_rotation(cfg, given)
-    r_inv = torch.linalg.inv(r)
+    r_inv = stacked_inv(r)
     _LAST_ROTATION[:] = [(given, key, r, r_inv)]
     return r, r_inv
 

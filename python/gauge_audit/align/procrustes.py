@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..gauge_fix.base import procrustes
+from ..runtime import stacked_inv, stacked_solve
 
 POLISH_ITERATIONS = 20
 
@@ -85,7 +86,7 @@ def _f(a, b, c, e, t):
 # keeps its polished M only where its own loss fell.
 def pair_losses(x, y, xa, ya, m) -> torch.Tensor:
     """Per problem ‖X·M − X_A‖² + ‖Y·M⁻ᵀ − Y_A‖² (Y·M⁻ᵀ = (M⁻¹·Yᵀ)ᵀ, solved, not inverted)."""
-    ym = torch.linalg.solve(m, y.transpose(-1, -2)).transpose(-1, -2)
+    ym = stacked_solve(m, y.transpose(-1, -2)).transpose(-1, -2)
     return ((x @ m - xa) ** 2).sum((-2, -1)) + ((ym - ya) ** 2).sum((-2, -1))
 
 
@@ -146,7 +147,7 @@ def _inv_t(m):
     if m is None:
         return None
     try:
-        return torch.linalg.inv(m).transpose(-1, -2)
+        return stacked_inv(m).transpose(-1, -2)
     except RuntimeError:  # a singular solution: no candidate
         return None
 

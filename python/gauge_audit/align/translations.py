@@ -21,6 +21,7 @@ from ..actions.attention import rotated_coordinates
 from ..actions.offsets import ln_writers
 from ..actions.stream import norm_readers
 from ..models.config import Config
+from ..runtime import stacked_solve
 
 Params = dict
 ORDER = ("writer-ones", "key-bias-shift", "value-bias-fold", "norm-shift")
@@ -53,7 +54,7 @@ def element(action: str, cfg: Config, b: Params, a: Params) -> Element | None:
                 wf = b[w].movedim(-2, 0).reshape(cfg.d_model, -1)
                 lhs = lhs + wf @ wf.T
                 rhs = rhs + wf @ (b[bias] - a[bias]).reshape(-1)
-            parts[n] = torch.linalg.solve(lhs, rhs)
+            parts[n] = stacked_solve(lhs, rhs)
         return Element(parts, 1.0) if parts else None
     raise AssertionError(action)  # pragma: no cover - ORDER lists the actions above
 
@@ -64,4 +65,4 @@ def _value_bias(cfg: Config, b: Params, a: Params, i: int) -> torch.Tensor:
     s = b[f"{pre}.W_O"].reshape(cfg.n_kv_heads, g, e, cfg.d_model).sum(1).reshape(-1, cfg.d_model)
     lhs = torch.eye(s.shape[0], dtype=torch.float64) + s @ s.T
     rhs = (a[f"{pre}.b_V"] - b[f"{pre}.b_V"]).reshape(-1) + s @ (b[f"{pre}.b_O"] - a[f"{pre}.b_O"])
-    return torch.linalg.solve(lhs, rhs).reshape(cfg.n_kv_heads, e)
+    return stacked_solve(lhs, rhs).reshape(cfg.n_kv_heads, e)

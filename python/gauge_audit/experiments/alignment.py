@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ..runtime import eps, generator
+from ..runtime import eps, generator, stacked_det
 from .registry import FAILS, HOLDS, UNDECIDED, Finding, experiment
 from .sharpness import gauge_map, setup
 
@@ -181,7 +181,7 @@ def wiki_mode_connectivity(seed: int, full: bool) -> Finding:
         path, dets = [], []
         for t in torch.linspace(0, 1, 21, dtype=torch.float64):
             Mt, Nt = (1 - t) * eye + t * M, (1 - t) * eye + t * N
-            dets.append(float(torch.cat([torch.linalg.det(Mt), torch.linalg.det(Nt)]).abs().min()))
+            dets.append(float(torch.cat([stacked_det(Mt), stacked_det(Nt)]).abs().min()))
             path.append(float(loss(act(cfg, unflat, b, Mt, Nt, perm))))
     crit = []
     for v in (a, b):

@@ -26,7 +26,7 @@ import torch
 
 from ..models import attn
 from ..models.registry import build_config
-from ..runtime import eps, generator
+from ..runtime import eps, generator, stacked_inv
 from .registry import FAILS, HOLDS, UNDECIDED, Finding, experiment
 
 KEYS = ("W_Q", "W_K", "W_V", "W_O")
@@ -66,7 +66,7 @@ def gauge_map(cfg, M: torch.Tensor, N: torch.Tensor) -> torch.Tensor:
     """The matrix T of θ ↦ g·θ on the row-major flattening of (W_Q, W_K, W_V, W_O): per head
     X·M ↔ I ⊗ Mᵀ, X·M^-T ↔ I ⊗ M^-1, X·N ↔ I ⊗ Nᵀ, N^-1·X ↔ N^-1 ⊗ I (differentiable in M, N)."""
     I = torch.eye(cfg.d_model, dtype=M.dtype)
-    Mi, Ni = torch.linalg.inv(M), torch.linalg.inv(N)
+    Mi, Ni = stacked_inv(M), stacked_inv(N)
     h = cfg.n_heads
     blocks = (
         [torch.kron(I, M[i].T.contiguous()) for i in range(h)]
@@ -107,7 +107,7 @@ def invariant_sharpness(cfg, H: torch.Tensor, seed: int) -> tuple[float, int]:
 
     def objective():
         T = T_of(params)
-        Ti = torch.linalg.inv(T)
+        Ti = stacked_inv(T)
         return torch.log(torch.linalg.eigvalsh(Ti.T @ H @ Ti)[-1])
 
     opt = torch.optim.LBFGS(
@@ -149,7 +149,7 @@ def measure(seed: int = 0) -> dict:
         T = gauge_map(cfg, M, N)
         kT = float(torch.linalg.cond(T))
         H1 = hessian(loss, T @ theta)
-        Ti = torch.linalg.inv(T)
+        Ti = stacked_inv(T)
         law = Ti.T @ H @ Ti
         wrong = T.T @ H @ T  # a plausible but wrong law (covariant instead of contravariant)
         tol = kT**2 * n_out * P * e

@@ -15,6 +15,7 @@ from ..actions import ACTIONS, Element
 from ..actions.base import cond
 from ..models.config import Config
 from ..models.layers import rope_planes
+from ..runtime import stacked_inv
 from .base import SIGN_SENSITIVITY, Context, Decision, Params, balance, descending, match, procrustes, signs
 
 
@@ -221,7 +222,7 @@ def balanced_block(ctx: Context, x, y, ref, family: str, where: str, notes, gaps
         return bal.m
     m = bal.m
     if ref is not None:
-        return m @ procrustes(torch.cat([x @ m, y @ torch.linalg.inv(m).T]), torch.cat(ref))
+        return m @ procrustes(torch.cat([x @ m, y @ stacked_inv(m).T]), torch.cat(ref))
     s, margin = signs(x @ m, dim=0)
     sgn.append(margin)
     scale = float(x.norm() * y.norm() / bal.sigma[0])

@@ -63,7 +63,7 @@ from torch.func import jvp, vmap
 
 from ..errors import GaugeAuditError
 from ..progress import bar, timed_call
-from ..runtime import generator
+from ..runtime import generator, stacked_lu_factor, stacked_solve
 from . import explain as ex
 from .cost import matmul_gflops
 from .families import Family, theory
@@ -142,7 +142,7 @@ def pivot_coordinates(Q: torch.Tensor) -> torch.Tensor:
     P, k = Q.shape
     if k == 0:
         return torch.zeros(0, dtype=torch.long)
-    _, piv = torch.linalg.lu_factor(Q.float())  # only the pivot order is used: single precision suffices
+    _, piv = stacked_lu_factor(Q.float())  # only the pivot order is used: single precision suffices
     perm = list(range(P))
     for i, p in enumerate(piv.tolist()):  # LAPACK row swaps, 1-based
         perm[i], perm[p - 1] = perm[p - 1], perm[i]
@@ -545,7 +545,7 @@ def analyze_matrix_free(cfg, seed: int, quiet: bool, t0: float, sketch: float = 
             )
             eps_sv.append(sv)
             # the same direction modulo the exact kernel, with zero pivot coordinates
-            red = f.vectors - (torch.linalg.solve(B[piv], f.vectors[:, piv].T).T @ B.T) if B.shape[1] else f.vectors
+            red = f.vectors - (stacked_solve(B[piv], f.vectors[:, piv].T).T @ B.T) if B.shape[1] else f.vectors
             if sv <= MIN_GAP * floor:
                 flat_z.append(red[:, cols].T)
             else:

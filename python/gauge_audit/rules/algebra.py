@@ -22,6 +22,7 @@ import torch
 from ..claims.matexpr import Node
 from ..errors import GaugeAuditError
 from ..precision import linalg as la
+from ..runtime import stacked_inv
 
 PERMUTATION_MIN = 64  # a square factor at least this wide is tested for being a signed permutation (gathered)
 SINGULAR_LIMIT = 1e14  # κ beyond which a float64 inverse is refused (as for user-supplied elements)
@@ -187,7 +188,7 @@ class TorchOps(Ops):
                 raise GaugeAuditError(f"a matrix inverted by the rule is singular (condition number {k:.3g})")
         if isinstance(a, Diag):
             return Diag(1.0 / a.v)
-        return torch.linalg.inv(a)
+        return stacked_inv(a)
 
     def transpose(self, a):
         return a if isinstance(a, Diag) else a.transpose(0, 1)

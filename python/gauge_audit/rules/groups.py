@@ -23,6 +23,7 @@ from ..claims.rule import Element
 from ..errors import GaugeAuditError
 from ..precision.linalg import inverse
 from ..precision.transforms import exact_rotation
+from ..runtime import stacked_det
 
 TRANSLATION_SCALE = 0.1  # as the built-in bias shifts
 
@@ -122,7 +123,7 @@ def exact(el: Element, value: torch.Tensor, num) -> list:
     diag(−1, 1, …)·R so the Cayley transform exists)."""
     data = [[num(x) for x in row] for row in value.tolist()]
     if el.group in ("O", "SO", "SO1") and len(data) > 1:
-        flip = el.group == "O" and float(torch.linalg.det(value)) < 0
+        flip = el.group == "O" and float(stacked_det(value)) < 0
         if flip:
             data[0] = [-x for x in data[0]]
         data = exact_rotation(data, fix_ones=el.group == "SO1")
