@@ -246,7 +246,9 @@ def test_smollm2_transformed_copy_is_equivalent_in_float32():
     from gauge_audit.runtime import generator
 
     a = load_source("smollm2")
-    c = canonicalize(a.cfg, a.params, storage_dtype=a.storage_dtype)
+    # A's side once: its canonical form is checked here and compared against below
+    prepared = prepare(a.cfg, a.params, probes=1, storage_dtype=a.storage_dtype)
+    c = prepared.canonical
     fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa, element=c.element())
     print(
         f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
@@ -255,7 +257,7 @@ def test_smollm2_transformed_copy_is_equivalent_in_float32():
     assert fn["verdict"] == "HOLDS"
     el = ACTIONS["composite"].sample(a.cfg, a.params, generator(5), 4.0)
     b = {k: v.to(torch.float32) for k, v in ACTIONS["composite"].apply(a.cfg, a.params, el).items()}
-    r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, storage_dtype_a=a.storage_dtype)
+    r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, prepared=prepared)
     print(
         f"smollm2 float32 copy: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "
         f"tolerance {r.tolerance:.3e}"

@@ -157,6 +157,23 @@ def test_affine_residuals_are_evaluated_as_coefficient_rows_with_the_general_pat
     assert solve._compile_affine([(b[0] - 1) * (b[1] + x)], list(b), [x]) is None  # degree 2 by its form
 
 
+def test_exact_value_at_an_integer_point_is_sympys():
+    """The probe of the exact zero test: a rational function's value in integers and fractions equals
+    SymPy's substitution; a function is not evaluated (None); a pole raises."""
+    from fractions import Fraction
+
+    from gauge_audit.rules.solve import exact_value
+
+    x, y = sp.symbols("x y", real=True)
+    e = (x**2 - sp.Rational(3, 7) * y) / (x + 2 * y) ** 2 + x * y - 1 / x
+    pt = {x: 3, y: -5}
+    v = exact_value(e, pt)
+    assert isinstance(v, Fraction) and sp.Rational(v.numerator, v.denominator) == e.xreplace(pt)
+    assert exact_value(sp.erf(x) + y, pt) is None
+    with pytest.raises(ZeroDivisionError):
+        exact_value(1 / (x + 2 * y + 7), pt)
+
+
 def test_inconsistent_and_oversized_polynomial_systems_are_reported_not_attempted():
     b = sp.symbols(f"b0:{POLY_LIMITS['unknowns'] + 1}")
     x = sp.Symbol("x", real=True)

@@ -127,6 +127,42 @@ def _numeric(e, syms: dict) -> Callable[[list], Num]:
     raise _NotAffine  # a float, a function, a symbolic exponent: not exact integer arithmetic
 
 
+def exact_value(e, point: dict) -> Num | None:
+    """``e`` at a point of integers (``point``: symbol → int), exactly: an int or a Fraction; None
+    when ``e`` is not a rational function of its symbols over ℚ (a float, a function).  Raises
+    ZeroDivisionError at a pole.  Shared subexpressions are evaluated once."""
+    memo: dict = {}
+
+    def ev(x):
+        r = memo.get(x)
+        if r is not None:
+            return r
+        if x.is_Symbol:
+            r = point[x]
+        elif x.is_Integer:
+            r = int(x)
+        elif x.is_Rational:
+            r = Fraction(int(x.p), int(x.q))
+        elif x.is_Add:
+            r = sum((ev(a) for a in x.args), 0)
+        elif x.is_Mul:
+            r = 1
+            for a in x.args:
+                r = r * ev(a)
+        elif x.is_Pow and x.exp.is_Integer:
+            n = int(x.exp)
+            r = ev(x.base) ** n if n >= 0 else Fraction(1) / ev(x.base) ** -n
+        else:
+            raise _NotAffine
+        memo[x] = r
+        return r
+
+    try:
+        return ev(sp.sympify(e))
+    except _NotAffine:
+        return None
+
+
 def _affine(e, xs: dict, syms: dict, has: Callable) -> Callable[[list], list[Num]]:
     """An evaluator of ``e``'s coefficient row ``[c_1, …, c_n, c_0]`` at a point (``e`` = Σ c_j·x_j + c_0
     there), for ``e`` affine in the unknowns ``xs`` by its form; raises :class:`_NotAffine` otherwise.
@@ -315,4 +351,4 @@ def _solve_affine(
     return {x: QQ.to_sympy(v) for x, v in zip(xs, sol)}, fixed, ""
 
 
-__all__ = ["POLY_LIMITS", "solve_sampled", "unique_linear"]
+__all__ = ["POLY_LIMITS", "exact_value", "solve_sampled", "unique_linear"]

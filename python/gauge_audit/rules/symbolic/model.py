@@ -17,6 +17,7 @@ from ...models.config import Config
 from ...models.naming import PARAMS
 from ..algebra import SympyOps
 from ..engine import ProjectView, Shape
+from ..solve import exact_value
 from .elements import SPREAD
 
 SYM = dict(d_model=3, d_head=2, d_ff=2, vocab=3, n_ctx=2)
@@ -185,9 +186,14 @@ def is_zero(expr) -> bool:
             for x in free
         }
         try:
-            val = expr.xreplace(point)
-            if not val.has(sp.Max, sp.erf, sp.exp) and val.is_number and val != 0 and val.is_finite:
-                return False
+            exact = exact_value(expr, {x: int(v) for x, v in point.items()})
+            if exact is not None:  # a rational function: its exact value at the point
+                if exact != 0:
+                    return False
+            else:
+                val = expr.xreplace(point)
+                if not val.has(sp.Max, sp.erf, sp.exp) and val.is_number and val != 0 and val.is_finite:
+                    return False
         except (ZeroDivisionError, TypeError):  # pragma: no cover - a pole at the probe point
             pass
     if free:
