@@ -130,37 +130,14 @@ def _numeric(e, syms: dict) -> Callable[[list], Num]:
 def exact_value(e, point: dict) -> Num | None:
     """``e`` at a point of integers (``point``: symbol → int), exactly: an int or a Fraction; None
     when ``e`` is not a rational function of its symbols over ℚ (a float, a function).  Raises
-    ZeroDivisionError at a pole.  Shared subexpressions are evaluated once."""
-    memo: dict = {}
-
-    def ev(x):
-        r = memo.get(x)
-        if r is not None:
-            return r
-        if x.is_Symbol:
-            r = point[x]
-        elif x.is_Integer:
-            r = int(x)
-        elif x.is_Rational:
-            r = Fraction(int(x.p), int(x.q))
-        elif x.is_Add:
-            r = sum((ev(a) for a in x.args), 0)
-        elif x.is_Mul:
-            r = 1
-            for a in x.args:
-                r = r * ev(a)
-        elif x.is_Pow and x.exp.is_Integer:
-            n = int(x.exp)
-            r = ev(x.base) ** n if n >= 0 else Fraction(1) / ev(x.base) ** -n
-        else:
-            raise _NotAffine
-        memo[x] = r
-        return r
-
+    ZeroDivisionError at a pole."""
+    e = sp.sympify(e)
+    free = list(e.free_symbols)
     try:
-        return ev(sp.sympify(e))
+        f = _numeric(e, {s: i for i, s in enumerate(free)})
     except _NotAffine:
         return None
+    return f([point[s] for s in free])
 
 
 def _affine(e, xs: dict, syms: dict, has: Callable) -> Callable[[list], list[Num]]:
