@@ -245,6 +245,18 @@ def test_rule_permutation_factor_is_gathered_exactly():
     near[0, :] += 1e-3  # one row no longer a unit vector: not a permutation, the dense product
     assert torch.equal(ops.matmul(x, near), x @ near)
     assert not torch.equal(ops.matmul(x, near), ops.matmul(x, P))
+    # differentiated at the identity element: the tangent of the factor is kept (the nullity
+    # checker's generators are such derivatives), forward mode and reverse mode
+    X = torch.randn(n, n, dtype=torch.float64, generator=g)
+    eye = torch.eye(n, dtype=torch.float64)
+    t0, one = torch.zeros((), dtype=torch.float64), torch.ones((), dtype=torch.float64)
+    _, dv = torch.func.jvp(
+        lambda t: TorchOps(check_singular=False, tangents=True).matmul(x, eye + t * X), (t0,), (one,)
+    )
+    assert torch.allclose(dv, x @ X, rtol=0, atol=n * 1e-15 * float((x.abs() @ X.abs()).max()))
+    e = eye.clone().requires_grad_()
+    ops.matmul(x, e).sum().backward()
+    assert torch.allclose(e.grad, x.sum(0)[:, None].expand(n, n))
 
 
 def test_rule_tied_unembedding_consistency():

@@ -113,11 +113,21 @@ def _signed_permutation(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
 
 class TorchOps(Ops):
     """float64 tensors.  ``check_singular``: refuse an inverse of a numerically singular matrix
-    (off inside forward-mode differentiation, where the primal was checked already)."""
+    (off inside forward-mode differentiation, where the primal was checked already).
+    ``tangents``: the values carry forward-mode tangents (``torch.func.jvp``): every product is
+    dense, since a factor that is a permutation at the primal (the identity element) has a tangent
+    that a gather would drop."""
 
-    def __init__(self, check_singular: bool = True, device=None):
+    def __init__(self, check_singular: bool = True, device=None, tangents: bool = False):
         self.check_singular = check_singular
         self.device = device
+        self.tangents = tangents
+
+    def _permutation(self, m: torch.Tensor):
+        """``m`` as a signed permutation to gather by, or None (also whenever m may be differentiated)."""
+        if self.tangents or m.shape[0] < PERMUTATION_MIN or (m.requires_grad and torch.is_grad_enabled()):
+            return None
+        return _signed_permutation(m)
 
     def shape(self, a):
         return tuple(a.shape)
@@ -138,12 +148,12 @@ class TorchOps(Ops):
             return a.v[:, None] * b
         # x·P and P·x for a permutation P (up to signs) of the FFN's 1536 hidden units: a gather,
         # exact (every entry of the product is one entry of x times ±1), O(n²) not O(n³)
-        perm = _signed_permutation(b) if b.shape[0] >= PERMUTATION_MIN else None
+        perm = self._permutation(b)
         if perm is not None:
             cols, vals = perm  # column j of x·P is x[:, k]·P[k, j] for the row k with cols[k] = j
             k = torch.argsort(cols)
             return a[:, k] * vals[k][None, :]
-        perm = _signed_permutation(a) if a.shape[0] >= PERMUTATION_MIN else None
+        perm = self._permutation(a)
         if perm is not None:
             cols, vals = perm  # row i of P·x is P[i, cols[i]]·x[cols[i], :]
             return b[cols, :] * vals[:, None]

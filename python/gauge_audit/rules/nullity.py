@@ -55,7 +55,7 @@ def generators(rule: Rule, problem: Problem) -> torch.Tensor:
     """(k × P) tangent vectors of the rule at the problem's parameter point."""
     cfg = problem.cfg
     params = problem.params()
-    view = ProjectView(cfg, params, TorchOps(check_singular=False))
+    view = ProjectView(cfg, params, TorchOps(check_singular=False, tangents=True))
     shape = Shape.of(cfg)
     ident = {u: {el.symbol: identity(el, shape.dims) for el in rule.elements} for u in units(rule, shape)}
     with torch.no_grad():
