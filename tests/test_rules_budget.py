@@ -174,6 +174,22 @@ def test_exact_value_at_an_integer_point_is_sympys():
         exact_value(1 / (x + 2 * y + 7), pt)
 
 
+def test_exact_zero_test_on_polynomials_rational_functions_and_functions():
+    """is_zero decides exactly whatever the probe point says: polynomial identities in the
+    polynomial ring, rational ones in the field of fractions, others by SymPy; a polynomial that
+    vanishes on a hyperplane is still non-zero."""
+    from gauge_audit.rules.symbolic.model import is_zero
+
+    x, y, z = sp.symbols("x y z", real=True)
+    assert is_zero((x + y) ** 3 - (x**3 + 3 * x**2 * y + 3 * x * y**2 + y**3))
+    assert is_zero(sp.Rational(1, 3) * (x - z) * (x + z) - (x**2 - z**2) / 3)
+    assert is_zero(1 / (x + y) - y / (x * y + y**2))
+    assert is_zero(sp.erf(x) * y - y * sp.erf(x))
+    assert not is_zero((x + y) ** 2 - x**2 - y**2)
+    assert not is_zero(x / (x + 1) - 1)
+    assert not is_zero(sp.erf(x) - x)
+
+
 def test_inconsistent_and_oversized_polynomial_systems_are_reported_not_attempted():
     b = sp.symbols(f"b0:{POLY_LIMITS['unknowns'] + 1}")
     x = sp.Symbol("x", real=True)

@@ -196,16 +196,36 @@ def is_zero(expr) -> bool:
                     return False
         except (ZeroDivisionError, TypeError):  # pragma: no cover - a pole at the probe point
             pass
+    if free and _polynomial(expr):
+        # exact: a polynomial over Q in its symbols (no symbol in a denominator), expanded in the
+        # sparse polynomial ring — no gcd at each sum, as the field of fractions needs
+        ring = sp.QQ.poly_ring(*free)
+        try:
+            return ring.from_sympy(expr) == ring.zero
+        except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError, ValueError):
+            pass
     if free:
         # exact: the expression as an element of the field Q(free), reduced to lowest terms by
         # polynomial arithmetic (twice as fast as together + expand on the block identities)
         field = sp.QQ.frac_field(*free)
         try:
             return field.from_sympy(expr) == field.zero
-        except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError):
+        except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError, ValueError):
             pass  # not a rational function of its symbols over Q (an erf, a √2, …)
     num, _ = sp.fraction(sp.together(expr))
     return sp.expand(num) == 0
+
+
+def _polynomial(expr) -> bool:
+    """Is ``expr`` a polynomial by its form: sums, products, rational numbers, symbols and
+    non-negative integer powers of them only?"""
+    if expr.is_Symbol or expr.is_Rational:
+        return True
+    if expr.is_Add or expr.is_Mul:
+        return all(_polynomial(a) for a in expr.args)
+    if expr.is_Pow:
+        return expr.exp.is_Integer and int(expr.exp) >= 0 and _polynomial(expr.base)
+    return False
 
 
 def numerators(exprs) -> list:
