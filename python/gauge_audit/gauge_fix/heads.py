@@ -150,7 +150,7 @@ def _plane_fixes(zq: torch.Tensor, zk: torch.Tensor, ref: tuple | None):
         scale = ref[0].abs().norm(dim=0) * r * nq + ref[1].abs().norm(dim=0) * nk / r
         sa = s.abs()
         turn = torch.where(sa > 0, s / torch.where(sa > 0, sa, one), torch.ones_like(s))
-        pm = torch.where(scale > 0, s.abs() / torch.where(scale > 0, scale, one), 0.0)
+        pm = torch.where(scale > 0, sa / torch.where(scale > 0, scale, one), 0.0)
         w = torch.where(live, r * turn, torch.ones_like(turn))
         return w, torch.where(live, pm, 0.0), torch.where(live, 1.0, 0.0)
     s2 = (zq * zq).sum(0)

@@ -218,6 +218,21 @@ def _solve_rows(rows: list, n: int, solve: bool = False) -> tuple[int, bool, lis
     return r, True, [-entries[i][n] for i in range(n)]
 
 
+def _points(fixed: dict, varying: list, rng: random.Random, budget: Budget, max_points: int):
+    """The sample points: the fixed symbols at their common values, the others drawn afresh; the
+    time budget checked before each."""
+    for _ in range(max_points):
+        budget.check()
+        yield {**fixed, **{s: _draw(s, rng) for s in varying}}
+
+
+def _settled(r: int, rank: int, stable: int, n: int) -> tuple[int, bool]:
+    """(points in a row without a rank change, whether sampling may stop): full rank held once
+    more, or a deficient rank held for EXTRA_POINTS points."""
+    stable = stable + 1 if r == rank else 0
+    return stable, (r == n and stable >= EXTRA_POINTS - 1) or (r < n and stable >= EXTRA_POINTS)
+
+
 def solve_sampled(
     residuals: list, xs: list, fixed_syms: set, rng: random.Random, budget: Budget, max_points: int | None = None
 ) -> tuple[dict | None, dict, str]:
@@ -235,9 +250,7 @@ def solve_sampled(
     eqs: list = []
     seen: set = set()
     rank, stable, degree = -1, 0, 0
-    for _ in range(max_points):
-        budget.check()
-        point = {**fixed, **{s: _draw(s, rng) for s in varying}}
+    for point in _points(fixed, varying, rng, budget, max_points):
         for e in residuals:
             v = _at(e, point, xs)
             if v is None or v == 0 or v in seen:
@@ -257,9 +270,9 @@ def solve_sampled(
         r = _rank(A)
         if _rank(A.row_join(b)) > r:
             return None, fixed, "inconsistent: no value of the unknowns works"
-        stable = stable + 1 if r == rank else 0
+        stable, stop = _settled(r, rank, stable, len(xs))
         rank = r
-        if (r == len(xs) and stable >= EXTRA_POINTS - 1) or (r < len(xs) and stable >= EXTRA_POINTS):
+        if stop:
             break
     if not eqs:
         return None, fixed, "no equation involves the unknowns"
@@ -296,9 +309,7 @@ def _solve_affine(
     eqs: list = []
     seen: set = set()
     rank, stable = -1, 0
-    for _ in range(max_points):
-        budget.check()
-        point = {**fixed, **{s: _draw(s, rng) for s in varying}}
+    for point in _points(fixed, varying, rng, budget, max_points):
         pt = [int(point[s]) for s in free]
         for f in rows:
             try:
@@ -316,9 +327,9 @@ def _solve_affine(
         r, consistent, _ = _solve_rows(eqs, n)
         if not consistent:
             return None, fixed, "inconsistent: no value of the unknowns works"
-        stable = stable + 1 if r == rank else 0
+        stable, stop = _settled(r, rank, stable, n)
         rank = r
-        if (r == n and stable >= EXTRA_POINTS - 1) or (r < n and stable >= EXTRA_POINTS):
+        if stop:
             break
     if not eqs:
         return None, fixed, "no equation involves the unknowns"

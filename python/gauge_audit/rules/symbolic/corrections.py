@@ -185,9 +185,10 @@ def correct(
         present = set().union(*(sp.sympify(e).free_symbols for e in residuals))
         solved: set = set()
         for allowed in (set(), _norm_params(m)) if slot != "shift" else (set(), _all_params(m)):
-            if frozenset(allowed & present) in solved:
+            held = frozenset(allowed & present)
+            if held in solved:
                 continue  # no symbol of the residuals is newly held fixed: the same system as the last solve
-            solved.add(frozenset(allowed & present))
+            solved.add(held)
             tries += 1
             if tries > MAX_SOLVES:
                 log.append(f"stopped after {MAX_SOLVES} solves (the search's size limit)")

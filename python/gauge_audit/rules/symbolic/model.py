@@ -180,36 +180,26 @@ def is_zero(expr) -> bool:
     free = sorted(expr.free_symbols, key=str)
     if free:
         point = {
-            x: sp.Integer(_PROBE.randint(1, SPREAD))
-            if x.is_positive
-            else sp.Integer(_PROBE.randint(-SPREAD, SPREAD) or 1)
-            for x in free
+            x: _PROBE.randint(1, SPREAD) if x.is_positive else (_PROBE.randint(-SPREAD, SPREAD) or 1) for x in free
         }
         try:
-            exact = exact_value(expr, {x: int(v) for x, v in point.items()})
+            exact = exact_value(expr, point)
             if exact is not None:  # a rational function: its exact value at the point
                 if exact != 0:
                     return False
             else:
-                val = expr.xreplace(point)
+                val = expr.xreplace({x: sp.Integer(v) for x, v in point.items()})
                 if not val.has(sp.Max, sp.erf, sp.exp) and val.is_number and val != 0 and val.is_finite:
                     return False
         except (ZeroDivisionError, TypeError):  # pragma: no cover - a pole at the probe point
             pass
-    if free and _polynomial(expr):
-        # exact: a polynomial over Q in its symbols (no symbol in a denominator), expanded in the
-        # sparse polynomial ring — no gcd at each sum, as the field of fractions needs
-        ring = sp.QQ.poly_ring(*free)
+        # exact: a polynomial (no symbol in a denominator) in the sparse polynomial ring over Q —
+        # no gcd at each sum —, else the expression as an element of the field Q(free), reduced to
+        # lowest terms by polynomial arithmetic (twice as fast as together + expand on the block
+        # identities)
+        domain = sp.QQ.poly_ring(*free) if _polynomial(expr) else sp.QQ.frac_field(*free)
         try:
-            return ring.from_sympy(expr) == ring.zero
-        except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError, ValueError):
-            pass
-    if free:
-        # exact: the expression as an element of the field Q(free), reduced to lowest terms by
-        # polynomial arithmetic (twice as fast as together + expand on the block identities)
-        field = sp.QQ.frac_field(*free)
-        try:
-            return field.from_sympy(expr) == field.zero
+            return domain.from_sympy(expr) == domain.zero
         except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError, ValueError):
             pass  # not a rational function of its symbols over Q (an erf, a √2, …)
     num, _ = sp.fraction(sp.together(expr))
