@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from gauge_audit.actions import ACTIONS
+from gauge_audit.actions import composite
 from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, compare
 from gauge_audit.nullity.measure import EPS64
 from gauge_audit.numeric import HOLDS, check
@@ -18,9 +18,8 @@ UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**
 
 def transformed(m, seed: int, kappa: float = 4.0):
     """g·θ for a random g (condition number ``kappa``) of every action that applies, and g."""
-    act = ACTIONS["composite"]
-    el = act.sample(m.cfg, m.params, generator(seed), kappa)
-    return act.apply(m.cfg, m.params, el), el
+    el, params = composite.sample_applied(m.cfg, m.params, generator(seed), kappa)  # = composite's apply(el)
+    return params, el
 
 
 def assert_transformed_copy_survives_storage(name: str, m, dtype: torch.dtype) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.func import jvp
 
-from gauge_audit.actions import ACTIONS
+from gauge_audit.actions import ACTIONS, composite
 from gauge_audit.actions.algebra import compose, inverse
 from gauge_audit.actions.elements import element_from_arrays
 from gauge_audit.cli import main
@@ -47,9 +47,20 @@ UNIT = {torch.float64: EPS64 / 2, torch.float32: 2.0**-24, torch.bfloat16: 2.0**
 
 
 def _transformed(model, seed: int, kappa: float = 4.0):
-    act = ACTIONS["composite"]
-    el = act.sample(model.cfg, model.params, generator(seed), kappa)
-    return act.apply(model.cfg, model.params, el), el
+    # drawing the element applies it (each member drawn where the previous ones led): the same
+    # tensors as ACTIONS["composite"].apply(cfg, params, el), bit for bit (tested below), computed once
+    el, params = composite.sample_applied(model.cfg, model.params, generator(seed), kappa)
+    return params, el
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny-gqa", "moe-tiny", "bert-tiny", "qwen-tiny"])
+def test_composite_sample_applied_is_the_elements_apply_bit_for_bit(model, name):
+    m = model(name)
+    el, params = composite.sample_applied(m.cfg, m.params, generator(3), 4.0)
+    again = ACTIONS["composite"].apply(m.cfg, m.params, el)
+    assert el.parts.keys() == ACTIONS["composite"].sample(m.cfg, m.params, generator(3), 4.0).parts.keys()
+    assert params.keys() == again.keys() and all(torch.equal(params[k], again[k]) for k in params)
+    assert relative_distances(m.params, params)[0] >= 0.3  # it moved the model
 
 
 # ----------------------------------------------------------------------------- conditions = orbit dimension

@@ -242,7 +242,7 @@ def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
 def test_smollm2_transformed_copy_is_equivalent_in_float32():
     """The real SmolLM2 (GGUF Q4_1, 134.5 M parameters, RoPE, GQA 9/3, SwiGLU, tied): a composite
     copy stored in float32 is EQUIVALENT, and canonicalisation keeps the function."""
-    from gauge_audit.actions import ACTIONS
+    from gauge_audit.actions import composite
     from gauge_audit.runtime import generator
 
     a = load_source("smollm2")
@@ -255,8 +255,8 @@ def test_smollm2_transformed_copy_is_equivalent_in_float32():
         f"{sum(c.condition_counts().values())} conditions"
     )
     assert fn["verdict"] == "HOLDS"
-    el = ACTIONS["composite"].sample(a.cfg, a.params, generator(5), 4.0)
-    b = {k: v.to(torch.float32) for k, v in ACTIONS["composite"].apply(a.cfg, a.params, el).items()}
+    _, moved = composite.sample_applied(a.cfg, a.params, generator(5), 4.0)  # = composite's apply(el)
+    b = {k: v.to(torch.float32) for k, v in moved.items()}
     r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, prepared=prepared)
     print(
         f"smollm2 float32 copy: raw {r.raw_distance:.3f}, invariant {r.invariant_distance:.3e}, "

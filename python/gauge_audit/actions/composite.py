@@ -68,7 +68,10 @@ def _members(cfg: Config) -> list[Action]:
     return [a for a in ATOMIC.values() if a.applies(cfg) is None and a.expected_holds(cfg)]
 
 
-def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+def sample_applied(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> tuple[Element, Params]:
+    """A random composite element and the parameters it maps ``params`` to: each member's element
+    is drawn at the point the previous ones reached, so the sampling applies them anyway — the
+    same steps, in the same order, as :func:`apply` of the element (equal bit for bit), once."""
     out = []
     for act in _members(cfg):
         try:
@@ -77,7 +80,11 @@ def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> El
             continue
         params = act.apply(cfg, params, el)
         out.append((act.name, el))
-    return make(out)
+    return make(out), params
+
+
+def _sample(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    return sample_applied(cfg, params, g, kappa)[0]
 
 
 def apply(cfg: Config, params: Params, el: Element) -> Params:

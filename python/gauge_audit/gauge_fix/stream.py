@@ -410,9 +410,15 @@ def rotates(cfg: Config) -> bool:
     return _applies("stream-rotation", cfg) and (cfg.norm != "none" or cfg.tied)
 
 
-def _rotation_basis(cfg: Config) -> torch.Tensor:
-    """The subspace the rotations act on: 1^⊥ under LayerNorm (they fix 1), all of ℝ^d otherwise."""
-    return ones_basis(cfg.d_model) if cfg.norm in LN else torch.eye(cfg.d_model, dtype=torch.float64)
+def _rotation_basis(cfg: Config) -> torch.Tensor | None:
+    """The subspace the rotations act on: 1^⊥ under LayerNorm (they fix 1); None for all of ℝ^d
+    (the identity basis, not multiplied by: W_E·I is W_E exactly, and for a real vocabulary the
+    product is as large as the rotation's Gram itself)."""
+    return ones_basis(cfg.d_model) if cfg.norm in LN else None
+
+
+def _in_basis(x: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+    return x if u is None else x @ u
 
 
 def fix_stream_rotation(ctx: Context) -> None:
@@ -429,9 +435,9 @@ def fix_stream_rotation(ctx: Context) -> None:
     if not rotates(cfg) or ctx.reuse("stream-rotation"):
         return
     u = _rotation_basis(cfg)
-    ref = ctx.reference["embed.W_E"] @ u if ctx.reference is not None else None
-    q, decisions = gram_axes(ctx, p["embed.W_E"] @ u, ref, "stream rotation (embedding)")
-    r = u @ q @ u.T
+    ref = _in_basis(ctx.reference["embed.W_E"], u) if ctx.reference is not None else None
+    q, decisions = gram_axes(ctx, _in_basis(p["embed.W_E"], u), ref, "stream rotation (embedding)")
+    r = q if u is None else u @ q @ u.T
     if cfg.norm in LN:
         r = r + 1.0 / cfg.d_model
     norms = [f"{n}.w" for n in norm_readers(cfg, p)]
@@ -448,8 +454,7 @@ def fix_stream_rotation(ctx: Context) -> None:
 def cond_stream_rotation(cfg: Config, p: Params) -> torch.Tensor | None:
     if not rotates(cfg):
         return None
-    u = _rotation_basis(cfg)
-    x = p["embed.W_E"] @ u
+    x = _in_basis(p["embed.W_E"], _rotation_basis(cfg))
     g = x.T @ x
     i, j = torch.triu_indices(g.shape[0], g.shape[0], 1)
     return g[i, j]

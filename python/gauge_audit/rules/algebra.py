@@ -225,6 +225,21 @@ class TorchOps(Ops):
         return v.reshape(-1)
 
 
+def sym_matmul(a: sp.Matrix, b: sp.Matrix) -> sp.Matrix:
+    """a·b for SymPy matrices of finite entries: each entry Add(*[a_ik·b_kj]) over the k where
+    neither factor is an exact 0 — the sum SymPy's own product forms, without its checks of 0·x
+    for an infinite x (each builds 0·x and asks whether x is finite: on the symbolic checker's
+    block identities, where identities, RoPE blocks and stream maps are mostly zeros, a third of
+    its time)."""
+    n, k = a.shape
+    k2, m = b.shape
+    if k != k2:
+        raise _shape_error("@", a.shape, b.shape)
+    rows = [[(j, x) for j, x in enumerate(row) if x != 0] for row in a.tolist()]
+    cols = [{j: x for j, x in enumerate(col) if x != 0} for col in b.T.tolist()]
+    return sp.Matrix(n, m, [sp.Add(*[x * col[j] for j, x in row if j in col]) for row in rows for col in cols])
+
+
 class SympyOps(Ops):
     """SymPy matrices; inverses by the adjugate (entries stay rational functions)."""
 
@@ -236,7 +251,7 @@ class SympyOps(Ops):
 
     def matmul(self, a, b):
         self.check_product(a, b)
-        return a * b
+        return sym_matmul(a, b)
 
     def mul(self, a, b):
         if self.shape(a) == (1, 1):

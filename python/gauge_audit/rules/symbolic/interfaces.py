@@ -13,6 +13,7 @@ import sympy as sp
 
 from ...claims.rule import Rule
 from ...models.layers import rope_planes
+from ..algebra import sym_matmul as mm
 from ..engine import Ctx, apply
 from ..solve import unique_linear
 from .model import SymModel, SymView, arch_label, is_zero, numerators
@@ -32,11 +33,11 @@ class Interface:
 def _norm_in(m: SymModel, view: SymView, norm: str, rowname: str, S: sp.Matrix) -> sp.Matrix:
     """What a norm's readers read: (n·S)⊙γ + β for a pre-norm, the stream row x·S otherwise."""
     if m.cfg.norm_placement == "pre" and m.cfg.norm != "none":
-        n = m.normed(rowname) * S
+        n = mm(m.normed(rowname), S)
         gamma = view.value(f"{norm}.w", Ctx(0) if norm != "norm_f" else Ctx())
         beta = view.value(f"{norm}.b", Ctx(0) if norm != "norm_f" else Ctx())
         return n.multiply_elementwise(gamma) + beta
-    return m.row(rowname) * S
+    return mm(m.row(rowname), S)
 
 
 def _rope(m: SymModel) -> sp.Matrix:
@@ -90,9 +91,9 @@ def interfaces(
                 continue
             y = m.normed(f"y_{norm}")
             res = (
-                (y * S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0)))
+                mm(y, S_).multiply_elementwise(Q.value(f"{norm}.w", Ctx(0)))
                 + Q.value(f"{norm}.b", Ctx(0))
-                - (y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0))) * S_
+                - mm(y.multiply_elementwise(P.value(f"{norm}.w", Ctx(0))) + P.value(f"{norm}.b", Ctx(0)), S_)
             )
             out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), tuple(params)))
     # ---- FFN and router
@@ -122,9 +123,9 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
         ck = c.at(2)
 
         def score(view, uq, uk, c=c, ck=ck):
-            q = uq * view.value("W_Q", c) + view.value("b_Q", c)
-            k = uk * view.value("W_K", ck) + view.value("b_K", ck)
-            return (q * R * k.T)[0, 0]
+            q = mm(uq, view.value("W_Q", c)) + view.value("b_Q", c)
+            k = mm(uk, view.value("W_K", ck)) + view.value("b_K", ck)
+            return mm(mm(q, R), k.T)[0, 0]
 
         r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
         r_mod = r - r.xreplace({v: 0 for v in key_vars})  # a constant per query is no change for softmax
@@ -136,18 +137,18 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
         a = sp.Symbol(f"a{h}", real=True)
         m.data[f"a{h}"] = sp.Matrix([[a]])
         for view, idx in ((P, 0), (Q, 1)):
-            v1 = u["xk1"][idx] * view.value("W_V", ck) + view.value("b_V", ck)
-            v2 = u["xk2"][idx] * view.value("W_V", ck) + view.value("b_V", ck)
+            v1 = mm(u["xk1"][idx], view.value("W_V", ck)) + view.value("b_V", ck)
+            v2 = mm(u["xk2"][idx], view.value("W_V", ck)) + view.value("b_V", ck)
             z = a * v1 + (1 - a) * v2
             if idx == 0:
-                o0 = o0 + z * view.value("W_O", c)
+                o0 = o0 + mm(z, view.value("W_O", c))
             else:
-                o1 = o1 + z * view.value("W_O", c)
+                o1 = o1 + mm(z, view.value("W_O", c))
     out.append(
         Interface(
             "attention output (attention weights unchanged)",
             "attention",
-            list(o1 - o0 * S_),
+            list(o1 - mm(o0, S_)),
             ("W_V", "b_V", "W_O", "b_O", "norm1.w", "norm1.b"),
         )
     )
@@ -161,8 +162,8 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
     u0, u1 = _norm_in(m, P, "norm2", "x2", sp.eye(cfg.d_model)), _norm_in(m, Q, "norm2", "x2", S)
     names = ("W_in", "b_in", "W_gate", "W_out", "b_out", "norm2.w", "norm2.b")
     if cfg.experts:
-        l0 = u0 * P.value("W_router", Ctx(0))
-        l1 = u1 * Q.value("W_router", Ctx(0))
+        l0 = mm(u0, P.value("W_router", Ctx(0)))
+        l1 = mm(u1, Q.value("W_router", Ctx(0)))
         diff = l1 - l0
         out.append(
             Interface(
@@ -172,8 +173,8 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
                 ("W_router", "norm2.w", "norm2.b"),
             )
         )
-    z0 = u0 * P.value("W_in", c) + P.value("b_in", c)
-    z1 = u1 * Q.value("W_in", c) + Q.value("b_in", c)
+    z0 = mm(u0, P.value("W_in", c)) + P.value("b_in", c)
+    z1 = mm(u1, Q.value("W_in", c)) + Q.value("b_in", c)
     f = cfg.d_ff
     t_up, why = _solve_linear_image(m, z0, z1, f)
     if t_up is None:
@@ -188,8 +189,8 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
             )
         ]
     if cfg.act == "swiglu":
-        zg0 = u0 * P.value("W_gate", c)
-        zg1 = u1 * Q.value("W_gate", c)
+        zg0 = mm(u0, P.value("W_gate", c))
+        zg1 = mm(u1, Q.value("W_gate", c))
         t_gate, why = _solve_linear_image(m, zg0, zg1, f)
         if t_gate is None:
             return out + [
@@ -206,7 +207,7 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
         if bad:
             return out + [Interface("FFN gate: silu(z·T) = silu(z)·T", "block", [bad[1]], names, ok=False, note=bad[0])]
         gv = m.row("silu", f)
-        h1 = (gv * t_gate).multiply_elementwise(z0 * t_up)
+        h1 = mm(gv, t_gate).multiply_elementwise(mm(z0, t_up))
         h0 = gv.multiply_elementwise(z0)
     else:
         bad = _commutes_with_activation(cfg.act, t_up)
@@ -217,10 +218,10 @@ def _ffn_interfaces(m: SymModel, P: SymView, Q: SymView, S: sp.Matrix) -> list[I
                 )
             ]
         hv = m.row("act", f)
-        h1, h0 = hv * t_up, hv
-    y0 = h0 * P.value("W_out", c) + P.value("b_out", c)
-    y1 = h1 * Q.value("W_out", c) + Q.value("b_out", c)
-    out.append(Interface("FFN output", "block", list(y1 - y0 * S), names))
+        h1, h0 = mm(hv, t_up), hv
+    y0 = mm(h0, P.value("W_out", c)) + P.value("b_out", c)
+    y1 = mm(h1, Q.value("W_out", c)) + Q.value("b_out", c)
+    out.append(Interface("FFN output", "block", list(y1 - mm(y0, S)), names))
     return out
 
 
@@ -229,7 +230,7 @@ def _solve_linear_image(m: SymModel, z0: sp.Matrix, z1: sp.Matrix, f: int):
     T = sp.Matrix(f, f, lambda i, j: sp.Symbol(f"T_{i}{j}"))
     generic = set(m.data_symbols()) | set(m.param_symbols())
     eqs: list = []
-    for e in numerators(list(z1 - z0 * T)):
+    for e in numerators(list(z1 - mm(z0, T))):
         gens = [s for s in e.free_symbols if s in generic]
         eqs += sp.Poly(e, *gens).coeffs() if gens else [e]
     sol = unique_linear(eqs, list(T)) if eqs else None
@@ -290,17 +291,19 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
                 Interface(
                     "position embedding W_pos ↦ W_pos·S",
                     "block",
-                    list(Q.value("W_pos", Ctx()) - P.value("W_pos", Ctx()) * S_),
+                    list(Q.value("W_pos", Ctx()) - mm(P.value("W_pos", Ctx()), S_)),
                     ("W_pos",),
                 )
             )
         if cfg.n_types:
             tt = sp.Matrix(m.params["embed.W_tt"])
-            out.append(Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - tt * S_), ()))
+            out.append(
+                Interface("token-type embedding (not a rule parameter) ↦ ·S", "block", list(tt - mm(tt, S_)), ())
+            )
         if cfg.embed_norm:
             y = m.normed("y_embed")
             w, b = sp.Matrix([m.params["embed.ln.w"]]), sp.Matrix([m.params["embed.ln.b"]])
-            res = (y * S_).multiply_elementwise(w) + b - (y.multiply_elementwise(w) + b) * S_
+            res = mm(y, S_).multiply_elementwise(w) + b - mm(y.multiply_elementwise(w) + b, S_)
             out.append(
                 Interface(
                     "embedding LayerNorm (not a rule parameter; its output is the stream)", "block", list(res), ()
@@ -310,12 +313,12 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
         out.append(_norm_core(m, S_))
     if cfg.family in ("attn", "bert"):
         x = m.row("x_out")
-        out.append(Interface("model output (the residual stream itself)", "block", list(x * S_ - x), ()))
+        out.append(Interface("model output (the residual stream itself)", "block", list(mm(x, S_) - x), ()))
     else:
         uf0 = _norm_in(m, P, "norm_f", "xf", sp.eye(d))
         uf1 = _norm_in(m, Q, "norm_f", "xf", S_)
-        y0 = uf0 * P.value("W_U", Ctx()) + P.value("b_U", Ctx())
-        y1 = uf1 * Q.value("W_U", Ctx()) + Q.value("b_U", Ctx())
+        y0 = mm(uf0, P.value("W_U", Ctx())) + P.value("b_U", Ctx())
+        y1 = mm(uf1, Q.value("W_U", Ctx())) + Q.value("b_U", Ctx())
         out.append(Interface("logits", "block", list(y1 - y0), ("W_U", "b_U", "norm_f.w", "norm_f.b")))
     return out
 
@@ -325,8 +328,8 @@ def _norm_core(m: SymModel, S: sp.Matrix) -> Interface:
     d = m.cfg.d_model
     x = m.row("xc")
     P = sp.eye(d) - sp.ones(d, d) / d if m.ln else sp.eye(d)
-    a, b = x * S * P, x * P * S
-    res = [(b * b.T)[0, 0] - (x * P * (x * P).T)[0, 0]]
+    a, b = mm(mm(x, S), P), mm(mm(x, P), S)
+    res = [mm(b, b.T)[0, 0] - mm(mm(x, P), mm(x, P).T)[0, 0]]
     res += [a[i] * b[j] - a[j] * b[i] for i in range(d) for j in range(i + 1, d)]
     kind = "LayerNorm (mean removed)" if m.ln else "RMSNorm"
     return Interface(f"{kind} core commutes with the stream map S", "block", res, ())
@@ -362,7 +365,7 @@ def solve_stream_map(m: SymModel, P: SymView, Q: SymView) -> tuple[sp.Matrix | N
     S = sp.Matrix(d, d, lambda i, j: sp.Symbol(f"S_{i}{j}"))
     gens = set(w0)
     eqs: list = []
-    for e in numerators(list(w1 - w0 * S)):
+    for e in numerators(list(w1 - mm(w0, S))):
         gs = [s for s in e.free_symbols if s in gens]
         eqs += sp.Poly(e, *gs).coeffs() if gs else [e]
     sol = unique_linear(eqs, list(S))
