@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import sympy as sp
 from sympy.external.gmpy import MPQ
@@ -91,7 +92,7 @@ def _degree(e, xs) -> int:
 # a value at an integer point, exactly: an int or a rational — SymPy's MPQ, which is gmpy2's mpq
 # where gmpy2 is installed (then also the element type of SymPy's QQ), else SymPy's pure-Python
 # rational (both faster than fractions.Fraction)
-Num = int | MPQ
+Num = Any  # int | MPQ (MPQ's class depends on the installation, so the type checker sees Any)
 
 
 class _NotAffine(Exception):
