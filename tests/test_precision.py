@@ -402,3 +402,36 @@ def test_cli_precision_errors_are_one_line(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gauge-audit: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("prec", [53, 200, 700])
+def test_mpf_dot_is_mpmaths_exact_sum_of_exact_products_bit_for_bit(prec):
+    """The working-precision dot product forms its products in the summing loop: the raw result
+    equals mpmath's mpf_sum of the exact products (rounded once) for every vector — zeros,
+    infinities, NaNs and exponents so far apart that mpf_sum drops or restarts the sum included."""
+    import random
+
+    from mpmath.libmp import mpf_mul, mpf_sum
+
+    from gauge_audit.precision.linalg import _mpf_dot
+
+    rng = random.Random(prec)
+    with mp.workprec(prec):
+
+        def draw():
+            r = rng.random()
+            if r < 0.1:
+                return mp.mpf(0)
+            if r < 0.13:
+                return mp.inf * rng.choice([1, -1])
+            if r < 0.14:
+                return mp.nan
+            shift = rng.choice([0, 0, 0, rng.randint(-3000, 3000), rng.randint(-3 * prec, 3 * prec)])
+            return mp.mpf(rng.gauss(0, 1)) * mp.mpf(2) ** shift
+
+        for _ in range(2000):
+            n = rng.randint(1, 12)
+            a, b = [draw() for _ in range(n)], [draw() for _ in range(n)]
+            want = mpf_sum([mpf_mul(x._mpf_, y._mpf_) for x, y in zip(a, b)], prec, "n")
+            got = _mpf_dot(a, b, prec)
+            assert got == want or (mp.isnan(mp.make_mpf(got)) and mp.isnan(mp.make_mpf(want))), (a, b)

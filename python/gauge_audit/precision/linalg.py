@@ -15,7 +15,7 @@ from fractions import Fraction
 
 import mpmath
 from mpmath import mp
-from mpmath.libmp import mpf_mul, mpf_sum
+from mpmath.libmp import bitcount, from_man_exp, fzero, mpf_add, mpf_mul
 
 from ..errors import GaugeAuditError
 
@@ -27,7 +27,7 @@ def dot(a, b):
     rounded once to the working precision (a correctly rounded dot product); anything
     else (Fractions: exact; intervals: enclosing) is a left-to-right Python sum."""
     if a and isinstance(a[0], _MPF) and isinstance(b[0], _MPF):
-        return mp.make_mpf(mpf_sum([mpf_mul(x._mpf_, y._mpf_) for x, y in zip(a, b)], mp.prec, "n"))
+        return mp.make_mpf(_mpf_dot(a, b, mp.prec))
     it = iter(zip(a, b))
     try:
         x, y = next(it)
@@ -37,6 +37,55 @@ def dot(a, b):
     for x, y in it:
         s = s + x * y
     return s
+
+
+def _mpf_dot(a, b, prec: int) -> tuple:
+    """The raw mpf of ``mpf_sum([mpf_mul(x, y) …], prec, "n")`` (mpmath's exact sum of the exact
+    products, rounded once), with the products formed in the summing loop: the same integer
+    arithmetic and the same cut-offs for extreme exponent differences — equal bit for bit — without
+    a tuple and two calls per term (the precision checker's forwards are mostly this loop)."""
+    man = 0
+    exp = 0
+    max_extra_prec = prec * 2 or 1000000
+    special = None
+    for x, y in zip(a, b):
+        xsign, xm, xe, xb = x._mpf_
+        ysign, ym, ye, yb = y._mpf_
+        pman = xm * ym
+        if not pman:  # a zero, an infinity or a NaN among the factors: mpmath's own product
+            p = mpf_mul(x._mpf_, y._mpf_)
+            if p[2] and not p[1]:  # an infinity or a NaN
+                special = mpf_add(special or fzero, p, 1)
+            continue
+        pexp = xe + ye
+        if xsign ^ ysign:
+            pman = -pman
+        delta = pexp - exp
+        if pexp >= exp:
+            if (delta > max_extra_prec) and ((not man) or delta - bitcount(abs(man)) > max_extra_prec):
+                man = pman
+                exp = pexp
+            else:
+                man += pman << delta
+        else:
+            delta = -delta
+            # the product's bit count is xb + yb or xb + yb − 1: counted only where that decides
+            hi = xb + yb
+            if delta - hi > max_extra_prec:
+                small = True
+            elif delta - hi + 1 <= max_extra_prec:
+                small = False
+            else:
+                small = delta - bitcount(abs(pman)) > max_extra_prec
+            if small:
+                if not man:
+                    man, exp = pman, pexp
+            else:
+                man = (man << delta) + pman
+                exp = pexp
+    if special:
+        return special
+    return from_man_exp(man, exp, prec, "n")
 
 
 def transpose(a: list) -> list:

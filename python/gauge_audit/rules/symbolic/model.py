@@ -219,13 +219,29 @@ def _polynomial(expr) -> bool:
 
 
 def numerators(exprs) -> list:
+    """Each expression's numerator, expanded (the non-zero ones).  A polynomial by its form is its
+    own numerator: expanded in the sparse polynomial ring over ℚ (the same sum of terms as
+    ``expand``, without ``together`` walking it first)."""
     out = []
     for e in exprs:
-        num, _ = sp.fraction(sp.together(e))
-        num = sp.expand(num)
+        num = _expanded_polynomial(e) if _polynomial(e) else None
+        if num is None:
+            num, _ = sp.fraction(sp.together(e))
+            num = sp.expand(num)
         if num != 0:
             out.append(num)
     return out
+
+
+def _expanded_polynomial(e):
+    free = sorted(e.free_symbols, key=str)
+    if not free:
+        return e
+    ring = sp.QQ.poly_ring(*free)
+    try:
+        return ring.to_sympy(ring.from_sympy(e))
+    except (sp.polys.polyerrors.CoercionFailed, sp.polys.polyerrors.PolynomialError, ValueError):
+        return None
 
 
 def _free_row(name: str, n: int) -> sp.Matrix:
