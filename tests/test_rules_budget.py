@@ -253,3 +253,37 @@ def test_audit_max_minutes_marks_the_checks_it_did_not_reach():
 def test_audit_max_minutes_rejects_a_bad_value(capsys):
     assert main(["audit", "--max-minutes", "-1", "--out", "/nonexistent/x"]) == 2
     assert "--max-minutes" in capsys.readouterr().err
+
+
+def test_symbolic_product_skipping_zeros_is_sympys_product():
+    """The symbolic checker's matrix product (exact zeros skipped) gives SymPy's own product entry
+    for entry — on sparse symbolic matrices, an identity, a rotary block — and SymPy's 0·∞ = NaN
+    where an infinity is present; a shape mismatch is one line."""
+    from gauge_audit.errors import GaugeAuditError
+    from gauge_audit.rules.algebra import sym_matmul
+
+    rng = random.Random(7)
+    xs = sp.symbols("x0:6", real=True)
+    c, s = sp.symbols("c s", real=True)
+
+    def entry():
+        r = rng.random()
+        if r < 0.5:
+            return sp.Integer(0)
+        if r < 0.7:
+            return sp.Rational(rng.randint(-5, 5), rng.randint(1, 4))
+        return rng.choice(xs) * rng.randint(-3, 3) + rng.choice(xs) ** 2 / (1 + rng.choice(xs) ** 2)
+
+    for _ in range(40):
+        n, k, m = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 4)
+        a = sp.Matrix(n, k, lambda i, j: entry())
+        b = sp.Matrix(k, m, lambda i, j: entry())
+        assert sym_matmul(a, b) == a * b
+    rot = sp.Matrix([[c, s, 0], [-s, c, 0], [0, 0, 1]])
+    row = sp.Matrix([xs[:3]])
+    assert sym_matmul(row, rot) == row * rot and sym_matmul(sp.eye(3), rot) == rot
+    inf = sp.Matrix([[sp.zoo, 1], [2, xs[0]]])
+    zero_col = sp.Matrix([[0, 1], [xs[1], 0]])
+    assert sym_matmul(zero_col, inf).has(sp.nan) and sym_matmul(zero_col, inf) == zero_col * inf
+    with pytest.raises(GaugeAuditError, match="shape mismatch"):
+        sym_matmul(sp.ones(2, 3), sp.ones(2, 3))

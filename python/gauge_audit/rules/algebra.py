@@ -225,16 +225,21 @@ class TorchOps(Ops):
         return v.reshape(-1)
 
 
+_NOT_FINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
+
+
 def sym_matmul(a: sp.Matrix, b: sp.Matrix) -> sp.Matrix:
-    """a·b for SymPy matrices of finite entries: each entry Add(*[a_ik·b_kj]) over the k where
-    neither factor is an exact 0 — the sum SymPy's own product forms, without its checks of 0·x
-    for an infinite x (each builds 0·x and asks whether x is finite: on the symbolic checker's
-    block identities, where identities, RoPE blocks and stream maps are mostly zeros, a third of
-    its time)."""
+    """a·b for SymPy matrices: each entry Add(*[a_ik·b_kj]) over the k where neither factor is an
+    exact 0 — the sum SymPy's own product forms, without its checks of 0·x for an infinite x (each
+    builds 0·x and asks whether x is finite: on the symbolic checker's block identities, where
+    identities, RoPE blocks and stream maps are mostly zeros, a third of its time).  A matrix with
+    an infinity or NaN in it (0·∞ is NaN, not 0) goes through SymPy's own product."""
     n, k = a.shape
     k2, m = b.shape
     if k != k2:
         raise _shape_error("@", a.shape, b.shape)
+    if a.has(*_NOT_FINITE) or b.has(*_NOT_FINITE):
+        return a * b
     rows = [[(j, x) for j, x in enumerate(row) if x != 0] for row in a.tolist()]
     cols = [{j: x for j, x in enumerate(col) if x != 0} for col in b.T.tolist()]
     return sp.Matrix(n, m, [sp.Add(*[x * col[j] for j, x in row if j in col]) for row in rows for col in cols])
