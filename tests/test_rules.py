@@ -229,6 +229,27 @@ def test_rule_engine_matches_the_builtin_qk_gl_action_exactly(model):
     assert any(not torch.equal(ours[k], m.params[k]) for k in theirs)
 
 
+def test_signed_permutation_recognised_in_every_layout():
+    """A signed permutation is recognised as such — contiguous, as a transpose (read through its
+    contiguous original), with its columns shuffled — with the column and sign of each row; a
+    matrix with a repeated column, a scaled one or a dense one is not one."""
+    from gauge_audit.rules.algebra import _signed_permutation
+
+    g = torch.Generator().manual_seed(11)
+    for n in (2, 7, 300):
+        signs = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+        P = torch.eye(n, dtype=torch.float64)[torch.randperm(n, generator=g)] * signs[:, None]
+        for a in (P, P.T, P.T.contiguous(), P[:, torch.randperm(n, generator=g)], P.T[torch.randperm(n, generator=g)]):
+            cols, vals = _signed_permutation(a)
+            rebuilt = torch.zeros(n, n, dtype=torch.float64)
+            rebuilt[torch.arange(n), cols] = vals
+            assert torch.equal(rebuilt, a)
+        repeated = P.clone()
+        repeated[1] = repeated[0]  # n non-zeros, but one column twice and one empty
+        for a in (2 * P, 2 * P.T, repeated, repeated.T, torch.randn(n, n, dtype=torch.float64, generator=g)):
+            assert _signed_permutation(a) is None
+
+
 def test_rule_permutation_factor_is_gathered_exactly():
     """A wide signed permutation on either side of a product is a gather, bit-for-bit the dense
     product (each entry is one entry times ±1); a near-permutation is multiplied densely."""

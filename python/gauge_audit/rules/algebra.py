@@ -103,9 +103,22 @@ def _signed_permutation(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
     n = a.shape[0]
     if a.dim() != 2 or a.shape[1] != n or int(torch.count_nonzero(a)) != n:
         return None
-    cols = a.abs().argmax(dim=1)  # each row's largest entry
-    vals = a[torch.arange(n), cols]
-    # n non-zeros, each row's largest ±1: one ±1 per row and nothing else; then one per column
+    if not a.is_contiguous():
+        if not a.T.is_contiguous():
+            a = a.contiguous()
+        else:  # a transpose (transpose(P) in a rule): read its contiguous original, whose rows are its columns
+            found = _signed_permutation(a.T)
+            if found is None:
+                return None
+            cols_t, vals_t = found  # row k of aᵀ has its ±1 in column cols_t[k]: so does column k of a, in row cols_t[k]
+            cols = torch.argsort(cols_t)
+            return cols, vals_t[cols]
+    # the n non-zeros in row-major order (no n×n temporary): one in every row, each ±1, and one
+    # in every column
+    rows, cols = torch.nonzero(a, as_tuple=True)
+    if not bool((rows == torch.arange(n, device=a.device)).all()):
+        return None
+    vals = a[rows, cols]
     if not bool((vals.abs() == 1).all()) or not bool((torch.bincount(cols, minlength=n) == 1).all()):
         return None
     return cols, vals

@@ -217,13 +217,14 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor | None:
     in torch: the arithmetic of the ``gguf`` package's ``dequantize_blocks`` (float16 scales
     widened, the same float32 products and sums in the same order: bit for bit the same values),
     without its numpy passes over groups of 16 rows, which took most of a read.  None for the other
-    types (read by ``gguf``)."""
+    types (read by ``gguf``).  The products and sums are formed in place in the widened entries
+    (the same operations: a product's order does not change its rounding)."""
     n = blocks.shape[0]
     if qtype == "Q5_0":  # d (f16), 32 high bits (u32), 16 bytes of low nibbles; entries − 16
         qh = blocks[:, 2:6].contiguous().view(torch.int32)  # bit i of it: entry i's fifth bit
         high = ((qh >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
         q = (_nibbles(blocks[:, 6:]).reshape(n, 32) | (high << 4)).to(torch.int8) - 16
-        return _f16(blocks, 0) * q.to(torch.float32)
+        return q.to(torch.float32).mul_(_f16(blocks, 0))
     if qtype == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
         sc = blocks[:, 4:16].reshape(n, 3, 4)
         lo, mid, top = sc[:, 0], sc[:, 1], sc[:, 2]
@@ -232,7 +233,7 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor | None:
         d = (_f16(blocks, 0) * scale).reshape(n, 8, 1)
         dm = (_f16(blocks, 2) * mins).reshape(n, 8, 1)
         q = _nibbles(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).to(torch.float32)
-        return (d * q - dm).reshape(n, 256)
+        return q.mul_(d).sub_(dm).reshape(n, 256)
     if qtype == "Q6_K":  # 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, d (f16)
         scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
         d = (_f16(blocks, 208) * scales).reshape(n, 16, 1)
@@ -241,15 +242,15 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor | None:
             1, 1, 4, 1
         )
         q = (ql | ((qh & 0x03).reshape(n, 8, 32) << 4)).to(torch.int8) - 32
-        return (d * q.reshape(n, 16, 16).to(torch.float32)).reshape(n, 256)
+        return q.reshape(n, 16, 16).to(torch.float32).mul_(d).reshape(n, 256)
     if qtype == "Q4_1":  # d (f16), m (f16), 16 bytes: low nibbles are entries 0–15, high 16–31
         d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
         m = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
         qs = blocks[:, 4:]
-        return d * torch.cat([qs & 0x0F, qs >> 4], 1).to(torch.float32) + m
+        return torch.cat([qs & 0x0F, qs >> 4], 1).to(torch.float32).mul_(d).add_(m)
     if qtype == "Q8_0":  # d (f16), 32 signed bytes
         d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
-        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32) * d
+        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32).mul_(d)
     return None
 
 
