@@ -110,7 +110,8 @@ def _signed_permutation(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
             found = _signed_permutation(a.T)
             if found is None:
                 return None
-            cols_t, vals_t = found  # row k of aᵀ has its ±1 in column cols_t[k]: so does column k of a, in row cols_t[k]
+            # row k of aᵀ has its ±1 in column cols_t[k]: so does column k of a, in row cols_t[k]
+            cols_t, vals_t = found
             cols = torch.argsort(cols_t)
             return cols, vals_t[cols]
     # the n non-zeros in row-major order (no n×n temporary): one in every row, each ±1, and one

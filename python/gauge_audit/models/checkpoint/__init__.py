@@ -414,4 +414,3 @@ def _widened_into_layout(link: Link, shape: tuple, stored: Callable[[str, bool],
         return link.read(t.to(torch.float64))[0].contiguous()
     view.copy_(t)
     return out
-
