@@ -117,31 +117,50 @@ def xdist_group(nodeid: str) -> str | None:
     return f"nullity-{m.group(1)}" if m else None
 
 
-# CPU seconds of the groups that dominate the run (measured per worker process in a full run, one
-# torch thread each, on a busy 2-core machine: only their ratios matter).  The scheduler hands
-# out the most expensive unit first, so the two workers each start on a heavy group and the short tests fill in behind them (longest first
-# keeps the workers' totals within about one unit of each other); a unit not listed counts
-# DEFAULT_SECONDS per test.  Only the order depends on these numbers, never what runs.
+# Seconds of the units that dominate the run (measured per worker process in a full run, one torch
+# thread each, on a busy 2-core machine: only their ratios matter).  The scheduler hands out the
+# most expensive unit first, so the two workers each start on a heavy group and the short tests
+# fill in behind them: longest first keeps the workers' totals within about one short test of each
+# other.  A long test that shares nothing is a unit of its own and is listed too (by file and test
+# function, every parametrisation alike): counted as a short one it would be handed out last and
+# run alone at the end while the other worker idles (the thread-count audits and the terminal
+# runs of test_progress.py did: 12 s of one idle worker).  A unit not listed counts DEFAULT_SECONDS
+# per test.  Only the order depends on these numbers, never what runs.
 GROUP_SECONDS = {
-    "smollm2": 115.0,
-    "catalog-audit": 87.0,
-    "rules-fuzz-half0": 50.0,
-    "rules-fuzz-half1": 50.0,
-    "precision": 7.0,
-    "rule-checkers": 20.0,
-    "gemma3-270m": 5.0,
-    "deepseek": 3.0,
-    "merge": 3.0,
-    "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 13.0,  # three audits
-    "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 5.0,
-    "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 8.0,
+    "smollm2": 117.0,
+    "catalog-audit": 75.0,
+    "rules-fuzz-half0": 28.0,
+    "rules-fuzz-half1": 28.0,
+    "family-nullity": 17.0,
+    "precision": 10.0,
+    "gemma3-270m": 9.0,
+    "rule-checkers": 7.0,
+    "deepseek": 4.0,
+    "docs": 3.0,
+    "merge": 2.5,
+}
+TEST_SECONDS = {
+    "tests/test_threads.py::test_report_json_byte_identical_across_thread_counts": 24.0,  # two audits
+    "tests/test_audit.py::test_audit_same_seed_byte_identical_report": 14.0,  # three audits
+    "tests/test_checkpoint_gguf.py::test_packaged_gguf_dequantized_bit_for_bit_as_the_gguf_package_does": 10.0,
+    "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 10.0,
+    "tests/test_progress.py::test_bar_on_a_terminal_only_and_never_with_json": 7.5,  # three CLI runs
+    "tests/test_audit_parallel.py::test_parallel_report_byte_identical_to_serial": 5.5,
+    "tests/test_audit_fuzz.py::test_fuzz_formula_hypothesis": 4.5,
+    "tests/test_rules_audit.py::test_rule_claims_example_paper_verdicts": 4.0,
+    "tests/test_audit_fuzz.py::test_fuzz_rule_expression_hypothesis": 3.5,
+    "tests/test_cli_small.py::test_a_subcommand_imports_its_own_module_only": 3.5,
+    "tests/test_rules_budget.py::test_false_head_rule_settles_within_the_claim_budget_with_its_counterexample": 2.5,
+    "tests/test_audit_fuzz.py::test_fuzz_malformed_claim_files": 2.5,
 }
 DEFAULT_SECONDS = 0.3
 
 
 def unit_seconds(scope: str, tests: int) -> float:
-    """The expected CPU seconds of one unit of work (a group, or a single test)."""
-    return GROUP_SECONDS.get(scope, DEFAULT_SECONDS * tests)
+    """The expected seconds of one unit of work (a group, or a single test)."""
+    if scope in GROUP_SECONDS:
+        return GROUP_SECONDS[scope]
+    return TEST_SECONDS.get(scope.partition("[")[0], DEFAULT_SECONDS * tests)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -239,6 +239,38 @@ def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
         assert len(err) == 1 and "NaN" in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.parametrize("command", ["canonicalize", "compare"])
+def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
+    tiny_hf, capsys, tmp_path, monkeypatch, command
+):
+    """canonicalize and compare hold the model whole in float64: where that copy exceeds the memory
+    available, one line says how much it needs and has, before anything is read or forked, instead
+    of the kernel killing the process after minutes (an 8 B checkpoint on this machine).  The bound
+    is the float64 copy itself (8 bytes a parameter), so a model that fits with room is not refused."""
+    import gauge_audit.cli.canonicalize as canon_cli
+    from gauge_audit.models import parameter_count
+
+    ckpt = str(tiny_hf("llama"))
+    need = 8.0 * parameter_count(open_checkpoint(ckpt).cfg)
+    out = tmp_path / "out"
+    argv = (
+        ["canonicalize", "--checkpoint", ckpt, "--out", str(out)]
+        if command == "canonicalize"
+        else [command, ckpt, ckpt]
+    )
+    forked = []
+    monkeypatch.setattr(canon_cli, "CertificateAhead", lambda *a, **k: forked.append(1))
+    monkeypatch.setattr(canon_cli, "available_memory", lambda: need / 2)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "float64" in err[0] and f"{need / 1e9:.1f} GB" in err[0], err
+    assert not out.exists() and not forked
+    monkeypatch.undo()  # the helpers back
+    monkeypatch.setattr(canon_cli, "available_memory", lambda: 2 * need)
+    assert main([*argv, "--json"]) == 0  # past the check (compare of A with itself: EQUIVALENT)
+    assert json.loads(capsys.readouterr().out)
+
+
 def test_smollm2_transformed_copy_is_equivalent_in_float32():
     """The real SmolLM2 (GGUF Q4_1, 134.5 M parameters, RoPE, GQA 9/3, SwiGLU, tied): a composite
     copy stored in float32 is EQUIVALENT, and canonicalisation keeps the function."""

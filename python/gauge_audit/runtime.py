@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import os
 
 import torch
 
@@ -291,3 +292,19 @@ def _forked_main(send, fn, args) -> None:
         payload = ("crash", traceback.format_exc())
     send.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
     send.close()
+
+
+def available_memory() -> float:
+    """Bytes of memory available to a new allocation now (Linux: MemAvailable of /proc/meminfo;
+    elsewhere the OS's count of available pages), or +inf if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf

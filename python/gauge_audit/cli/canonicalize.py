@@ -22,7 +22,7 @@ from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
 from ..progress import echo, ticker
-from ..runtime import model_threads, resolve_dtype
+from ..runtime import available_memory, model_threads, resolve_dtype
 
 _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
 # Built-in names that are real checkpoints: canonicalised and compared as such (their storage
@@ -97,6 +97,24 @@ def load_source(
         if tick:
             tick(i, len(lazy))
     return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
+
+
+def require_float64_memory(src: Source, command: str) -> None:
+    """Refuse in one line, before any work, a checkpoint whose float64 copy does not fit in the
+    memory available now.  ``canonicalize`` holds the canonical form whole in float64 and
+    ``compare`` A's (8 bytes a parameter: 64 GB for an 8 B model): past the available memory the
+    kernel kills the process after minutes of reading, or the machine swaps.  The float64 copy is a
+    lower bound of the peak (SmolLM2's is 1.3× it), so nothing that would fit is refused."""
+    if src.checkpoint is None:  # a built-in model is built in memory already
+        return
+    need = 8.0 * parameter_count(src.cfg)
+    have = available_memory()
+    if need > have:
+        raise GaugeAuditError(
+            f"{command} holds the whole model in float64: {need / 1e9:.1f} GB for {src.checkpoint.name}, "
+            f"and {have / 1e9:.1f} GB of memory is available now (gauge fixing that streams a model block by "
+            "block is not implemented; check and transform stream)"
+        )
 
 
 class StoredParams(LazyParams):
@@ -305,6 +323,7 @@ def run(args) -> int:
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out:
         refuse_existing(Path(args.out))
+    require_float64_memory(src, "canonicalize")
     # one thread up to billion-parameter models (the runtime's thread policy): the reads and
     # float64 conversions, and the forwards of the function check and the certificate on a few
     # dozen tokens (the steps themselves run on one thread anyway)

@@ -13,7 +13,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..progress import echo
 from ..runtime import eps, generator, keep_freed_memory, resolve_dtype
-from .canonicalize import Source, load_source, write_atomically
+from .canonicalize import Source, load_source, require_float64_memory, write_atomically
 
 
 def register(sub) -> None:
@@ -107,6 +107,7 @@ def run(args) -> int:
         raise GaugeAuditError("--probes must be >= 1")
     # checkpoints in their stored dtype, read again on each pass
     a = _load(args.a, args.seed)
+    require_float64_memory(a, "compare")  # A's canonical form
     b = _load(args.b, args.seed if args.seed_b is None else args.seed_b)
     # after the checkpoints are opened, which fixes glibc's mmap threshold at 1 MiB for streamed
     # checks: compare's eight canonicalisations allocate block-sized tensors thousands of times

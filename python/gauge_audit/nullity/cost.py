@@ -17,7 +17,8 @@ model is built) and the cost model of each method:
 
 The rate is the machine's: :func:`matmul_gflops` times a float64 matrix product once per
 process (≈ 0.1 s), so the estimate is right on whatever machine runs it.  The free memory
-is ``MemAvailable`` from ``/proc/meminfo`` (or the OS's count of available pages).
+is :func:`gauge_audit.runtime.available_memory` (``MemAvailable`` from ``/proc/meminfo``, or the OS's
+count of available pages).
 
 :func:`require_feasible` refuses, with one line giving the estimate, any measurement whose
 memory exceeds the free memory or whose time exceeds the budget (``--max-minutes``).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -36,6 +36,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models import parameter_count
 from ..models.config import Config
+from ..runtime import available_memory
 
 DEFAULT_MAX_MINUTES = 15.0  # the CLI's default budget (P ≈ 20 000 takes about a minute on 2 cores)
 MATRIX_FREE_SKETCH = 1.05  # sketch rows per certificate coordinate (matrixfree.analyze_matrix_free's default)
@@ -93,21 +94,6 @@ def matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
         a @ b
         best = min(best, time.perf_counter() - t)
     return 2.0 * n**3 / max(best, 1e-9) / 1e9
-
-
-def available_memory() -> float:
-    """Bytes of memory available to a new allocation (MemAvailable), or +inf if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return math.inf
 
 
 def estimate(
