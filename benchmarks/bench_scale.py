@@ -218,7 +218,10 @@ def main() -> None:
                     drop_cache(work / "qk")
             r = run(*commands[s], a.max_rss_gb, a.timeout, work / f"{s}.log")
             rows[s] = r
-            state = r["killed"] or ("ok" if r["rc"] in (0,) else f"exit {r['rc']} (see {r['log']})")
+            log = Path(r["log"]).read_text(errors="replace").splitlines()
+            said = [line for line in log if line.strip() and not line.startswith("{")]  # not the child's timing
+            refusal = f": {said[-1]}" if r["rc"] == 2 and said else f" (see {r['log']})"  # a one-line refusal
+            state = r["killed"] or ("ok" if r["rc"] == 0 else f"exit {r['rc']}{refusal}")
             print(
                 f"{s:13s} {r['wall']:8.1f} s wall {r['cpu']:8.1f} s CPU  peak {r['peak_gib']:6.2f} GiB  {state}",
                 flush=True,
