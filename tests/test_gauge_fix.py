@@ -151,6 +151,34 @@ def test_canonical_form_is_the_same_on_the_whole_orbit(model, canonical, name):
     assert raw >= 0.3 and dist <= tol
 
 
+def test_a_lazy_model_is_read_once_by_canonicalize(model):
+    """canonicalize reads parameters held on disk (a GGUF: dequantized on every access) once, into
+    its float64 copy — not a second time to learn their dtype, which a LazyParams declares; parameters
+    returned as stored (each its own dtype) are still looked at, the coarsest being the storage dtype."""
+    from gauge_audit.gauge_fix.pipeline import storage_dtype_of
+    from gauge_audit.models.lazy import LazyParams
+
+    m = model("llama-tiny-gqa")
+    reads: list[str] = []
+
+    def load(name: str) -> torch.Tensor:
+        reads.append(name)
+        return m.params[name].to(torch.float32)
+
+    lazy = LazyParams({k: tuple(v.shape) for k, v in m.params.items()}, load, torch.float32)
+    c = canonicalize(m.cfg, lazy)
+    assert sorted(reads) == sorted(m.params) and c.storage_dtype == torch.float32
+
+    class AsStored(LazyParams):  # bfloat16 for one tensor, float32 for the others
+        def __getitem__(self, name):
+            t = load(name)
+            return t.to(torch.bfloat16) if name == "embed.W_E" else t
+
+    reads.clear()
+    assert storage_dtype_of(AsStored(lazy.shapes, load, torch.float32)) == torch.bfloat16
+    assert sorted(reads) == sorted(m.params)
+
+
 def test_every_true_action_is_in_the_composite_and_has_a_group_law(model):
     for name in ("gpt2-tiny", "llama-tiny-gqa", "moe-tiny", "bert-tiny"):
         m = model(name)

@@ -314,7 +314,11 @@ def validate(cfg: Config, params: Params) -> None:
 
 
 def storage_dtype_of(params: Params) -> torch.dtype:
-    """The coarsest floating dtype among the parameters (what the model was stored in)."""
+    """The coarsest floating dtype among the parameters (what the model was stored in).  Parameters
+    read on access that convert every tensor to their one dtype have that dtype: read from them
+    without loading every tensor (for a GGUF model, dequantizing it once more only to look)."""
+    if isinstance(params, LazyParams) and type(params).__getitem__ is LazyParams.__getitem__:
+        return params.dtype
     return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
 
 
