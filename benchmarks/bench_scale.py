@@ -138,6 +138,14 @@ def run(code: str, args: list[str], max_rss_gb: float, timeout: float, log: Path
     return res
 
 
+def refusal(r: dict) -> str:
+    """A failed step's one-line refusal (exit 2: the command's last line, not the child's timing),
+    or where its log is."""
+    said = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
+    said = [line for line in said if not line.startswith("{")]
+    return f": {said[-1]}" if r["rc"] == 2 and said else f" (see {r['log']})"
+
+
 def flops(cfg, step: str, probes: int = 3) -> tuple[float, str]:
     """Dominant float64 flops of a step (documented terms; small factorisations left out)."""
     d, L, h, kv, e, f, V = cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_ff, cfg.vocab
@@ -218,10 +226,7 @@ def main() -> None:
                     drop_cache(work / "qk")
             r = run(*commands[s], a.max_rss_gb, a.timeout, work / f"{s}.log")
             rows[s] = r
-            log = Path(r["log"]).read_text(errors="replace").splitlines()
-            said = [line for line in log if line.strip() and not line.startswith("{")]  # not the child's timing
-            refusal = f": {said[-1]}" if r["rc"] == 2 and said else f" (see {r['log']})"  # a one-line refusal
-            state = r["killed"] or ("ok" if r["rc"] == 0 else f"exit {r['rc']}{refusal}")
+            state = r["killed"] or ("ok" if r["rc"] == 0 else f"exit {r['rc']}{refusal(r)}")
             print(
                 f"{s:13s} {r['wall']:8.1f} s wall {r['cpu']:8.1f} s CPU  peak {r['peak_gib']:6.2f} GiB  {state}",
                 flush=True,

@@ -249,6 +249,7 @@ def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
     is the float64 copy itself (8 bytes a parameter), so a model that fits with room is not refused."""
     import gauge_audit.cli.canonicalize as canon_cli
     from gauge_audit.models import parameter_count
+    from gauge_audit.runtime import size_text
 
     ckpt = str(tiny_hf("llama"))
     need = 8.0 * parameter_count(open_checkpoint(ckpt).cfg)
@@ -263,7 +264,7 @@ def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
     monkeypatch.setattr(canon_cli, "available_memory", lambda: need / 2)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "float64" in err[0] and f"{need / 1e9:.1f} GB" in err[0], err
+    assert len(err) == 1 and "float64" in err[0] and f"{size_text(need)} for" in err[0], err
     assert not out.exists() and not forked
     monkeypatch.undo()  # the helpers back
     monkeypatch.setattr(canon_cli, "available_memory", lambda: 2 * need)

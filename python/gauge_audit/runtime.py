@@ -294,6 +294,14 @@ def _forked_main(send, fn, args) -> None:
     send.close()
 
 
+def size_text(b: float) -> str:
+    """A number of bytes in decimal units, three significant digits (58.5 kB, 64.2 GB)."""
+    for unit, f in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if b >= f:
+            return f"{b / f:.3g} {unit}"
+    return f"{b / 1e3:.3g} kB"
+
+
 def available_memory() -> float:
     """Bytes of memory available to a new allocation now (Linux: MemAvailable of /proc/meminfo;
     elsewhere the OS's count of available pages), or +inf if unknown."""

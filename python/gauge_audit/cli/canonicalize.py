@@ -22,7 +22,7 @@ from ..models.checkpoint import Checkpoint, all_finite, open_checkpoint
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
 from ..models.lazy import LazyParams
 from ..progress import echo, ticker
-from ..runtime import available_memory, model_threads, resolve_dtype
+from ..runtime import available_memory, model_threads, resolve_dtype, size_text
 
 _CHECKPOINT_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt")
 # Built-in names that are real checkpoints: canonicalised and compared as such (their storage
@@ -107,12 +107,11 @@ def require_float64_memory(src: Source, command: str) -> None:
     lower bound of the peak (SmolLM2's is 1.3× it), so nothing that would fit is refused."""
     if src.checkpoint is None:  # a built-in model is built in memory already
         return
-    need = 8.0 * parameter_count(src.cfg)
-    have = available_memory()
+    need, have = src.checkpoint.float64_bytes(), available_memory()
     if need > have:
         raise GaugeAuditError(
-            f"{command} holds the whole model in float64: {need / 1e9:.1f} GB for {src.checkpoint.name}, "
-            f"and {have / 1e9:.1f} GB of memory is available now (gauge fixing that streams a model block by "
+            f"{command} holds the whole model in float64: {size_text(need)} for {src.checkpoint.name}, "
+            f"and {size_text(have)} of memory is available now (gauge fixing that streams a model block by "
             "block is not implemented; check and transform stream)"
         )
 

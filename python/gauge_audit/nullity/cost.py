@@ -36,7 +36,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models import parameter_count
 from ..models.config import Config
-from ..runtime import available_memory
+from ..runtime import available_memory, size_text
 
 DEFAULT_MAX_MINUTES = 15.0  # the CLI's default budget (P ≈ 20 000 takes about a minute on 2 cores)
 MATRIX_FREE_SKETCH = 1.05  # sketch rows per certificate coordinate (matrixfree.analyze_matrix_free's default)
@@ -60,13 +60,6 @@ class Estimate:
             f"P = {self.params:,} parameters: {self.method} needs ≈ {size_text(self.bytes)} of memory and "
             f"≈ {duration_text(self.seconds)} at this machine's {self.gflops:.0f} GFLOP/s ({self.detail})"
         )
-
-
-def size_text(b: float) -> str:
-    for unit, f in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if b >= f:
-            return f"{b / f:.3g} {unit}"
-    return f"{b / 1e3:.3g} kB"
 
 
 def duration_text(s: float) -> str:

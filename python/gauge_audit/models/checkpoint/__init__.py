@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ...errors import GaugeAuditError
-from ...runtime import StoragePool, resolve_device
+from ...runtime import StoragePool, available_memory, resolve_device
 from ..config import Config
 from ..families import FAMILIES
 from ..lazy import LazyParams
@@ -302,13 +302,10 @@ class Checkpoint:
         return 8 * sum(math.prod(s) for s, _ in FAMILIES[self.cfg.family].param_shapes(self.cfg).values())
 
     def fits_in_memory(self, fraction: float = 0.25) -> bool:
-        """Is the float64 copy smaller than ``fraction`` of the memory available now (Linux; else False)?"""
-        try:
-            with open("/proc/meminfo") as f:
-                avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-        except (OSError, StopIteration, ValueError):
-            return False
-        return self.float64_bytes() < fraction * avail
+        """Is the float64 copy smaller than ``fraction`` of the memory available now (False where
+        that is unknown)?"""
+        avail = available_memory()
+        return math.isfinite(avail) and self.float64_bytes() < fraction * avail
 
     def model(self, name: str | None = None, device: str = "cpu", resident: bool = False, reuse: bool = False) -> Model:
         """A :class:`~gauge_audit.models.Model` whose parameters are read on access (``resident``,
