@@ -151,6 +151,29 @@ def test_canonical_form_is_the_same_on_the_whole_orbit(model, canonical, name):
     assert raw >= 0.3 and dist <= tol
 
 
+@pytest.mark.parametrize("name", ["llama-tiny-gqa", "qwen-tiny"])
+def test_the_stream_step_reuses_the_embedding_product_bit_for_bit(model, name, monkeypatch):
+    """The stream rotation's W_E·R is the product the axes' third moments were computed from
+    (W_E·V, signed): the canonical form is the same bit for bit as with the product formed again,
+    the kept product is used by the rotation (nothing left to forget), and nothing stays held."""
+    import gauge_audit.gauge_fix.base as gauge_base
+    import gauge_audit.gauge_fix.stream as gauge_stream
+    from gauge_audit import runtime
+
+    m = model(name)
+    kept, left = [], []
+    remember = gauge_base.remember_product
+    monkeypatch.setattr(gauge_base, "remember_product", lambda *a: (kept.append(a[0].shape), remember(*a)))
+    forget = gauge_stream.forget_products
+    monkeypatch.setattr(gauge_stream, "forget_products", lambda: (left.append(len(runtime._KNOWN_PRODUCT)), forget()))
+    reused = canonicalize(m.cfg, m.params)
+    assert kept == [m.params["embed.W_E"].shape] and left == [0] and not runtime._KNOWN_PRODUCT
+    monkeypatch.setattr(gauge_base, "remember_product", lambda *a: None)
+    again = canonicalize(m.cfg, m.params)
+    assert reused.params.keys() == again.params.keys()
+    assert all(torch.equal(reused.params[k], again.params[k]) for k in again.params)
+
+
 def test_a_lazy_model_is_read_once_by_canonicalize(model):
     """canonicalize reads parameters held on disk (a GGUF: dequantized on every access) once, into
     its float64 copy — not a second time to learn their dtype, which a LazyParams declares; parameters

@@ -15,7 +15,7 @@ import torch
 
 from gauge_audit.cli import main
 from gauge_audit.cli.canonicalize import load_source
-from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, function_check, prepare
+from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare, prepare
 from gauge_audit.gauge_fix.comparison import FAILURE_PROBABILITY, relative_distances
 from gauge_audit.models.checkpoint import open_checkpoint
 
@@ -274,20 +274,13 @@ def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
 
 def test_smollm2_transformed_copy_is_equivalent_in_float32():
     """The real SmolLM2 (GGUF Q4_1, 134.5 M parameters, RoPE, GQA 9/3, SwiGLU, tied): a composite
-    copy stored in float32 is EQUIVALENT, and canonicalisation keeps the function."""
+    copy stored in float32 is EQUIVALENT.  (That A's canonical form keeps the function, is
+    idempotent and satisfies its conditions: tests/test_gauge_fix.py, its smollm2 cases.)"""
     from gauge_audit.actions import composite
     from gauge_audit.runtime import generator
 
     a = load_source("smollm2")
-    # A's side once: its canonical form is checked here and compared against below
-    prepared = prepare(a.cfg, a.params, probes=1, storage_dtype=a.storage_dtype)
-    c = prepared.canonical
-    fn = function_check(a.cfg, a.params, c.params, c.rounding_kappa, element=c.element())
-    print(
-        f"smollm2 canonical: {fn['residual_eps']:.3g} ε vs statistical {fn['tolerance_statistical_eps']:.4g} ε; "
-        f"{sum(c.condition_counts().values())} conditions"
-    )
-    assert fn["verdict"] == "HOLDS"
+    prepared = prepare(a.cfg, a.params, probes=1, storage_dtype=a.storage_dtype)  # A's side, once
     _, moved = composite.sample_applied(a.cfg, a.params, generator(5), 4.0)  # = composite's apply(el)
     b = {k: v.to(torch.float32) for k, v in moved.items()}
     r = compare(a.cfg, a.params, a.cfg, b, probes=1, with_element=False, prepared=prepared)

@@ -175,3 +175,22 @@ if __name__ == "__main__":  # list the circles: python tests/test_imports.py
     cs = cycles(g)
     print("\n".join(_describe(g, c) for c in cs) or "no import circles")
     sys.exit(1 if cs else 0)
+
+
+def test_sympy_cache_is_sized_for_the_symbolic_checkers_unless_set():
+    """Importing the package sizes SymPy's expression cache before SymPy is first imported (20 000
+    entries, not SymPy's 1000: the symbolic checkers rebuild the same identities for every candidate
+    rule); a size the user set is kept."""
+    import os
+    import subprocess
+
+    code = "import gauge_audit, sympy.core.cache as c; print(c.SYMPY_CACHE_SIZE)"
+    env = {k: v for k, v in os.environ.items() if k != "SYMPY_CACHE_SIZE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT.parent), env.get("PYTHONPATH", "")])
+    sizes = []
+    for given in (None, "500"):
+        run_env = env if given is None else {**env, "SYMPY_CACHE_SIZE": given}
+        p = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        sizes.append(int(p.stdout))
+    assert sizes == [20000, 500]

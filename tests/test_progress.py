@@ -1,5 +1,6 @@
 """Progress bars: drawn on stderr when it is a terminal, never under --json and never when
-stderr is a pipe or a file; stdout is the same either way."""
+stderr is a pipe or a file; stdout is the same either way.  The terminal runs are fresh processes
+with stderr on a pseudo-terminal; the run with stderr on a file is in this process."""
 
 from __future__ import annotations
 
@@ -17,12 +18,9 @@ import pytest
 MAIN = "import sys; from gauge_audit.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _run(argv, tty: bool):
-    """Run the CLI with stdout on a pipe and stderr on a pseudo-terminal (tty=True) or a pipe."""
+def _run(argv):
+    """Run the CLI in a fresh process with stdout on a pipe and stderr on a pseudo-terminal."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if not tty:
-        p = subprocess.run([sys.executable, "-c", MAIN, *argv], capture_output=True, env=env, timeout=600)
-        return p.returncode, p.stdout.decode(), p.stderr.decode()
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     p = subprocess.Popen([sys.executable, "-c", MAIN, *argv], stdout=subprocess.PIPE, stderr=slave, env=env)
@@ -40,6 +38,16 @@ def _run(argv, tty: bool):
     p.wait(timeout=600)
     os.close(master)
     return p.returncode, out, err.decode(errors="replace")
+
+
+def _run_on_files(argv, capfd):
+    """Run the CLI in this process with stdout and stderr on files (pytest's capture of file
+    descriptors 1 and 2): stderr is no terminal."""
+    from gauge_audit.cli import main
+
+    code = main(argv)
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
 def _has_bar(err: str, desc: str) -> bool:
@@ -71,14 +79,14 @@ def _has_bar(err: str, desc: str) -> bool:
         (["audit", "--only", "hg-savings,count-wiki-log-hfact", "--out", "{tmp}", "--force"], "audit"),  # three runs
     ],
 )
-def test_bar_on_a_terminal_only_and_never_with_json(tmp_path, argv, desc):
+def test_bar_on_a_terminal_only_and_never_with_json(tmp_path, capfd, argv, desc):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    code, out, err = _run(argv, tty=True)
+    code, out, err = _run(argv)
     assert code == 0 and _has_bar(err, desc), err[-2000:]
-    code_p, out_p, err_p = _run(argv, tty=False)
+    code_p, out_p, err_p = _run_on_files(argv, capfd)
     assert code_p == 0 and "%|" not in err_p and err_p.strip() == "", err_p
     assert out_p.strip().splitlines()[0] == out.strip().splitlines()[0]  # stdout unchanged by the bar
-    code_j, out_j, err_j = _run(argv + ["--json"], tty=True)
+    code_j, out_j, err_j = _run(argv + ["--json"])
     assert code_j == 0 and "%|" not in err_j, err_j
     text = out_j.strip()
     if argv[0] == "check":

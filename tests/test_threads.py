@@ -4,6 +4,7 @@ and the thread count is restored after each phase that chose its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,44 +18,46 @@ from gauge_audit import runtime
 # (OMP_NUM_THREADS=1 against 2): every nullity gap ratio (the smallest measured singular value is
 # rounding noise, and LAPACK splits its QR / SVD across threads), and vo-gl's sampled element
 # (κ = 10.000000000000021 against …23, from its factorisation) with its residual on the real
-# weights (89.1 ε against 30.6 ε).
-CLAIMS = "vo-gl,maximality"
+# weights (89.1 ε against 30.6 ε); and two whose evidence is drawn from the seed (random elements,
+# inputs and counterexample data).
+CLAIMS = ("vo-gl", "maximality", "ln-affine-rotation", "relu-forces-identity")
 
 
-def _audit(out: Path, threads: int) -> bytes:
+def _entries(report_json: bytes) -> dict[str, str]:
+    """Each claim's entry of a report.json, serialised as the report writes numbers (repr, which
+    round-trips every float exactly): equal strings are equal bits."""
+    return {c["id"]: json.dumps(c, sort_keys=True, ensure_ascii=False) for c in json.loads(report_json)["claims"]}
+
+
+def test_report_json_byte_identical_across_thread_counts(catalog_report, tmp_path):
+    """A fresh process at another thread count audits CLAIMS at the same seed (0): each claim's
+    entry of its report.json is the one of the session's catalog audit (this process's thread
+    count, two worker processes, every other claim audited beside it in one shared context)."""
+    threads = 2 if torch.get_num_threads() == 1 else 1
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "PYTHONPATH": os.pathsep.join([str(Path(runtime.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
+    out = tmp_path / "r"
+    argv = ["audit", "--only", ",".join(CLAIMS), "--seed", "0", "--out", str(out), "--quiet"]
     p = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from gauge_audit.cli import main; sys.exit(main())",
-            "audit",
-            "--only",
-            CLAIMS,
-            "--out",
-            str(out),
-            "--quiet",
-        ],
+        [sys.executable, "-c", "import sys; from gauge_audit.cli import main; sys.exit(main())", *argv],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    return (out / "report.json").read_bytes()
-
-
-def test_report_json_byte_identical_across_thread_counts(tmp_path):
-    one, two = _audit(tmp_path / "t1", 1), _audit(tmp_path / "t2", 2)
-    assert b'"gap_ratio"' in one and b'"residual_eps"' in one  # the numbers that used to move
-    assert one == two
-    timings = (tmp_path / "t1" / "timings.json").read_text()
-    assert "total" in timings and b"seconds" not in one  # wall times live outside report.json
+    got = (out / "report.json").read_bytes()
+    assert b'"gap_ratio"' in got and b'"residual_eps"' in got  # the numbers that used to move
+    fresh, catalog = _entries(got), _entries((catalog_report[1] / "report.json").read_bytes())
+    assert list(fresh) == list(CLAIMS)
+    for claim in CLAIMS:
+        assert fresh[claim] == catalog[claim], claim
+    timings = (out / "timings.json").read_text()
+    assert "total" in timings and b"seconds" not in got  # wall times live outside report.json
 
 
 def test_thread_choices_restore_the_count():

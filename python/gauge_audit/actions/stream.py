@@ -14,7 +14,7 @@ from ..errors import GaugeAuditError
 from ..models import deepseek
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig
-from ..runtime import stacked_inv
+from ..runtime import matmul, stacked_inv
 from . import strata
 from .base import (
     Action,
@@ -271,7 +271,7 @@ def _rotation_and_inverse(cfg: Config, given: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _rotate_writers(cfg: Config, params: Params, r: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {w: put(as64(params[w]) @ r, params[w]) for w in stream_writers(cfg, params)}
+    return {w: put(matmul(as64(params[w]), r), params[w]) for w in stream_writers(cfg, params)}
 
 
 def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:

@@ -20,8 +20,8 @@ from ..numeric import HOLDS_WORST_CASE_ONLY, CheckResult, check
 from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, UNDECIDED, Evidence, result_row
 from .selection import matches_params
 
-# Sequences of 16 tokens per check of a real checkpoint in the default audit (``--full``: the
-# four of every other model).  The forwards are most of the audit's time (Gemma 3's 262 144-row
+# Sequences of 16 tokens per check of a real checkpoint in the default audit, an action's and a
+# rule's alike (``--full``: the four of every other model).  The forwards are most of the audit's time (Gemma 3's 262 144-row
 # unembedding above all), and two decide as well as four: a true action stays hundreds of times
 # below its derived tolerance, a false one changes the logits by O(1), ~10¹⁵ ε.
 REAL_SEQUENCES = 2
@@ -52,12 +52,15 @@ class Context:
         if (name, action) in self.refused:
             raise GaugeAuditError(*self.refused[name, action])
         if (name, action) not in self.checks:
-            model = self.model(name)
-            inputs = None
-            if (name in REAL or name in UNTIED) and not self.full:
-                inputs = model.sample_inputs(self.seed, batch=REAL_SEQUENCES)
-            self.checks[name, action] = check(model, action, inputs, seed=self.seed)
+            self.checks[name, action] = check(self.model(name), action, self.inputs(name), seed=self.seed)
         return self.checks[name, action]
+
+    def inputs(self, name: str) -> dict | None:
+        """The inputs of a check on model ``name``: REAL_SEQUENCES sequences for a real checkpoint
+        in the default audit, else None (the checks draw the model's four)."""
+        if (name in REAL or name in UNTIED) and not self.full:
+            return self.model(name).sample_inputs(self.seed, batch=REAL_SEQUENCES)
+        return None
 
 
 # ----------------------------------------------------------------------------- lean

@@ -168,7 +168,7 @@ def symbolic(claim: Claim, ctx) -> Evidence:
 
 # ----------------------------------------------------------------------------- torch
 def _run(rule, names, ctx, label) -> list:
-    return [check_rule(ctx.model(m), rule, seed=ctx.seed, label=label) for m in names]
+    return [check_rule(ctx.model(m), rule, ctx.inputs(m), seed=ctx.seed, label=label) for m in names]
 
 
 def torch(claim: Claim, ctx) -> Evidence:

@@ -25,6 +25,7 @@ import torch
 from ..actions import ACTIONS, Element
 from ..actions.blockwise import apply_block, block_of
 from ..models.config import Config
+from ..runtime import remember_product
 
 # Read-only: a plain dict or parameters read lazily from a checkpoint.
 Params = Mapping[str, torch.Tensor]
@@ -307,11 +308,15 @@ def match(cost: torch.Tensor) -> tuple[torch.Tensor, float]:
     return perm, 0.0
 
 
-def gram_axes(ctx: Context, x: torch.Tensor, ref: torch.Tensor | None, where: str) -> tuple[torch.Tensor, list]:
+def gram_axes(
+    ctx: Context, x: torch.Tensor, ref: torch.Tensor | None, where: str, keep_product: bool = False
+) -> tuple[torch.Tensor, list]:
     """The orthogonal Q (e × e) that makes the Gram of x·Q diagonal with descending entries and
     each column x·Q[:, i] of positive third moment — or, with ``ref``, the orthogonal Procrustes
     fit of x to it — and its decisions (eigenvalue gaps and signs, resp. the fit's conditioning).
-    Unique when the eigenvalues are distinct and no third moment vanishes."""
+    Unique when the eigenvalues are distinct and no third moment vanishes.  ``keep_product``: keep
+    x·Q, formed here for the third moments, for the step that applies Q
+    (:func:`~gauge_audit.runtime.remember_product`)."""
     if ref is not None:
         sv = torch.linalg.svdvals(x.T @ ref)
         fit = float(sv[-1] / sv[0]) if float(sv[0]) > 0 else 0.0
@@ -320,10 +325,15 @@ def gram_axes(ctx: Context, x: torch.Tensor, ref: torch.Tensor | None, where: st
         ]
     lam, vec = torch.linalg.eigh(x.T @ x)
     lam, vec = lam.flip(0), vec.flip(1)
-    s, margin = signs(x @ vec, dim=0)
+    y = x @ vec
+    s, margin = signs(y, dim=0)
+    q = vec * s
+    if keep_product:
+        remember_product(x, q, y.mul_(s))
+    del y
     top = float(lam[0]) if float(lam[0]) > 0 else 1.0
     spread = float((x * x).sum()) / top
-    return vec * s, [
+    return q, [
         Decision.of(
             "spectrum", f"{where}: Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, ctx.threshold(2.0 * spread)
         ),

@@ -21,6 +21,7 @@ from ..actions.offsets import LN, absorbed_shift_norms, ln_writers, offset_table
 from ..actions.strata import spread
 from ..actions.stream import norm_readers
 from ..models.config import Config
+from ..runtime import forget_products
 from .base import Context, Decision, Params, gram_axes, ones_basis
 
 
@@ -436,7 +437,9 @@ def fix_stream_rotation(ctx: Context) -> None:
         return
     u = _rotation_basis(cfg)
     ref = _in_basis(ctx.reference["embed.W_E"], u) if ctx.reference is not None else None
-    q, decisions = gram_axes(ctx, _in_basis(p["embed.W_E"], u), ref, "stream rotation (embedding)")
+    # without a basis (RMSNorm, norm-free) R is Q itself: W_E·R, which the rotation's first product
+    # is, was formed for the axes' signs
+    q, decisions = gram_axes(ctx, _in_basis(p["embed.W_E"], u), ref, "stream rotation (embedding)", u is None)
     r = q if u is None else u @ q @ u.T
     if cfg.norm in LN:
         r = r + 1.0 / cfg.d_model
@@ -449,6 +452,7 @@ def fix_stream_rotation(ctx: Context) -> None:
         decisions=decisions,
         reads=set(norms),
     )
+    forget_products()  # used by the rotation, or (another order of steps) not at all
 
 
 def cond_stream_rotation(cfg: Config, p: Params) -> torch.Tensor | None:
