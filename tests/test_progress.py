@@ -1,6 +1,7 @@
 """Progress bars: drawn on stderr when it is a terminal, never under --json and never when
 stderr is a pipe or a file; stdout is the same either way.  The terminal runs are fresh processes
-with stderr on a pseudo-terminal; the run with stderr on a file is in this process."""
+with stderr on a pseudo-terminal; the run without a terminal is in this process, with stdout and stderr
+on files (the bar asks ``isatty()``, which a pipe and a file answer alike)."""
 
 from __future__ import annotations
 

@@ -170,7 +170,8 @@ def remember_product(a: torch.Tensor, b: torch.Tensor, ab: torch.Tensor) -> None
     very operands.  The gauge fixing's stream step forms W_E·V for the third moments of its
     axes, then rotates W_E by R = V·diag(±1): W_E·R is those columns signed (a sign flips no
     rounding), a product of the embedding's size (SmolLM2: 33 GFLOP) not formed twice."""
-    _KNOWN_PRODUCT[:] = [(_operand_key(a), _operand_key(b), ab)]
+    # the operands are held too, so that no other tensor takes their memory (and key) meanwhile
+    _KNOWN_PRODUCT[:] = [(_operand_key(a), _operand_key(b), ab, a, b)]
 
 
 def forget_products() -> None:
@@ -182,7 +183,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b, or the product :func:`remember_product` kept for these operands, unchanged since
     (handed out once)."""
     if _KNOWN_PRODUCT and _KNOWN_PRODUCT[0][:2] == (_operand_key(a), _operand_key(b)):
-        return _KNOWN_PRODUCT.pop()[2]
+        return _KNOWN_PRODUCT.pop()[2]  # the operands held with it are let go
     return a @ b
 
 

@@ -21,9 +21,10 @@ from .evidence import CORRECTED, ERROR, FAILS, HOLDS, NOT_APPLICABLE, NOT_RUN, U
 from .selection import matches_params
 
 # Sequences of 16 tokens per check of a real checkpoint in the default audit, an action's and a
-# rule's alike (``--full``: the four of every other model).  The forwards are most of the audit's time (Gemma 3's 262 144-row
-# unembedding above all), and two decide as well as four: a true action stays hundreds of times
-# below its derived tolerance, a false one changes the logits by O(1), ~10¹⁵ ε.
+# rule's alike (``--full``: the four of every other model).  The forwards are most of the audit's
+# time (Gemma 3's 262 144-row unembedding above all), and two decide as well as four: a true action
+# stays hundreds of times below its derived tolerance, a false one changes the logits by O(1),
+# ~10¹⁵ ε.
 REAL_SEQUENCES = 2
 
 
