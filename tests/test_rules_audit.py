@@ -108,10 +108,11 @@ def test_relu_forces_identity_rule_path_same_verdict(rules_report, catalog_repor
         ("rule-relu-forces-identity", "relu-scaling"),
     ],
 )
-def test_rule_torch_rows_match_builtin_actions_per_model(rules_report, audit_context, rule_id, action):
+def test_rule_torch_rows_match_builtin_actions_per_model(rules_report, catalog_report, audit_context, rule_id, action):
     """Each model's row of the rule's torch check agrees with the built-in action's check on that
     model — the one the catalog audit measured in the same context (seed 0, the same inputs; the
-    context measures a pair the catalog did not name as a fresh check would)."""
+    context measures a pair the catalog did not name as a fresh check would).  The catalog audit
+    is asked for first, so that its report holds only checks it measured itself."""
     rows = {
         r["model"]: r
         for r in rules_report[rule_id]
