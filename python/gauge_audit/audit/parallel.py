@@ -36,7 +36,7 @@ from ..claims import Claim
 from ..errors import GaugeAuditError
 from ..models import config_of, parameter_count
 from ..models.registry import REAL, UNTIED, release
-from ..runtime import before_fork, keep_freed_memory, reproducible
+from ..runtime import keep_freed_memory, release_freed_memory, reproducible
 from .checkers import Context, torch_pairs
 from .dispatch import run_check, step_line
 from .evidence import Evidence
@@ -198,7 +198,7 @@ def run(
     for _ in workers:
         units.put(None)
     if _start_method(ctx.device) == "fork":
-        before_fork()
+        release_freed_memory()  # a fork copies the page table of every resident page, free ones too
     for w in workers:
         w.start()
     ahead = Ahead()
