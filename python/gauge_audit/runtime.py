@@ -181,10 +181,33 @@ def forget_products() -> None:
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b, or the product :func:`remember_product` kept for these operands, unchanged since
-    (handed out once)."""
+    (handed out once); inside :func:`wide_products` a large one on every thread."""
     if _KNOWN_PRODUCT and _KNOWN_PRODUCT[0][:2] == (_operand_key(a), _operand_key(b)):
         return _KNOWN_PRODUCT.pop()[2]  # the operands held with it are let go
+    if _wide and a.dim() == b.dim() == 2 and min(a.shape[0], a.shape[1], b.shape[1]) >= DENSE_KERNEL_MIN:
+        with threads(DEFAULT_THREADS):
+            return a @ b
     return a @ b
+
+
+_wide = False
+
+
+@contextlib.contextmanager
+def wide_products():
+    """Inside the block :func:`matmul` runs a product of matrices whose three sizes are all at
+    least :data:`DENSE_KERNEL_MIN` on every thread, whatever the phase chose.  BLAS splits a
+    product's output among its threads, each entry one dot product summed in the same order, so
+    the result does not depend on the thread count — unlike a reduction or a factorisation
+    (``tests/test_by_runs.py`` checks it bit for bit).  For a model canonicalised one run of blocks
+    at a time (:mod:`gauge_audit.gauge_fix.by_runs`), where the stream rotation's products are
+    nearly all the flops and each keeps a thread busy for a second."""
+    global _wide
+    was, _wide = _wide, True
+    try:
+        yield
+    finally:
+        _wide = was
 
 
 def keep_freed_memory() -> None:

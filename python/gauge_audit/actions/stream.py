@@ -295,7 +295,7 @@ def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
         # C⁻¹ = D_γ⁻¹·R⁻¹·D_γ: exact algebra, and as accurate as R⁻¹ however ill-conditioned C is
         c_inv = _conjugated(params, norm, r_inv)
         for w, _ in readers:
-            changes[w] = put(c_inv @ as64(params[w]), params[w])
+            changes[w] = put(matmul(c_inv, as64(params[w])), params[w])
     # Tied and weight-free final norm: W_U = W_Eᵀ becomes (W_E·R)ᵀ = Rᵀ·W_U = C⁻¹·W_U, as required.
     return updated(params, changes)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -99,20 +99,28 @@ def load_source(
     return Source(ckpt.describe(), ckpt.cfg, params, ckpt.storage_dtype, ckpt)
 
 
-def require_float64_memory(src: Source, command: str) -> None:
-    """Refuse in one line, before any work, a checkpoint whose float64 copy does not fit in the
-    memory available now.  ``canonicalize`` holds the canonical form whole in float64 and
-    ``compare`` A's (8 bytes a parameter: 64 GB for an 8 B model): past the available memory the
-    kernel kills the process after minutes of reading, or the machine swaps.  The float64 copy is a
-    lower bound of the peak (SmolLM2's is 1.3× it), so nothing that would fit is refused."""
-    if src.checkpoint is None:  # a built-in model is built in memory already
-        return
+def float64_shortfall(src: Source) -> tuple[int, float] | None:
+    """(bytes of the float64 copy, bytes of memory available now) where the copy does not fit;
+    None where it does, or for a built-in model (built in memory already).  The float64 copy is a
+    lower bound of a whole-model command's peak (SmolLM2's is 1.3× it): past the available memory
+    the kernel kills the process after minutes of reading, or the machine swaps."""
+    if src.checkpoint is None:
+        return None
     need, have = src.checkpoint.float64_bytes(), available_memory()
-    if need > have:
+    return (need, have) if need > have else None
+
+
+def require_float64_memory(src: Source, command: str, why: str = "") -> None:
+    """Refuse in one line, before any work, a checkpoint whose float64 copy does not fit in the
+    memory available now (:func:`float64_shortfall`): ``compare`` holds A's canonical form whole
+    in float64 (8 bytes a parameter: 64 GB for an 8 B model).  ``why``: the end of the message."""
+    short = float64_shortfall(src)
+    if short is not None:
+        assert src.checkpoint is not None  # a shortfall is measured for checkpoints only
         raise GaugeAuditError(
-            f"{command} holds the whole model in float64: {size_text(need)} for {src.checkpoint.name}, "
-            f"and {size_text(have)} of memory is available now (gauge fixing that streams a model block by "
-            "block is not implemented; check and transform stream)"
+            f"{command} holds the whole model in float64: {size_text(short[0])} for {src.checkpoint.name}, "
+            f"and {size_text(short[1])} of memory is available now"
+            + (why or " (check, transform and canonicalize stream a model block by block)")
         )
 
 
@@ -179,6 +187,13 @@ def register(sub) -> None:
         choices=("same", "float64", "float32", "bfloat16"),
         help="dtype of the written checkpoint (same: each tensor's stored dtype; GGUF: float32)",
     )
+    p.add_argument(
+        "--by-runs",
+        action="store_true",
+        help="canonicalise one run of blocks at a time, never holding the model whole in float64 "
+        "(default: only where its float64 copy exceeds the available memory; RMSNorm models without "
+        "biases or learned positions)",
+    )
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -223,19 +238,45 @@ def write_canonical_checkpoint(
             if check is not None:  # the canonical form's forward, beside the certificate's
                 report["function"] = check(original)
             certificate = ahead.certificate()
-        cert = {
-            "checkpoint": str(ckpt.path),
-            "kappa": canon.kappa,
-            "rounding_kappa": canon.rounding_kappa,
-            "written": written,
-            "notes": notes,
-            **certificate,
-        }
-        report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
-        save_element(tmp / "element.npz", canon.element())
-        (tmp / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
-        (tmp / "certificate.json").write_text(json.dumps(cert, indent=2, sort_keys=True, default=float) + "\n")
+        return _finish(tmp, ckpt, canon, report, written, notes, certificate)
+
+
+def _finish(tmp: Path, ckpt: Checkpoint, canon, report: dict, written: dict, notes: list, certificate: dict) -> dict:
+    """certificate.json, element.npz and report.json beside the written checkpoint; the certificate."""
+    cert = {
+        "checkpoint": str(ckpt.path),
+        "kappa": canon.kappa,
+        "rounding_kappa": canon.rounding_kappa,
+        "written": written,
+        "notes": notes,
+        **certificate,
+    }
+    report["certificate"] = {k: v for k, v in cert.items() if k != "inputs"}
+    save_element(tmp / "element.npz", canon.element())
+    (tmp / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
+    (tmp / "certificate.json").write_text(json.dumps(cert, indent=2, sort_keys=True, default=float) + "\n")
     return cert
+
+
+def _write_by_runs(out: str, src: Source, view, dtype: torch.dtype | None, report_of, check) -> tuple:
+    """The canonical checkpoint written as :class:`~gauge_audit.gauge_fix.by_runs.CanonicalByRuns`
+    computes it (the writer's pass gives the records), then the function check (a second pass) and
+    the certificate, one after the other in this process (no helpers: each would hold its own
+    model-sized tensors beside this one's).  Returns (canonical form, report, certificate)."""
+    from ..models.checkpoint.writer import write_hf
+    from ..transform import certify_written, write_tokenizer
+
+    ckpt = src.checkpoint
+    assert ckpt is not None  # called only for a source read from a checkpoint
+    with atomic_dir(Path(out)) as tmp:
+        written = write_hf(tmp, ckpt, src.cfg, view, dtype, progress=ticker("write", unit="tensor group"))
+        canon = view.canonical()
+        report = report_of(canon)
+        report["function"] = check(canon)
+        notes = write_tokenizer(ckpt, tmp)
+        certificate = certify_written(ckpt, src.cfg, tmp, canon.rounding_kappa, written)
+        cert = _finish(tmp, ckpt, canon, report, written, notes, certificate)
+    return canon, report, cert
 
 
 def _original_ahead(ckpt, cfg, params, staging: Path, n_threads: int, seed: int, tokenizer: bool):
@@ -322,7 +363,24 @@ def run(args) -> int:
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out:
         refuse_existing(Path(args.out))
-    require_float64_memory(src, "canonicalize")
+    short = float64_shortfall(src)
+    if args.by_runs or short is not None:
+        from ..gauge_fix.by_runs import streamable
+
+        why = streamable(src.cfg)
+        if why is not None:
+            if short is not None:
+                require_float64_memory(src, "canonicalize", f" (one run of blocks at a time: not for {why})")
+            raise GaugeAuditError(f"--by-runs: gauge fixing one run of blocks at a time does not support {why}")
+        if short is not None:  # on stderr: stdout may be the JSON report
+            print(
+                f"the float64 copy ({size_text(short[0])}) exceeds the available memory ({size_text(short[1])}): "
+                "canonicalising one run of blocks at a time",
+                file=sys.stderr,
+                flush=True,
+            )
+        with model_threads(parameter_count(src.cfg)):
+            return _run_by_runs(args, src, dtype)
     # one thread up to billion-parameter models (the runtime's thread policy): the reads and
     # float64 conversions, and the forwards of the function check and the certificate on a few
     # dozen tokens (the steps themselves run on one thread anyway)
@@ -341,6 +399,57 @@ def run(args) -> int:
         finally:
             if ahead is not None:
                 ahead.close()
+
+
+def _run_by_runs(args, src: Source, dtype: torch.dtype | None) -> int:
+    """:func:`_run` one run of blocks at a time (:mod:`gauge_audit.gauge_fix.by_runs`)."""
+    from ..gauge_fix.by_runs import CanonicalByRuns
+
+    ckpt = src.checkpoint
+    # a checkpoint's float64 reads, each a tensor of its own (the embeddings are rotated in them)
+    params = ckpt.params() if ckpt is not None else src.params
+    t0 = time.perf_counter()
+    view = CanonicalByRuns(
+        src.cfg, params, src.storage_dtype, progress=ticker("canonicalize", unit="run"), owned=ckpt is not None
+    )
+
+    def report_of(canon) -> dict:
+        return {"model": src.label, "seed": args.seed, "seconds": time.perf_counter() - t0, **canon.report()}
+
+    def check(canon) -> dict:
+        view.follow(ticker("function check", unit="run"))  # a second pass over the runs
+        return function_check(
+            src.cfg, params, canon.params, canon.rounding_kappa, seed=args.seed, element=canon.element()
+        )
+
+    cert = None
+    if args.out and ckpt is not None:
+        canon, report, cert = _write_by_runs(args.out, src, view, dtype, report_of, check)
+    else:
+        canon = view.canonical()
+        report = report_of(canon)
+        report["function"] = check(canon)
+        if args.out:
+            _write_project_layout(args, src, canon, report, dtype)
+    return _summary(args, src, canon, report, cert)
+
+
+def _write_project_layout(args, src: Source, canon, report: dict, dtype: torch.dtype | None) -> None:
+    """A built-in model's canonical form: model.safetensors in the project layout, element.npz,
+    report.json."""
+    from safetensors.torch import save_file
+
+    params = {k: canon.params[k].to(dtype or torch.float64).contiguous() for k in canon.params}
+    write_atomically(
+        args.out,
+        {
+            "model.safetensors": lambda p: save_file(
+                params, str(p), metadata={"layout": "gauge-audit", "model": src.label}
+            ),
+            "element.npz": lambda p: save_element(p, canon.element()),
+            "report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float)),
+        },
+    )
 
 
 def _run(args, src: Source, dtype: torch.dtype | None, ahead: CertificateAhead | None = None) -> int:
@@ -367,28 +476,21 @@ def _run(args, src: Source, dtype: torch.dtype | None, ahead: CertificateAhead |
         cert = write_canonical_checkpoint(args.out, src, canon, report, dtype, ahead, check)
     else:
         report["function"] = check(ahead.original() if ahead is not None else None)
-    fn = report["function"]
     if cert is None and args.out:
-        from safetensors.torch import save_file
+        _write_project_layout(args, src, canon, report, dtype)
+    return _summary(args, src, canon, report, cert)
 
-        params = {k: v.to(dtype or torch.float64).contiguous() for k, v in canon.params.items()}
-        write_atomically(
-            args.out,
-            {
-                "model.safetensors": lambda p: save_file(
-                    params, str(p), metadata={"layout": "gauge-audit", "model": src.label}
-                ),
-                "element.npz": lambda p: save_element(p, canon.element()),
-                "report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float)),
-            },
-        )
+
+def _summary(args, src: Source, canon, report: dict, cert: dict | None) -> int:
+    """The report, as JSON or as lines."""
+    fn = report["function"]
+    seconds = report["seconds"]
     if args.json:
         print(json.dumps(report, sort_keys=True, default=float))
         return 0
     counts = report["conditions"]
-    echo(
-        f"{src.label}: {sum(math.prod(v.shape) for v in canon.params.values()):,} parameters, canonicalised in {seconds:.2f} s"
-    )
+    n_params = parameter_count(src.cfg)
+    echo(f"{src.label}: {n_params:,} parameters, canonicalised in {seconds:.2f} s")
     echo(f"gauge conditions imposed: {report['conditions_total']} ({', '.join(f'{k} {v}' for k, v in counts.items())})")
     echo(f"largest condition residual: {max(report['condition_residual_max'].values(), default=0.0):.2e}")
     echo(

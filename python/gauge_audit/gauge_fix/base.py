@@ -42,13 +42,26 @@ class Decision:
     threshold: float  # rounding the input to its storage precision can move a margin this much
     n: int = 1
     n_ties: int = 0  # choices with margin ≤ threshold: not unique
+    # the threshold's factor before u·κ (Context.threshold), and every margin: a model
+    # canonicalised one run of blocks at a time judges its runs' decisions again once the whole
+    # model's κ is known (:mod:`.by_runs`); None where the decision was merged already
+    sensitivity: float | None = field(default=None, compare=False)
+    margins: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # one choice for the whole model whose margin is the largest over its parts (a special point
+    # that every block must meet): runs of blocks merge it by the largest margin, not the smallest
+    joint: bool = field(default=False, compare=False)
 
     @classmethod
-    def of(cls, kind: str, where: str, margins, threshold: float) -> Decision:
+    def of(
+        cls, kind: str, where: str, margins, threshold: float, sensitivity: float | None = None, joint: bool = False
+    ) -> Decision:
         m = torch.as_tensor(margins, dtype=torch.float64).reshape(-1)
+        if joint and m.numel():
+            m = m.max().reshape(1)
         if m.numel() == 0:
-            return cls(kind, where, 1.0, threshold, 0, 0)
-        return cls(kind, where, float(m.min()), threshold, int(m.numel()), int((m <= threshold).sum()))
+            return cls(kind, where, 1.0, threshold, 0, 0, sensitivity, m, joint)
+        n_ties = int((m <= threshold).sum())
+        return cls(kind, where, float(m.min()), threshold, int(m.numel()), n_ties, sensitivity, m, joint)
 
     @property
     def unique(self) -> bool:
@@ -227,6 +240,11 @@ class Context:
         moves by at most ``sensitivity``·(relative input change)."""
         return sensitivity * self.u * self.kappa
 
+    def decision(self, kind: str, where: str, margins, sensitivity: float, joint: bool = False) -> Decision:
+        """The decision of ``margins`` at :meth:`threshold` (``sensitivity``); ``joint``: one
+        decision, the largest of the margins (:attr:`Decision.joint`)."""
+        return Decision.of(kind, where, margins, self.threshold(sensitivity), sensitivity, joint)
+
     def apply(
         self, family: str, action: str, element: Element, condition: str, decisions=(), notes=(), reads=()
     ) -> None:
@@ -262,8 +280,11 @@ SIGN_SENSITIVITY = 3.0  # a relative change u of every entry moves Σ vᵢ³ by 
 def signs(v: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The canonical sign of each vector along ``dim``: that of Σ vᵢ³ (the third moment; a vector
     and its negative differ there unless it vanishes), with margin |Σ vᵢ³| / Σ |vᵢ|³ ∈ [0, 1]."""
-    cube = (v**3).sum(dim)
-    scale = (v.abs() ** 3).sum(dim)
+    return signs_of_moments((v**3).sum(dim), (v.abs() ** 3).sum(dim))
+
+
+def signs_of_moments(cube: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`signs` from the sums Σ vᵢ³ and Σ |vᵢ|³ (taken in pieces over a long vector)."""
     sign = torch.where(cube < 0, -1.0, 1.0).to(torch.float64)
     margin = torch.where(scale > 0, cube.abs() / scale.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
     return sign, margin
@@ -320,9 +341,7 @@ def gram_axes(
     if ref is not None:
         sv = torch.linalg.svdvals(x.T @ ref)
         fit = float(sv[-1] / sv[0]) if float(sv[0]) > 0 else 0.0
-        return procrustes(x, ref), [
-            Decision.of("match", f"{where} (Procrustes to the reference)", [fit], ctx.threshold(2.0))
-        ]
+        return procrustes(x, ref), [ctx.decision("match", f"{where} (Procrustes to the reference)", [fit], 2.0)]
     lam, vec = torch.linalg.eigh(x.T @ x)
     lam, vec = lam.flip(0), vec.flip(1)
     y = x @ vec
@@ -331,13 +350,18 @@ def gram_axes(
     if keep_product:
         remember_product(x, q, y.mul_(s))
     del y
+    return q, gram_decisions(ctx.decision, where, lam, float((x * x).sum()), margin)
+
+
+def gram_decisions(decide, where: str, lam: torch.Tensor, sumsq: float, margin: torch.Tensor) -> list[Decision]:
+    """The decisions of :func:`gram_axes` — the Gram's eigenvalue gaps (descending ``lam``; a
+    relative change u of every entry of x moves a gap relative to the largest eigenvalue by at most
+    2u·‖x‖²_F / λ₁) and the axes' signs (their third-moment ``margin``) — through ``decide(kind,
+    where, margins, sensitivity)`` (:meth:`Context.decision`)."""
     top = float(lam[0]) if float(lam[0]) > 0 else 1.0
-    spread = float((x * x).sum()) / top
-    return q, [
-        Decision.of(
-            "spectrum", f"{where}: Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, ctx.threshold(2.0 * spread)
-        ),
-        Decision.of("sign", f"{where}: axes", margin, ctx.threshold(SIGN_SENSITIVITY)),
+    return [
+        decide("spectrum", f"{where}: Gram eigenvalue gaps", (lam[:-1] - lam[1:]) / top, 2.0 * (sumsq / top)),
+        decide("sign", f"{where}: axes", margin, SIGN_SENSITIVITY),
     ]
 
 

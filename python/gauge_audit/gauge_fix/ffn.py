@@ -13,7 +13,7 @@ import torch
 from ..actions import ACTIONS, Element
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig
-from .base import SIGN_SENSITIVITY, Context, Decision, Params, descending, match, signs
+from .base import SIGN_SENSITIVITY, Context, Params, descending, match, signs
 
 
 def _prefixes(cfg: Config) -> list[str]:
@@ -64,11 +64,11 @@ def fix_expert_perm(ctx: Context) -> None:
         "experts in decreasing order of their router-column norm"
         + (" within their groups, the groups by their sum" if groups > 1 else ""),
         decisions=[
-            Decision.of(
+            ctx.decision(
                 "order" if ctx.reference is None else "match",
                 "experts",
                 torch.cat(margins) if margins else torch.zeros(0),  # a run of dense blocks: none
-                ctx.threshold(2.0),
+                2.0,
             )
         ],
     )
@@ -153,9 +153,7 @@ def fix_ffn_perm(ctx: Context) -> None:
         Element(parts, 1.0),
         "hidden units in decreasing order of ‖W_in[:, i]‖·‖W_out[i]‖",
         decisions=[
-            Decision.of(
-                "order" if ctx.reference is None else "match", "hidden units", torch.cat(margins), ctx.threshold(2.0)
-            )
+            ctx.decision("order" if ctx.reference is None else "match", "hidden units", torch.cat(margins), 2.0)
         ],
     )
 
@@ -218,9 +216,7 @@ def fix_scaling(ctx: Context) -> None:
             s = s * sign
         ss.append(s)
     parts = dict(zip(ffns, ss)) if action == "deepseek-swiglu-scaling" else {"s": torch.stack(ss)}
-    decisions = (
-        [Decision.of("sign", "unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))] if margins else []
-    )
+    decisions = [ctx.decision("sign", "unit signs", torch.cat(margins), SIGN_SENSITIVITY)] if margins else []
     ctx.apply(
         scaling_family(cfg) or action,
         action,

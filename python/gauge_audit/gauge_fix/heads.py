@@ -129,7 +129,7 @@ def fix_head_perm(ctx: Context) -> None:
         "head-perm",
         Element({"kv_perm": kv, "q_perm": qp}, 1.0),
         "KV groups, and query heads within each, in decreasing order of their score+output map norms",
-        decisions=[Decision.of(kind, "heads", torch.cat(margins), ctx.threshold(4.0))],
+        decisions=[ctx.decision(kind, "heads", torch.cat(margins), 4.0)],
     )
 
 
@@ -252,19 +252,15 @@ def gl_decisions(ctx: Context, family: str, gaps: list, phase: list, sgn: list) 
     if gaps:
         worst = max(s for _, s in gaps)
         decisions.append(
-            Decision.of(
-                "spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]), ctx.threshold(2.0 * worst)
-            )
+            ctx.decision("spectrum", f"{family} singular-value gaps", torch.cat([g for g, _ in gaps]), 2.0 * worst)
         )
     if phase:
         decisions.append(
-            Decision.of(
-                "phase" if ctx.reference is None else "match", f"{family} RoPE plane phases", phase, ctx.threshold(2.0)
-            )
+            ctx.decision("phase" if ctx.reference is None else "match", f"{family} RoPE plane phases", phase, 2.0)
         )
     if sgn and ctx.reference is None:
         flat = torch.cat([torch.as_tensor(s, dtype=torch.float64).reshape(-1) for s in sgn])
-        decisions.append(Decision.of("sign", f"{family} column signs", flat, ctx.threshold(SIGN_SENSITIVITY)))
+        decisions.append(ctx.decision("sign", f"{family} column signs", flat, SIGN_SENSITIVITY))
     return decisions
 
 

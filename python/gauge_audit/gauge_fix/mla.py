@@ -28,7 +28,7 @@ from ..actions.mla import latents, query_name
 from ..models.config import Config
 from ..models.deepseek import DeepseekConfig
 from ..models.layers import rope_planes
-from .base import Context, Decision, Params, descending, gram_axes, match
+from .base import Context, Params, descending, gram_axes, match
 from .heads import balanced_block, balanced_conditions, gl_decisions, plane_commutant, plane_conditions
 
 
@@ -102,7 +102,7 @@ def fix_latent_rotation(ctx: Context) -> None:
             if (p[f"{_pre(layer)}.{norm}"] == 0).any():
                 # a zeroed latent coordinate: the readers' rule D_γ⁻¹·Oᵀ·D_γ does not exist
                 notes.append(f"latent-rotation {where}: a zero norm weight, rotation not fixed")
-                decisions.append(Decision.of("spectrum", f"{where}: a zero norm weight", [0.0], ctx.threshold(1.0)))
+                decisions.append(ctx.decision("spectrum", f"{where}: a zero norm weight", [0.0], 1.0))
                 o[layer] = torch.eye(r, dtype=torch.float64)
                 continue
             ref = _down(ctx.reference, _pre(layer), name) if ctx.reference is not None else None
@@ -171,9 +171,7 @@ def fix_mla_head_perm(ctx: Context) -> None:
         "mla-head-perm",
         Element({"perm": perm}, 1.0),
         "heads in decreasing order of their score and output map norms",
-        decisions=[
-            Decision.of("order" if ctx.reference is None else "match", "heads", torch.cat(margins), ctx.threshold(4.0))
-        ],
+        decisions=[ctx.decision("order" if ctx.reference is None else "match", "heads", torch.cat(margins), 4.0)],
     )
 
 

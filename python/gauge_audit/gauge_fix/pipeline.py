@@ -78,13 +78,14 @@ STEPS: tuple = (
 )
 
 
-def conditions(cfg: Config, params: Params) -> dict[str, torch.Tensor]:
+def conditions(cfg: Config, params: Params, skip: frozenset = frozenset()) -> dict[str, torch.Tensor]:
     """Every gauge condition the continuous steps impose, by the nullity family it fixes: a
-    differentiable function of the parameters, zero at a canonical point."""
+    differentiable function of the parameters, zero at a canonical point (not those of the
+    families in ``skip``)."""
     out = {}
     for _, _, conds in STEPS:
         for family, fn in conds.items():
-            if family.endswith("-scaling") and family != ffn.scaling_family(cfg):
+            if family in skip or (family.endswith("-scaling") and family != ffn.scaling_family(cfg)):
                 continue
             c = fn(cfg, params)
             if c is not None and c.numel():
@@ -236,6 +237,9 @@ class Canonical:
     unfixed: list[tuple[str, str]]
     storage_dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
+    # per family (number of conditions, largest |residual|), where they were measured piece by
+    # piece instead of from ``params`` (:mod:`.by_runs`)
+    condition_stats: dict[str, tuple[int, float]] | None = None
 
     @property
     def kappa(self) -> float:
@@ -253,16 +257,22 @@ class Canonical:
         return composite.make([(r.action, r.element) for r in self.records])
 
     def condition_counts(self) -> dict[str, int]:
+        if self.condition_stats is not None:
+            return {k: n for k, (n, _) in self.condition_stats.items()}
         return {k: int(v.numel()) for k, v in conditions(self.cfg, self.params).items()}
 
     def ties(self) -> list[dict]:
         return [{"step": r.family, **d.to_json()} for r in self.records for d in r.decisions if not d.unique]
 
     def report(self) -> dict:
-        conds = conditions(self.cfg, self.params)
-        counts = {k: int(v.numel()) for k, v in conds.items()}
-        residuals = {k: float(v.abs().max()) for k, v in conds.items()}
-        del conds
+        if self.condition_stats is not None:
+            counts = {k: n for k, (n, _) in self.condition_stats.items()}
+            residuals = {k: r for k, (_, r) in self.condition_stats.items()}
+        else:
+            conds = conditions(self.cfg, self.params)
+            counts = {k: int(v.numel()) for k, v in conds.items()}
+            residuals = {k: float(v.abs().max()) for k, v in conds.items()}
+            del conds
         steps = []
         for r in self.records:
             steps.append(

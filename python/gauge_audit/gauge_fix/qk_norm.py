@@ -23,7 +23,7 @@ from ..actions.qk_norm import units
 from ..actions.strata import spread
 from ..models.config import Config
 from ..models.layers import rope_planes
-from .base import SIGN_SENSITIVITY, Context, Decision, Params, signs
+from .base import SIGN_SENSITIVITY, Context, Params, signs
 
 
 def _sets(cfg: Config) -> list[tuple[tuple, list[int], list[int]]]:
@@ -81,17 +81,15 @@ def fix_qk_norm(ctx: Context) -> None:
         special += _plane_spreads(cfg, gq, gk)
     decisions = []
     if margins:
-        decisions.append(
-            Decision.of("sign", "qk-norm-scale unit signs", torch.cat(margins), ctx.threshold(SIGN_SENSITIVITY))
-        )
+        decisions.append(ctx.decision("sign", "qk-norm-scale unit signs", torch.cat(margins), SIGN_SENSITIVITY))
     if special:
         # a relative change u of every entry moves a spread by at most 2u
         decisions.append(
-            Decision.of(
+            ctx.decision(
                 "spectrum",
                 "QK-norm weights on a RoPE plane (constant on γ_q and γ_k: the plane's rotation is a symmetry)",
                 special,
-                ctx.threshold(2.0),
+                2.0,
             )
         )
     ctx.apply(

@@ -23,6 +23,7 @@ from its own seeded generator (:func:`probe_seed`), so a run can draw its tensor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -31,6 +32,7 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of
 from ..actions.offsets import segments
 from ..models.config import Config
+from ..models.lazy import LazyParams
 from ..runtime import generator
 from .base import Params, _moved, _span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
@@ -140,11 +142,14 @@ def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
 
 
 def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
+    """Consecutive runs (first block, count) of about RUN_ENTRIES parameters; parameters read on
+    access are counted from their shapes, not read."""
+    shapes = params.shapes if isinstance(params, LazyParams) else {k: tuple(v.shape) for k, v in params.items()}
     sizes = [0] * cfg.n_layers
-    for k, v in params.items():
+    for k, shape in shapes.items():
         b = block_of(k)
         if b is not None:
-            sizes[b] += v.numel()
+            sizes[b] += math.prod(shape)
     runs, lo = [], 0
     while lo < cfg.n_layers:
         n, total = 0, 0

@@ -84,9 +84,8 @@ def _sandwich_special(ctx: Context) -> list[Decision]:
         return []
     names = [f"blocks.{i}.{n}.w" for i in range(cfg.n_layers) for n in ("ln1_post", "ln2_post")]
     names += ["ln_final.w"] if cfg.tied else []
-    margin = max(spread(p[n]) for n in names)
     where = "post-norm weights (all constant: the stream rotation is a symmetry, not fixed)"
-    return [Decision.of("spectrum", where, [margin], ctx.threshold(2.0))]
+    return [ctx.decision("spectrum", where, [spread(p[n]) for n in names], 2.0, joint=True)]
 
 
 def _cond_scale(cfg: Config, p: Params) -> torch.Tensor | None:

@@ -25,13 +25,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
 from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of
 from ..models.config import Config
-from .base import Decision, Params, StepRecord, _moved, _renumbered
+from ..runtime import eps
+from .base import DIAGONAL, Decision, Params, StepRecord, _moved, _renumbered
 from .ffn import scaling_kappa
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
 from .response import ROTATION, RunProbes, Spilled, _block_runs, _sub, sq_distance
@@ -58,8 +60,8 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
         if any(set(el.parts) != set(first.parts) for _, el in runs):
             return None
         parts = {k: torch.cat([el.parts[k] for _, el in runs]) for k in first.parts}
-        if action.endswith("-scaling"):
-            kappa = scaling_kappa(parts["s"])
+        if action.endswith("-scaling") or action == "qk-norm-scale":  # the extreme factors' ratio
+            kappa = scaling_kappa(parts["s" if "s" in parts else "c"])
         elif action == "latent-norm-scale":  # the extreme ratio per latent, over every layer
             kappa = max(scaling_kappa(t) for t in parts.values())
         else:
@@ -81,15 +83,30 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
     return None  # "whole": couples blocks
 
 
-def _merge_decisions(runs: list[list[Decision]]) -> list[Decision] | None:
+def _merge_decisions(
+    runs: list[list[Decision]], threshold: Callable[[float], float] | None = None
+) -> list[Decision] | None:
+    """One decision per kind from the runs' (None where they differ in kind, or in threshold).
+    ``threshold``: the whole model's threshold of a sensitivity — every margin is judged again
+    (a run's own threshold counted only its κ), at the largest of the runs' sensitivities (a
+    step's sensitivity is the largest over the blocks it saw)."""
     keys = [(d.kind, d.where) for d in runs[0]]
     if any([(d.kind, d.where) for d in ds] != keys for ds in runs):
         return None
     out = []
     for i, (kind, where) in enumerate(keys):
         ds = [r[i] for r in runs]
+        if threshold is not None and all(d.sensitivity is not None and d.margins is not None for d in ds):
+            s = max(cast(float, d.sensitivity) for d in ds)
+            margins = torch.cat([cast(torch.Tensor, d.margins) for d in ds])
+            out.append(Decision.of(kind, where, margins, threshold(s), s, ds[0].joint))
+            continue
         if any(d.threshold != ds[0].threshold for d in ds):
             return None
+        if ds[0].joint:  # the largest margin over the parts
+            margin = max(d.margin for d in ds)
+            out.append(Decision(kind, where, margin, ds[0].threshold, 1, int(margin <= ds[0].threshold), joint=True))
+            continue
         seen = [d for d in ds if d.n]
         margin = min(d.margin for d in seen) if seen else ds[0].margin
         out.append(Decision(kind, where, margin, ds[0].threshold, sum(d.n for d in ds), sum(d.n_ties for d in ds)))
@@ -117,13 +134,19 @@ def _every_block(names: frozenset, n_layers: int) -> frozenset:
     return frozenset(out)
 
 
-def merge_runs(cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dtype: torch.dtype) -> Canonical | None:
+def merge_runs(
+    cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dtype: torch.dtype, rethreshold: bool = False
+) -> Canonical | None:
     """The whole model's records from those of its runs (module docstring), as a :class:`Canonical`
-    without parameters; None where they cannot be merged exactly."""
+    without parameters; None where they cannot be merged exactly.  ``rethreshold``: the runs were
+    canonicalised without a reference, each at its own κ — every decision is judged again at the
+    whole model's (the κ of the merged dense elements before its step, as
+    :meth:`.base.Context.threshold` counts it)."""
     steps = [(r.family, r.action) for r in runs[0][1]]
     if any([(r.family, r.action) for r in recs] != steps for _, recs in runs):
         return None
     records = []
+    u, kappa = eps(storage_dtype) / 2, 1.0
     for i, (family, action) in enumerate(steps):
         per = [(lo, recs[i]) for lo, recs in runs]
         el = _merge_element(action, [(lo, r.element) for lo, r in per])
@@ -132,13 +155,16 @@ def merge_runs(cfg: Config, runs: list[tuple[int, list[StepRecord]]], storage_dt
             decisions, notes = per[0][1].decisions, per[0][1].notes
             reads = _every_block(per[0][1].reads, cfg.n_layers)  # the first run's, for every block
         else:
-            decisions = _merge_decisions([r.decisions for _, r in per])
+            at = (lambda s, k=kappa: s * u * k) if rethreshold else None
+            decisions = _merge_decisions([r.decisions for _, r in per], at)
             notes = [n for j, (lo, r) in enumerate(per) for n in _notes(r.notes, lo, j == 0)]
             reads = frozenset(_renamed(k, lo) for lo, r in per for k in r.reads)
         if el is None or decisions is None:
             return None
         writes = frozenset(_renamed(k, lo) for lo, r in per for k in r.writes)
         records.append(StepRecord(family, action, el, per[0][1].condition, decisions, notes, reads, writes))
+        if action not in DIAGONAL:
+            kappa *= el.kappa
     return Canonical(cfg, {}, records, unfixed(cfg), storage_dtype)
 
 
