@@ -196,10 +196,10 @@ _wide = False
 @contextlib.contextmanager
 def wide_products():
     """Inside the block :func:`matmul` runs a product of matrices whose three sizes are all at
-    least :data:`DENSE_KERNEL_MIN` on every thread, whatever the phase chose.  BLAS splits a
-    product's output among its threads, each entry one dot product summed in the same order, so
-    the result does not depend on the thread count — unlike a reduction or a factorisation
-    (``tests/test_by_runs.py`` checks it bit for bit).  For a model canonicalised one run of blocks
+    least :data:`DENSE_KERNEL_MIN` on every thread, whatever the phase chose.  The BLAS torch
+    ships splits a large product's output among its threads, each entry one dot product summed
+    in the same order, so the result does not depend on the thread count — unlike a reduction or
+    a factorisation (measured bit-equal at 1 and 2 threads; ``tests/test_by_runs.py`` checks it).  For a model canonicalised one run of blocks
     at a time (:mod:`gauge_audit.gauge_fix.by_runs`), where the stream rotation's products are
     nearly all the flops and each keeps a thread busy for a second."""
     global _wide
