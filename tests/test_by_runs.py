@@ -122,9 +122,7 @@ def test_by_runs_refuses_steps_that_read_the_embeddings_or_couple_blocks(name):
 
 
 def test_by_runs_holds_one_run_and_computes_each_once_per_pass(small_pieces, monkeypatch):
-    m = build("llama-tiny-gqa", seed=1, device="cpu")
-    m.cfg = m.cfg.with_(n_layers=4)
-    m = build_config(m.cfg, seed=1, device="cpu")
+    m = build_config(config_of("llama-tiny-gqa").with_(n_layers=4), seed=1, device="cpu")
     calls = []
     real = by_runs.canonicalize_owned
     monkeypatch.setattr(

@@ -38,7 +38,7 @@ from ..models import FAMILIES, Config
 from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
-from .base import DIAGONAL, Decision, StepRecord, _moved, gram_decisions, signs_of_moments
+from .base import Decision, StepRecord, _moved, gram_decisions, rounding_kappa, signs_of_moments
 from .pipeline import STEPS, Canonical, canonicalize_owned, conditions, unfixed
 from .response import ROTATION, _block_runs
 from .stream import rotates
@@ -243,9 +243,7 @@ class CanonicalByRuns(LazyParams):
         stats = dict(self.stats)
         if self._axes is not None:
             i = next(i for i, r in enumerate(records) if r.family == ROTATION)
-            kappa = 1.0
-            for r in records[:i]:
-                kappa = kappa * r.element.kappa if r.action not in DIAGONAL else kappa
+            kappa = rounding_kappa(records[:i])  # as Context.threshold counts it
             u = eps(self.storage_dtype) / 2
 
             def decide(kind: str, where: str, margins, sensitivity: float) -> Decision:

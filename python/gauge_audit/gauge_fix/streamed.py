@@ -33,7 +33,7 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of
 from ..models.config import Config
 from ..runtime import eps
-from .base import DIAGONAL, Decision, Params, StepRecord, _moved, _renumbered
+from .base import Decision, Params, StepRecord, _moved, _renumbered, rounding_kappa
 from .ffn import scaling_kappa
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
 from .response import ROTATION, RunProbes, Spilled, _block_runs, _sub, sq_distance
@@ -145,8 +145,8 @@ def merge_runs(
     steps = [(r.family, r.action) for r in runs[0][1]]
     if any([(r.family, r.action) for r in recs] != steps for _, recs in runs):
         return None
-    records = []
-    u, kappa = eps(storage_dtype) / 2, 1.0
+    records: list[StepRecord] = []
+    u = eps(storage_dtype) / 2
     for i, (family, action) in enumerate(steps):
         per = [(lo, recs[i]) for lo, recs in runs]
         el = _merge_element(action, [(lo, r.element) for lo, r in per])
@@ -155,6 +155,7 @@ def merge_runs(
             decisions, notes = per[0][1].decisions, per[0][1].notes
             reads = _every_block(per[0][1].reads, cfg.n_layers)  # the first run's, for every block
         else:
+            kappa = rounding_kappa(records)  # the merged dense elements before this step
             at = (lambda s, k=kappa: s * u * k) if rethreshold else None
             decisions = _merge_decisions([r.decisions for _, r in per], at)
             notes = [n for j, (lo, r) in enumerate(per) for n in _notes(r.notes, lo, j == 0)]
@@ -163,8 +164,6 @@ def merge_runs(
             return None
         writes = frozenset(_renamed(k, lo) for lo, r in per for k in r.writes)
         records.append(StepRecord(family, action, el, per[0][1].condition, decisions, notes, reads, writes))
-        if action not in DIAGONAL:
-            kappa *= el.kappa
     return Canonical(cfg, {}, records, unfixed(cfg), storage_dtype)
 
 
