@@ -142,7 +142,7 @@ GROUP_SECONDS = {
     "merge": 2.5,
 }
 TEST_SECONDS = {
-    "tests/test_checkpoint_gguf.py::test_packaged_gguf_dequantized_bit_for_bit_as_the_gguf_package_does": 7.0,
+    "tests/test_checkpoint_gguf.py::test_packaged_gguf_dequantized_bit_for_bit_as_the_gguf_package_does": 2.5,
     "tests/test_gauge_fix.py::test_compare_minilm_real_weights": 8.0,
     "tests/test_audit_parallel.py::test_parallel_report_byte_identical_to_serial": 6.0,
     "tests/test_audit_fuzz.py::test_fuzz_formula_hypothesis": 5.0,

@@ -569,13 +569,43 @@ def _gguf_tokenizer_class(T, model_type: str):
     return (ta.tokenizer_class_from_name(name) if name else None) or getattr(T, "TokenizersBackend", T.AutoTokenizer)
 
 
+@contextlib.contextmanager
+def _gguf_reader_on_a_plain_array() -> Iterator[None]:
+    """transformers reads a GGUF's vocabulary with ``gguf.GGUFReader``, which maps the file as an
+    ``np.memmap`` and slices it four times per string: each slice of a memmap is a new memmap
+    object.  For the duration of the call the reader class is one that keeps the same mapping as a
+    plain ndarray view — the same parser over the same bytes (tests/test_checkpoint_gguf.py
+    compares the saved tokenizer files with AutoTokenizer's, byte for byte) — SmolLM2's 49 152
+    strings: 5.7 s → 2.7 s."""
+    import gguf
+    import numpy as np
+
+    base = gguf.GGUFReader
+
+    class PlainReader(gguf.GGUFReader):
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, mapped):
+            self._plain = mapped.view(np.ndarray)
+
+    setattr(gguf, "GGUFReader", PlainReader)  # noqa: B010 (the module attribute transformers imports)
+    try:
+        yield
+    finally:
+        setattr(gguf, "GGUFReader", base)  # noqa: B010
+
+
 @functools.lru_cache(maxsize=4)  # converting a GGUF vocabulary takes seconds
 def _tokenizer(path: str, fmt: str, model_type: str = ""):
     T = require_transformers()
     try:
         if fmt == "gguf":
             cls = _gguf_tokenizer_class(T, model_type)
-            return cls.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
+            with _gguf_reader_on_a_plain_array():
+                return cls.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
         return T.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise GaugeAuditError(f"{path}: no usable tokenizer ({str(exc).splitlines()[0]})") from None
