@@ -101,11 +101,74 @@ def _grouped_order(cols: torch.Tensor, ref: torch.Tensor | None, groups: int) ->
 
 
 # ----------------------------------------------------------------------------- 11 ffn-perm
-def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|cos| between the columns of a (n × f) and of b (n × f'): (f × f')."""
-    a = a / a.norm(dim=0).clamp_min(torch.finfo(torch.float64).tiny)
-    b = b / b.norm(dim=0).clamp_min(torch.finfo(torch.float64).tiny)
-    return (a.T @ b).abs()
+def _unit_columns(a: torch.Tensor) -> torch.Tensor:
+    return a / a.norm(dim=0).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+CONTENDERS_PER_UNIT = 64  # beyond this many contenders per reference unit on average: the whole float64 matrix
+CONTENDER_CHUNK = 256
+
+
+def match_directions(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, float]:
+    """``match(-sim)`` for sim = Σ over ``pairs`` (x: n × f of this model, y: n × f of the
+    reference) of |cos| between x's and y's columns: the same assignment, and the same margin to
+    the rounding of a dot product, from the float64 similarities of the entries that can decide
+    them.
+
+    The matrix products are the step's cost (SmolLM2: three 1536 × 577 × 1536 products per layer,
+    most of a canonicalisation against a reference), so they are formed in float32, whose every
+    entry is within E of the float64 one whatever the summation order: E = Σ (γ_n + 3u) over the
+    pairs, u = 2⁻²⁴, γ_n = n·u/(1 − n·u) (columns of norm 1, each rounded once to float32).  An
+    entry can be the largest or the second largest of its column only if its float32 value is
+    within 2E of the column's second largest, so those entries are recomputed in float64 (each a
+    dot product) and :func:`match`'s argmin, top-two gap and scale are taken from them.  Where
+    the choice is not one-to-one (match's greedy fallback reads every entry), where the contenders
+    are many (near-equal directions, e.g. dead units), or where torch's float32 products are set
+    to a lower precision, the whole float64 matrix is formed as before."""
+    x64 = [_unit_columns(x) for x, _ in pairs]
+    y64 = [_unit_columns(y) for _, y in pairs]
+    f = x64[0].shape[1]
+
+    def whole() -> tuple[torch.Tensor, float]:
+        sim = torch.zeros(f, f, dtype=torch.float64)
+        for x, y in zip(x64, y64):
+            sim += (x.T @ y).abs()
+        return match(-sim)
+
+    if f < 2 or torch.get_float32_matmul_precision() != "highest":
+        return whole()
+    u = 2.0**-24
+    bound = 0.0
+    sim32 = None
+    for x, y in zip(x64, y64):
+        n = x.shape[0]
+        if n * u >= 0.01:
+            return whole()
+        bound += n * u / (1 - n * u) + 3 * u
+        term = (x.to(torch.float32).T @ y.to(torch.float32)).abs_()
+        sim32 = term if sim32 is None else sim32.add_(term)
+    assert sim32 is not None
+    bound = 1.01 * bound + 1e-12  # and the float64 recomputation's own rounding
+    second = torch.topk(sim32, 2, dim=0).values[1]
+    rows, cols = torch.nonzero(sim32 >= (second - 2 * bound).unsqueeze(0), as_tuple=True)
+    if rows.numel() > CONTENDERS_PER_UNIT * f:
+        return whole()
+    exact = torch.zeros(rows.numel(), dtype=torch.float64)
+    for lo in range(0, rows.numel(), CONTENDER_CHUNK):  # n × chunk temporaries, not n × contenders
+        r, c = rows[lo : lo + CONTENDER_CHUNK], cols[lo : lo + CONTENDER_CHUNK]
+        for x, y in zip(x64, y64):
+            exact[lo : lo + CONTENDER_CHUNK] += (x[:, r] * y[:, c]).sum(0).abs_()
+    # per reference unit (column), the largest exact value (the first row among equals, as
+    # argmin picks it) and the second largest: sort by (column, −value, row)
+    order = torch.argsort(rows, stable=True)
+    order = order[torch.argsort(-exact[order], stable=True)]
+    order = order[torch.argsort(cols[order], stable=True)]
+    starts = torch.searchsorted(cols[order], torch.arange(f))
+    best, v1, v2 = rows[order[starts]], exact[order[starts]], exact[order[starts + 1]]
+    if not torch.equal(torch.sort(best).values, torch.arange(f)):
+        return whole()
+    scale = v1.max().clamp_min(torch.finfo(torch.float64).tiny)
+    return best, float(((v1 - v2) / scale).min())
 
 
 def fix_ffn_perm(ctx: Context) -> None:
@@ -135,14 +198,16 @@ def fix_ffn_perm(ctx: Context) -> None:
                 t = q[f"{pre}.{name}"]
                 return t[e] if experts else t
 
-            sim = _cosines(
-                _up(p, pre)[e] if experts else _up(p, pre),
-                _up(ctx.reference, pre)[e] if experts else _up(ctx.reference, pre),
-            )
-            sim = sim + _cosines(sel(p, "W_out").T, sel(ctx.reference, "W_out").T)
+            pairs = [
+                (
+                    _up(p, pre)[e] if experts else _up(p, pre),
+                    _up(ctx.reference, pre)[e] if experts else _up(ctx.reference, pre),
+                ),
+                (sel(p, "W_out").T, sel(ctx.reference, "W_out").T),
+            ]
             if f"{pre}.W_gate" in p:
-                sim = sim + _cosines(sel(p, "W_gate"), sel(ctx.reference, "W_gate"))
-            order, m = match(-sim)
+                pairs.append((sel(p, "W_gate"), sel(ctx.reference, "W_gate")))
+            order, m = match_directions(pairs)
             per.append(order)
             margins.append(torch.tensor([m]))
         perms.append(torch.stack(per) if experts else per[0])
