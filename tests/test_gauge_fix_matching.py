@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gauge_audit.gauge_fix.base import match
-from gauge_audit.gauge_fix.ffn import _unit_columns, match_directions
+from gauge_audit.gauge_fix.ffn import _unit_columns, match_directions, similarity_screen
 
 U32 = 2.0**-24
 
@@ -86,16 +86,28 @@ def test_lower_precision_float32_products_take_the_whole_float64_matrix():
 
 
 def test_float32_entries_within_the_bound():
-    """|sim32 − sim64| ≤ Σ (γ_n + 3u), entry by entry (products in a coarser precision — bfloat16
-    inputs: errors near 10⁻² — would fail here)."""
+    """The screen's float32 similarities lie within its bound E = Σ (γ_n + 7u) of the float64 ones,
+    entry by entry (products in a coarser precision — bfloat16 inputs: errors near 10⁻² — would fail
+    here); columns far from norm 1, and dead ones, included."""
     pairs = _pairs(1000, 256, seed=6, noise=1.0)
+    for x, y in pairs:
+        x[:, :4] *= 1e12
+        x[:, 4:8] *= 1e-12
+        y[:, 8:10] = 0.0
+    sim32, bound = similarity_screen(pairs)
     n = pairs[0][0].shape[0]
-    bound = len(pairs) * (n * U32 / (1 - n * U32) + 3 * U32)
+    assert bound >= len(pairs) * (n * U32 / (1 - n * U32) + 7 * U32)
     sim64 = sum((_unit_columns(x).T @ _unit_columns(y)).abs() for x, y in pairs)
-    sim32 = sum((_unit_columns(x).to(torch.float32).T @ _unit_columns(y).to(torch.float32)).abs() for x, y in pairs)
-    err = float((sim32.to(torch.float64) - sim64).abs().max())
+    err = float((sim32.T.to(torch.float64) - sim64).abs().max())
     print(f"largest float32 error {err:.2e}, bound {bound:.2e}")
     assert err <= bound
+
+
+def test_the_screen_refuses_columns_outside_float32s_range():
+    pairs = _pairs(50, 20, seed=8, noise=0.0)
+    pairs[0][0][:, 3] *= 1e-40
+    assert similarity_screen(pairs) is None
+    _same(pairs)  # the whole float64 matrix
 
 
 def test_same_result_on_one_and_two_threads():
