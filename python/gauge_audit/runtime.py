@@ -199,9 +199,10 @@ def wide_products():
     least :data:`DENSE_KERNEL_MIN` on every thread, whatever the phase chose.  The BLAS torch
     ships splits a large product's output among its threads, each entry one dot product summed
     in the same order, so the result does not depend on the thread count — unlike a reduction or
-    a factorisation (measured bit-equal at 1 and 2 threads; ``tests/test_by_runs.py`` checks it).  For a model canonicalised one run of blocks
-    at a time (:mod:`gauge_audit.gauge_fix.by_runs`), where the stream rotation's products are
-    nearly all the flops and each keeps a thread busy for a second."""
+    a factorisation (measured bit-equal at 1 and 2 threads; ``tests/test_by_runs.py`` checks it).
+    For a model canonicalised one run of blocks at a time (:mod:`gauge_audit.gauge_fix.by_runs`),
+    where the stream rotation's products are nearly all the flops and each keeps a thread busy
+    for a second."""
     global _wide
     was, _wide = _wide, True
     try:
