@@ -14,7 +14,9 @@ Steps, each a fresh process as a user runs it:
 * ``transform --action qk-gl --out`` with its certificate (transformers' float64 logits of the
   original and the written checkpoint, one decoder layer at a time);
 * ``canonicalize --out`` (the 14 gauge steps, the canonical checkpoint and its certificate);
-* ``compare`` the checkpoint with the transformed copy.
+* ``compare --by-runs`` the checkpoint with the transformed copy (one run of blocks at a time, as it
+  goes by itself where a float64 copy exceeds the available memory; reads: A's runs twice, B's once,
+  both embeddings and heads twice, and both models once more for the element's residual).
 
 Peak memory is the process's maximum resident set (``wait4``'s ru_maxrss).  A watchdog polls the
 resident set and kills a step that passes ``--max-rss-gb`` (the machine may be shared); the step is
@@ -167,8 +169,18 @@ def flops(cfg, step: str, probes: int = 3) -> tuple[float, str]:
         return canon + 2 * forward(2, 16), (
             "2·d·P (stream rotation) + 4·V·d² (Gram) + qk/vo + 2 forwards 4×16 + certificate 2 forwards 2×16"
         )
-    if step == "compare":
-        return 2 * (1 + probes) * canon, f"2 models × (1 + {probes} probes) canonicalisations"
+    if step == "compare":  # one run of blocks at a time (comparison_by_runs)
+        blocks, vocab = L * layer, V * d * (1 if cfg.tied else 2)
+        runs = 2 * (1 + probes) * (2 * d * blocks + 2 * gl)  # A, B and every probe on each run
+        # A's Gram and third moments, B's and every probe's Procrustes products (chunks of W_E)
+        rotations = 2 * V * d * d * (2 + 1 + 2 * probes)
+        # each model's and probe's elements on the embeddings and head, A's canonical Gram
+        vocabulary = 2 * d * vocab * (2 + 2 * probes) + 2 * V * d * d
+        residual = 2 * d * (blocks + vocab)  # ‖g·A − B‖ with the merged rotation
+        return runs + rotations + vocabulary + residual, (
+            f"2 models × (1 + {probes} probes) × 2·d·P on the runs, the embeddings' Procrustes products and "
+            "rotations, the element's residual"
+        )
     return 0.0, ""
 
 
@@ -214,9 +226,9 @@ def main() -> None:
             ["transform", "--checkpoint", c, "--action", "qk-gl", "--out", str(work / "qk"), "--json"],
         ),
         "canonicalize": (CHILD, ["canonicalize", "--checkpoint", c, "--out", str(work / "canon"), "--json"]),
-        "compare": (CHILD, ["compare", c, str(work / "qk"), "--json"]),
+        "compare": (CHILD, ["compare", c, str(work / "qk"), "--by-runs", "--json"]),
     }
-    reads = {"read": 1, "check": 2, "transform": 4, "canonicalize": 4, "compare": 2}  # see the docstring
+    reads = {"read": 1, "check": 2, "transform": 4, "canonicalize": 4, "compare": 6}  # see the docstring
     rows = {}
     try:
         for s in steps:

@@ -243,8 +243,9 @@ def test_checkpoint_bad_input_is_one_line(tiny_hf, capsys, tmp_path):
 def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
     tiny_hf, capsys, tmp_path, monkeypatch, command
 ):
-    """compare, and canonicalize of a model whose steps cannot go one run of blocks at a time
-    (BERT's LayerNorm offsets; a Llama goes by runs: tests/test_by_runs.py), hold the model whole
+    """compare and canonicalize of a model whose steps cannot go one run of blocks at a time
+    (BERT's LayerNorm offsets; a Llama goes by runs: tests/test_by_runs.py,
+    tests/test_comparison_by_runs.py), hold the model whole
     in float64: where that copy exceeds the memory available, one line says how much it needs and
     has, before anything is read or forked, instead of the kernel killing the process after minutes
     (an 8 B checkpoint on this machine).  The bound is the float64 copy itself (8 bytes a
@@ -253,7 +254,7 @@ def test_a_model_whose_float64_copy_does_not_fit_is_refused_before_any_work(
     from gauge_audit.models import parameter_count
     from gauge_audit.runtime import size_text
 
-    ckpt = str(tiny_hf("bert" if command == "canonicalize" else "llama"))
+    ckpt = str(tiny_hf("bert"))
     need = 8.0 * parameter_count(open_checkpoint(ckpt).cfg)
     out = tmp_path / "out"
     argv = (

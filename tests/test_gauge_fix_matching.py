@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gauge_audit.gauge_fix import ffn
 from gauge_audit.gauge_fix.base import match
 from gauge_audit.gauge_fix.ffn import _unit_columns, match_directions, similarity_screen
 
@@ -49,8 +50,11 @@ def _same(pairs):
     return got
 
 
+@pytest.mark.parametrize("screen_rows", [2048, 37])
 @pytest.mark.parametrize("noise", [0.0, 1e-3, 0.3, 3.0])
-def test_generic_units_same_assignment_and_margin(noise):
+def test_generic_units_same_assignment_and_margin(noise, screen_rows, monkeypatch):
+    """Also with the reference units screened in blocks of 37 (a ragged last block)."""
+    monkeypatch.setattr(ffn, "SCREEN_ROWS", screen_rows)
     pairs = _pairs(577, 300, seed=1, noise=noise)
     perm, margin = _same(pairs)
     if noise <= 0.3:

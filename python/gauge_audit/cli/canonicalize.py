@@ -112,8 +112,10 @@ def float64_shortfall(src: Source) -> tuple[int, float] | None:
 
 def require_float64_memory(src: Source, command: str, why: str = "") -> None:
     """Refuse in one line, before any work, a checkpoint whose float64 copy does not fit in the
-    memory available now (:func:`float64_shortfall`): ``compare`` holds A's canonical form whole
-    in float64 (8 bytes a parameter: 64 GB for an 8 B model).  ``why``: the end of the message."""
+    memory available now (:func:`float64_shortfall`): the whole-model pipeline of ``canonicalize``
+    and ``compare`` holds a model in float64 (8 bytes a parameter: 64 GB for an 8 B model), which
+    their one-run-at-a-time paths avoid where the architecture allows.  ``why``: the end of the
+    message."""
     short = float64_shortfall(src)
     if short is not None:
         assert src.checkpoint is not None  # a shortfall is measured for checkpoints only

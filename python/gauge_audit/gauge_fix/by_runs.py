@@ -40,14 +40,12 @@ from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
 from .base import Decision, StepRecord, _moved, gram_decisions, rounding_kappa, signs_of_moments
 from .pipeline import STEPS, Canonical, canonicalize_owned, conditions, unfixed
-from .response import ROTATION, _block_runs
+from .response import ROTATION, VOCAB_AXIS, _block_runs
 from .stream import rotates
 from .streamed import merge_runs
 
 STAND_IN = 4  # vocabulary rows the runs of blocks take along instead of the embeddings and head
 CHUNK = 1 << 25  # entries of a chunk of vocabulary rows (256 MiB in float64)
-# the vocabulary-sized tensors and their vocabulary axis
-VOCAB_AXIS = {"embed.W_E": 0, "unembed.W_U": 1, "unembed.b_U": 0}
 # the steps a run of blocks may take: each chooses its element from the run's own tensors (the
 # norm scales from the norm weights alone), and only norm-scale and the stream rotation act on the
 # embeddings and head
@@ -170,18 +168,19 @@ class CanonicalByRuns(LazyParams):
         if not rotates(self.cfg):
             return None, None
         with one_thread(), wide_products():
-            w = self.src["embed.W_E"].to(torch.float64)
+            # as stored: each chunk in float64 only while it is used
+            w = self.src["embed.W_E"]
             d = self.cfg.d_model
             gram, sumsq = torch.zeros(d, d, dtype=torch.float64), 0.0
             for a, n in self._chunks():
-                c = w[a : a + n]
+                c = w[a : a + n].to(torch.float64)
                 gram += matmul(c.T, c)
                 sumsq += float((c * c).sum())
             lam, vec = torch.linalg.eigh(gram)
             lam, vec = lam.flip(0), vec.flip(1)
             cube, scale = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
             for a, n in self._chunks():
-                y = matmul(w[a : a + n], vec)
+                y = matmul(w[a : a + n].to(torch.float64), vec)
                 cube += (y**3).sum(0)
                 scale += (y.abs() ** 3).sum(0)
             del w

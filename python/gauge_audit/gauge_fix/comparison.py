@@ -264,6 +264,49 @@ class Comparison:
         return out
 
 
+def judge(
+    den: dict[str, float],
+    invariant: tuple[float, dict[str, float]],
+    raw: tuple[float, dict[str, float]],
+    resp_a: dict[str, float],
+    resp_b: dict[str, float],
+    probes: int,
+    ca: Canonical,
+    cb: Canonical,
+) -> Comparison:
+    """The verdict from the distances (overall and per group: ``den`` Σ‖canon A‖² per group, the
+    invariant and raw relative distances) and both models' rounding responses (module docstring)."""
+    inv, inv_groups = invariant
+    lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
+    groups, ok = {}, True
+    for gname in den:
+        scale = den[gname] if den[gname] > 0 else 1.0
+        tol = lam * math.sqrt((resp_a.get(gname, 0.0) + resp_b.get(gname, 0.0)) / scale)
+        within = inv_groups[gname] <= tol
+        ok = ok and within
+        groups[gname] = {
+            "raw_distance": raw[1][gname],
+            "invariant_distance": inv_groups[gname],
+            "tolerance": tol,
+            "ratio": inv_groups[gname] / tol if tol > 0 else math.inf,
+        }
+    tol_all = lam * math.sqrt((sum(resp_a.values()) + sum(resp_b.values())) / sum(den.values()))
+    ok = ok and inv <= tol_all
+    return Comparison(
+        EQUIVALENT if ok else DIFFERENT,
+        raw[0],
+        inv,
+        tol_all,
+        groups,
+        str(ca.storage_dtype).replace("torch.", ""),
+        str(cb.storage_dtype).replace("torch.", ""),
+        probes,
+        lam,
+        canonical_a=ca,
+        canonical_b=cb,
+    )
+
+
 @dataclass
 class Prepared:
     """A's side of a comparison, computed once for many B: its canonical form and its rounding
@@ -443,36 +486,8 @@ def _compare(
         raw, raw_groups = raw_side()
     else:
         raw, raw_groups = relative_distances(params_a, params_b)
-    resp_a = prep.response
-    lam = math.sqrt(2.0 * math.log(2.0 * (len(den) + 1) / FAILURE_PROBABILITY))
-    groups, ok = {}, True
-    for gname in den:
-        scale = den[gname] if den[gname] > 0 else 1.0
-        tol = lam * math.sqrt((resp_a.get(gname, 0.0) + resp_b.get(gname, 0.0)) / scale)
-        within = inv_groups[gname] <= tol
-        ok = ok and within
-        groups[gname] = {
-            "raw_distance": raw_groups[gname],
-            "invariant_distance": inv_groups[gname],
-            "tolerance": tol,
-            "ratio": inv_groups[gname] / tol if tol > 0 else math.inf,
-        }
-    tol_all = lam * math.sqrt((sum(resp_a.values()) + sum(resp_b.values())) / sum(den.values()))
-    ok = ok and inv <= tol_all
-    out = Comparison(
-        EQUIVALENT if ok else DIFFERENT,
-        raw,
-        inv,
-        tol_all,
-        groups,
-        str(ca.storage_dtype).replace("torch.", ""),
-        str(cb.storage_dtype).replace("torch.", ""),
-        probes,
-        lam,
-        canonical_a=ca,
-        canonical_b=cb,
-    )
-    if ok and with_element:
+    out = judge(den, (inv, inv_groups), (raw, raw_groups), prep.response, resp_b, probes, ca, cb)
+    if out.verdict == EQUIVALENT and with_element:
         el, _ = element_a_to_b(ca, cb)
         out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
         release_freed_memory()  # B's runs' temporaries, before the embeddings are mapped once more

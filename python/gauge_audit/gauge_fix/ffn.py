@@ -108,11 +108,48 @@ def _unit_columns(a: torch.Tensor) -> torch.Tensor:
 
 CONTENDERS_PER_UNIT = 64  # beyond this many contenders per reference unit on average: the whole float64 matrix
 CONTENDER_CHUNK = 256
+SCREEN_ROWS = 2048  # reference units screened at a time
 _U32 = 2.0**-24
 
 
 def _column_norms(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x.norm(dim=0), y.norm(dim=0)) for x, y in pairs]
+
+
+def _screen_bound(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]], norms: list[tuple[torch.Tensor, torch.Tensor]]
+) -> float | None:
+    """The bound E of :func:`similarity_screen` (None where it does not hold)."""
+    bound = 0.0
+    for (x, _), pair_norms in zip(pairs, norms):
+        n = x.shape[0]
+        if n * _U32 >= 0.01:
+            return None
+        for norm in pair_norms:
+            live = norm > 0
+            if bool(((norm[live] < 1e-30) | (norm[live] > 1e30)).any()):
+                return None
+        bound += n * _U32 / (1 - n * _U32) + 7 * _U32
+    return 1.01 * bound + 1e-12  # and the float64 recomputation's own rounding
+
+
+def _scaled(t: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """Columns rounded to float32 and scaled by their rounded inverse norms (zero columns stay zero)."""
+    inv = torch.where(norm > 0, 1.0 / norm.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    return t.to(torch.float32).mul_(inv.to(torch.float32))
+
+
+def _screen_rows(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]], norms: list[tuple[torch.Tensor, torch.Tensor]], lo: int, hi: int
+) -> torch.Tensor:
+    """Rows lo … hi − 1 (reference units) of the float32 similarities, one pair's scaled columns
+    at a time (at Llama-3-8B's FFN a pair's are 235 MB each in float32)."""
+    sim = None
+    for (x, y), (nx, ny) in zip(pairs, norms):
+        term = (_scaled(y[:, lo:hi], ny[lo:hi]).T @ _scaled(x, nx)).abs_()
+        sim = term if sim is None else sim.add_(term)
+    assert sim is not None
+    return sim
 
 
 def similarity_screen(
@@ -126,23 +163,11 @@ def similarity_screen(
     of the cosine, γ_n = n·u/(1 − n·u).  None where that does not hold: a column norm outside
     [10⁻³⁰, 10³⁰] (its inverse or its entries leave float32's normal range; exact zero columns —
     dead units — are fine: they stay zero) or n·u ≥ 0.01."""
-    sim, bound = None, 0.0
-    for (x, y), pair_norms in zip(pairs, norms or _column_norms(pairs)):
-        n = x.shape[0]
-        if n * _U32 >= 0.01:
-            return None
-        scaled = []
-        for t, norm in zip((x, y), pair_norms):
-            live = norm > 0
-            if bool(((norm[live] < 1e-30) | (norm[live] > 1e30)).any()):
-                return None
-            inv = torch.where(live, 1.0 / norm.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-            scaled.append(t.to(torch.float32).mul_(inv.to(torch.float32)))
-        bound += n * _U32 / (1 - n * _U32) + 7 * _U32
-        term = (scaled[1].T @ scaled[0]).abs_()
-        sim = term if sim is None else sim.add_(term)
-    assert sim is not None
-    return sim, 1.01 * bound + 1e-12  # and the float64 recomputation's own rounding
+    norms = norms or _column_norms(pairs)
+    bound = _screen_bound(pairs, norms)
+    if bound is None:
+        return None
+    return _screen_rows(pairs, norms, 0, pairs[0][1].shape[1]), bound
 
 
 def match_directions(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, float]:
@@ -173,13 +198,19 @@ def match_directions(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[to
         return whole()
     tiny = torch.finfo(torch.float64).tiny
     norms = _column_norms(pairs)  # what _unit_columns divides by, bit for bit
-    screen = similarity_screen(pairs, norms)
-    if screen is None:
+    bound = _screen_bound(pairs, norms)
+    if bound is None:
         return whole()
-    sim32, bound = screen  # (reference unit, unit)
-    second = torch.topk(sim32, 2, dim=1).values[:, 1]
-    cols, rows = torch.nonzero(sim32 >= (second - 2 * bound).unsqueeze(1), as_tuple=True)  # by (col, row)
-    del sim32
+    # the similarities a block of reference units at a time (each unit's contenders are decided
+    # from its own row): at Llama-3-8B's 14 336 units the whole float32 matrix is 822 MB
+    found = []
+    for lo in range(0, f, SCREEN_ROWS):
+        sim32 = _screen_rows(pairs, norms, lo, min(f, lo + SCREEN_ROWS))  # (reference unit, unit)
+        second = torch.topk(sim32, 2, dim=1).values[:, 1]
+        c, r = torch.nonzero(sim32 >= (second - 2 * bound).unsqueeze(1), as_tuple=True)  # by (col, row)
+        found.append((c + lo, r))
+        del sim32
+    cols, rows = torch.cat([c for c, _ in found]), torch.cat([r for _, r in found])
     if rows.numel() > CONTENDERS_PER_UNIT * f:
         return whole()
     # each contender's float64 similarity from rows of the transposed columns (contiguous, where

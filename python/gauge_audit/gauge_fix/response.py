@@ -40,6 +40,8 @@ from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
 ROTATION = "stream-rotation"
+# the vocabulary-sized tensors and their vocabulary axis
+VOCAB_AXIS = {"embed.W_E": 0, "unembed.W_U": 1, "unembed.b_U": 0}
 
 
 def group_of(name: str) -> str:
@@ -92,6 +94,13 @@ class Spilled:
                 raise OSError("a temporary file came back short")
             yield view
 
+    def tensor(self) -> torch.Tensor:
+        """The tensor back, in memory."""
+        out = torch.empty(self.n, dtype=torch.float64)
+        for i, chunk in zip(range(0, self.n, CHUNK), self.chunks()):
+            out[i : i + chunk.numel()] = chunk
+        return out.reshape(self.shape)
+
     def close(self) -> None:
         self._file.close()
 
@@ -119,16 +128,16 @@ def probe_seed(seed: int, probe: int, index: int) -> int:
     return (seed * 1000 + probe) * 1_000_000 + index
 
 
-def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
-    """θ + u·|θ|⊙z, z uniform in [−1, 1] from ``generator(seed)``, as a new float64 tensor: z = 2w − 1
-    for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½ and the factor 2 are exact).
-    :data:`CHUNK` entries at a time (in memory order), so that besides the result only a chunk is
-    held — a vocabulary-sized embedding would otherwise need its float64 copy, the draw and |θ|
-    beside it; the CPU generator draws serially, so the chunks' draws are the one draw's
+def perturb_with(v: torch.Tensor, u: float, g: torch.Generator) -> torch.Tensor:
+    """θ + u·|θ|⊙z, z uniform in [−1, 1] drawn from ``g`` in the order of v's entries, as a new
+    float64 tensor: z = 2w − 1 for w uniform in [0, 1), computed as 2u·(w − ½)·|θ| + θ (w − ½
+    and the factor 2 are exact).  :data:`CHUNK` entries at a time, so that besides the result only
+    a chunk is held — a vocabulary-sized embedding would otherwise need its float64 copy, the draw
+    and |θ| beside it.  The CPU generator draws serially, so the chunks' draws are the one draw's,
+    and consecutive stretches of a tensor drawn with one generator are the whole tensor's draw
     (``tests/test_gauge_fix.py``)."""
     flat = v.detach().to("cpu").reshape(-1)
     out = torch.empty(flat.shape, dtype=torch.float64)
-    g = generator(seed)
     for i in range(0, flat.numel(), CHUNK):
         x = flat[i : i + CHUNK].to(torch.float64)
         w = torch.rand(x.shape, generator=g, dtype=torch.float64).sub_(0.5)
@@ -136,9 +145,25 @@ def perturbed(v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
     return out.reshape(v.shape)
 
 
+def perturbed(v: torch.Tensor, u: float, seed: int, axis: int = 0) -> torch.Tensor:
+    """:func:`perturb_with` from ``generator(seed)``.  ``axis`` 1 (a matrix whose vocabulary axis is
+    its second, the head W_U): the draws in the order of vᵀ's entries, so that a chunk of
+    vocabulary entries (rows of W_E, columns of W_U) draws one contiguous stretch
+    (:mod:`.comparison_by_runs` perturbs the head chunk by chunk)."""
+    g = generator(seed)
+    if axis == 1 and v.dim() == 2:
+        return perturb_with(v.T, u, g).T.contiguous()
+    return perturb_with(v, u, g)
+
+
+def perturbed_param(name: str, v: torch.Tensor, u: float, seed: int) -> torch.Tensor:
+    """Parameter ``name``'s perturbation (:func:`perturbed`, along its vocabulary axis)."""
+    return perturbed(v, u, seed, VOCAB_AXIS.get(name, 0))
+
+
 def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
     """The whole perturbed model of probe ``probe`` (the plain definition's input)."""
-    return {k: perturbed(v, u, probe_seed(seed, probe, i)) for i, (k, v) in enumerate(params.items())}
+    return {k: perturbed_param(k, v, u, probe_seed(seed, probe, i)) for i, (k, v) in enumerate(params.items())}
 
 
 def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
@@ -235,7 +260,7 @@ class RunProbes:
         for p in range(len(self.sq)):
             sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
             sub.update(
-                {k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
+                {k: perturbed_param(k, here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
                 if j == 0
                 else self.taken_along
             )

@@ -1,0 +1,424 @@
+"""``compare`` for models whose float64 copies do not fit in memory: one run of blocks at a time.
+
+Where :func:`.by_runs.streamable` holds (RMSNorm streams without biases, learned positions or a
+parallel residual), the comparison of :func:`.comparison.compare` is computed without holding
+either model whole:
+
+1. the stream rotations from chunks of vocabulary rows of the embeddings: A's from its Gram
+   (:class:`.by_runs.CanonicalByRuns`); B's and every probe's as the orthogonal Procrustes fit to
+   A's canonical embedding W_E,A·R_A, from (W_E,B)ᵀ·W_E,A summed over the chunks (a probe's
+   perturbed chunks drawn as they are used);
+2. per run of blocks: A's canonical run; B's run canonicalised against it (B's rotation given);
+   each probe of A and of B on that run, with the unperturbed run's permutations and the probe's
+   rotation given and A's canonical run the reference — the squared distances per tensor;
+3. the embeddings and head chunk by chunk: the elements each model and each probe applies to them
+   (from its first run) applied to the chunk, the squared distances summed over the chunks;
+4. for EQUIVALENT, the element's residual ‖g·A − B‖ block by block and chunk by chunk.
+
+Every tensor goes through the same steps as in the whole comparison, and the probes draw the same
+numbers (each tensor from its own seeded generator; a chunk of vocabulary entries is a contiguous
+stretch of the draw, :func:`.response.perturbed`), so the report is the whole comparison's up to
+the rounding of sums taken in another order (``tests/test_comparison_by_runs.py``).  Memory: a run
+of blocks and its transform (A's and B's canonical runs wait in temporary files, read back tensor by
+tensor as a step asks), the chunks and d × d matrices.  Time: per run 2·(1 + probes) canonicalisations, as the whole comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+
+from ..actions import ACTIONS, Element, composite
+from ..actions.blockwise import restrict
+from ..errors import GaugeAuditError
+from ..models.config import Config
+from ..runtime import eps, generator, matmul, one_thread, wide_products
+from .base import Decision, Params, StepRecord, _moved, rounding_kappa
+from .by_runs import _CONDITION, STAND_IN, CanonicalByRuns, streamable
+from .comparison import EQUIVALENT, Comparison, _block_terms, _relative, element_a_to_b, judge, same_architecture
+from .pipeline import PERMUTATIONS, canonicalize_owned, validate
+from .response import ROTATION, VOCAB_AXIS, Spilled, group_of, perturb_with, perturbed, probe_seed, sq_distance
+from .streamed import merge_runs
+
+KEEP_LAST = 1 << 25  # entries: a spilled reference keeps its last read tensor up to this size
+Steps = list[tuple[str, Element]]  # (action, its part on the embeddings and head)
+_WHERE = "stream rotation (embedding) (Procrustes to the reference)"
+_IN_FILE = Element({}, 1.0)  # a probe's rotation among its steps on the embeddings and head, kept in a file
+
+
+def compare_by_runs(
+    cfg_a: Config,
+    params_a: Params,
+    cfg_b: Config,
+    params_b: Params,
+    *,
+    probes: int = 3,
+    seed: int = 0,
+    storage_dtype_a: torch.dtype,
+    storage_dtype_b: torch.dtype,
+    with_element: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    """:func:`.comparison.compare` one run of blocks at a time (module docstring): the same
+    report up to rounding, holding two runs.  ``params_a`` / ``params_b``: any mapping, e.g. a
+    checkpoint's parameters read on access in their stored dtype.  ``progress(done, total)``:
+    called per run of blocks compared."""
+    same_architecture(cfg_a, cfg_b)
+    why = streamable(cfg_a)
+    if why is not None:
+        raise GaugeAuditError(f"compare one run of blocks at a time does not support {why}")
+    if probes < 1:
+        raise GaugeAuditError("probes must be >= 1")
+    validate(cfg_a, params_a)
+    validate(cfg_b, params_b)
+    with one_thread(), wide_products():
+        return _ByRuns(cfg_a, params_a, params_b, probes, seed, storage_dtype_a, storage_dtype_b).compare(
+            with_element, progress
+        )
+
+
+def _outer_steps(cfg_run: Config, records: list[StepRecord]) -> Steps:
+    steps = [(r.action, restrict(ACTIONS[r.action], cfg_run, r.element, None)) for r in records]
+    return [(a, part) for a, part in steps if part is not None]
+
+
+def _applied(cfg: Config, small: Params, name: str, chunk: torch.Tensor, steps: Steps) -> dict:
+    """``steps`` on a chunk of vocabulary entries of ``name`` beside the small outer tensors
+    ``small`` (a model with as many vocabulary entries as the chunk): the new tensors."""
+    one = cfg.with_(n_layers=1, vocab=chunk.shape[VOCAB_AXIS[name]])
+    state: dict = {**small, name: chunk}
+    for action, part in steps:
+        state = dict(ACTIONS[action].apply(one, state, part))
+    return state
+
+
+def _apply(cfg: Config, small: Params, name: str, chunk: torch.Tensor, steps: Steps) -> torch.Tensor:
+    return _applied(cfg, small, name, chunk, steps)[name]
+
+
+def _draw(x: torch.Tensor, axis: int, u: float, g: torch.Generator) -> torch.Tensor:
+    """A chunk's perturbation, continuing the tensor's draw (along its vocabulary axis)."""
+    if axis == 1 and x.dim() == 2:
+        return perturb_with(x.T, u, g).T.contiguous()
+    return perturb_with(x, u, g)
+
+
+def _procrustes(cross: torch.Tensor) -> tuple[Element, float]:
+    """The orthogonal Procrustes fit from xᵀ·ref (:func:`.base.procrustes`) and its conditioning
+    (the ratio of the extreme singular values, the decision of :func:`.base.gram_axes`)."""
+    u, s, vh = torch.linalg.svd(cross)
+    return Element({"R": u @ vh}, 1.0), float(s[-1] / s[0]) if float(s[0]) > 0 else 0.0
+
+
+class _SpilledRun(Mapping[str, torch.Tensor]):
+    """A canonical run as a reference: its block tensors in temporary files, each read back when a
+    step asks for it (the probes' steps read a few: the attention factors, the FFN's output
+    weights), the small ones in memory."""
+
+    def __init__(self, files: Mapping[str, Spilled], small: Mapping[str, torch.Tensor]):
+        self.files, self.small = files, small
+        self._last: tuple[str | None, torch.Tensor | None] = (None, None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.small:
+            return self.small[name]
+        if self._last[0] == name:  # the per-head steps ask for a layer's attention weights per head
+            assert self._last[1] is not None
+            return self._last[1]
+        t = self.files[name].tensor()
+        # the last one kept where it is small beside a run (attention, not FFN, weights)
+        self._last = (name, t) if t.numel() <= KEEP_LAST else (None, None)
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.files
+        yield from self.small
+
+    def __len__(self) -> int:
+        return len(self.files) + len(self.small)
+
+
+class _ByRuns:
+    def __init__(self, cfg, pa, pb, probes, seed, storage_a, storage_b):
+        self.cfg, self.pa, self.pb, self.probes, self.seed = cfg, pa, pb, probes, seed
+        self.sa, self.sb = storage_a, storage_b
+        self.ua, self.ub = eps(storage_a) / 2, eps(storage_b) / 2
+        self.A = CanonicalByRuns(cfg, pa, storage_a)  # A's stream rotation from its embedding's Gram
+        self.index_a = {k: i for i, k in enumerate(pa)}
+        self.index_b = {k: i for i, k in enumerate(pb)}
+        self.small = [k for k in self.A.outer if k not in VOCAB_AXIS]
+        self.small_b = {k: pb[k].to(torch.float64) for k in self.small}
+        # the embeddings and head in every run's input: a few zero rows (no block's element
+        # depends on them; A's and B's rotations and the probes' are given)
+        self.zero_rows = {k: v for k, v in self.A.stand_in.items() if k in VOCAB_AXIS}
+        # per tensor: ‖B − A‖², ‖A‖², ‖canon B − canon A‖², ‖canon A‖², each probe's response²
+        self.raw: dict[str, float] = {}
+        self.raw_den: dict[str, float] = {}
+        self.inv: dict[str, float] = {}
+        self.den: dict[str, float] = {}
+        self.resp_a: list[dict[str, float]] = [{} for _ in range(probes)]
+        self.resp_b: list[dict[str, float]] = [{} for _ in range(probes)]
+        # the elements on the embeddings and head: B's and every probe's (A's: self.A.outer_steps)
+        self.steps_b: Steps = []
+        self.steps_pa: list[Steps] = [[] for _ in range(probes)]
+        self.steps_pb: list[Steps] = [[] for _ in range(probes)]
+        self.small_pa: list[Params] = [{} for _ in range(probes)]  # each probe's small outer tensors
+        self.small_pb: list[Params] = [{} for _ in range(probes)]
+        self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
+        self.rot_b, self.fit_b, self.rot_pa, self.rot_pb = self._rotations()
+
+    # ------------------------------------------------------------------ 1 the rotations
+    def _rotations(self):
+        """B's rotation and its fit, the probes' rotations: Procrustes fits to A's canonical
+        embedding from (W_E,x)ᵀ·W_E,A summed over chunks of rows, then ·R_A."""
+        probes = self.probes
+        if self.A.rotation is None:
+            return None, None, [None] * probes, [None] * probes
+        r_a, d, name = self.A.rotation.parts["R"], self.cfg.d_model, "embed.W_E"
+        wa, wb = self.pa[name], self.pb[name]
+        ga = [generator(probe_seed(self.seed, p, self.index_a[name])) for p in range(probes)]
+        gb = [generator(probe_seed(self.seed + 1, p, self.index_b[name])) for p in range(probes)]
+        cross = [torch.zeros(d, d, dtype=torch.float64) for _ in range(1 + 2 * probes)]
+        for a, n in self.A._chunks():
+            xa = wa[a : a + n].to(torch.float64)
+            cross[0] += matmul(wb[a : a + n].to(torch.float64).T, xa)
+            for p in range(probes):
+                cross[1 + p] += matmul(perturb_with(wa[a : a + n], self.ua, ga[p]).T, xa)
+                cross[1 + probes + p] += matmul(perturb_with(wb[a : a + n], self.ub, gb[p]).T, xa)
+        del wa, wb, xa  # as read (bfloat16: 1 GB each at Llama-3-8B's vocabulary)
+        # each product let go once fitted, the probes' rotations in temporary files until their
+        # runs (d × d: 134 MB each at d = 4096)
+        rot_b, fit_b = _procrustes(matmul(cross[0], r_a))
+        rots: list[Spilled | None] = []
+        for i in range(1, len(cross)):
+            rots.append(Spilled(_procrustes(matmul(cross[i], r_a))[0].parts["R"]))
+            cross[i] = torch.empty(0)
+        return rot_b, fit_b, rots[:probes], rots[probes:]
+
+    # ------------------------------------------------------------------ 2 the runs of blocks
+    def _input(self, lo: int, blocks: Params, small: Params) -> dict[str, torch.Tensor]:
+        """A run's input: its blocks renumbered from 0, the small outer tensors, the zero rows."""
+        sub = {_moved(k, -lo): v for k, v in blocks.items()}
+        sub.update(small)
+        sub.update(self.zero_rows)
+        return sub
+
+    def _probe_small(self, params: Params, index: dict, u: float, seed: int, p: int) -> dict[str, torch.Tensor]:
+        return {k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in self.small}
+
+    def _run(self, j: int) -> None:
+        cfg, A = self.cfg, self.A
+        lo, n = A.runs[j]
+        names = [k for b in range(lo, lo + n) for k in A.blocks[b]]
+        cfg_run = cfg.with_(n_layers=n, vocab=min(cfg.vocab, STAND_IN))
+        # the raw distances first: the models' tensors read when used, not held beside a run in
+        # float64 (and a checkpoint's last read, held for its next, is then a block's)
+        for k in names:
+            ta = self.pa[k]
+            self.raw[k] = sq_distance(self.pb[k], ta)
+            self.raw_den[k] = sq_distance(ta)
+            del ta
+        a_run = A._canonical_run(j)  # A's canonical run (its records kept by A)
+        for k in names:
+            self.den[k] = sq_distance(a_run[k])
+        # A's canonical run in a temporary file: the reference of B's run and of every probe, read
+        # back tensor by tensor as their steps ask (the matching steps read the attention and FFN
+        # weights one step at a time; the probes' steps a few), and what A's probes are measured
+        # against; B's canonical run likewise for B's probes
+        base_a = {k: Spilled(a_run[k]) for k in names}
+        del a_run
+        ref = _SpilledRun({_moved(k, -lo): base_a[k] for k in names}, {**A.small, **self.zero_rows})
+
+        # B against A's canonical run
+        sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
+        keep = {ROTATION: self.rot_b} if self.rot_b is not None else None
+        c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sb, keep=keep)
+        for k in names:
+            self.inv[k] = sq_distance(c.params[_moved(k, -lo)], base_a[k])
+        records = list(c.records)
+        base_small: dict[str, torch.Tensor] = {}
+        if j == 0:
+            for k in self.small:
+                self.inv[k] = sq_distance(c.params[k], A.small[k])
+                self.den[k] = sq_distance(A.small[k])
+                base_small[k] = c.params[k]
+            self.steps_b = _outer_steps(cfg_run, records)
+            records = self._with_fit(records)
+        self.records_b[j] = (lo, records)
+        kept_b = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
+        base_b = {k: Spilled(c.params[_moved(k, -lo)]) for k in names}
+        del c, sub
+
+        kept_a = {r.family: r.element for r in A.records[j][1] if r.family in PERMUTATIONS}
+        for side in ("a", "b"):
+            params, index = (self.pa, self.index_a) if side == "a" else (self.pb, self.index_b)
+            u, seed, storage = (self.ua, self.seed, self.sa) if side == "a" else (self.ub, self.seed + 1, self.sb)
+            kept, rots = (kept_a, self.rot_pa) if side == "a" else (kept_b, self.rot_pb)
+            resp, steps = (self.resp_a, self.steps_pa) if side == "a" else (self.resp_b, self.steps_pb)
+            smalls = self.small_pa if side == "a" else self.small_pb
+            for p in range(self.probes):
+                if j == 0:  # the steps on the head read the final norm: kept for the chunks
+                    smalls[p] = self._probe_small(params, index, u, seed, p)
+                small = dict(smalls[p]) if j == 0 else A.small0
+                keep_p = dict(kept)
+                rot = rots[p]
+                if rot is not None:
+                    keep_p[ROTATION] = Element({"R": rot.tensor()}, 1.0)
+                # built into the run's input directly: the steps replace its tensors, and no other
+                # reference may keep the perturbed ones alive beside their results
+                sub = self._input(lo, {k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in names}, small)
+                c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=storage, keep=keep_p)
+                del sub
+                for k in names:
+                    base = base_a[k] if side == "a" else base_b[k]
+                    resp[p][k] = sq_distance(c.params[_moved(k, -lo)], base)
+                if j == 0:
+                    for k in self.small:
+                        resp[p][k] = sq_distance(c.params[k], A.small[k] if side == "a" else base_small[k])
+                    # the rotation's part held as a placeholder: it is the probe's own, in its file
+                    steps[p] = [(a, _IN_FILE if a == ROTATION else el) for a, el in _outer_steps(cfg_run, c.records)]
+                del c
+        for v in [*base_a.values(), *base_b.values()]:
+            v.close()
+
+    def _with_fit(self, records: list[StepRecord]) -> list[StepRecord]:
+        """B's first run's records with the rotation's record as the whole comparison makes it:
+        its condition, and the Procrustes fit's decision at the threshold of that point."""
+        if self.rot_b is None:
+            return records
+        i = next(i for i, r in enumerate(records) if r.family == ROTATION)
+        kappa = rounding_kappa(records[:i])  # as Context.threshold counts it
+        assert self.fit_b is not None
+        d = Decision.of("match", _WHERE, [self.fit_b], 2.0 * self.ub * kappa, 2.0)
+        r = records[i]
+        records[i] = StepRecord(r.family, r.action, r.element, _CONDITION, [d], [], r.reads, r.writes)
+        return records
+
+    # ------------------------------------------------------------------ 3 the embeddings and head
+    def _with_rotation(self, steps: Steps, rotation: Spilled | None) -> Steps:
+        """A probe's steps on the embeddings and head with its rotation read back in its place."""
+        if rotation is None:
+            return steps
+        return [(a, Element({"R": rotation.tensor()}, 1.0) if el is _IN_FILE else el) for a, el in steps]
+
+    def _vocabulary(self) -> None:
+        """Every vocabulary-sized tensor chunk by chunk: canonical A and B, the probes; and the
+        Gram of A's canonical embedding (the rotation's condition residual)."""
+        cfg, A, probes = self.cfg, self.A, self.probes
+        gram = torch.zeros(cfg.d_model, cfg.d_model, dtype=torch.float64) if A.rotation is not None else None
+        assert A.outer_steps is not None
+        for name in A.vocab_sized:
+            axis = VOCAB_AXIS[name]
+            ta, tb = self.pa[name], self.pb[name]
+            ga = [generator(probe_seed(self.seed, p, self.index_a[name])) for p in range(probes)]
+            gb = [generator(probe_seed(self.seed + 1, p, self.index_b[name])) for p in range(probes)]
+            sums = {"raw": 0.0, "raw_den": 0.0, "inv": 0.0, "den": 0.0}
+            resp_a, resp_b = [0.0] * probes, [0.0] * probes
+            for a, n in A._chunks():
+                xa = ta.narrow(axis, a, n).to(torch.float64).contiguous()
+                xb = tb.narrow(axis, a, n).to(torch.float64).contiguous()
+                sums["raw"] += sq_distance(xb, xa)
+                sums["raw_den"] += sq_distance(xa)
+                ca = _apply(cfg, A.small0, name, xa, A.outer_steps)
+                cb = _apply(cfg, self.small_b, name, xb, self.steps_b)
+                sums["inv"] += sq_distance(cb, ca)
+                sums["den"] += sq_distance(ca)
+                if gram is not None and name == "embed.W_E":
+                    gram += matmul(ca.T, ca)
+                for p in range(probes):
+                    # each probe's rotation read back for the chunk (one d × d matrix held at a time)
+                    steps = self._with_rotation(self.steps_pa[p], self.rot_pa[p])
+                    pa = _apply(cfg, self.small_pa[p], name, _draw(xa, axis, self.ua, ga[p]), steps)
+                    resp_a[p] += sq_distance(pa, ca)
+                    steps = self._with_rotation(self.steps_pb[p], self.rot_pb[p])
+                    pb = _apply(cfg, self.small_pb[p], name, _draw(xb, axis, self.ub, gb[p]), steps)
+                    resp_b[p] += sq_distance(pb, cb)
+                del xa, xb, ca, cb
+            self.raw[name], self.raw_den[name] = sums["raw"], sums["raw_den"]
+            self.inv[name], self.den[name] = sums["inv"], sums["den"]
+            for p in range(probes):
+                self.resp_a[p][name], self.resp_b[p][name] = resp_a[p], resp_b[p]
+        for k in self.small:  # the small outer tensors' raw distance
+            self.raw[k] = sq_distance(self.pb[k], self.pa[k])
+            self.raw_den[k] = sq_distance(self.pa[k])
+        if gram is not None:
+            A.embedding_gram = gram
+
+    # ------------------------------------------------------------------ the comparison
+    def compare(self, with_element: bool, progress: Callable[[int, int], None] | None) -> Comparison:
+        runs = len(self.A.runs)
+        try:
+            for j in range(runs):
+                self._run(j)
+                if progress is not None:
+                    progress(j + 1, runs)
+            self._vocabulary()
+        finally:
+            for rot in self.rot_pa + self.rot_pb:
+                if rot is not None:
+                    rot.close()
+        ca = self.A.canonical()  # every run recorded: no further pass
+        cb = merge_runs(self.cfg, [self.records_b[j] for j in range(runs)], self.sb)
+        if cb is None:
+            raise GaugeAuditError("B's runs of blocks took different steps: not compared one run at a time")
+
+        def grouped(sq: Mapping[str, float], order) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for k in order:
+                out[group_of(k)] = out.get(group_of(k), 0.0) + sq[k]
+            return out
+
+        def worst(per_probe: list[dict[str, float]], order) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for sq in per_probe:
+                for g, v in grouped(sq, order).items():
+                    out[g] = max(out.get(g, 0.0), v)
+            return out
+
+        order_a, order_b = list(self.pa), list(self.pb)
+        den = grouped(self.den, order_a)
+        out = judge(
+            den,
+            _relative(grouped(self.inv, order_b), den),
+            _relative(grouped(self.raw, order_b), grouped(self.raw_den, order_a)),
+            worst(self.resp_a, order_a),
+            worst(self.resp_b, order_b),
+            self.probes,
+            ca,
+            cb,
+        )
+        if out.verdict == EQUIVALENT and with_element:
+            out.element, _ = element_a_to_b(ca, cb)
+            out.kappa, out.element_steps = out.element.kappa, len(composite.steps(out.element))
+            out.element_residual = self._residual(out.element)
+        return out
+
+    # ------------------------------------------------------------------ 4 the element's residual
+    def _residual(self, el: Element) -> float:
+        """‖g·A − B‖_F / ‖B‖_F: block by block (:func:`.comparison._block_terms`), the
+        embeddings and head chunk by chunk."""
+        cfg, A = self.cfg, self.A
+        steps = composite.steps(el)
+        outer = [(a, restrict(ACTIONS[a], cfg, s, None)) for a, s in steps]
+        outer_steps = [(a, part) for a, part in outer if part is not None]
+        small_a = {k: self.pa[k].to(torch.float64) for k in self.small}
+        num = den = 0.0
+        small: dict = {}  # g applied to the small outer tensors: beside the first chunk
+        for name in A.vocab_sized:
+            axis = VOCAB_AXIS[name]
+            for a, n in A._chunks():
+                xa = self.pa[name].narrow(axis, a, n).to(torch.float64).contiguous()
+                xb = self.pb[name].narrow(axis, a, n)
+                state = _applied(cfg, small_a, name, xa, outer_steps)
+                small = small or {k: state[k] for k in self.small}
+                num += sq_distance(xb, state[name])
+                den += sq_distance(xb)
+        for k in self.small:
+            num += sq_distance(self.pb[k], small[k])
+            den += sq_distance(self.pb[k])
+        runs: list[tuple[int | None, list[str]]] = [(b, A.blocks[b]) for b in range(cfg.n_layers)]
+        for n_, d_ in _block_terms(cfg, self.pa, self.pb, steps, runs):
+            num += n_
+            den += d_
+        return (num / den) ** 0.5 if den > 0 else num**0.5
