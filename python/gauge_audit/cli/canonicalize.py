@@ -126,6 +126,30 @@ def require_float64_memory(src: Source, command: str, why: str = "") -> None:
         )
 
 
+def by_runs(src: Source, command: str, what: str, doing: str, asked: bool) -> bool:
+    """Whether ``command`` goes one run of blocks at a time: asked for, or ``src``'s float64 copy
+    exceeds the memory available now (said on stderr: stdout may be the JSON report); refused in one
+    line where the architecture does not allow it (``what``, ``doing``: the work, for the messages)."""
+    short = float64_shortfall(src)
+    if not asked and short is None:
+        return False
+    from ..gauge_fix.by_runs import streamable
+
+    why = streamable(src.cfg)
+    if why is not None:
+        if short is not None:
+            require_float64_memory(src, command, f" (one run of blocks at a time: not for {why})")
+        raise GaugeAuditError(f"--by-runs: {what} one run of blocks at a time does not support {why}")
+    if short is not None:
+        print(
+            f"the float64 copy ({size_text(short[0])}) exceeds the available memory ({size_text(short[1])}): "
+            f"{doing} one run of blocks at a time",
+            file=sys.stderr,
+            flush=True,
+        )
+    return True
+
+
 class StoredParams(LazyParams):
     """A checkpoint's project-layout tensors in the dtype they are stored in (GGUF: float32, what
     its blocks dequantize to), read on access.  Exact: the file-to-project links only reshape,
@@ -365,22 +389,7 @@ def run(args) -> int:
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
     if args.out:
         refuse_existing(Path(args.out))
-    short = float64_shortfall(src)
-    if args.by_runs or short is not None:
-        from ..gauge_fix.by_runs import streamable
-
-        why = streamable(src.cfg)
-        if why is not None:
-            if short is not None:
-                require_float64_memory(src, "canonicalize", f" (one run of blocks at a time: not for {why})")
-            raise GaugeAuditError(f"--by-runs: gauge fixing one run of blocks at a time does not support {why}")
-        if short is not None:  # on stderr: stdout may be the JSON report
-            print(
-                f"the float64 copy ({size_text(short[0])}) exceeds the available memory ({size_text(short[1])}): "
-                "canonicalising one run of blocks at a time",
-                file=sys.stderr,
-                flush=True,
-            )
+    if by_runs(src, "canonicalize", "gauge fixing", "canonicalising", args.by_runs):
         with model_threads(parameter_count(src.cfg)):
             return _run_by_runs(args, src, dtype)
     # one thread up to billion-parameter models (the runtime's thread policy): the reads and

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import torch
 
@@ -14,8 +13,8 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..models import parameter_count
 from ..progress import echo, ticker
-from ..runtime import LARGE_MODEL_PARAMS, eps, generator, keep_freed_memory, model_threads, resolve_dtype, size_text
-from .canonicalize import Source, float64_shortfall, load_source, require_float64_memory, write_atomically
+from ..runtime import LARGE_MODEL_PARAMS, eps, generator, keep_freed_memory, model_threads, resolve_dtype
+from .canonicalize import Source, by_runs, float64_shortfall, load_source, write_atomically
 
 
 def register(sub) -> None:
@@ -111,75 +110,33 @@ def _b_params(args, b: Source):
     return params, what, storage
 
 
-def _by_runs(args, src: Source) -> bool:
-    """Compare one run of blocks at a time: asked for, or ``src``'s float64 copy exceeds the
-    memory available now (refused in one line where the architecture does not allow it)."""
-    short = float64_shortfall(src)
-    if not args.by_runs and short is None:
-        return False
-    from ..gauge_fix.by_runs import streamable
-
-    why = streamable(src.cfg)
-    if why is not None:
-        if short is not None:
-            require_float64_memory(src, "compare", f" (one run of blocks at a time: not for {why})")
-        raise GaugeAuditError(f"--by-runs: compare one run of blocks at a time does not support {why}")
-    if short is not None:  # on stderr: stdout may be the JSON report
-        print(
-            f"the float64 copy ({size_text(short[0])}) exceeds the available memory ({size_text(short[1])}): "
-            "comparing one run of blocks at a time",
-            file=sys.stderr,
-            flush=True,
-        )
-    return True
-
-
 def run(args) -> int:
     if args.probes < 1:
         raise GaugeAuditError("--probes must be >= 1")
     # checkpoints in their stored dtype, read again on each pass
     a = _load(args.a, args.seed)
-    by_runs = _by_runs(args, a)
+    streamed = by_runs(a, "compare", "compare", "comparing", args.by_runs)
     b = _load(args.b, args.seed if args.seed_b is None else args.seed_b)
-    if not by_runs and float64_shortfall(b) is not None:
-        by_runs = _by_runs(args, b)
+    if not streamed and float64_shortfall(b) is not None:
+        streamed = by_runs(b, "compare", "compare", "comparing", True)
     # after the checkpoints are opened, which fixes glibc's mmap threshold at 1 MiB for streamed
     # checks: compare's eight canonicalisations allocate block-sized tensors thousands of times
     # (SmolLM2 by runs: 78 s → 43 s).  Not for billion-parameter models by runs: their block
     # tensors are mapped anyway, and the heap that is never trimmed would add its high-water mark
     # of smaller temporaries to a peak held near the memory available
-    if not by_runs or parameter_count(a.cfg) <= LARGE_MODEL_PARAMS:
+    if not streamed or parameter_count(a.cfg) <= LARGE_MODEL_PARAMS:
         keep_freed_memory()
     pb, what_b, storage_b = _b_params(args, b)
-    if by_runs:
+    common = dict(probes=args.probes, seed=args.seed, storage_dtype_a=a.storage_dtype, storage_dtype_b=storage_b)
+    if streamed:
         from ..gauge_fix.comparison_by_runs import compare_by_runs
 
         # the stream rotations' products on every thread (bit for bit the same products), the
         # rest on one
         with model_threads(parameter_count(a.cfg)):
-            r = compare_by_runs(
-                a.cfg,
-                a.params,
-                b.cfg,
-                pb,
-                probes=args.probes,
-                seed=args.seed,
-                storage_dtype_a=a.storage_dtype,
-                storage_dtype_b=storage_b,
-                progress=ticker("compare", unit="run"),
-            )
+            r = compare_by_runs(a.cfg, a.params, b.cfg, pb, **common, progress=ticker("compare", unit="run"))
     else:
-        r = compare(
-            a.cfg,
-            a.params,
-            b.cfg,
-            pb,
-            probes=args.probes,
-            seed=args.seed,
-            storage_dtype_a=a.storage_dtype,
-            storage_dtype_b=storage_b,
-            parallel=True,
-        )
+        r = compare(a.cfg, a.params, b.cfg, pb, **common, parallel=True)
     e = max(eps(torch.float64), *(torch.finfo(getattr(torch, d)).eps for d in (r.storage_dtype_a, r.storage_dtype_b)))
     report = {"a": a.label, "b": what_b, **r.to_json(), "tolerance_eps": r.tolerance / e, "eps": e}
     files = {"report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True, default=float))}
