@@ -61,7 +61,7 @@ def compare_by_runs(
     progress: Callable[[int, int], None] | None = None,
 ) -> Comparison:
     """:func:`.comparison.compare` one run of blocks at a time (module docstring): the same
-    report up to rounding, holding two runs.  ``params_a`` / ``params_b``: any mapping, e.g. a
+    report up to rounding, holding a run and its transform.  ``params_a`` / ``params_b``: any mapping, e.g. a
     checkpoint's parameters read on access in their stored dtype.  ``progress(done, total)``:
     called per run of blocks compared."""
     same_architecture(cfg_a, cfg_b)
@@ -140,6 +140,9 @@ class _SpilledRun(Mapping[str, torch.Tensor]):
 
 
 class _ByRuns:
+    """One comparison's state: the rotations, then per tensor the squared distances and responses
+    as the runs and chunks produce them."""
+
     def __init__(self, cfg, pa, pb, probes, seed, storage_a, storage_b):
         self.cfg, self.pa, self.pb, self.probes, self.seed = cfg, pa, pb, probes, seed
         self.sa, self.sb = storage_a, storage_b
