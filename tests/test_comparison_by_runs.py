@@ -211,3 +211,61 @@ def test_cli_compares_by_runs_when_a_float64_copy_does_not_fit(tiny_hf, tmp_path
     assert len(err) == 1 and "--by-runs" in err[0] and "layernorm" in err[0], err
     assert main(["compare", llama, str(b), "--by-runs", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == EQUIVALENT
+
+
+def test_by_runs_lets_go_of_the_checkpoints_vocabulary_reads(tiny_hf, tmp_path, monkeypatch):
+    """While the embeddings and head are swept chunk by chunk (the comparison's and the element
+    residual's sweeps), neither checkpoint keeps its own read of the tensor beside the copy in use:
+    the head is stored transposed, and its read held for the next access would double what the
+    sweep holds (2 GB at Llama-3-8B's vocabulary in bfloat16)."""
+    import gauge_audit.gauge_fix.comparison_by_runs as cbr
+    from gauge_audit.cli.canonicalize import load_source
+
+    llama = str(tiny_hf("llama"))
+    b = tmp_path / "b"
+    assert main(["transform", "--checkpoint", llama, "--action", "composite", "--seed", "3", "--out", str(b)]) == 0
+    sa, sb = (load_source(p, native=True, resident=False) for p in (llama, str(b)))
+    assert "unembed.W_U" in sa.params
+    held: list[tuple[str, bool]] = []
+    applied = cbr._applied
+
+    def spy(cfg, small, name, chunk, steps):
+        for p in (sa.params, sb.params):
+            link = p._last[0]
+            held.append((name, link is not None and name in link.params))
+        return applied(cfg, small, name, chunk, steps)
+
+    monkeypatch.setattr(cbr, "_applied", spy)
+    monkeypatch.setattr(by_runs, "CHUNK", sa.cfg.d_model * (sa.cfg.vocab // 4 + 1))
+    r = compare_by_runs(
+        sa.cfg, sa.params, sb.cfg, sb.params, storage_dtype_a=sa.storage_dtype, storage_dtype_b=sb.storage_dtype
+    )
+    assert r.verdict == EQUIVALENT and r.element is not None
+    assert {name for name, _ in held} == {"embed.W_E", "unembed.W_U"}
+    assert not any(h for _, h in held), [x for x in held if x[1]][:4]
+
+
+def test_two_rotations_applied_in_turn_are_validated_and_inverted_once(monkeypatch):
+    """The element mapping A to B holds two stream rotations, applied in turn to every chunk of
+    vocabulary rows and every block: each is validated and inverted once (at d = 4 096 that costs
+    more than a chunk's product), and the results are the ones computed afresh, bit for bit."""
+    from gauge_audit.actions import stream
+
+    cfg = config_of("llama-tiny-gqa")
+    q = [
+        torch.linalg.qr(torch.randn(cfg.d_model, cfg.d_model, generator=generator(s), dtype=torch.float64))[0]
+        for s in (1, 2, 3)
+    ]
+    monkeypatch.setattr(stream, "_LAST_ROTATIONS", [])
+    calls = []
+    validate = stream._validate_rotation
+    monkeypatch.setattr(stream, "_validate_rotation", lambda c, r: calls.append(r) or validate(c, r))
+    got = [stream._rotation_and_inverse(cfg, q[i]) for i in (0, 1, 0, 1, 0, 1)]
+    assert len(calls) == 2
+    for i, (r, r_inv) in zip((0, 1), got[:2]):
+        assert torch.equal(r, validate(cfg, q[i])) and torch.equal(r_inv, torch.linalg.inv(validate(cfg, q[i])))
+    assert all(got[k][0] is got[k % 2][0] and got[k][1] is got[k % 2][1] for k in range(6))
+    stream._rotation_and_inverse(cfg, q[2])  # a third evicts the one used longest ago
+    stream._rotation_and_inverse(cfg, q[1])
+    stream._rotation_and_inverse(cfg, q[0])
+    assert len(calls) == 4

@@ -253,20 +253,26 @@ def _validate_rotation(cfg: Config, r: torch.Tensor) -> torch.Tensor:
     return r
 
 
-# The last rotation validated and inverted, with its inverse: the blockwise transform
+# The last two rotations validated and inverted, with their inverses: the blockwise transform
 # (blockwise.py) applies one element to every block in turn — for SmolLM2 the same 576×576 R
-# 31 times.  Keyed by the given tensor itself (held here, so its id is not reused), its in-place
-# version and what the validation depends on.
-_LAST_ROTATION: list[tuple] = []
+# 31 times — and the element mapping one model to another holds two rotations (one model's, the
+# other's inverse), applied in turn to every block or chunk of vocabulary rows (at d = 4 096 a
+# validation and inversion cost more than a chunk's product).  Keyed by the given tensor itself
+# (held here, so its id is not reused), its in-place version and what the validation depends on.
+_LAST_ROTATIONS: list[tuple] = []
+_KEEP_ROTATIONS = 2
 
 
 def _rotation_and_inverse(cfg: Config, given: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     key = (given._version, cfg.d_model, cfg.norm.startswith("layernorm"))
-    if _LAST_ROTATION and _LAST_ROTATION[0][0] is given and _LAST_ROTATION[0][1] == key:
-        return _LAST_ROTATION[0][2], _LAST_ROTATION[0][3]
+    for i, (held, k, r, r_inv) in enumerate(_LAST_ROTATIONS):
+        if held is given and k == key:
+            _LAST_ROTATIONS.insert(0, _LAST_ROTATIONS.pop(i))
+            return r, r_inv
     r = _validate_rotation(cfg, given)
     r_inv = stacked_inv(r)
-    _LAST_ROTATION[:] = [(given, key, r, r_inv)]
+    _LAST_ROTATIONS.insert(0, (given, key, r, r_inv))
+    del _LAST_ROTATIONS[_KEEP_ROTATIONS:]
     return r, r_inv
 
 

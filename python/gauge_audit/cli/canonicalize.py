@@ -183,6 +183,11 @@ class StoredParams(LazyParams):
             self._last = (link, link.read(*[t.to(dtype) for t in files]))
         return self._last[1][link.params.index(name)].contiguous()
 
+    def forget(self) -> None:
+        """Let go of the last read held for the next (a vocabulary-sized head stored transposed is
+        held as read beside the project-layout copy handed out: 1 GB each at Llama-3-8B's)."""
+        self._last = (None, None)
+
 
 def register(sub) -> None:
     p = sub.add_parser(

@@ -104,6 +104,17 @@ def _draw(x: torch.Tensor, axis: int, u: float, g: torch.Generator) -> torch.Ten
     return perturb_with(x, u, g)
 
 
+def _read_once(params: Params, name: str) -> torch.Tensor:
+    """``params[name]``, with a lazily read checkpoint's own copy of its last read let go (its
+    ``forget``): the head W_U is stored transposed, and the read held for the next access would
+    sit beside the copy returned for the whole sweep over its chunks."""
+    t = params[name]
+    forget = getattr(params, "forget", None)
+    if forget is not None:
+        forget()
+    return t
+
+
 def _procrustes(cross: torch.Tensor) -> tuple[Element, float]:
     """The orthogonal Procrustes fit from xᵀ·ref (:func:`.base.procrustes`) and its conditioning
     (the ratio of the extreme singular values, the decision of :func:`.base.gram_axes`)."""
@@ -307,41 +318,65 @@ class _ByRuns:
 
     def _vocabulary(self) -> None:
         """Every vocabulary-sized tensor chunk by chunk: canonical A and B, the probes; and the
-        Gram of A's canonical embedding (the rotation's condition residual)."""
+        Gram of A's canonical embedding (the rotation's condition residual).  One model or probe
+        at a time over all the chunks, so that each one's rotation is validated and inverted once
+        (at d = 4 096 that is most of a chunk's work: per chunk and rotation ≈ 3.3 d³ flops against
+        the product's 2·d²·rows): A's and B's canonical chunks wait in temporary files for the
+        probes (2 · vocab · d float64 values on disk, not in memory).  Every sum is taken over the
+        chunks in their order, as before."""
         cfg, A, probes = self.cfg, self.A, self.probes
         gram = torch.zeros(cfg.d_model, cfg.d_model, dtype=torch.float64) if A.rotation is not None else None
         assert A.outer_steps is not None
+        chunks = list(A._chunks())
         for name in A.vocab_sized:
             axis = VOCAB_AXIS[name]
-            ta, tb = self.pa[name], self.pb[name]
-            ga = [generator(probe_seed(self.seed, p, self.index_a[name])) for p in range(probes)]
-            gb = [generator(probe_seed(self.seed + 1, p, self.index_b[name])) for p in range(probes)]
+            ta, tb = _read_once(self.pa, name), _read_once(self.pb, name)
+
+            def chunk(t: torch.Tensor, a: int, n: int, axis: int = axis) -> torch.Tensor:
+                return t.narrow(axis, a, n).to(torch.float64).contiguous()
+
             sums = {"raw": 0.0, "raw_den": 0.0, "inv": 0.0, "den": 0.0}
-            resp_a, resp_b = [0.0] * probes, [0.0] * probes
-            for a, n in A._chunks():
-                xa = ta.narrow(axis, a, n).to(torch.float64).contiguous()
-                xb = tb.narrow(axis, a, n).to(torch.float64).contiguous()
-                sums["raw"] += sq_distance(xb, xa)
-                sums["raw_den"] += sq_distance(xa)
-                ca = _apply(cfg, A.small0, name, xa, A.outer_steps)
-                cb = _apply(cfg, self.small_b, name, xb, self.steps_b)
-                sums["inv"] += sq_distance(cb, ca)
-                sums["den"] += sq_distance(ca)
-                if gram is not None and name == "embed.W_E":
-                    gram += matmul(ca.T, ca)
-                for p in range(probes):
-                    # each probe's rotation read back for the chunk (one d × d matrix held at a time)
-                    steps = self._with_rotation(self.steps_pa[p], self.rot_pa[p])
-                    pa = _apply(cfg, self.small_pa[p], name, _draw(xa, axis, self.ua, ga[p]), steps)
-                    resp_a[p] += sq_distance(pa, ca)
-                    steps = self._with_rotation(self.steps_pb[p], self.rot_pb[p])
-                    pb = _apply(cfg, self.small_pb[p], name, _draw(xb, axis, self.ub, gb[p]), steps)
-                    resp_b[p] += sq_distance(pb, cb)
-                del xa, xb, ca, cb
-            self.raw[name], self.raw_den[name] = sums["raw"], sums["raw_den"]
-            self.inv[name], self.den[name] = sums["inv"], sums["den"]
-            for p in range(probes):
-                self.resp_a[p][name], self.resp_b[p][name] = resp_a[p], resp_b[p]
+            base_a: list[Spilled] = []
+            base_b: list[Spilled] = []
+            try:
+                for a, n in chunks:  # A's canonical chunks
+                    ca = _apply(cfg, A.small0, name, chunk(ta, a, n), A.outer_steps)
+                    sums["den"] += sq_distance(ca)
+                    if gram is not None and name == "embed.W_E":
+                        gram += matmul(ca.T, ca)
+                    base_a.append(Spilled(ca))
+                    del ca
+                for (a, n), ca_file in zip(chunks, base_a):  # B's, against them
+                    xa, xb = chunk(ta, a, n), chunk(tb, a, n)
+                    sums["raw"] += sq_distance(xb, xa)
+                    sums["raw_den"] += sq_distance(xa)
+                    cb = _apply(cfg, self.small_b, name, xb, self.steps_b)
+                    sums["inv"] += sq_distance(cb, ca_file)
+                    base_b.append(Spilled(cb))
+                    del xa, xb, cb
+                self.raw[name], self.raw_den[name] = sums["raw"], sums["raw_den"]
+                self.inv[name], self.den[name] = sums["inv"], sums["den"]
+                for side in ("a", "b"):
+                    t, base = (ta, base_a) if side == "a" else (tb, base_b)
+                    index, u = (self.index_a, self.ua) if side == "a" else (self.index_b, self.ub)
+                    for p in range(probes):
+                        if side == "a":
+                            g = generator(probe_seed(self.seed, p, index[name]))
+                            steps, small = self._with_rotation(self.steps_pa[p], self.rot_pa[p]), self.small_pa[p]
+                        else:
+                            g = generator(probe_seed(self.seed + 1, p, index[name]))
+                            steps, small = self._with_rotation(self.steps_pb[p], self.rot_pb[p]), self.small_pb[p]
+                        total = 0.0
+                        for (a, n), c_file in zip(chunks, base):  # the probe's draw continues chunk by chunk
+                            total += sq_distance(
+                                _apply(cfg, small, name, _draw(chunk(t, a, n), axis, u, g), steps), c_file
+                            )
+                        (self.resp_a if side == "a" else self.resp_b)[p][name] = total
+                        del steps
+            finally:
+                for f in [*base_a, *base_b]:
+                    f.close()
+            del ta, tb
         for k in self.small:  # the small outer tensors' raw distance
             self.raw[k] = sq_distance(self.pb[k], self.pa[k])
             self.raw_den[k] = sq_distance(self.pa[k])
@@ -410,13 +445,16 @@ class _ByRuns:
         small: dict = {}  # g applied to the small outer tensors: beside the first chunk
         for name in A.vocab_sized:
             axis = VOCAB_AXIS[name]
+            ta, tb = _read_once(self.pa, name), _read_once(self.pb, name)
             for a, n in A._chunks():
-                xa = self.pa[name].narrow(axis, a, n).to(torch.float64).contiguous()
-                xb = self.pb[name].narrow(axis, a, n)
+                xa = ta.narrow(axis, a, n).to(torch.float64).contiguous()
+                xb = tb.narrow(axis, a, n)
                 state = _applied(cfg, small_a, name, xa, outer_steps)
                 small = small or {k: state[k] for k in self.small}
                 num += sq_distance(xb, state[name])
                 den += sq_distance(xb)
+                del xa, xb, state
+            del ta, tb
         for k in self.small:
             num += sq_distance(self.pb[k], small[k])
             den += sq_distance(self.pb[k])
