@@ -18,8 +18,8 @@ each chunk from its own seed (the seed, the tensor's name, the chunk index), so 
 the same whatever the order or the machine.  No tokenizer is written (``check`` and
 ``transform`` draw seeded token ids; ``--text`` would need one).
 
-``--rope-scaling llama3`` writes Llama-3.1's ``rope_scaling`` (factor 8, 131 072 positions);
-gauge-audit refuses it with one line until the family represents scaled RoPE angles.
+``--rope-scaling llama3`` writes Llama-3.1's ``rope_scaling`` (factor 8, 131 072 positions), which
+the llama family reads as its frequency table (``models/rope.py``).
 """
 
 from __future__ import annotations
