@@ -260,12 +260,40 @@ def test_two_rotations_applied_in_turn_are_validated_and_inverted_once(monkeypat
     calls = []
     validate = stream._validate_rotation
     monkeypatch.setattr(stream, "_validate_rotation", lambda c, r: calls.append(r) or validate(c, r))
-    got = [stream._rotation_and_inverse(cfg, q[i]) for i in (0, 1, 0, 1, 0, 1)]
+    got = [stream.rotation_and_inverse(cfg, q[i]) for i in (0, 1, 0, 1, 0, 1)]
     assert len(calls) == 2
     for i, (r, r_inv) in zip((0, 1), got[:2]):
         assert torch.equal(r, validate(cfg, q[i])) and torch.equal(r_inv, torch.linalg.inv(validate(cfg, q[i])))
     assert all(got[k][0] is got[k % 2][0] and got[k][1] is got[k % 2][1] for k in range(6))
-    stream._rotation_and_inverse(cfg, q[2])  # a third evicts the one used longest ago
-    stream._rotation_and_inverse(cfg, q[1])
-    stream._rotation_and_inverse(cfg, q[0])
+    stream.rotation_and_inverse(cfg, q[2])  # a third evicts the one used longest ago
+    stream.rotation_and_inverse(cfg, q[1])
+    stream.rotation_and_inverse(cfg, q[0])
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_every_rotation_of_a_comparison_is_validated_and_inverted_once(layers, small_pieces, monkeypatch):
+    """A comparison applies eight stream rotations (A's, B's, three probes' on each side) in every
+    run of blocks and every sweep over the vocabulary, and the element A → B's two in its residual:
+    each is validated and inverted once however many runs there are (before: once per run and
+    rotation, since the stream keeps two), and the report is the one computed afresh, bit for bit."""
+    from gauge_audit.actions import stream
+
+    cfg = config_of("llama-tiny-gqa").with_(n_layers=layers)
+    m = build_config(cfg, seed=1)
+    a = {k: v.to(torch.bfloat16) for k, v in m.params.items()}
+    _, moved = composite.sample_applied(cfg, {k: v.to(torch.float64) for k, v in a.items()}, generator(11), 4.0)
+    b = {k: v.to(torch.bfloat16) for k, v in moved.items()}
+    calls = []
+    validate = stream._validate_rotation
+    monkeypatch.setattr(stream, "_validate_rotation", lambda c, r: calls.append(r) or validate(c, r))
+    kept = compare_by_runs(cfg, a, cfg, b, storage_dtype_a=torch.bfloat16, storage_dtype_b=torch.bfloat16)
+    assert len(calls) == 2 + 2 * 3 + 2, len(calls)
+    import gauge_audit.gauge_fix.comparison_by_runs as cbr
+
+    monkeypatch.setattr(stream, "_hold", lambda *args: None)  # every use validates afresh
+    monkeypatch.setattr(cbr, "remember_rotation", lambda *args: None)
+    calls.clear()
+    fresh = compare_by_runs(cfg, a, cfg, b, storage_dtype_a=torch.bfloat16, storage_dtype_b=torch.bfloat16)
+    assert len(calls) > 2 + 2 * 3 + 2 * layers
+    assert json.dumps(kept.to_json(), sort_keys=True) == json.dumps(fresh.to_json(), sort_keys=True)

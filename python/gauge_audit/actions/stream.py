@@ -263,17 +263,34 @@ _LAST_ROTATIONS: list[tuple] = []
 _KEEP_ROTATIONS = 2
 
 
-def _rotation_and_inverse(cfg: Config, given: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (given._version, cfg.d_model, cfg.norm.startswith("layernorm"))
+def _key(cfg: Config, given: torch.Tensor) -> tuple:
+    return (given._version, cfg.d_model, cfg.norm.startswith("layernorm"))
+
+
+def rotation_and_inverse(cfg: Config, given: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """R validated (orthogonal; fixing the all-ones vector under LayerNorm) in float64, and R⁻¹."""
+    key = _key(cfg, given)
     for i, (held, k, r, r_inv) in enumerate(_LAST_ROTATIONS):
         if held is given and k == key:
             _LAST_ROTATIONS.insert(0, _LAST_ROTATIONS.pop(i))
             return r, r_inv
     r = _validate_rotation(cfg, given)
     r_inv = stacked_inv(r)
+    _hold(given, key, r, r_inv)
+    return r, r_inv
+
+
+def remember_rotation(cfg: Config, given: torch.Tensor, r_inv: torch.Tensor) -> None:
+    """Hold ``given`` as validated, with inverse ``r_inv``, among the last rotations: for a caller
+    that applies more rotations in turn than are kept here (a comparison's eight, in every run of
+    blocks) and keeps each one's validation and inverse itself.  ``r_inv`` must be what
+    :func:`rotation_and_inverse` returned for a tensor with the bits of ``given``."""
+    _hold(given, _key(cfg, given), as64(given), r_inv)
+
+
+def _hold(given: torch.Tensor, key: tuple, r: torch.Tensor, r_inv: torch.Tensor) -> None:
     _LAST_ROTATIONS.insert(0, (given, key, r, r_inv))
     del _LAST_ROTATIONS[_KEEP_ROTATIONS:]
-    return r, r_inv
 
 
 def _rotate_writers(cfg: Config, params: Params, r: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -293,7 +310,7 @@ def stream_rotation(cfg: Config, params: Params, el: Element) -> Params:
     readers undoes C.  Impossible with tied embeddings and an affine final norm,
     and for post-LN models (see ``applies``).
     """
-    r, r_inv = _rotation_and_inverse(cfg, el.parts["R"])
+    r, r_inv = rotation_and_inverse(cfg, el.parts["R"])
     changes = _rotate_writers(cfg, params, r)
     for norm, readers in norm_readers(cfg, params).items():
         if f"{norm}.b" in params:

@@ -26,11 +26,13 @@ tensor as a step asks), the chunks and d × d matrices.  Time: per run 2·(1 + p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
 from ..actions import ACTIONS, Element, composite
 from ..actions.blockwise import restrict
+from ..actions.stream import remember_rotation, rotation_and_inverse
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import eps, generator, matmul, one_thread, wide_products
@@ -150,6 +152,48 @@ class _SpilledRun(Mapping[str, torch.Tensor]):
         return len(self.files) + len(self.small)
 
 
+class _HeldRotation:
+    """A stream rotation validated and inverted once for the whole comparison.  A's, B's and every
+    probe's rotation is applied in each run of blocks and each sweep over the vocabulary, and the
+    stream keeps the last two validated (at d = 4 096 a validation and inversion take ≈ 8 s on one
+    thread: eight per run of blocks before).  R stays where it is (A's and B's, in memory) or goes to
+    a temporary file (a probe's, 134 MB at d = 4 096), its inverse to another; each use hands both
+    to the stream's cache."""
+
+    def __init__(self, cfg: Config, r: torch.Tensor, in_file: bool):
+        self.cfg = cfg
+        _, r_inv = rotation_and_inverse(cfg, r)
+        self._r: torch.Tensor | Spilled = Spilled(r) if in_file else r
+        self._inv = Spilled(r_inv)
+
+    def tensor(self) -> torch.Tensor:
+        """R (read back, or the tensor given), held by the stream as validated with its inverse."""
+        r = self._r.tensor() if isinstance(self._r, Spilled) else self._r
+        remember_rotation(self.cfg, r, self._inv.tensor())
+        return r
+
+    def close(self) -> None:
+        if isinstance(self._r, Spilled):
+            self._r.close()
+        self._inv.close()
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One model's probes: what they are drawn from (its parameters, their seeds, its storage's
+    unit roundoff) and what they leave for the embeddings and head (the same lists _ByRuns fills)."""
+
+    params: Params
+    index: dict[str, int]  # a tensor's place in its checkpoint: part of its probes' seeds
+    u: float
+    seed: int
+    storage: torch.dtype
+    rotations: list[_HeldRotation | None]
+    responses: list[dict[str, float]]
+    steps: list[Steps]
+    smalls: list[Params]
+
+
 class _ByRuns:
     """One comparison's state: the rotations, then per tensor the squared distances and responses
     as the runs and chunks produce them."""
@@ -181,6 +225,17 @@ class _ByRuns:
         self.small_pb: list[Params] = [{} for _ in range(probes)]
         self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
         self.rot_b, self.fit_b, self.rot_pa, self.rot_pb = self._rotations()
+        # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
+        self.held: list[_HeldRotation] = []
+        for el in (self.A.rotation, self.rot_b):
+            if el is not None:
+                self.held.append(_HeldRotation(cfg, el.parts["R"], in_file=False))
+        self.sides = (
+            _Side(pa, self.index_a, self.ua, seed, storage_a, self.rot_pa, self.resp_a, self.steps_pa, self.small_pa),
+            _Side(
+                pb, self.index_b, self.ub, seed + 1, storage_b, self.rot_pb, self.resp_b, self.steps_pb, self.small_pb
+            ),
+        )
 
     # ------------------------------------------------------------------ 1 the rotations
     def _rotations(self):
@@ -204,9 +259,9 @@ class _ByRuns:
         # each product let go once fitted, the probes' rotations in temporary files until their
         # runs (d × d: 134 MB each at d = 4096)
         rot_b, fit_b = _procrustes(matmul(cross[0], r_a))
-        rots: list[Spilled | None] = []
+        rots: list[_HeldRotation | None] = []
         for i in range(1, len(cross)):
-            rots.append(Spilled(_procrustes(matmul(cross[i], r_a))[0].parts["R"]))
+            rots.append(_HeldRotation(self.cfg, _procrustes(matmul(cross[i], r_a))[0].parts["R"], in_file=True))
             cross[i] = torch.empty(0)
         return rot_b, fit_b, rots[:probes], rots[probes:]
 
@@ -233,6 +288,7 @@ class _ByRuns:
             self.raw[k] = sq_distance(self.pb[k], ta)
             self.raw_den[k] = sq_distance(ta)
             del ta
+        self._remember(0)
         a_run = A._canonical_run(j)  # A's canonical run (its records kept by A)
         for k in names:
             self.den[k] = sq_distance(a_run[k])
@@ -247,6 +303,7 @@ class _ByRuns:
         # B against A's canonical run
         sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
         keep = {ROTATION: self.rot_b} if self.rot_b is not None else None
+        self._remember(1)
         c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sb, keep=keep)
         for k in names:
             self.inv[k] = sq_distance(c.params[_moved(k, -lo)], base_a[k])
@@ -265,33 +322,33 @@ class _ByRuns:
         del c, sub
 
         kept_a = {r.family: r.element for r in A.records[j][1] if r.family in PERMUTATIONS}
-        for side in ("a", "b"):
-            params, index = (self.pa, self.index_a) if side == "a" else (self.pb, self.index_b)
-            u, seed, storage = (self.ua, self.seed, self.sa) if side == "a" else (self.ub, self.seed + 1, self.sb)
-            kept, rots = (kept_a, self.rot_pa) if side == "a" else (kept_b, self.rot_pb)
-            resp, steps = (self.resp_a, self.steps_pa) if side == "a" else (self.resp_b, self.steps_pb)
-            smalls = self.small_pa if side == "a" else self.small_pb
+        # each side's probes against its own canonical run (A's probes against A's, B's against B's)
+        for s, kept, base, base_outer in (
+            (self.sides[0], kept_a, base_a, A.small),
+            (self.sides[1], kept_b, base_b, base_small),
+        ):
             for p in range(self.probes):
                 if j == 0:  # the steps on the head read the final norm: kept for the chunks
-                    smalls[p] = self._probe_small(params, index, u, seed, p)
-                small = dict(smalls[p]) if j == 0 else A.small0
+                    s.smalls[p] = self._probe_small(s.params, s.index, s.u, s.seed, p)
+                small = dict(s.smalls[p]) if j == 0 else A.small0
                 keep_p = dict(kept)
-                rot = rots[p]
+                rot = s.rotations[p]
                 if rot is not None:
                     keep_p[ROTATION] = Element({"R": rot.tensor()}, 1.0)
                 # built into the run's input directly: the steps replace its tensors, and no other
                 # reference may keep the perturbed ones alive beside their results
-                sub = self._input(lo, {k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in names}, small)
-                c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=storage, keep=keep_p)
+                sub = self._input(
+                    lo, {k: perturbed(s.params[k], s.u, probe_seed(s.seed, p, s.index[k])) for k in names}, small
+                )
+                c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=s.storage, keep=keep_p)
                 del sub
                 for k in names:
-                    base = base_a[k] if side == "a" else base_b[k]
-                    resp[p][k] = sq_distance(c.params[_moved(k, -lo)], base)
+                    s.responses[p][k] = sq_distance(c.params[_moved(k, -lo)], base[k])
                 if j == 0:
                     for k in self.small:
-                        resp[p][k] = sq_distance(c.params[k], A.small[k] if side == "a" else base_small[k])
+                        s.responses[p][k] = sq_distance(c.params[k], base_outer[k])
                     # the rotation's part held as a placeholder: it is the probe's own, in its file
-                    steps[p] = [(a, _IN_FILE if a == ROTATION else el) for a, el in _outer_steps(cfg_run, c.records)]
+                    s.steps[p] = [(a, _IN_FILE if a == ROTATION else el) for a, el in _outer_steps(cfg_run, c.records)]
                 del c
         for v in [*base_a.values(), *base_b.values()]:
             v.close()
@@ -310,7 +367,12 @@ class _ByRuns:
         return records
 
     # ------------------------------------------------------------------ 3 the embeddings and head
-    def _with_rotation(self, steps: Steps, rotation: Spilled | None) -> Steps:
+    def _remember(self, side: int) -> None:
+        """A's (0) or B's (1) rotation handed to the stream's cache, validated and inverted."""
+        if side < len(self.held):
+            self.held[side].tensor()
+
+    def _with_rotation(self, steps: Steps, rotation: _HeldRotation | None) -> Steps:
         """A probe's steps on the embeddings and head with its rotation read back in its place."""
         if rotation is None:
             return steps
@@ -339,6 +401,7 @@ class _ByRuns:
             base_a: list[Spilled] = []
             base_b: list[Spilled] = []
             try:
+                self._remember(0)
                 for a, n in chunks:  # A's canonical chunks
                     ca = _apply(cfg, A.small0, name, chunk(ta, a, n), A.outer_steps)
                     sums["den"] += sq_distance(ca)
@@ -346,6 +409,7 @@ class _ByRuns:
                         gram += matmul(ca.T, ca)
                     base_a.append(Spilled(ca))
                     del ca
+                self._remember(1)
                 for (a, n), ca_file in zip(chunks, base_a):  # B's, against them
                     xa, xb = chunk(ta, a, n), chunk(tb, a, n)
                     sums["raw"] += sq_distance(xb, xa)
@@ -356,22 +420,16 @@ class _ByRuns:
                     del xa, xb, cb
                 self.raw[name], self.raw_den[name] = sums["raw"], sums["raw_den"]
                 self.inv[name], self.den[name] = sums["inv"], sums["den"]
-                for side in ("a", "b"):
-                    t, base = (ta, base_a) if side == "a" else (tb, base_b)
-                    index, u = (self.index_a, self.ua) if side == "a" else (self.index_b, self.ub)
+                for s, t, base in ((self.sides[0], ta, base_a), (self.sides[1], tb, base_b)):
                     for p in range(probes):
-                        if side == "a":
-                            g = generator(probe_seed(self.seed, p, index[name]))
-                            steps, small = self._with_rotation(self.steps_pa[p], self.rot_pa[p]), self.small_pa[p]
-                        else:
-                            g = generator(probe_seed(self.seed + 1, p, index[name]))
-                            steps, small = self._with_rotation(self.steps_pb[p], self.rot_pb[p]), self.small_pb[p]
+                        g = generator(probe_seed(s.seed, p, s.index[name]))
+                        steps = self._with_rotation(s.steps[p], s.rotations[p])
                         total = 0.0
                         for (a, n), c_file in zip(chunks, base):  # the probe's draw continues chunk by chunk
                             total += sq_distance(
-                                _apply(cfg, small, name, _draw(chunk(t, a, n), axis, u, g), steps), c_file
+                                _apply(cfg, s.smalls[p], name, _draw(chunk(t, a, n), axis, s.u, g), steps), c_file
                             )
-                        (self.resp_a if side == "a" else self.resp_b)[p][name] = total
+                        s.responses[p][name] = total
                         del steps
             finally:
                 for f in [*base_a, *base_b]:
@@ -393,7 +451,7 @@ class _ByRuns:
                     progress(j + 1, runs)
             self._vocabulary()
         finally:
-            for rot in self.rot_pa + self.rot_pb:
+            for rot in [*self.rot_pa, *self.rot_pb, *self.held]:
                 if rot is not None:
                     rot.close()
         ca = self.A.canonical()  # every run recorded: no further pass
