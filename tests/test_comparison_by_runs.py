@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
-from gauge_audit.actions import composite
+from gauge_audit.actions import composite, stream
 from gauge_audit.cli import main
 from gauge_audit.gauge_fix import by_runs, response
+from gauge_audit.gauge_fix import comparison_by_runs as cbr
 from gauge_audit.gauge_fix.comparison import EQUIVALENT, compare
 from gauge_audit.gauge_fix.comparison_by_runs import compare_by_runs
 from gauge_audit.gauge_fix.pipeline import canonicalize
@@ -120,8 +121,6 @@ def test_by_runs_reads_a_once_and_never_forms_its_vocabulary_tensors(small_piece
         drawn.append(v.shape[0])
         return perturb(v, u, g)
 
-    import gauge_audit.gauge_fix.comparison_by_runs as cbr
-
     monkeypatch.setattr(cbr, "perturb_with", spy)
     r = compare_by_runs(cfg, a, cfg, b, storage_dtype_a=torch.bfloat16, storage_dtype_b=torch.bfloat16)
     assert r.verdict == EQUIVALENT
@@ -218,7 +217,6 @@ def test_by_runs_lets_go_of_the_checkpoints_vocabulary_reads(tiny_hf, tmp_path, 
     residual's sweeps), neither checkpoint keeps its own read of the tensor beside the copy in use:
     the head is stored transposed, and its read held for the next access would double what the
     sweep holds (2 GB at Llama-3-8B's vocabulary in bfloat16)."""
-    import gauge_audit.gauge_fix.comparison_by_runs as cbr
     from gauge_audit.cli.canonicalize import load_source
 
     llama = str(tiny_hf("llama"))
@@ -249,8 +247,6 @@ def test_two_rotations_applied_in_turn_are_validated_and_inverted_once(monkeypat
     """The element mapping A to B holds two stream rotations, applied in turn to every chunk of
     vocabulary rows and every block: each is validated and inverted once (at d = 4 096 that costs
     more than a chunk's product), and the results are the ones computed afresh, bit for bit."""
-    from gauge_audit.actions import stream
-
     cfg = config_of("llama-tiny-gqa")
     q = [
         torch.linalg.qr(torch.randn(cfg.d_model, cfg.d_model, generator=generator(s), dtype=torch.float64))[0]
@@ -277,8 +273,6 @@ def test_every_rotation_of_a_comparison_is_validated_and_inverted_once(layers, s
     run of blocks and every sweep over the vocabulary, and the element A → B's two in its residual:
     each is validated and inverted once however many runs there are (before: once per run and
     rotation, since the stream keeps two), and the report is the one computed afresh, bit for bit."""
-    from gauge_audit.actions import stream
-
     cfg = config_of("llama-tiny-gqa").with_(n_layers=layers)
     m = build_config(cfg, seed=1)
     a = {k: v.to(torch.bfloat16) for k, v in m.params.items()}
@@ -289,8 +283,6 @@ def test_every_rotation_of_a_comparison_is_validated_and_inverted_once(layers, s
     monkeypatch.setattr(stream, "_validate_rotation", lambda c, r: calls.append(r) or validate(c, r))
     kept = compare_by_runs(cfg, a, cfg, b, storage_dtype_a=torch.bfloat16, storage_dtype_b=torch.bfloat16)
     assert len(calls) == 2 + 2 * 3 + 2, len(calls)
-    import gauge_audit.gauge_fix.comparison_by_runs as cbr
-
     monkeypatch.setattr(stream, "_hold", lambda *args: None)  # every use validates afresh
     monkeypatch.setattr(cbr, "remember_rotation", lambda *args: None)
     calls.clear()

@@ -26,7 +26,7 @@ tensor as a step asks), the chunks and d × d matrices.  Time: per run 2·(1 + p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -178,20 +178,26 @@ class _HeldRotation:
         self._inv.close()
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Side:
     """One model's probes: what they are drawn from (its parameters, their seeds, its storage's
-    unit roundoff) and what they leave for the embeddings and head (the same lists _ByRuns fills)."""
+    unit roundoff, their rotations) and what the runs leave for the embeddings and head."""
 
     params: Params
     index: dict[str, int]  # a tensor's place in its checkpoint: part of its probes' seeds
     u: float
     seed: int
     storage: torch.dtype
-    rotations: list[_HeldRotation | None]
-    responses: list[dict[str, float]]
-    steps: list[Steps]
-    smalls: list[Params]
+    rotations: list[_HeldRotation | None]  # one per probe
+    responses: list[dict[str, float]] = field(init=False)  # per probe: tensor → its response²
+    steps: list[Steps] = field(init=False)  # per probe: its elements on the embeddings and head
+    smalls: list[Params] = field(init=False)  # per probe: its small outer tensors
+
+    def __post_init__(self):
+        probes = len(self.rotations)
+        self.responses = [{} for _ in range(probes)]
+        self.steps = [[] for _ in range(probes)]
+        self.smalls = [{} for _ in range(probes)]
 
 
 class _ByRuns:
@@ -210,31 +216,22 @@ class _ByRuns:
         # the embeddings and head in every run's input: a few zero rows (no block's element
         # depends on them; A's and B's rotations and the probes' are given)
         self.zero_rows = {k: v for k, v in self.A.stand_in.items() if k in VOCAB_AXIS}
-        # per tensor: ‖B − A‖², ‖A‖², ‖canon B − canon A‖², ‖canon A‖², each probe's response²
+        # per tensor: ‖B − A‖², ‖A‖², ‖canon B − canon A‖², ‖canon A‖² (each probe's response²: self.sides)
         self.raw: dict[str, float] = {}
         self.raw_den: dict[str, float] = {}
         self.inv: dict[str, float] = {}
         self.den: dict[str, float] = {}
-        self.resp_a: list[dict[str, float]] = [{} for _ in range(probes)]
-        self.resp_b: list[dict[str, float]] = [{} for _ in range(probes)]
-        # the elements on the embeddings and head: B's and every probe's (A's: self.A.outer_steps)
-        self.steps_b: Steps = []
-        self.steps_pa: list[Steps] = [[] for _ in range(probes)]
-        self.steps_pb: list[Steps] = [[] for _ in range(probes)]
-        self.small_pa: list[Params] = [{} for _ in range(probes)]  # each probe's small outer tensors
-        self.small_pb: list[Params] = [{} for _ in range(probes)]
+        self.steps_b: Steps = []  # B's element on the embeddings and head (A's: self.A.outer_steps)
         self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
-        self.rot_b, self.fit_b, self.rot_pa, self.rot_pb = self._rotations()
+        self.rot_b, self.fit_b, rot_pa, rot_pb = self._rotations()
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
         self.held: list[_HeldRotation] = []
         for el in (self.A.rotation, self.rot_b):
             if el is not None:
                 self.held.append(_HeldRotation(cfg, el.parts["R"], in_file=False))
         self.sides = (
-            _Side(pa, self.index_a, self.ua, seed, storage_a, self.rot_pa, self.resp_a, self.steps_pa, self.small_pa),
-            _Side(
-                pb, self.index_b, self.ub, seed + 1, storage_b, self.rot_pb, self.resp_b, self.steps_pb, self.small_pb
-            ),
+            _Side(pa, self.index_a, self.ua, seed, storage_a, rot_pa),
+            _Side(pb, self.index_b, self.ub, seed + 1, storage_b, rot_pb),
         )
 
     # ------------------------------------------------------------------ 1 the rotations
@@ -451,7 +448,7 @@ class _ByRuns:
                     progress(j + 1, runs)
             self._vocabulary()
         finally:
-            for rot in [*self.rot_pa, *self.rot_pb, *self.held]:
+            for rot in [*self.sides[0].rotations, *self.sides[1].rotations, *self.held]:
                 if rot is not None:
                     rot.close()
         ca = self.A.canonical()  # every run recorded: no further pass
@@ -478,8 +475,8 @@ class _ByRuns:
             den,
             _relative(grouped(self.inv, order_b), den),
             _relative(grouped(self.raw, order_b), grouped(self.raw_den, order_a)),
-            worst(self.resp_a, order_a),
-            worst(self.resp_b, order_b),
+            worst(self.sides[0].responses, order_a),
+            worst(self.sides[1].responses, order_b),
             self.probes,
             ca,
             cb,
