@@ -188,13 +188,15 @@ class _Side:
     u: float
     seed: int
     storage: torch.dtype
-    rotations: list[_HeldRotation | None]  # one per probe
+    probes: int
+    rotations: list[_HeldRotation | None] = field(init=False)  # per probe (from the embeddings)
     responses: list[dict[str, float]] = field(init=False)  # per probe: tensor → its response²
     steps: list[Steps] = field(init=False)  # per probe: its elements on the embeddings and head
     smalls: list[Params] = field(init=False)  # per probe: its small outer tensors
 
     def __post_init__(self):
-        probes = len(self.rotations)
+        probes = self.probes
+        self.rotations = [None] * probes
         self.responses = [{} for _ in range(probes)]
         self.steps = [[] for _ in range(probes)]
         self.smalls = [{} for _ in range(probes)]
@@ -205,12 +207,12 @@ class _ByRuns:
     as the runs and chunks produce them."""
 
     def __init__(self, cfg, pa, pb, probes, seed, storage_a, storage_b):
-        self.cfg, self.pa, self.pb, self.probes, self.seed = cfg, pa, pb, probes, seed
-        self.sa, self.sb = storage_a, storage_b
-        self.ua, self.ub = eps(storage_a) / 2, eps(storage_b) / 2
+        self.cfg, self.pa, self.pb, self.probes = cfg, pa, pb, probes
+        self.sides = (
+            _Side(pa, {k: i for i, k in enumerate(pa)}, eps(storage_a) / 2, seed, storage_a, probes),
+            _Side(pb, {k: i for i, k in enumerate(pb)}, eps(storage_b) / 2, seed + 1, storage_b, probes),
+        )
         self.A = CanonicalByRuns(cfg, pa, storage_a)  # A's stream rotation from its embedding's Gram
-        self.index_a = {k: i for i, k in enumerate(pa)}
-        self.index_b = {k: i for i, k in enumerate(pb)}
         self.small = [k for k in self.A.outer if k not in VOCAB_AXIS]
         self.small_b = {k: pb[k].to(torch.float64) for k in self.small}
         # the embeddings and head in every run's input: a few zero rows (no block's element
@@ -223,16 +225,12 @@ class _ByRuns:
         self.den: dict[str, float] = {}
         self.steps_b: Steps = []  # B's element on the embeddings and head (A's: self.A.outer_steps)
         self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
-        self.rot_b, self.fit_b, rot_pa, rot_pb = self._rotations()
+        self.rot_b, self.fit_b, self.sides[0].rotations, self.sides[1].rotations = self._rotations()
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
         self.held: list[_HeldRotation] = []
         for el in (self.A.rotation, self.rot_b):
             if el is not None:
                 self.held.append(_HeldRotation(cfg, el.parts["R"], in_file=False))
-        self.sides = (
-            _Side(pa, self.index_a, self.ua, seed, storage_a, rot_pa),
-            _Side(pb, self.index_b, self.ub, seed + 1, storage_b, rot_pb),
-        )
 
     # ------------------------------------------------------------------ 1 the rotations
     def _rotations(self):
@@ -242,16 +240,17 @@ class _ByRuns:
         if self.A.rotation is None:
             return None, None, [None] * probes, [None] * probes
         r_a, d, name = self.A.rotation.parts["R"], self.cfg.d_model, "embed.W_E"
-        wa, wb = self.pa[name], self.pb[name]
-        ga = [generator(probe_seed(self.seed, p, self.index_a[name])) for p in range(probes)]
-        gb = [generator(probe_seed(self.seed + 1, p, self.index_b[name])) for p in range(probes)]
+        sa, sb = self.sides
+        wa, wb = sa.params[name], sb.params[name]
+        ga = [generator(probe_seed(sa.seed, p, sa.index[name])) for p in range(probes)]
+        gb = [generator(probe_seed(sb.seed, p, sb.index[name])) for p in range(probes)]
         cross = [torch.zeros(d, d, dtype=torch.float64) for _ in range(1 + 2 * probes)]
         for a, n in self.A._chunks():
             xa = wa[a : a + n].to(torch.float64)
             cross[0] += matmul(wb[a : a + n].to(torch.float64).T, xa)
             for p in range(probes):
-                cross[1 + p] += matmul(perturb_with(wa[a : a + n], self.ua, ga[p]).T, xa)
-                cross[1 + probes + p] += matmul(perturb_with(wb[a : a + n], self.ub, gb[p]).T, xa)
+                cross[1 + p] += matmul(perturb_with(wa[a : a + n], sa.u, ga[p]).T, xa)
+                cross[1 + probes + p] += matmul(perturb_with(wb[a : a + n], sb.u, gb[p]).T, xa)
         del wa, wb, xa  # as read (bfloat16: 1 GB each at Llama-3-8B's vocabulary)
         # each product let go once fitted, the probes' rotations in temporary files until their
         # runs (d × d: 134 MB each at d = 4096)
@@ -301,7 +300,7 @@ class _ByRuns:
         sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
         keep = {ROTATION: self.rot_b} if self.rot_b is not None else None
         self._remember(1)
-        c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sb, keep=keep)
+        c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sides[1].storage, keep=keep)
         for k in names:
             self.inv[k] = sq_distance(c.params[_moved(k, -lo)], base_a[k])
         records = list(c.records)
@@ -358,7 +357,7 @@ class _ByRuns:
         i = next(i for i, r in enumerate(records) if r.family == ROTATION)
         kappa = rounding_kappa(records[:i])  # as Context.threshold counts it
         assert self.fit_b is not None
-        d = Decision.of("match", _WHERE, [self.fit_b], 2.0 * self.ub * kappa, 2.0)
+        d = Decision.of("match", _WHERE, [self.fit_b], 2.0 * self.sides[1].u * kappa, 2.0)
         r = records[i]
         records[i] = StepRecord(r.family, r.action, r.element, _CONDITION, [d], [], r.reads, r.writes)
         return records
@@ -452,7 +451,7 @@ class _ByRuns:
                 if rot is not None:
                     rot.close()
         ca = self.A.canonical()  # every run recorded: no further pass
-        cb = merge_runs(self.cfg, [self.records_b[j] for j in range(runs)], self.sb)
+        cb = merge_runs(self.cfg, [self.records_b[j] for j in range(runs)], self.sides[1].storage)
         if cb is None:
             raise GaugeAuditError("B's runs of blocks took different steps: not compared one run at a time")
 
