@@ -84,6 +84,8 @@ _FIXTURE_GROUPS = {
 _FILE_GROUPS = {
     "tests/test_precision.py": "precision",  # the error study (MiniLM) and the referee test
     "tests/test_rules_checkers.py": "rule-checkers",
+    "tests/test_rules_fuzz_sizes.py": "rules-fuzz-sizes",  # the random rules at two sizes (one fixture)
+    "tests/test_rules_nearest.py": "rules-nearest",  # the nearest-statement examples' audit (one fixture)
     "tests/test_family_nullity.py": "family-nullity",  # the count test reads every configuration's measurement
     "tests/test_family_gemma.py": "gemma3-270m",  # the real Gemma 3 270M, dequantized once (~2.2 GB float64)
     "tests/test_family_deepseek.py": "deepseek",  # its nullity measurements, shared by two tests
@@ -131,6 +133,8 @@ def xdist_group(nodeid: str) -> str | None:
 GROUP_SECONDS = {
     "smollm2": 78.0,
     "catalog-audit": 75.0,
+    "rules-fuzz-sizes": 40.0,
+    "rules-nearest": 30.0,
     "rules-fuzz-half0": 24.0,
     "rules-fuzz-half1": 23.0,
     "family-nullity": 15.0,

@@ -98,7 +98,8 @@ def test_rule_symbolic_diagonal_group_covers_every_sign():
     assert _sym(VO_DIAG, "gpt2-tiny", "attn-tiny").verdict_holds
     relu_any_sign = {**RELU, "elements": {"s": "diagonal(d_ff)"}}
     r = _sym(relu_any_sign, "gpt2-tiny-relu")  # ReLU needs s > 0
-    assert not r.verdict_holds and r.condition.startswith("holds only for s > 0")
+    assert not r.verdict_holds and r.condition.startswith("holds only for s ∈ positive-diagonal(d_ff)")
+    assert r.nearest is not None and r.nearest.group == "positive-diagonal(d_ff)"
 
 
 def test_rule_symbolic_not_applicable_without_a_class():

@@ -32,6 +32,9 @@ class Evidence:
     details: dict = field(default_factory=dict)  # numbers; JSON-able and deterministic for a seed
     corrected_rule: str | None = None
     counterexample: str | None = None
+    # the nearest true statement of a failed claim as this checker re-checked it: {"statement", "holds"}
+    # (the symbolic checker, which derives it, adds the rule and the sizes it was checked at)
+    nearest: dict | None = None
 
     @property
     def decides(self) -> bool:
@@ -49,9 +52,30 @@ class Verdict:
     corrected_rule: str | None
     counterexample: str | None
     refinements: list[str] = field(default_factory=list)
+    nearest: dict | None = None  # a failed claim's nearest true statement, with who confirmed it
+
+
+def nearest_statement(evidence: list[Evidence]) -> dict | None:
+    """The derived nearest true statement (from the checker that derived it, the one whose record
+    carries the rule) with the checkers that re-checked it: ``confirmed_by`` / ``contradicted_by``."""
+    derived = next((e.nearest for e in evidence if e.nearest and "rule" in e.nearest), None)
+    if derived is None:
+        return None
+    return {
+        **derived,
+        "confirmed_by": [e.checker for e in evidence if e.nearest and e.nearest.get("holds")],
+        "contradicted_by": [e.checker for e in evidence if e.nearest and e.nearest.get("holds") is False],
+    }
 
 
 def combine(evidence: list[Evidence]) -> Verdict:
+    v = _combine(evidence)
+    if v.verdict in (FAILS, UNDECIDED):
+        v.nearest = nearest_statement(evidence)
+    return v
+
+
+def _combine(evidence: list[Evidence]) -> Verdict:
     deciding = [e for e in evidence if e.decides]
     corrected = next((e.corrected_rule for e in deciding if e.corrected_rule), None)
     counter = next((e.counterexample for e in deciding if e.counterexample), None)

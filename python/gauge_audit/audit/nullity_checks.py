@@ -37,6 +37,20 @@ def configs() -> dict[str, Config]:
     }
 
 
+def generic_config(cfg: Config) -> Config:
+    """``cfg`` at sizes where no structure a rule touches is special: RoPE with two rotary planes (at
+    d_k = 2 one plane, where SO(2) commutes with RoPE), grouped-query attention with two groups of two
+    query heads, and a stream wider than one head.  The same configuration when it is generic."""
+    over: dict = {}
+    if cfg.pos == "rope" and (cfg.rotary_dim or cfg.d_head) < 4:
+        over.update(d_head=4, rotary_dim=0)
+    if cfg.n_kv_heads < cfg.n_heads and (cfg.n_kv_heads < 2 or cfg.n_heads // cfg.n_kv_heads < 2):
+        over.update(n_heads=4, n_kv_heads=2)
+    if over:
+        over["d_model"] = max(cfg.d_model, over.get("d_head", cfg.d_head) + 2)
+    return cfg.with_(**over) if over else cfg
+
+
 DEFAULT = ("attn", "attn-bias", "attn-rope", "attn-gqa", "gpt2", "gpt2-relu", "gpt2-noaffine", "llama")
 FULL_ONLY = ("bert", "qwen", "moe")
 

@@ -110,7 +110,14 @@ def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
         models, _ = rule_models(claim)
         try:
             ctx.cache[key] = (
-                rsym.check(_rule(claim), [config_of(m) for m in models], search_budget(ctx)) if models else None
+                rsym.check(
+                    _rule(claim),
+                    [config_of(m) for m in models],
+                    search_budget(ctx),
+                    nearest_search=_want_holds(claim),
+                )
+                if models
+                else None
             )
         except NotApplicable:
             ctx.cache[key] = None
@@ -120,6 +127,23 @@ def derivation(claim: Claim, ctx) -> rsym.SymbolicResult | None:
 def _corrected(claim: Claim, ctx):
     d = derivation(claim, ctx) if _want_holds(claim) else None
     return (d.corrected, d.corrected_text) if d is not None and d.corrected is not None else (None, None)
+
+
+def _nearest(claim: Claim, ctx):
+    """The derived nearest true statement (its rule and text), or (None, None)."""
+    d = derivation(claim, ctx) if _want_holds(claim) else None
+    if d is None or d.nearest is None:
+        return None, None
+    return d.nearest.rule, d.nearest.statement()
+
+
+def _with_nearest(ev: Evidence, text: str | None, holds: bool | None, how: str = "") -> Evidence:
+    """The checker's re-check of the nearest true statement, in its evidence and its summary."""
+    if text is None or holds is None:
+        return ev
+    ev.nearest = {"statement": text, "holds": holds}
+    ev.summary += f"; nearest true statement ({text}) {'holds' if holds else 'does NOT hold'} here{how}"
+    return ev
 
 
 def _search_note(claim: Claim, ctx) -> str:
@@ -153,6 +177,8 @@ def symbolic(claim: Claim, ctx) -> Evidence:
             counter="the rule leaves scores, attention output and block output unchanged",
         )
     summary = f"{quant}"
+    for note in d.size_dependent:
+        summary += f"; {note}"
     if d.condition:
         summary += f"; {d.condition}"
     if d.corrected_text:
@@ -161,9 +187,19 @@ def symbolic(claim: Claim, ctx) -> Evidence:
         summary += f"; {cut}"
     if not d.corrected_text and not any(c.startswith("no correction") for c in d.budget_cut) and _want_holds(claim):
         summary += f"; no correction found ({len(d.search)} slot(s) tried within the search's size limits)"
-    return _decide(
+    if _want_holds(claim) and d.nearest is None and not d.corrected_text:
+        summary += (
+            "; no nearest true statement within the budget"
+            if any("nearest" in c for c in d.budget_cut)
+            else f"; no nearest true statement among {len(d.nearest_search)} subgroup trial(s)"
+        )
+    ev = _decide(
         "symbolic", claim, False, summary, details, d.corrected is not None, d.corrected_text, d.counterexample
     )
+    if d.nearest is not None:
+        ev = _with_nearest(ev, d.nearest.statement(), True, " (exact, at both symbolic sizes)")
+        ev.nearest = {**d.nearest.to_json([d.sizes, d.sizes_second]), "holds": True}
+    return ev
 
 
 # ----------------------------------------------------------------------------- torch
@@ -224,9 +260,24 @@ def torch(claim: Claim, ctx) -> Evidence:
             if corr_ok:
                 w = max(fixed, key=lambda r: r.max_rel_error)
                 details["corrected_summary"] = f"max {w.residual_eps:.3g} ε (tol {w.tolerance_statistical_eps:.3g} ε)"
-    return _decide(
+    ev = _decide(
         "torch", claim, holds, summary, details, corr_ok, text, counter, "" if holds else _search_note(claim, ctx)
     )
+    near, near_text = (None, None) if holds or corr_ok else _nearest(claim, ctx)
+    near_ok = None
+    if near is not None:
+        try:
+            rows = _run(near, models, ctx, f"{claim.id} (nearest)")
+        except NotApplicable as exc:
+            details["nearest_not_applicable"] = str(exc)
+        else:
+            details["nearest"] = [result_row(r) for r in rows]
+            near_ok = all(r.holds for r in rows)
+            w = max(rows, key=lambda r: r.max_rel_error)
+            return _with_nearest(
+                ev, near_text, near_ok, f" (max {w.residual_eps:.3g} ε, tol {w.tolerance_statistical_eps:.3g} ε)"
+            )
+    return ev
 
 
 # ----------------------------------------------------------------------------- precision
@@ -262,7 +313,7 @@ def precision(claim: Claim, ctx) -> Evidence:
             corr_ok = rc.verdict == "HOLDS"
         except NotApplicable:
             corr_ok = None
-    return _decide(
+    ev = _decide(
         "precision",
         claim,
         r.verdict == "HOLDS",
@@ -273,12 +324,22 @@ def precision(claim: Claim, ctx) -> Evidence:
         counter,
         "" if r.verdict == "HOLDS" else _search_note(claim, ctx),
     )
+    near, near_text = (None, None) if r.verdict == "HOLDS" or corr_ok else _nearest(claim, ctx)
+    if near is not None:
+        try:
+            rn_ = rp.check(near, r.model, seed=ctx.seed, certify=False)
+        except NotApplicable:
+            return ev
+        worst = max(rn_.residuals, key=lambda x: x.residual / x.bound) if rn_.residuals else None
+        how = f" ({r.model}, dps {worst.dps}: {worst.residual:.2e} ≤ bound {worst.bound:.1e})" if worst else ""
+        return _with_nearest(ev, near_text, rn_.verdict == "HOLDS", how if rn_.verdict == "HOLDS" else "")
+    return ev
 
 
 # ----------------------------------------------------------------------------- nullity
 def nullity(claim: Claim, ctx) -> Evidence:
     from ..rules import nullity as rn
-    from .nullity_checks import DEFAULT, FULL_ONLY, _analyze, configs
+    from .nullity_checks import DEFAULT, FULL_ONLY, _analyze, configs, generic_config
 
     if not any(e.continuous for e in _rule(claim).elements):
         return Evidence("nullity", NOT_APPLICABLE, "a finite group (permutations) has no generators")
@@ -296,7 +357,8 @@ def nullity(claim: Claim, ctx) -> Evidence:
     )
     if pick is None:
         return Evidence("nullity", NOT_APPLICABLE, "no small nullity configuration matches the claim and the rule")
-    report = _analyze(ctx, pick[0])
+    cfg = generic_config(pick[1])
+    report = _analyze(ctx, pick[0]) if cfg == pick[1] else _analyze(ctx, f"{pick[0]} (generic sizes)", cfg)
     try:
         r = rn.check(_rule(claim), report, seed=ctx.seed)
     except NotApplicable as exc:
@@ -321,7 +383,7 @@ def nullity(claim: Claim, ctx) -> Evidence:
             corr_ok = rn.check(corr, report, seed=ctx.seed).flat
         except NotApplicable:
             corr_ok = None
-    return _decide(
+    ev = _decide(
         "nullity",
         claim,
         r.flat,
@@ -332,6 +394,21 @@ def nullity(claim: Claim, ctx) -> Evidence:
         None if r.flat else summary,
         "" if r.flat else _search_note(claim, ctx),
     )
+    near, near_text = (None, None) if r.flat or corr_ok else _nearest(claim, ctx)
+    if near is not None:
+        try:
+            rn_ = rn.check(near, report, seed=ctx.seed)
+        except NotApplicable:
+            return ev
+        ev.details["nearest"] = rn_.to_json()
+        return _with_nearest(
+            ev,
+            near_text,
+            rn_.flat,
+            f" ({r.config}: its {rn_.generators} generators span {rn_.rank} flat direction(s), "
+            f"max ‖J·v‖/(‖v‖·‖J‖_F) = {rn_.max_residual_rel:.1e})",
+        )
+    return ev
 
 
 def lean(claim: Claim, ctx) -> Evidence:

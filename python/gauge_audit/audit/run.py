@@ -39,6 +39,7 @@ class ClaimResult:
             "conflicts": self.verdict.conflicts,
             "corrected_rule": self.verdict.corrected_rule,
             "counterexample": self.verdict.counterexample,
+            "nearest": self.verdict.nearest,
             "evidence": {e.checker: e.to_json() for e in self.evidence},
         }
 

@@ -13,7 +13,11 @@
 Groups (n a number or a dimension name): ``GL(n)``, ``O(n)``, ``SO(n)``, ``SO1(n)`` (the rotations
 fixing the all-ones vector, ≅ SO(n−1): van Nierop's group for LayerNorm), ``diagonal(n)``
 (invertible; the symbol is the 1×n row s, ``diag(s)`` the matrix), ``positive-diagonal(n)``,
-``permutation(n)``, ``translation(n)`` (a 1×n row that is added) and ``scalar``.
+``permutation(n)``, ``translation(n)`` (a 1×n row that is added) and ``scalar``; and the subgroups
+an architecture defines: ``rotary-GL(d_k)``, ``rotary-O(d_k)``, ``rotary-SO(d_k)``,
+``rotary-diagonal(d_k)`` (the commutant of the model's rotary rotations in GL, O, SO and the
+diagonal matrices), ``O1(n)`` (orthogonal, fixing the all-ones vector), ``diagonal-matrix(n)`` and
+``signs(n)`` (the commutant of a generic diag(γ) in GL and O).
 
 Parameter names are those of :mod:`gauge_audit.models.naming` (per head, per layer, per model).
 Scope: ``head`` draws one element per query head and layer, ``kv-group`` one per KV head (shared by
@@ -61,8 +65,35 @@ GROUPS = {
     "permutation": ("matrix", GROUP, "permutation matrices"),
     "translation": ("vector", NONE, "a 1×n row vector that is added"),
     "scalar": ("scalar", GROUP, "a non-zero number"),
+    # Subgroups an architecture defines (the nearest true statement of a failed claim is written in them).
+    # The rotary groups are the commutant of the model's rotary rotations in GL / O / SO / the diagonal
+    # matrices: per rotary plane a·I + b·J (a scaled rotation, GL(1,ℂ)), and on the coordinates RoPE leaves
+    # alone (partial rotary; all of d_k without RoPE) the corresponding group of that block.
+    "rotary-GL": ("matrix", GROUP, "d_k×d_k matrices commuting with every rotary rotation: a·I + b·J per plane"),
+    "rotary-O": ("matrix", GROUP, "orthogonal matrices commuting with every rotary rotation: a rotation per plane"),
+    "rotary-SO": ("matrix", GROUP, "rotations commuting with every rotary rotation (SO on the pass-through block)"),
+    "rotary-diagonal": ("matrix", GROUP, "diagonal matrices commuting with every rotary rotation: one scale per plane"),
+    "O1": ("matrix", GROUP, "orthogonal matrices fixing the all-ones vector (≅ O(n−1))"),
+    "diagonal-matrix": ("matrix", GROUP, "invertible diagonal n×n matrices (the commutant of a generic diag(γ))"),
+    "signs": ("matrix", GROUP, "diagonal matrices of ±1 (the commutant of a generic diag(γ) in O(n))"),
 }
-CONTINUOUS = ("GL", "O", "SO", "SO1", "diagonal", "positive-diagonal", "translation", "scalar")
+CONTINUOUS = (
+    "GL",
+    "O",
+    "SO",
+    "SO1",
+    "diagonal",
+    "positive-diagonal",
+    "translation",
+    "scalar",
+    "rotary-GL",
+    "rotary-O",
+    "rotary-SO",
+    "rotary-diagonal",
+    "O1",
+    "diagonal-matrix",
+)
+ROTARY = ("rotary-GL", "rotary-O", "rotary-SO", "rotary-diagonal")  # defined on d_k only
 RULE_KEYS = ("scope", "elements", "maps")
 _GROUP_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*\(\s*([A-Za-z_][A-Za-z_0-9]*|[0-9]+)\s*\)\s*$")
 _SYMBOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -220,6 +251,8 @@ def _parse_group(text) -> tuple[str, Dim | None] | str:
     group, dim = m.group(1), m.group(2)
     if group not in GROUPS or group == "scalar":
         return f"unknown group {group!r} (choose from {', '.join(g for g in GROUPS)})"
+    if group in ROTARY and dim != "d_k":
+        return f"{group}({dim}): the rotary groups act on a head's query/key coordinates, d_k"
     if dim.isdigit():
         if not 1 <= int(dim) <= 100000:
             return f"dimension {dim} out of range"
@@ -346,6 +379,7 @@ __all__ = [
     "Element",
     "GROUPS",
     "Map",
+    "ROTARY",
     "Rule",
     "SCOPES",
     "level_name",

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..audit.plots import FIGURE_TITLES
 from ..audit.run import AuditReport
 from .html import render as render_html
-from .text import brief
+from .text import brief, nearest_text
 
 VERDICT_ORDER = ("HOLDS", "HOLDS-WITH-CORRECTION", "FAILS", "UNDECIDED")
 
@@ -63,6 +63,8 @@ def terminal_table(report: AuditReport, width: int = 140) -> str:
             ev = [*ev, f"⇒ corrected rule: {r.verdict.corrected_rule}"]
         elif r.verdict.counterexample:
             ev = [*ev, f"⇒ counterexample: {r.verdict.counterexample}"]
+        if r.verdict.nearest:
+            ev = [*ev, f"⇒ nearest true statement: {nearest_text(r.verdict.nearest)}"]
         wrapped = [
             w
             for e in ev or ["(no checker)"]
@@ -126,6 +128,9 @@ def markdown(report: AuditReport, plot_names: Sequence[str] = ()) -> str:
             out += ["", f"Corrected rule: {c['corrected_rule']}"]
         if c["counterexample"]:
             out += ["", f"Counterexample: {c['counterexample']}"]
+        if c.get("nearest"):
+            n = c["nearest"]
+            out += ["", f"Nearest true statement: {nearest_text(n)}", "", f"As a rule: `{n['rule_text']}`"]
         out.append("")
         for checker, e in c["evidence"].items():
             out.append(f"- **{checker}** ({e['outcome']}): {e['summary']}")

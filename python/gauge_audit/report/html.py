@@ -10,7 +10,7 @@ import html
 
 from ..audit.plots import FIGURE_TITLES
 from .mathtext import typeset
-from .text import brief
+from .text import brief, nearest_text
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
@@ -77,6 +77,11 @@ def _claim_details(c: dict) -> str:
         if val:
             val = "; ".join(val) if isinstance(val, list) else val
             parts.append(f"<p><b>{label}:</b> {typeset(val)}</p>")
+    if c.get("nearest"):
+        n = c["nearest"]
+        parts.append(
+            f"<p><b>Nearest true statement:</b> {typeset(nearest_text(n))}<br>as a rule: {typeset(n['rule_text'])}</p>"
+        )
     for checker, ev in c["evidence"].items():
         details = ev.get("details") or {}
         parts.append(

@@ -19,3 +19,19 @@ def brief(text: str, width: int) -> str:
     fit = [i for i in cuts if i + 2 <= width]
     end = fit[-1] if fit else (cuts[0] if cuts else len(text))
     return text[:end] + (" …" if end < len(text) else "")
+
+
+def nearest_text(n: dict) -> str:
+    """A nearest true statement in one line: the statement, the sizes and checkers that confirmed it."""
+    sizes = " and ".join(
+        "(" + ", ".join(f"{k} {v}" for k, v in sz.items() if k in ("d_model", "d_k", "d_ff")) + ")"
+        for sz in n.get("checked_at_sizes", [])
+        if sz
+    )
+    text = n["statement"] + (f" — symbolic at the sizes {sizes}" if sizes else "")
+    others = [c for c in n.get("confirmed_by", []) if c != "symbolic"]
+    if others:
+        text += f"; confirmed by {', '.join(others)}"
+    if n.get("contradicted_by"):
+        text += f"; NOT confirmed by {', '.join(n['contradicted_by'])}"
+    return text

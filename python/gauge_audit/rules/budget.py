@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 CLAIM_SECONDS = 30.0  # one rule claim, all checkers
 SYMBOLIC_SECONDS = 20.0  # the symbolic checker's searches (the other checkers' own work is size-bounded)
-# shares of the symbolic budget: the correction search may take 60 % of it, the condition search what is
-# left but 10 % kept for the small counterexample (which falls back to the generic draw when cut)
-SEARCH_SHARE = {"correction": 0.6, "condition": 1.0, "counterexample": 1.0}
-RESERVE = {"correction": 0.1, "condition": 0.1, "counterexample": 0.0}
+# shares of the symbolic budget: the correction and nearest-statement searches may take 80 % of it
+# together, the condition search what is left but 10 % kept for the small counterexample (which
+# falls back to the generic draw when cut)
+SEARCH_SHARE = {"correction": 0.8, "condition": 1.0, "counterexample": 1.0}
+RESERVE = {"correction": 0.2, "condition": 0.1, "counterexample": 0.0}
 
 
 class BudgetSpent(Exception):

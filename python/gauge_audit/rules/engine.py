@@ -29,6 +29,7 @@ from ..claims.matexpr import Node
 from ..claims.rule import Map, Rule, vanishes_at_zero
 from ..errors import GaugeAuditError
 from ..models.config import Config
+from ..models.layers import rope_planes
 from ..models.naming import FFN_NAMES, HEAD, KV, LAYER, MODEL, PARAMS, locate, present
 from ..models.naming import dims as config_dims
 from ..precision import linalg as la
@@ -80,6 +81,7 @@ class Shape:
     n_kv: int
     experts: int  # 0: dense FFN
     tied: bool
+    planes: tuple = ()  # the coordinate pairs of a head that RoPE rotates together (none without RoPE)
 
     @property
     def group(self) -> int:
@@ -87,7 +89,8 @@ class Shape:
 
     @classmethod
     def of(cls, cfg: Config) -> Shape:
-        return cls(config_dims(cfg), cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.experts, cfg.tied)
+        planes = tuple(rope_planes(cfg)) if cfg.pos == "rope" else ()
+        return cls(config_dims(cfg), cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.experts, cfg.tied, planes)
 
     def contexts(self, level: int, experts: bool = False) -> list[Ctx]:
         if level == MODEL:

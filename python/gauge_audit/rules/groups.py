@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import torch
@@ -28,6 +29,45 @@ from ..runtime import stacked_det
 TRANSLATION_SCALE = 0.1  # as the built-in bias shifts
 
 
+def rotary_layout(n: int, planes: tuple) -> tuple[list[tuple[int, int]], list[int]]:
+    """(the rotary planes, the pass-through coordinates) of an n-wide head: every coordinate in no
+    plane passes through RoPE unrotated (all of them without RoPE)."""
+    used = {i for p in planes for i in p}
+    return [tuple(p) for p in planes], [i for i in range(n) if i not in used]
+
+
+def _embed(n: int, idx: list[int], block: torch.Tensor, out: torch.Tensor) -> None:
+    for a, i in enumerate(idx):
+        for b, j in enumerate(idx):
+            out[i, j] = block[a, b]
+
+
+def _rotary(el: Element, n: int, planes: tuple, g: torch.Generator, kappa: float) -> torch.Tensor:
+    """A random element of a rotary group: per plane r·[[cos θ, sin θ], [−sin θ, cos θ]] (r = 1 for
+    the orthogonal ones, θ = 0 for the diagonal one), and on the pass-through block the group's own
+    element (GL κ-controlled, O / SO Haar, a signed diagonal)."""
+    pl, rest = rotary_layout(n, planes)
+    out = torch.zeros(n, n, dtype=torch.float64)
+    grp = el.group
+    for i, j in pl:
+        r = float(_spread(1, g, kappa)) if grp in ("rotary-GL", "rotary-diagonal") else 1.0
+        if grp == "rotary-diagonal":
+            r = r * (-1.0 if float(torch.rand(1, generator=g)) < 0.5 else 1.0)
+        th = 0.0 if grp == "rotary-diagonal" else float(2 * torch.pi * torch.rand(1, generator=g, dtype=torch.float64))
+        c, s = r * math.cos(th), r * math.sin(th)
+        out[i, i], out[j, j], out[i, j], out[j, i] = c, c, s, -s
+    if rest:
+        p = len(rest)
+        if grp == "rotary-GL":
+            block = random_gl(p, g, kappa)
+        elif grp == "rotary-diagonal":
+            block = torch.diag(_spread(p, g, kappa) * torch.where(torch.rand(p, generator=g) < 0.5, -1.0, 1.0))
+        else:
+            block = random_orthogonal(p, g, special=grp == "rotary-SO")
+        _embed(n, rest, block.to(torch.float64), out)
+    return out
+
+
 def size(el: Element, dims: dict) -> int:
     if el.dim is None:
         return 1
@@ -39,12 +79,25 @@ def _spread(n: int, g: torch.Generator, kappa: float) -> torch.Tensor:
     return kappa ** (torch.rand(n, generator=g, dtype=torch.float64) - 0.5)
 
 
-def sample(el: Element, dims: dict, g: torch.Generator, kappa: float) -> tuple[torch.Tensor, float]:
-    """A random element (2-D: n×n, a 1×n row, or 1×1) and its condition number."""
+def sample(el: Element, dims: dict, g: torch.Generator, kappa: float, planes: tuple = ()) -> tuple[torch.Tensor, float]:
+    """A random element (2-D: n×n, a 1×n row, or 1×1) and its condition number; ``planes``: the
+    model's rotary planes (the rotary groups are defined by them)."""
     if kappa < 1:
         raise GaugeAuditError(f"condition number must be >= 1, got {kappa}")
     n = size(el, dims)
     grp = el.group
+    if grp.startswith("rotary-"):
+        m = _rotary(el, n, planes, g, kappa)
+        return m, float(torch.linalg.cond(m)) if grp in ("rotary-GL", "rotary-diagonal") else 1.0
+    if grp == "O1":
+        r = rotation_fixing_ones(n, g)
+        if n > 1 and float(torch.rand(1, generator=g)) < 0.5:
+            r = r[[1, 0, *range(2, n)], :]  # the swap of two coordinates: a reflection that fixes 1
+        return r, 1.0
+    if grp in ("diagonal-matrix", "signs"):
+        s = _spread(n, g, kappa) if grp == "diagonal-matrix" else torch.ones(n, dtype=torch.float64)
+        s = s * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+        return torch.diag(s), float(s.abs().max() / s.abs().min())
     if grp == "GL":
         m = random_gl(n, g, kappa)
         return m, float(torch.linalg.cond(m))
@@ -76,12 +129,38 @@ def identity(el: Element, dims: dict) -> torch.Tensor:
     return torch.ones(1, n, dtype=torch.float64)
 
 
-def tangent_basis(el: Element, dims: dict) -> list[torch.Tensor]:
+def _unit(n: int, i: int, j: int) -> torch.Tensor:
+    a = torch.zeros(n, n, dtype=torch.float64)
+    a[i, j] = 1.0
+    return a
+
+
+def tangent_basis(el: Element, dims: dict, planes: tuple = ()) -> list[torch.Tensor]:
     """A basis of the Lie algebra as tangent vectors at the identity (same shape as the element).
-    Finite groups (permutations) have none."""
+    Finite groups (permutations, signs) have none."""
     n = size(el, dims)
     grp = el.group
     out = []
+    if grp.startswith("rotary-"):
+        pl, rest = rotary_layout(n, planes)
+        for i, j in pl:
+            if grp in ("rotary-GL", "rotary-diagonal"):
+                out.append(_unit(n, i, i) + _unit(n, j, j))  # the plane's scale
+            if grp != "rotary-diagonal":
+                out.append(_unit(n, i, j) - _unit(n, j, i))  # the plane's rotation
+        for a, i in enumerate(rest):
+            for j in rest[a:]:
+                if grp == "rotary-GL":
+                    out += [_unit(n, i, j)] + ([_unit(n, j, i)] if j != i else [])
+                elif grp == "rotary-diagonal" and i == j:
+                    out.append(_unit(n, i, i))
+                elif grp in ("rotary-O", "rotary-SO") and i != j:
+                    out.append(_unit(n, i, j) - _unit(n, j, i))
+        return out
+    if grp == "diagonal-matrix":
+        return [_unit(n, i, i) for i in range(n)]
+    if grp == "O1":
+        grp = "SO1"  # the same Lie algebra
     if grp == "GL":
         for i in range(n):
             for j in range(n):
@@ -117,22 +196,35 @@ def tangent_basis(el: Element, dims: dict) -> list[torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------- exact forms
-def exact(el: Element, value: torch.Tensor, num) -> list:
+def exact(el: Element, value: torch.Tensor, num, planes: tuple = ()) -> list:
     """The float64 draw as an exact element: entries converted by ``num`` (a float → the number
     type, exactly); O / SO / SO1 made exactly orthogonal (a det −1 element of O(n) through
     diag(−1, 1, …)·R so the Cayley transform exists)."""
     data = [[num(x) for x in row] for row in value.tolist()]
-    if el.group in ("O", "SO", "SO1") and len(data) > 1:
-        flip = el.group == "O" and float(stacked_det(value)) < 0
+    if el.group in ("O", "SO", "SO1", "O1", "rotary-O", "rotary-SO") and len(data) > 1:
+        # a det −1 element through a reflection F (F·R ∈ SO, so the Cayley transform exists): a sign
+        # flip of one coordinate — a pass-through one for the rotary groups (a reflection inside a
+        # rotary plane does not commute with RoPE) —, the swap of two coordinates for O1 (it fixes 1)
+        flip = float(stacked_det(value)) < 0
+        k = 0
+        if el.group.startswith("rotary-"):
+            pl, rest = rotary_layout(len(data), planes)
+            k = rest[0] if rest else 0
         if flip:
-            data[0] = [-x for x in data[0]]
-        data = exact_rotation(data, fix_ones=el.group == "SO1")
+            data = _reflect(data, el.group == "O1", k)
+        data = exact_rotation(data, fix_ones=el.group in ("SO1", "O1"))
         if flip:
-            data[0] = [-x for x in data[0]]
+            data = _reflect(data, el.group == "O1", k)
     return data
 
 
-def dyadic(el: Element, value: torch.Tensor, grid: int) -> list:
+def _reflect(data: list, swap: bool, k: int) -> list:
+    if swap:
+        return [data[1], data[0], *data[2:]]
+    return [[-x for x in row] if i == k else row for i, row in enumerate(data)]
+
+
+def dyadic(el: Element, value: torch.Tensor, grid: int, planes: tuple = ()) -> list:
     """The draw rounded to multiples of 1/grid (Fractions) for a certificate: still in its group
     (rotations re-made exactly orthogonal, diagonals kept non-zero / positive, permutations and
     translations exact), and checked invertible."""
@@ -143,10 +235,13 @@ def dyadic(el: Element, value: torch.Tensor, grid: int) -> list:
     rounded = torch.tensor([[float(frac(x)) for x in row] for row in value.tolist()], dtype=torch.float64)
     if el.group in ("diagonal", "positive-diagonal", "scalar"):
         rounded = torch.where(rounded == 0, torch.sign(value) / grid, rounded)
-    data = exact(el, rounded, Fraction)
+    if el.group in ("diagonal-matrix", "rotary-diagonal"):  # keep the diagonal invertible
+        d = torch.diagonal(rounded)
+        d.copy_(torch.where(d == 0, torch.sign(torch.diagonal(value)) / grid, d))
+    data = exact(el, rounded, Fraction, planes)
     if el.kind == "matrix":
         inverse(data)  # raises GaugeAuditError when the rounded element is singular
     return data
 
 
-__all__ = ["dyadic", "exact", "identity", "rotation_fixing_ones", "sample", "size", "tangent_basis"]
+__all__ = ["dyadic", "exact", "identity", "rotary_layout", "rotation_fixing_ones", "sample", "size", "tangent_basis"]

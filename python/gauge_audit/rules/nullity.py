@@ -65,7 +65,7 @@ def generators(rule: Rule, problem: Problem) -> torch.Tensor:
     layout = problem.layout
     for u in ident:
         for el in rule.elements:
-            for a in tangent_basis(el, shape.dims):
+            for a in tangent_basis(el, shape.dims, shape.planes):
 
                 def f(t, u=u, el=el, a=a):
                     els = {w: dict(v) for w, v in ident.items()}

@@ -76,8 +76,8 @@ def default_model(rule: Rule, names: list[str] | None = None) -> str:
     raise NotApplicable("the rule applies to no tiny reference model")
 
 
-def _exact_elements(rule: Rule, elements: dict, num) -> dict:
-    return {u: {el.symbol: exact(el, v[el.symbol], num) for el in rule.elements} for u, v in elements.items()}
+def _exact_elements(rule: Rule, elements: dict, num, planes: tuple = ()) -> dict:
+    return {u: {el.symbol: exact(el, v[el.symbol], num, planes) for el in rule.elements} for u, v in elements.items()}
 
 
 def _apply_lists(rule: Rule, cfg: Config, P: dict, elements: dict, num) -> dict:
@@ -109,7 +109,7 @@ def check(
     for i, dd in enumerate(sorted(set(dps))):
         with workdps(dd):
             P, y0 = _reference(name, seed, dd)
-            Q = _apply_lists(rule, cfg, P, _exact_elements(rule, d.elements, MP.num), MP.num)
+            Q = _apply_lists(rule, cfg, P, _exact_elements(rule, d.elements, MP.num, Shape.of(cfg).planes), MP.num)
             r = relative(y0, forward(cfg, Q, inputs, MP))
             res = float(r)
         bound = k * K * unit_roundoff(dd)
@@ -143,10 +143,14 @@ def _reference(name: str, seed: int, dps: int) -> tuple[dict, list]:
 
 
 def certificate_config(cfg: Config) -> Config:
-    """A smaller copy of the architecture for interval arithmetic (d_model 4, one layer)."""
-    over = dict(
-        d_model=4, n_layers=1, n_heads=2, n_kv_heads=1 if cfg.n_kv_heads < cfg.n_heads else 2, d_head=2, n_ctx=3
-    )
+    """A smaller copy of the architecture for interval arithmetic (d_model 4, one layer), at sizes where
+    no structure is special: RoPE with two rotary planes (and a pass-through block of two for a
+    partial rotary), grouped-query attention with two groups of two query heads."""
+    gqa = cfg.n_kv_heads < cfg.n_heads
+    over = dict(d_model=4, n_layers=1, n_heads=4 if gqa else 2, n_kv_heads=2, d_head=2, n_ctx=3)
+    if cfg.pos == "rope":
+        partial = 0 < cfg.rotary_dim < cfg.d_head
+        over.update(d_head=6 if partial else 4, rotary_dim=4 if partial else 0, rope_type="default", rope_params=())
     if cfg.family != "attn":
         over.update(d_ff=8, vocab=8)
     return cfg.with_(**over)
@@ -165,7 +169,7 @@ def certificate(rule: Rule, cfg: Config, seed: int = 0, corrected: Rule | None =
     with workdps(CERT_DPS):
         P = rational_params(model.params)
         els = {
-            u: {el.symbol: dyadic(el, v[el.symbol], ELEMENT_GRID) for el in rule.elements}
+            u: {el.symbol: dyadic(el, v[el.symbol], ELEMENT_GRID, Shape.of(c).planes) for el in rule.elements}
             for u, v in d.elements.items()
         }
         Q = _apply_lists(rule, c, P, els, Fraction)

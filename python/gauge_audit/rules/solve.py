@@ -304,6 +304,58 @@ def solve_sampled(
     return sols[0], fixed, ""
 
 
+PRIME = 2**61 - 1  # the stopping rule's ranks are taken modulo this prime (exact answers over ℚ at the end)
+
+
+class _Echelon:
+    """Rows reduced one at a time to an echelon basis modulo :data:`PRIME`: the rank of the sampled
+    system and its consistency after each point in O(n²) per row, instead of an exact rank over ℚ of
+    the whole system at every point (whose numbers — Cayley rotations, adjugates — grow large).
+    The rank modulo a prime never exceeds the rank over ℚ and equals it unless the prime divides a
+    minor; the outcome is therefore confirmed over ℚ (:func:`_exact_outcome`), so the modulus only
+    decides when sampling stops."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.pivots: dict[int, list[int]] = {}  # pivot column -> its row (mod p), pivot entry 1
+        self.rows: list[int] = []  # index (in the caller's list) of each row that raised the rank
+        self.inconsistent = False
+
+    def add(self, row: tuple, index: int) -> None:
+        r = [(int(c.numerator) % PRIME) * pow(int(c.denominator) % PRIME, PRIME - 2, PRIME) % PRIME for c in row]
+        for col, piv in self.pivots.items():
+            f = r[col]
+            if f:
+                r = [(a - f * b) % PRIME for a, b in zip(r, piv)]
+        col = next((j for j in range(self.n) if r[j]), None)
+        if col is None:
+            self.inconsistent = self.inconsistent or bool(r[self.n])
+            return
+        inv = pow(r[col], PRIME - 2, PRIME)
+        r = [a * inv % PRIME for a in r]
+        for c2, piv in self.pivots.items():  # keep the basis reduced: pivot columns 0 in the other rows
+            f = piv[col]
+            if f:
+                self.pivots[c2] = [(a - f * b) % PRIME for a, b in zip(piv, r)]
+        self.pivots[col] = r
+        self.rows.append(index)
+
+    @property
+    def rank(self) -> int:
+        return len(self.pivots)
+
+
+def _exact_outcome(eqs: list, n: int, echelon: _Echelon, rank: int) -> tuple[int, bool, list | None]:
+    """(rank, consistent, unique solution or None) over ℚ: from the n rows that were independent
+    modulo the prime, every row then checked exactly; the whole system's exact reduction otherwise."""
+    if echelon.rank == n and not echelon.inconsistent:
+        basis = [eqs[i] for i in echelon.rows]
+        _, ok, sol = _solve_rows(basis, n, solve=True)
+        if ok and sol is not None and all(sum(c * x for c, x in zip(row[:n], sol)) + row[n] == 0 for row in eqs):
+            return n, True, sol
+    return _solve_rows(eqs, n, solve=True)
+
+
 def _solve_affine(
     rows: list, xs: list, free: list, fixed: dict, varying: list, rng: random.Random, budget: Budget, max_points: int
 ) -> tuple[dict | None, dict, str]:
@@ -313,6 +365,7 @@ def _solve_affine(
     eqs: list = []
     seen: set = set()
     rank, stable = -1, 0
+    echelon = _Echelon(n)
     for point in _points(fixed, varying, rng, budget, max_points):
         pt = [int(point[s]) for s in free]
         for f in rows:
@@ -326,20 +379,26 @@ def _solve_affine(
                 return None, fixed, "the residual does not depend on the unknowns and is not zero"
             seen.add(row)
             eqs.append(row)
+            echelon.add(row, len(eqs) - 1)
         if not eqs:
             continue
-        r, consistent, _ = _solve_rows(eqs, n)
-        if not consistent:
-            return None, fixed, "inconsistent: no value of the unknowns works"
+        if echelon.inconsistent:
+            r, consistent, _ = _solve_rows(eqs, n)  # confirmed exactly (a prime can fake it, rarely)
+            if not consistent:
+                return None, fixed, "inconsistent: no value of the unknowns works"
+            echelon.inconsistent = False
+        r = echelon.rank
         stable, stop = _settled(r, rank, stable, n)
         rank = r
         if stop:
             break
     if not eqs:
         return None, fixed, "no equation involves the unknowns"
-    _, _, sol = _solve_rows(eqs, n, solve=True)
+    exact_rank, consistent, sol = _exact_outcome(eqs, n, echelon, rank)
+    if not consistent:
+        return None, fixed, "inconsistent: no value of the unknowns works"
     if sol is None:
-        return None, fixed, f"not unique (rank {rank} of {n})"
+        return None, fixed, f"not unique (rank {exact_rank} of {n})"
     return {x: QQ.to_sympy(v) for x, v in zip(xs, sol)}, fixed, ""
 
 

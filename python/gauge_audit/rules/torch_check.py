@@ -40,11 +40,13 @@ def draw(rule: Rule, shape: Shape, seed: int, kappa: float = 10.0) -> Draw:
     """Elements for every unit in unit order, then declaration order: the same seed gives the same draw.
     The draw depends on the elements, the units and the dimensions alone, so the checkers of one
     rule (and its corrected rule, which keeps the group) share it (read-only)."""
-    return _draw(tuple(rule.elements), tuple(units(rule, shape)), tuple(sorted(shape.dims.items())), seed, kappa)
+    return _draw(
+        tuple(rule.elements), tuple(units(rule, shape)), tuple(sorted(shape.dims.items())), seed, kappa, shape.planes
+    )
 
 
 @lru_cache(maxsize=64)
-def _draw(elements: tuple, unit_list: tuple, dims: tuple, seed: int, kappa: float) -> Draw:
+def _draw(elements: tuple, unit_list: tuple, dims: tuple, seed: int, kappa: float, planes: tuple = ()) -> Draw:
     g = generator(seed)
     out: dict = {}
     worst = 1.0
@@ -52,7 +54,7 @@ def _draw(elements: tuple, unit_list: tuple, dims: tuple, seed: int, kappa: floa
     for u in unit_list:
         out[u] = {}
         for el in elements:
-            value, k = sample(el, shape_dims, g, kappa)
+            value, k = sample(el, shape_dims, g, kappa, planes)
             out[u][el.symbol] = value
             worst = max(worst, k)
     return Draw(out, worst)

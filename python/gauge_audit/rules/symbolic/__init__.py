@@ -61,11 +61,12 @@ from .counterexamples import condition, counterexample, generic_counterexample
 from .elements import element_assignments, element_size
 from .interfaces import ArchResult, abbrev, run_arch
 from .model import SymModel, SymView, arch_config, arch_key, arch_label, trivial_group
+from .nearest import Nearest, Search, nearest
 
 
 @dataclass
 class SymbolicResult:
-    verdict_holds: bool  # the stated rule is invariant on every architecture class
+    verdict_holds: bool  # the stated rule is invariant on every architecture class, at both sizes
     per_arch: list[dict]
     corrected: Rule | None = None
     corrected_text: str | None = None
@@ -76,7 +77,15 @@ class SymbolicResult:
     search: list[str] = field(default_factory=list)  # why each tried correction slot gave nothing
     budget_seconds: float | None = None
     budget_cut: list[str] = field(default_factory=list)  # what the time budget stopped (empty: nothing)
-    sizes: dict = field(default_factory=dict)  # the symbolic block's dimensions
+    sizes: dict = field(default_factory=dict)  # the symbolic block's dimensions (first size)
+    sizes_second: dict = field(default_factory=dict)  # ... at the second, larger size
+    nearest: Nearest | None = None  # the nearest true statement when the stated group fails
+    nearest_search: list[str] = field(default_factory=list)  # each subgroup tried and what it gave
+    size_dependent: list[str] = field(default_factory=list)  # statements true at one size only
+
+    @property
+    def nearest_rule(self) -> Rule | None:
+        return self.nearest.rule if self.nearest is not None else None
 
     def to_json(self) -> dict:
         return {
@@ -91,30 +100,58 @@ class SymbolicResult:
             "budget_seconds": self.budget_seconds,
             "budget_cut": self.budget_cut,
             "sizes": self.sizes,
+            "sizes_second": self.sizes_second,
+            "nearest": self.nearest.to_json([self.sizes, self.sizes_second]) if self.nearest else None,
+            "nearest_search": self.nearest_search,
+            "size_dependent": self.size_dependent,
         }
 
 
-def _arch_models(rule: Rule, cfgs: list[Config]) -> list[SymModel]:
+def _arch_models(rule: Rule, cfgs: list[Config], size: int = 0) -> list[SymModel]:
     seen, out = set(), []
     for cfg in cfgs:
         key = arch_key(cfg, rule)
         if key in seen:
             continue
         seen.add(key)
-        m = SymModel.of(cfg, rule)
+        m = SymModel.of(cfg, rule, size)
         if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None:
             out.append(m)
     return out
 
 
-def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> SymbolicResult:
-    """Decide the rule on the architecture classes of ``cfgs``; solve for a correction if it fails.
+def _decide_all(rule: Rule, models: list[SymModel]) -> list[tuple[SymModel, ArchResult]]:
+    return [(m, run_arch(rule, m, els)) for m in models for els in element_assignments(rule, m.shape)]
+
+
+def _step_lines(results, tag: str = "") -> list[str]:
+    lines: dict[str, int] = {}
+    for _, r in results:
+        line = (
+            f"{r.arch}{tag}: "
+            + ("invariant" if r.holds else "NOT invariant: " + "; ".join(it.name for it in r.interfaces if not it.ok))
+            + f" (stream map {r.stream_map})"
+        )
+        lines[line] = lines.get(line, 0) + 1
+    return [f"{line} — {k} exact element draw(s)" for line, k in lines.items()]
+
+
+def _size_text(models: list[SymModel]) -> str:
+    d = models[0].shape.dims
+    return ", ".join(f"{k} {d[k]}" for k in ("d_model", "d_k", "d_ff") if d.get(k))
+
+
+def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None, nearest_search: bool = True) -> SymbolicResult:
+    """Decide the rule on the architecture classes of ``cfgs`` at two symbolic sizes; solve for a
+    correction if it fails, else (``nearest_search``) for the nearest true statement.
 
     The decision on the stated rule is exact and bounded by size alone.  The searches after a
-    failure (correction, condition, small counterexample) are bounded by size limits and share
-    ``budget`` (default: no time limit — the audit passes :data:`~.budget.SYMBOLIC_SECONDS` per
-    claim); one that runs out of time stops with what it has, and the result says so
-    (``budget_cut``)."""
+    failure (correction, nearest statement, condition, small counterexample) are bounded by size
+    limits and share ``budget`` (default: no time limit — the audit passes
+    :data:`~.budget.SYMBOLIC_SECONDS` per claim); one that runs out of time stops with what it has,
+    and the result says so (``budget_cut``).  Whatever is reported — a HOLDS, a correction, a
+    subgroup, a condition — holds at both sizes; a statement true at one size only is listed as
+    size-dependent."""
     budget = budget or unlimited()
     models = _arch_models(rule, cfgs)
     if not models:
@@ -126,56 +163,71 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
                 f"{el.symbol} ∈ {el.text()} is the trivial group at n = {n}: the rule is the identity "
                 "map and a symbolic HOLDS would be vacuous"
             )
-    results = []
-    for m in models:
-        for els in element_assignments(rule, m.shape):
-            results.append((m, run_arch(rule, m, els)))
-    per = [_arch_json(r) for _, r in results]
+    second = _arch_models(rule, cfgs, size=1)
+    results = _decide_all(rule, models)
     ok = all(r.holds for _, r in results)
     out = SymbolicResult(
         ok,
-        per,
+        [],
         budget_seconds=budget.seconds,
         budget_cut=budget.cut,
         sizes={k: v for k, v in models[0].shape.dims.items() if v},
+        sizes_second={k: v for k, v in second[0].shape.dims.items() if v} if second else {},
     )
-    lines: dict[str, int] = {}
-    for _, r in results:
-        line = (
-            f"{r.arch}: "
-            + ("invariant" if r.holds else "NOT invariant: " + "; ".join(it.name for it in r.interfaces if not it.ok))
-            + f" (stream map {r.stream_map})"
-        )
-        lines[line] = lines.get(line, 0) + 1
-    out.steps = [f"{line} — {k} exact element draw(s)" for line, k in lines.items()]
+    out.steps = _step_lines(results)
+    if ok and second:
+        big = _decide_all(rule, second)
+        out.steps += _step_lines(big, f" (second size: {_size_text(second)})")
+        if not all(r.holds for _, r in big):
+            ok = out.verdict_holds = False
+            out.size_dependent.append(
+                f"the stated rule holds at the first symbolic size ({_size_text(models)}) and not at the second "
+                f"({_size_text(second)}): size-dependent, so not a symmetry"
+            )
+            models, results = second, big
+        results = results if not ok else results + big
+    out.per_arch = [_arch_json(r) for _, r in results]
     if ok:
         return out
     failing = [(m, r) for m, r in results if not r.holds]
     failing_models = list({id(m): m for m, _ in failing}.values())
+    # cheap before expensive: the closed-form corrections in the stated group, the subgroups as stated
+    # or with a closed-form correction, then the solved corrections in the stated group (a correction
+    # in the stated group beats any subgroup), then the solved corrections on larger subgroups
+    found = Search()
     part = budget.part(SEARCH_SHARE["correction"], RESERVE["correction"])
-    try:
-        corr = correct(rule, failing_models, part, out.search)
-        if corr is not None:
-            out.corrected, out.corrected_text, out.correction_note = corr
-            # correct() verified it on the failing classes; the others must stay invariant too
-            rest = [m for m in models if all(m is not f for f in failing_models)]
-            ok_rest = holds_everywhere(corr[0], rest, part)
-            out.steps.append(
-                f"corrected rule checked at fresh exact draws on every class: "
-                f"{'invariant' if ok_rest else 'NOT invariant'}"
-            )
-            if not ok_rest:
-                out.corrected = out.corrected_text = None
-                out.correction_note = "a solved correction breaks another architecture class"
-    except BudgetSpent:
-        out.corrected = out.corrected_text = None
-        out.correction_note = ""
-        budget.record(f"no correction found {part.limit_text()} (the correction search's time budget)")
-    part = budget.part(SEARCH_SHARE["condition"], RESERVE["condition"])
-    try:
-        out.condition = condition(rule, [m for m, _ in failing], part)
-    except BudgetSpent:
-        budget.record(f"no condition on the group found {part.limit_text()}")
+    for stage in ("closed", "nearest", "slots", "nearest-solved"):
+        if out.corrected is not None or part.spent():
+            break
+        try:
+            if stage.startswith("nearest"):
+                if nearest_search:
+                    nearest(rule, models, second or models, part, True, found, solved=stage == "nearest-solved")
+                continue
+            corr = correct(rule, failing_models, part, out.search, slots=stage == "slots", closed=stage == "closed")
+            if corr is not None:
+                _keep_correction(out, corr, models, second, failing_models, part)
+        except BudgetSpent:
+            break
+    if part.spent() and out.corrected is None:
+        budget.record(f"no correction found {part.limit_text()} (the searches' time budget)")
+        if nearest_search and found.found is None:
+            budget.record(f"no nearest true statement found {part.limit_text()} (the searches' time budget)")
+    if out.corrected is None:
+        out.nearest = found.found
+    out.nearest_search = found.tried
+    out.size_dependent += found.size_dependent
+    if out.nearest is not None:
+        out.steps.append(f"nearest true statement: {out.nearest.statement()} — checked at both sizes")
+    if out.nearest is not None and not out.nearest.corrected_maps:
+        out.condition = f"holds only for {out.nearest.symbol} ∈ {out.nearest.group}, not for a generic element of {out.nearest.stated_group}"
+    elif out.nearest is None:
+        part = budget.part(SEARCH_SHARE["condition"], RESERVE["condition"])
+        try:
+            out.condition, dependent = condition(rule, [m for m, _ in failing], part, second or None)
+            out.size_dependent += dependent
+        except BudgetSpent:
+            budget.record(f"no condition on the group found {part.limit_text()}")
     part = budget.part(SEARCH_SHARE["counterexample"], RESERVE["counterexample"])
     try:
         out.counterexample = counterexample(rule, failing[0][0], failing[0][1], part)
@@ -183,6 +235,39 @@ def check(rule: Rule, cfgs: list[Config], budget: Budget | None = None) -> Symbo
         out.counterexample = generic_counterexample(failing[0][1])
         budget.record(f"no small counterexample {part.limit_text()} (the generic draw is shown)")
     return out
+
+
+def _keep_correction(out: SymbolicResult, corr, models, second, failing_models, part: Budget) -> None:
+    """Keep a solved correction if it also holds on the classes that did not fail and at the second
+    size (correct() verified it on the failing classes); else record why not."""
+    try:
+        rest = [m for m in models if all(m is not f for f in failing_models)]
+        ok_rest = holds_everywhere(corr[0], rest, part)
+        out.steps.append(
+            f"corrected rule checked at fresh exact draws on every class: {'invariant' if ok_rest else 'NOT invariant'}"
+        )
+        if not ok_rest:
+            out.correction_note = "a solved correction breaks another architecture class"
+            return
+        if second and models is not second:
+            ok_big = holds_everywhere(corr[0], _applying(corr[0], second), part)
+            out.steps.append(
+                f"corrected rule at the second size ({_size_text(second)}): {'invariant' if ok_big else 'NOT invariant'}"
+            )
+            if not ok_big:
+                out.size_dependent.append(
+                    f"the correction {corr[1]} holds at the first symbolic size and not at the second: "
+                    "size-dependent, not reported"
+                )
+                return
+    except BudgetSpent:
+        out.budget_cut.append(f"the correction {corr[1]} was not re-checked {part.limit_text()}: not reported")
+        return
+    out.corrected, out.corrected_text, out.correction_note = corr
+
+
+def _applying(rule: Rule, models: list[SymModel]) -> list[SymModel]:
+    return [m for m in models if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None]
 
 
 def _arch_json(r: ArchResult) -> dict:
@@ -216,4 +301,4 @@ def quantities(per_arch: list[dict]) -> dict[str, bool]:
     return out
 
 
-__all__ = ["SymbolicResult", "arch_config", "arch_label", "check", "quantities"]
+__all__ = ["Nearest", "SymbolicResult", "arch_config", "arch_label", "check", "quantities"]

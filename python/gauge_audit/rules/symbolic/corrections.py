@@ -154,22 +154,42 @@ def holds_everywhere(rule: Rule, models: list[SymModel], budget: Budget | None =
 
 
 def correct(
-    rule: Rule, models: list[SymModel], budget: Budget | None = None, log: list | None = None
+    rule: Rule,
+    models: list[SymModel],
+    budget: Budget | None = None,
+    log: list | None = None,
+    slots: bool = True,
+    closed: bool = True,
 ) -> tuple[Rule, str, str] | None:
     """A corrected rule that is invariant on every failing class, solved for (see module doc).
     At most MAX_SOLVES solves; ``budget`` (time) is checked between them — when it runs out the
     search stops (BudgetSpent propagates to the caller, which records it).  ``log`` collects why
-    each slot gave nothing."""
+    each slot gave nothing.  ``slots`` False: the closed forms only (the norms following the stream
+    map, the readers' folded norm weight), no solve; ``closed`` False: the solves only."""
     budget = budget or unlimited()
     log = log if log is not None else []
     m = models[0]
-    els = element_assignments(rule, m.shape)[0]
+    # an element at which the rule fails (the first draw may be the identity: a permutation's)
+    draws = element_assignments(rule, m.shape)
+    els, res = draws[0], None
+    for e in draws:
+        budget.check()
+        r = run_arch(rule, m, e)
+        if not r.holds:
+            els, res = e, r
+            break
     P = SymView(m.cfg, m.params)
-    fixed = _correct_readers(rule, m, els)
-    budget.check()
-    if fixed is not None and holds_everywhere(fixed[0], models, budget):
-        return fixed
-    res = run_arch(rule, m, els)
+    # an identity no parameter enters (the norm core under the stream map, the model's output when it
+    # is the stream) cannot be mended by the closed forms, which keep the stream map
+    hopeless = res is not None and any(not it.ok and not it.params for it in res.interfaces)
+    for closed_form in (_follow_norms, _correct_readers) if closed and not hopeless else ():
+        budget.check()
+        fixed = closed_form(rule, m, els)
+        if fixed is not None and holds_everywhere(fixed[0], models, budget):
+            return fixed
+    if not slots:
+        return None
+    res = res or run_arch(rule, m, els)
     failing = {p for it in res.interfaces if not it.ok for p in it.params}
     tries = 0
     ctx = Ctx(0, 0, 0)
@@ -251,6 +271,46 @@ def _reader_norm(param: str) -> str | None:
 _READERS = {"norm1": ("W_Q", "W_K", "W_V"), "norm2": ("W_in", "W_gate", "W_router"), "norm_f": ("W_U",)}
 
 
+def _stream_map(rule: Rule, m: SymModel, els: dict):
+    """(the stream map S of the rule at this draw, the model's view) — S None when there is none or
+    it is the identity."""
+    P = SymView(m.cfg, m.params)
+    Q = SymView(m.cfg, P.updated(apply(rule, P, els)))
+    S, _ = solve_stream_map(m, P, Q)
+    return (None if S is None or S == sp.eye(m.cfg.d_model) else S), P
+
+
+def _follow_norms(rule: Rule, m: SymModel, els: dict):
+    """The norms' parameters carried along the stream map: γ ↦ γ·S and β ↦ β·S for every norm the
+    rule leaves alone (right for a permutation of the stream, which a norm's element-wise weight
+    commutes with up to that permutation), S named in the rule language."""
+    if m.cfg.norm == "none":
+        return None
+    S, P = _stream_map(rule, m, els)
+    if S is None:
+        return None
+    name = match_named(S, candidates(rule), rule, P, els, Ctx(0, 0, 0))
+    if name is None or name == "eye":
+        return None
+    changes = {
+        p: f"{p} @ {name}"
+        for norm in ("norm1", "norm2", "norm_f")
+        for p in (f"{norm}.w", f"{norm}.b")
+        if P.has(p) and rule.map_of(p) is None
+    }
+    if not changes:
+        return None
+    try:
+        new = rule.with_maps(changes)
+    except GaugeAuditError:
+        return None
+    return (
+        new,
+        "; ".join(f"{k} ↦ {_map_text(new, k)}" for k in changes),
+        f"the norms' weights and shifts follow the stream map S = {name}",
+    )
+
+
 def _correct_readers(rule: Rule, m: SymModel, els: dict):
     """Stream map S through an affine pre-norm: the readers must see (n·S·D_γ' + β')·B = n·D_γ + β,
     i.e. B = D_γ'⁻¹·S⁻¹·D_γ (shared by the norm's readers, replacing their left factor) and
@@ -275,12 +335,12 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
         g0, g1 = P.value(f"{norm}.w", ctx), Q.value(f"{norm}.w", ctx)
         b0 = P.value(f"{norm}.b", ctx)
         B = sp.diag(*list(g1)).inv() * S.inv() * sp.diag(*list(g0))
-        B = sp.simplify(B)
+        B = B.applyfunc(sp.cancel)
         cands = candidates(rule, norm if P.has(f"{norm}.w") else None)
         text = match_named(B, cands, rule, P, els, ctx)
         if text is None:
             return None
-        inv_text = match_named(sp.simplify(B.inv()), cands, rule, P, els, ctx)
+        inv_text = match_named(B.inv().applyfunc(sp.cancel), cands, rule, P, els, ctx)
         for w in present:
             parts = _split(rule, w)
             if parts is None:

@@ -60,23 +60,33 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
     return out
 
 
-def condition(rule: Rule, models: list[SymModel], budget: Budget | None = None) -> str | None:
+def condition(
+    rule: Rule, models: list[SymModel], budget: Budget | None = None, second: list[SymModel] | None = None
+) -> tuple[str | None, list[str]]:
     """The largest tried subset of one element's group on which the stated rule holds (every
-    other element at generic points).  ``budget`` is checked between decisions (BudgetSpent
-    propagates)."""
+    other element at generic points), re-checked at the second symbolic size (``second``); and the
+    subsets that held at one size only (size-dependent, not reported as conditions).  ``budget`` is
+    checked between decisions (BudgetSpent propagates)."""
     budget = budget or unlimited()
     rng = random.Random(11)
+    dependent: list[str] = []
     for el in rule.elements:
         n = element_size(el, models[0].shape.dims)
+        big = element_size(el, second[0].shape.dims) if second else n
+        at_big = dict(_subgroups(el, big, random.Random(12)))
         for label, points in _subgroups(el, n, rng):
-            if _holds_on(rule, models, {el.symbol: points}, budget):
-                return f"holds only for {label}, not for a generic element of {el.text()}"
+            if not _holds_on(rule, models, {el.symbol: points}, budget):
+                continue
+            if second and not (label in at_big and _holds_on(rule, second, {el.symbol: at_big[label]}, budget)):
+                dependent.append(f"{label}: holds at the first symbolic size and not at the second (size-dependent)")
+                continue
+            return f"holds only for {label}, not for a generic element of {el.text()}", dependent
         return (
             f"holds for no tried proper subset of {el.text()} (its identity element aside)"
             if len(rule.elements) == 1
             else None
-        )
-    return None
+        ), dependent
+    return None, dependent
 
 
 def _holds_on(rule: Rule, models: list[SymModel], override: dict, budget: Budget) -> bool:

@@ -18,6 +18,7 @@ import sympy as sp
 from ...claims.rule import Element, Rule
 from ...errors import GaugeAuditError
 from ..engine import Shape, units
+from ..groups import rotary_layout
 
 SPREAD = 2**20  # random integers in [1, SPREAD]: a non-zero polynomial of degree D vanishes at a
 DRAWS = 2  # random point with probability ≤ D/SPREAD (Schwartz–Zippel); two independent draws
@@ -43,10 +44,60 @@ def _cayley(a: sp.Matrix) -> sp.Matrix:
     return (sp.eye(n) - a) * (sp.eye(n) + a).inv()
 
 
-def group_points(el: Element, n: int, rng: random.Random, spread: int = SPREAD) -> list[sp.Matrix]:
+def _signs(n: int, rng: random.Random) -> list[tuple]:
+    """Every sign pattern of n entries (n ≤ 4), else six random ones."""
+    if n <= 4:
+        return list(itertools.product((1, -1), repeat=n))
+    return [tuple(rng.choice((1, -1)) for _ in range(n)) for _ in range(6)]
+
+
+def _rational_rotation(rng: random.Random, spread: int) -> tuple:
+    """(cos, sin) of an exact rational plane rotation: ((1 − t²), 2t)/(1 + t²), t random rational."""
+    t = sp.Rational(random_int(rng, spread=spread), rng.randint(1, spread))
+    return (1 - t**2) / (1 + t**2), 2 * t / (1 + t**2)
+
+
+def _rotary_points(el: Element, n: int, rng: random.Random, spread: int, planes: tuple) -> list[sp.Matrix]:
+    """The rotary groups (the commutant of the rotary rotations): a·I + b·J in every plane (b = 0 for
+    the diagonal one, a² + b² = 1 for the orthogonal ones), the group's own element on the
+    pass-through block; one point of every component of the pass-through block's group."""
+    pl, rest = rotary_layout(n, planes)
+    grp = el.group.removeprefix("rotary-")
+    m = sp.zeros(n, n)
+    for i, j in pl:
+        if grp in ("O", "SO"):
+            a, b = _rational_rotation(rng, spread)
+        else:
+            a, b = random_int(rng, spread=spread), (random_int(rng, spread=spread) if grp == "GL" else 0)
+        m[i, i], m[j, j], m[i, j], m[j, i] = a, a, b, -b
+    if not rest:
+        return [m]
+    sub = group_points(
+        Element(el.symbol, grp if grp != "diagonal" else "diagonal-matrix", len(rest)), len(rest), rng, spread
+    )
+    out = []
+    for blk in sub[:4]:
+        x = m.copy()
+        for a, i in enumerate(rest):
+            for b, j in enumerate(rest):
+                x[i, j] = blk[a, b]
+        out.append(x)
+    return out
+
+
+def group_points(el: Element, n: int, rng: random.Random, spread: int = SPREAD, planes: tuple = ()) -> list[sp.Matrix]:
     """One random exact point of every connected component of the group (both determinant signs of
-    GL and O, every sign pattern of a diagonal), every permutation of permutation(n) (n ≤ 4)."""
+    GL and O, every sign pattern of a diagonal), every permutation of permutation(n) (n ≤ 4).
+    ``planes``: the model's rotary planes (they define the rotary groups)."""
     grp = el.group
+    if grp.startswith("rotary-"):
+        return _rotary_points(el, n, rng, spread, planes)
+    if grp == "O1":
+        r = group_points(Element(el.symbol, "SO1", n), n, rng, spread)[0]
+        return [r, r.extract([1, 0, *range(2, n)], list(range(n)))] if n > 1 else [r]
+    if grp in ("diagonal-matrix", "signs"):
+        mags = [random_int(rng, signed=False, spread=spread) if grp == "diagonal-matrix" else 1 for _ in range(n)]
+        return [sp.diag(*[m * s for m, s in zip(mags, sg)]) for sg in _signs(n, rng)]
     if grp == "GL":
         while True:
             m = sp.Matrix(n, n, lambda i, j: random_int(rng, spread=spread))
@@ -88,7 +139,9 @@ def element_assignments(
     out = []
     us = units(rule, shape)
     probe = random.Random(0)
-    if all(len(group_points(el, element_size(el, shape.dims), probe, spread)) > 1 for el in rule.elements):
+    if all(
+        len(group_points(el, element_size(el, shape.dims), probe, spread, shape.planes)) > 1 for el in rule.elements
+    ):
         draws = 1  # every element already takes ≥ 2 independent random points (its components)
     for k in range(draws):
         rng = random.Random(1000 * seed + k)
@@ -97,7 +150,11 @@ def element_assignments(
             choices = []
             for el in rule.elements:
                 vals = (override or {}).get(el.symbol)
-                vals = vals[k % len(vals)] if vals else group_points(el, element_size(el, shape.dims), rng, spread)
+                vals = (
+                    vals[k % len(vals)]
+                    if vals
+                    else group_points(el, element_size(el, shape.dims), rng, spread, shape.planes)
+                )
                 choices.append([(el.symbol, v) for v in vals])
             per_unit.append([(u, dict(c)) for c in itertools.product(*choices)])
         combos = [dict(c) for c in itertools.product(*per_unit)]

@@ -7,6 +7,7 @@ from the embedding's map; and one architecture class decided at one element draw
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import sympy as sp
@@ -14,8 +15,9 @@ import sympy as sp
 from ...claims.rule import Rule
 from ...models.layers import rope_planes
 from ..algebra import sym_matmul as mm
+from ..budget import unlimited
 from ..engine import Ctx, apply
-from ..solve import unique_linear
+from ..solve import solve_sampled, unique_linear
 from .model import SymModel, SymView, arch_label, is_zero, numerators
 from .naming import candidates, match_named
 
@@ -108,6 +110,83 @@ def interfaces(
     return out
 
 
+_SCORE_PARAMS = ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")
+
+
+def _qk_norm_scores(m: SymModel, P: SymView, Q: SymView, R: sp.Matrix, u: dict) -> list[Interface]:
+    """Attention scores through a QK-norm (RMSNorm over each head's query / key, or over all heads'
+    at once): the rule must map the norm's input q to q·M (M solved, identically in the data and
+    parameters), M must be a scaled orthogonal matrix c^½·O — then RMSNorm(q·M) = RMSNorm(q)·O —,
+    and the scores of the normed rows (free symbols: every direction a normed row can take) times
+    the norm weights γ (not rule parameters: they stay) must not change."""
+    cfg = m.cfg
+    e, g = cfg.d_head, cfg.group_size
+    full = cfg.qk_norm == "full"
+    qgroups = [list(range(cfg.n_heads))] if full else [[h] for h in range(cfg.n_heads)]
+    kgroups = [list(range(cfg.n_kv_heads))] if full else [[j] for j in range(cfg.n_kv_heads)]
+    gq = sp.Matrix([m.params["blocks.0.attn.q_norm"]])
+    gk = sp.Matrix([m.params["blocks.0.attn.k_norm"]])
+
+    def side(kind: str, groups: list, row: str, gamma: sp.Matrix):
+        """Per head: (the normed row times γ before, after) or an Interface saying why not."""
+        per: dict = {}
+        for gi, heads in enumerate(groups):
+
+            def cat(view, idx, heads=heads):
+                parts = []
+                for h in heads:
+                    c = Ctx(0, h // g, h) if kind == "Q" else Ctx(0, h)
+                    parts.append(mm(u[row][idx], view.value(f"W_{kind}", c)) + view.value(f"b_{kind}", c))
+                return sp.Matrix.hstack(*parts)
+
+            z0, z1 = cat(P, 0), cat(Q, 1)
+            n = z0.shape[1]
+            M, why = _solve_linear_image(m, z0, z1, n)
+            what = "query" if kind == "Q" else "key"
+            if M is None:
+                return Interface(
+                    f"QK-norm {what} input",
+                    "scores",
+                    list(z1 - z0),
+                    _SCORE_PARAMS,
+                    ok=False,
+                    note=f"the {what} does not map to q·M for any matrix M ({why}), so its RMSNorm does not either",
+                )
+            G = M * M.T
+            c = G[0, 0]
+            if not all(is_zero(x) for x in (G - c * sp.eye(n))):
+                return Interface(
+                    f"QK-norm core commutes with the {what} map",
+                    "scores",
+                    [sum(G[i, j] for i in range(n) for j in range(n) if i != j) or G[0, 0] - G[n - 1, n - 1]],
+                    _SCORE_PARAMS,
+                    ok=False,
+                    note=f"RMSNorm(q·M) = RMSNorm(q)·M/√c needs M·Mᵀ = c·I (M = {sp.sstr(M.tolist())})",
+                )
+            nrow = m.row(f"n{kind.lower()}{gi}", n)
+            gam = sp.Matrix.hstack(*([gamma] if full else [gamma] * len(heads)))
+            before = nrow.multiply_elementwise(gam)
+            after = (mm(nrow, M) / sp.sqrt(c)).multiply_elementwise(gam)
+            for a, h in enumerate(heads):
+                per[h] = (before[:, a * e : (a + 1) * e], after[:, a * e : (a + 1) * e])
+        return per
+
+    q = side("Q", qgroups, "xq", gq)
+    if isinstance(q, Interface):
+        return [q]
+    k = side("K", kgroups, "xk1", gk)
+    if isinstance(k, Interface):
+        return [k]
+    key_vars = [s for name, v in m.data.items() if name.startswith(("nk", "rope")) for s in v]
+    out = []
+    for h in range(cfg.n_heads):
+        j = h // g
+        r = mm(mm(q[h][1], R), k[j][1].T)[0, 0] - mm(mm(q[h][0], R), k[j][0].T)[0, 0]
+        r_mod = r - r.xreplace({v: 0 for v in key_vars})
+        out.append(Interface(f"attention scores through the QK-norm (head {h})", "scores", [r_mod], _SCORE_PARAMS))
+    return out
+
+
 def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) -> list[Interface]:
     cfg = m.cfg
     eye = sp.eye(cfg.d_model)
@@ -118,6 +197,8 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
     key_vars = list(m.row("xk1")) + [s for k, v in m.data.items() if k.startswith("rope") for s in v]
     o0 = P.value("b_O", Ctx(0))
     o1 = Q.value("b_O", Ctx(0))
+    if cfg.qk_norm != "none":
+        out += _qk_norm_scores(m, P, Q, R, u)
     for h in range(cfg.n_heads):
         c = Ctx(0, h // g, h)
         ck = c.at(2)
@@ -127,13 +208,10 @@ def _attention_interfaces(m: SymModel, P: SymView, Q: SymView, S_: sp.Matrix) ->
             k = mm(uk, view.value("W_K", ck)) + view.value("b_K", ck)
             return mm(mm(q, R), k.T)[0, 0]
 
-        r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
-        r_mod = r - r.xreplace({v: 0 for v in key_vars})  # a constant per query is no change for softmax
-        out.append(
-            Interface(
-                f"attention scores (head {h})", "scores", [r_mod], ("W_Q", "b_Q", "W_K", "b_K", "norm1.w", "norm1.b")
-            )
-        )
+        if cfg.qk_norm == "none":
+            r = score(Q, u["xq"][1], u["xk1"][1]) - score(P, u["xq"][0], u["xk1"][0])
+            r_mod = r - r.xreplace({v: 0 for v in key_vars})  # a constant per query is no change for softmax
+            out.append(Interface(f"attention scores (head {h})", "scores", [r_mod], _SCORE_PARAMS))
         a = sp.Symbol(f"a{h}", real=True)
         m.data[f"a{h}"] = sp.Matrix([[a]])
         for view, idx in ((P, 0), (Q, 1)):
@@ -229,6 +307,17 @@ def _solve_linear_image(m: SymModel, z0: sp.Matrix, z1: sp.Matrix, f: int):
     """T with z1 ≡ z0·T identically in the data and parameters (unique), or (None, why)."""
     T = sp.Matrix(f, f, lambda i, j: sp.Symbol(f"T_{i}{j}"))
     generic = set(m.data_symbols()) | set(m.param_symbols())
+    residuals = list(z1 - mm(z0, T))
+    if all(s in generic for e in residuals for s in e.free_symbols if s not in set(T)):
+        # every other symbol is generic: T is a number matrix, solved from sampled points and then
+        # verified exactly (faster than extracting every coefficient)
+        sol, _, why = solve_sampled(residuals, list(T), set(), random.Random(0), unlimited())
+        if sol is None:
+            return None, "no unique solution"
+        t = T.xreplace(sol)
+        if not all(is_zero(e) for e in (z1 - mm(z0, t))):
+            return None, "no unique solution"
+        return t, ""
     eqs: list = []
     for e in numerators(list(z1 - mm(z0, T))):
         gens = [s for s in e.free_symbols if s in generic]
@@ -371,7 +460,7 @@ def solve_stream_map(m: SymModel, P: SymView, Q: SymView) -> tuple[sp.Matrix | N
     sol = unique_linear(eqs, list(S))
     if sol is None:
         return None, "the rule's W_E map is not a right multiplication W_E·S (no stream map)"
-    return sp.simplify(S.subs(sol)), "S from W_E ↦ W_E·S"
+    return S.subs(sol).applyfunc(sp.cancel), "S from W_E ↦ W_E·S"
 
 
 def run_arch(rule: Rule, m: SymModel, els: dict) -> ArchResult:

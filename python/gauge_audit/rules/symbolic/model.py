@@ -21,13 +21,14 @@ from ..solve import exact_value
 from .elements import SPREAD
 
 SYM = dict(d_model=3, d_head=2, d_ff=2, vocab=3, n_ctx=2)
+# The second, larger size every statement is re-checked at (a statement that holds at one size and
+# not at the other is size-dependent, never general): each dimension one step up — one more rotary
+# plane —, the head and group counts as at the first.
+LARGER = dict(d_model=1, d_head=1, d_ff=1, vocab=1)
+SIZES = (0, 1)  # the first (generic) and the second (larger) symbolic size
 
 
-# The smallest size at which a group is neither trivial nor special: SO1(n) ≅ SO(n−1) is {I} for n ≤ 2,
-# SO(1) = {1}; permutation(2) = {I, swap} is non-trivial but every element is a symmetric involution, so a
-# rule needing M² = I or Mᵀ = M would hold there vacuously — permutations need n ≥ 3.  GL, O, diagonals,
-# translations and scalars are non-trivial at n = 1.
-LEAST_SIZE = {"SO1": 3, "SO": 2, "permutation": 3}
+LEAST_SIZE = {"SO1": 3, "O1": 3, "SO": 2, "permutation": 3}
 _DIM_FIELD = {
     "d_model": "d_model",
     "d_k": "d_head",
@@ -41,15 +42,21 @@ _DIM_FIELD = {
 
 def trivial_group(el: Element, n: int) -> bool:
     """Is the group {e} at size n (a rule on it is the identity map)?"""
-    return el.dim is not None and n < {"SO1": 3, "SO": 2, "permutation": 2}.get(el.group, 1)
+    return el.dim is not None and n < {"SO1": 3, "O1": 2, "SO": 2, "permutation": 2}.get(el.group, 1)
 
 
-def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
+def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
     """The architecture class of ``cfg`` at symbolic size: one block, d_model 3, d_k = d_v = 2,
-    d_ff 2 — each dimension raised to the least size at which the rule's groups on it are not
-    trivial (d_k = d_v = 3 for SO1(d_v): at 2 it is {I}, and a rule would hold vacuously)."""
-    g = 2 if cfg.n_kv_heads < cfg.n_heads else 1
-    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g, n_kv_heads=1, d_head=SYM["d_head"], n_ctx=SYM["n_ctx"])
+    d_ff 2 — each dimension raised to the least size at which every structure the rule touches is
+    generic: the rule's groups on it not trivial (d_k = d_v = 3 for SO1(d_v): at 2 it is {I}, and a
+    rule would hold vacuously), RoPE with two planes of distinct frequencies (at one plane SO(2)
+    commutes with every rotary rotation) and, for partial rotary, a pass-through block of two,
+    grouped-query attention with two groups of two query heads.  ``size`` 1: the second, larger
+    size (:data:`LARGER`: one more of each dimension, one more rotary plane)."""
+    g = 2 if cfg.n_kv_heads < cfg.n_heads else 1  # query heads per KV head
+    kv = 2 if g > 1 else 1
+    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g * kv, n_kv_heads=kv, d_head=SYM["d_head"])
+    over["n_ctx"] = SYM["n_ctx"]
     if cfg.family != "attn":
         over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
     if cfg.experts:
@@ -62,8 +69,24 @@ def arch_config(cfg: Config, rule: Rule | None = None) -> Config:
         elif el.dim in ("n_heads", "n_kv_heads"):
             kv = max(over["n_kv_heads"], -(-need // (g if el.dim == "n_heads" else 1)))
             over.update(n_kv_heads=kv, n_heads=g * kv)
-    if cfg.pos == "rope" and over["d_head"] % 2:
-        over["d_head"] += 1  # rotary planes pair the head's coordinates
+    if size:
+        for k, step in LARGER.items():
+            if k in over:
+                over[k] += step
+    if cfg.pos == "rope":
+        # every rotary frequency is a free symbol here: the frequency table's options do not matter
+        over.update(rope_type="default", rope_params=())
+        partial = 0 < cfg.rotary_dim < cfg.d_head
+        planes = 2 + size  # two planes at the first size, three at the second
+        if partial:
+            # a pass-through block of two coordinates
+            over["rotary_dim"] = 2 * planes
+            over["d_head"] = max(over["d_head"], 2 * planes + 2)
+        else:
+            over["rotary_dim"] = 0
+            over["d_head"] = max(over["d_head"], 2 * planes)
+            if over["d_head"] % 2:
+                over["d_head"] += 1  # rotary planes pair the head's coordinates
     return cfg.with_(**over)
 
 
@@ -74,7 +97,9 @@ def arch_label(cfg: Config) -> str:
     if cfg.attn_bias:
         bits.append("qkv-bias")
     if cfg.pos == "rope":
-        bits.append(f"rope-{cfg.rope_style}")
+        bits.append(f"rope-{cfg.rope_style}" + (f"-partial{cfg.rotary_dim}" if 0 < cfg.rotary_dim < cfg.d_head else ""))
+    if cfg.qk_norm != "none":
+        bits.append(f"qk-norm-{cfg.qk_norm}")
     if cfg.n_kv_heads < cfg.n_heads:
         bits.append("gqa")
     if cfg.tied:
@@ -120,10 +145,8 @@ def arch_key(cfg: Config, rule: Rule | None = None) -> tuple:
     """What distinguishes two architectures for this rule: a rule inside attention does not see the
     FFN or the embeddings, a rule inside the FFN does not see attention (both still see the norm
     feeding them); a rule on the stream sees everything.  (RoPE's half/interleaved pairing is the
-    same single plane at d_k = 2, and only there.)"""
+    two layouts of the same planes; both are kept: a rule in the rotary groups is laid out by them.)"""
     c = arch_config(cfg, rule).__dict__.copy()
-    if c["d_head"] == 2:
-        c["rope_style"] = "half"
     touched = rule.referenced if rule is not None else set(PARAMS)
     drop = _NOT_FOR_ATTN if touched <= _ATTN_ONLY else _NOT_FOR_FFN if touched <= _FFN_ONLY else ("norm_eps",)
     for k in drop:
@@ -193,10 +216,16 @@ def is_zero(expr) -> bool:
                     return False
         except (ZeroDivisionError, TypeError):  # pragma: no cover - a pole at the probe point
             pass
-        # exact: a polynomial (no symbol in a denominator) in the sparse polynomial ring over Q —
-        # no gcd at each sum —, else the expression as an element of the field Q(free), reduced to
-        # lowest terms by polynomial arithmetic (twice as fast as together + expand on the block
-        # identities)
+        # a polynomial (no symbol in a denominator): exact, in the sparse polynomial ring over Q — no
+        # gcd at each sum.  A rational function with symbols in its denominators (a norm weight
+        # folded through the readers): reducing it in the field Q(free) costs seconds, so it is
+        # tested like the group elements are drawn — exactly, at ZERO_POINTS further independent
+        # random integer points (Schwartz–Zippel: a non-zero numerator of degree D vanishes at all
+        # of them with probability ≤ (D/SPREAD)^ZERO_POINTS)
+        if not _polynomial(expr):
+            verdict = _zero_at_points(expr, free)
+            if verdict is not None:
+                return verdict
         domain = sp.QQ.poly_ring(*free) if _polynomial(expr) else sp.QQ.frac_field(*free)
         try:
             return domain.from_sympy(expr) == domain.zero
@@ -204,6 +233,27 @@ def is_zero(expr) -> bool:
             pass  # not a rational function of its symbols over Q (an erf, a √2, …)
     num, _ = sp.fraction(sp.together(expr))
     return sp.expand(num) == 0
+
+
+ZERO_POINTS = 3
+
+
+def _zero_at_points(expr, free) -> bool | None:
+    """Is the rational function zero at ZERO_POINTS random integer points (exact values)?  None when
+    it is not a rational function over Q or a point hits a pole."""
+    for _ in range(ZERO_POINTS):
+        point = {
+            x: _PROBE.randint(1, SPREAD) if x.is_positive else (_PROBE.randint(-SPREAD, SPREAD) or 1) for x in free
+        }
+        try:
+            v = exact_value(expr, point)
+        except ZeroDivisionError:  # pragma: no cover - a pole at the point
+            return None
+        if v is None:
+            return None
+        if v != 0:
+            return False
+    return True
 
 
 def _polynomial(expr) -> bool:
@@ -255,8 +305,8 @@ class SymModel:
     data: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg: Config, rule: Rule | None = None) -> SymModel:
-        c = arch_config(cfg, rule)
+    def of(cls, cfg: Config, rule: Rule | None = None, size: int = 0) -> SymModel:
+        c = arch_config(cfg, rule, size)
         return cls(c, _symbolic_params(c))
 
     @property
