@@ -148,8 +148,8 @@ def tangent_basis(el: Element, dims: dict, planes: tuple = ()) -> list[torch.Ten
                 out.append(_unit(n, i, i) + _unit(n, j, j))  # the plane's scale
             if grp != "rotary-diagonal":
                 out.append(_unit(n, i, j) - _unit(n, j, i))  # the plane's rotation
-        for a, i in enumerate(rest):
-            for j in rest[a:]:
+        for pos, i in enumerate(rest):
+            for j in rest[pos:]:
                 if grp == "rotary-GL":
                     out += [_unit(n, i, j)] + ([_unit(n, j, i)] if j != i else [])
                 elif grp == "rotary-diagonal" and i == j:

@@ -147,7 +147,7 @@ def certificate_config(cfg: Config) -> Config:
     no structure is special: RoPE with two rotary planes (and a pass-through block of two for a
     partial rotary), grouped-query attention with two groups of two query heads."""
     gqa = cfg.n_kv_heads < cfg.n_heads
-    over = dict(d_model=4, n_layers=1, n_heads=4 if gqa else 2, n_kv_heads=2, d_head=2, n_ctx=3)
+    over: dict = dict(d_model=4, n_layers=1, n_heads=4 if gqa else 2, n_kv_heads=2, d_head=2, n_ctx=3)
     if cfg.pos == "rope":
         partial = 0 < cfg.rotary_dim < cfg.d_head
         over.update(d_head=6 if partial else 4, rotary_dim=4 if partial else 0, rope_type="default", rope_params=())

@@ -323,14 +323,15 @@ class _Echelon:
 
     def add(self, row: tuple, index: int) -> None:
         r = [(int(c.numerator) % PRIME) * pow(int(c.denominator) % PRIME, PRIME - 2, PRIME) % PRIME for c in row]
-        for col, piv in self.pivots.items():
-            f = r[col]
+        for pc, piv in self.pivots.items():
+            f = r[pc]
             if f:
                 r = [(a - f * b) % PRIME for a, b in zip(r, piv)]
-        col = next((j for j in range(self.n) if r[j]), None)
-        if col is None:
+        lead = next((j for j in range(self.n) if r[j]), None)
+        if lead is None:
             self.inconsistent = self.inconsistent or bool(r[self.n])
             return
+        col: int = lead
         inv = pow(r[col], PRIME - 2, PRIME)
         r = [a * inv % PRIME for a in r]
         for c2, piv in self.pivots.items():  # keep the basis reduced: pivot columns 0 in the other rows

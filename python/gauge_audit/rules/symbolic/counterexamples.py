@@ -43,9 +43,14 @@ def _subgroups(el: Element, n: int, rng: random.Random) -> list[tuple[str, list[
                 [[2 * v.T * v / (v * v.T)[0, 0] - sp.eye(n)] for v in vs],
             )
         )
-    if el.group == "SO1" and n > 1 and n % 2:
-        half_turn = 2 * sp.ones(n, n) / n - sp.eye(n)  # the rotation by π about the all-ones axis
-        out.append((f"{tag}² = I ({tag} the rotation by π about the all-ones axis)", [[half_turn]] * DRAWS))
+    if el.group == "SO1" and n >= 3:
+        # involutions fixing 1: a rotation by π in a plane ⟂ 1 (u, w ⟂ 1, u ⟂ w), at odd n also the
+        # rotation by π about the all-ones axis
+        u = sp.Matrix([[1, -1] + [0] * (n - 2)])
+        w = sp.Matrix([[1, 1, -2] + [0] * (n - 3)])
+        plane_turn = sp.eye(n) - 2 * (u.T * u / (u * u.T)[0, 0] + w.T * w / (w * w.T)[0, 0])
+        turns = [plane_turn] + ([2 * sp.ones(n, n) / n - sp.eye(n)] if n % 2 else [])
+        out.append((f"{tag}² = I ({tag} an involution fixing the all-ones vector)", [turns] * DRAWS))
     if el.group == "diagonal":
         out += [
             (f"{tag} > 0", pts("positive-diagonal")),

@@ -40,6 +40,9 @@ _DIM_FIELD = {
 }
 
 
+_ROTATED = {"W_Q", "W_K", "b_Q", "b_K"}  # what RoPE rotates: a rule on these meets the rotary planes
+
+
 def trivial_group(el: Element, n: int) -> bool:
     """Is the group {e} at size n (a rule on it is the identity map)?"""
     return el.dim is not None and n < {"SO1": 3, "O1": 2, "SO": 2, "permutation": 2}.get(el.group, 1)
@@ -55,7 +58,7 @@ def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
     size (:data:`LARGER`: one more of each dimension, one more rotary plane)."""
     g = 2 if cfg.n_kv_heads < cfg.n_heads else 1  # query heads per KV head
     kv = 2 if g > 1 else 1
-    over = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g * kv, n_kv_heads=kv, d_head=SYM["d_head"])
+    over: dict = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g * kv, n_kv_heads=kv, d_head=SYM["d_head"])
     over["n_ctx"] = SYM["n_ctx"]
     if cfg.family != "attn":
         over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
@@ -77,6 +80,8 @@ def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
         # every rotary frequency is a free symbol here: the frequency table's options do not matter
         over.update(rope_type="default", rope_params=())
         partial = 0 < cfg.rotary_dim < cfg.d_head
+    if cfg.pos == "rope" and (rule is None or rule.referenced & _ROTATED):
+        # the rule reaches the rotated queries and keys: the rotary planes must be generic
         planes = 2 + size  # two planes at the first size, three at the second
         if partial:
             # a pass-through block of two coordinates
@@ -87,6 +92,10 @@ def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
             over["d_head"] = max(over["d_head"], 2 * planes)
             if over["d_head"] % 2:
                 over["d_head"] += 1  # rotary planes pair the head's coordinates
+    elif cfg.pos == "rope":
+        # the rule stays clear of the queries and keys: the planes only need to pair the coordinates
+        over["rotary_dim"] = 0
+        over["d_head"] += over["d_head"] % 2
     return cfg.with_(**over)
 
 
