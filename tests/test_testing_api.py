@@ -152,3 +152,44 @@ def test_docs_example_test_runs_verbatim():
         assert tests
         for t in tests:
             t()
+
+
+class RopeAttention(Attention):
+    """The same attention with RoPE on the queries and keys (interleaved pairs, two planes per head)."""
+
+    def forward(self, x):
+        B, n, d = x.shape
+        split = lambda t: t.view(B, n, self.h, self.dk).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        pos = torch.arange(n, dtype=x.dtype)[:, None] * torch.tensor([1.0, 0.1], dtype=x.dtype)[None, :]
+        cos, sin = torch.cos(pos), torch.sin(pos)
+
+        def rope(t):
+            a, b = t[..., 0::2], t[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+        q, k = rope(q), rope(k)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dk), dim=-1)
+        return self.o((a @ v).transpose(1, 2).reshape(B, n, d))
+
+
+def test_rotary_groups_follow_the_given_planes_and_are_refused_without_them():
+    """W_Q·R, W_K·R holds for R ∈ rotary-SO(d_k) laid out on the model's own planes, fails for a
+    generic R ∈ SO(d_k) and for the same group laid out on the wrong planes; without the planes the
+    rotary groups are refused in one line."""
+    torch.manual_seed(3)
+    m = RopeAttention().double()
+    fwd = lambda p, x: functional_call(m, p, (x,))  # noqa: E731
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    params = dict(m.named_parameters())
+
+    def same(group):
+        maps = {"W_Q": "W_Q @ R", "b_Q": "b_Q @ R", "W_K": "W_K @ R", "b_K": "b_K @ R"}
+        return {"scope": "head", "elements": {"R": f"{group}(d_k)"}, "maps": maps}
+
+    kw = dict(inputs=x, names=_names(), dims={"d_model": 8})
+    assert_gauge_invariant(fwd, params, same("rotary-SO"), rotary_planes=[(0, 1), (2, 3)], **kw)
+    assert gauge_residual(fwd, params, same("SO"), **kw).verdict == "FAILS"
+    assert gauge_residual(fwd, params, same("rotary-SO"), rotary_planes=[(0, 2), (1, 3)], **kw).verdict == "FAILS"
+    with pytest.raises(AssertionError, match="rotary planes"):
+        assert_gauge_invariant(fwd, params, same("rotary-GL"), **kw)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .claims.rule import Rule, parse_rule
+from .claims.rule import ROTARY, Rule, parse_rule
 from .errors import GaugeAuditError
 from .models.naming import FFN_NAMES, HEAD, KV, MODEL, PARAMS
 from .numeric import FAILS, HOLDS, HOLDS_WORST_CASE_ONLY, statistical_factor, verdict_for, worst_case_tolerance
@@ -101,6 +101,7 @@ class UserView(View):
         names: Mapping[str, object],
         dims: Mapping[str, int],
         layers: int | None,
+        planes: tuple = (),
     ):
         self.params = params
         self.specs = {n: _spec(v) for n, v in names.items()}
@@ -110,7 +111,7 @@ class UserView(View):
         self.n_layers = layers if layers is not None else self._count_layers()
         self.ops = TorchOps()
         n_heads, n_kv = self._heads()
-        self.shape = Shape(self._dims(dict(dims), n_heads, n_kv), self.n_layers, n_heads, n_kv, 0, False)
+        self.shape = Shape(self._dims(dict(dims), n_heads, n_kv), self.n_layers, n_heads, n_kv, 0, False, planes)
 
     # -- layout -------------------------------------------------------------------------------
     def _key(self, name: str, layer: int | None) -> str:
@@ -313,13 +314,22 @@ def gauge_residual(
     kappa: float = 10.0,
     layers: int | None = None,
     path_length: int | None = None,
+    rotary_planes=None,
 ) -> GaugeCheck:
     """Measure how much ``rule`` changes ``forward`` (see the module doc); raises
-    :class:`~gauge_audit.errors.GaugeAuditError` for a rule that cannot act on these tensors."""
+    :class:`~gauge_audit.errors.GaugeAuditError` for a rule that cannot act on these tensors.
+    ``rotary_planes``: the pairs (i, j) of a head's coordinates that RoPE rotates together (``[]``
+    without RoPE) — required by the rotary groups, which are defined by them."""
     r = _as_rule(rule)
+    if rotary_planes is None and any(e.group in ROTARY for e in r.elements):
+        raise GaugeAuditError(
+            "the rotary groups are defined by the model's rotary planes: pass rotary_planes=[(i, j), ...] "
+            "(the pairs of a head's coordinates RoPE rotates together; [] for a model without RoPE)"
+        )
     given = names is not None
     names = names if given else {n: n for n in r.referenced}
-    view = UserView(params, names, dims or {}, layers)
+    planes = tuple((int(i), int(j)) for i, j in (rotary_planes or ()))
+    view = UserView(params, names, dims or {}, layers, planes)
     if given:
         # a key the caller named must exist: a typo would otherwise read as "this model has no such
         # parameter" and the rule would be checked on the rest (or not at all) without a word
@@ -386,6 +396,7 @@ def assert_gauge_invariant(
     layers: int | None = None,
     path_length: int | None = None,
     strict: bool = False,
+    rotary_planes=None,
 ) -> GaugeCheck:
     """Assert that ``rule`` leaves ``forward`` unchanged on ``inputs`` (see the module doc).
 
@@ -406,6 +417,7 @@ def assert_gauge_invariant(
             kappa=kappa,
             layers=layers,
             path_length=path_length,
+            rotary_planes=rotary_planes,
         )
     except (GaugeAuditError, NotApplicable) as exc:
         raise AssertionError(f"gauge check could not run: {exc}") from None
