@@ -248,36 +248,31 @@ def torch(claim: Claim, ctx) -> Evidence:
         )
     )
     corr, text = (None, None) if holds else _corrected(claim, ctx)
-    corr_ok = None
-    if corr is not None:
-        try:
-            fixed = _run(corr, models, ctx, f"{claim.id} (corrected)")
-        except NotApplicable as exc:
-            details["corrected_not_applicable"] = str(exc)
-        else:
-            details["corrected"] = [result_row(r) for r in fixed]
-            corr_ok = all(r.holds for r in fixed)
-            if corr_ok:
-                w = max(fixed, key=lambda r: r.max_rel_error)
-                details["corrected_summary"] = f"max {w.residual_eps:.3g} ε (tol {w.tolerance_statistical_eps:.3g} ε)"
+    corr_ok, how = _run_other(corr, "corrected", models, ctx, claim, details)
+    if corr_ok:
+        details["corrected_summary"] = how.strip(" ()")
     ev = _decide(
         "torch", claim, holds, summary, details, corr_ok, text, counter, "" if holds else _search_note(claim, ctx)
     )
     near, near_text = (None, None) if holds or corr_ok else _nearest(claim, ctx)
-    near_ok = None
-    if near is not None:
-        try:
-            rows = _run(near, models, ctx, f"{claim.id} (nearest)")
-        except NotApplicable as exc:
-            details["nearest_not_applicable"] = str(exc)
-        else:
-            details["nearest"] = [result_row(r) for r in rows]
-            near_ok = all(r.holds for r in rows)
-            w = max(rows, key=lambda r: r.max_rel_error)
-            return _with_nearest(
-                ev, near_text, near_ok, f" (max {w.residual_eps:.3g} ε, tol {w.tolerance_statistical_eps:.3g} ε)"
-            )
-    return ev
+    near_ok, how = _run_other(near, "nearest", models, ctx, claim, details)
+    return _with_nearest(ev, near_text, near_ok, how)
+
+
+def _run_other(rule, key: str, models, ctx, claim: Claim, details: dict) -> tuple[bool | None, str]:
+    """The torch check of a derived rule (the corrected one, the nearest statement) on the claim's
+    models, into ``details[key]``: (whether it holds on every model — None when there is no rule or
+    it does not apply —, the worst residual as text)."""
+    if rule is None:
+        return None, ""
+    try:
+        rows = _run(rule, models, ctx, f"{claim.id} ({key})")
+    except NotApplicable as exc:
+        details[f"{key}_not_applicable"] = str(exc)
+        return None, ""
+    details[key] = [result_row(r) for r in rows]
+    w = max(rows, key=lambda r: r.max_rel_error)
+    return all(r.holds for r in rows), f" (max {w.residual_eps:.3g} ε, tol {w.tolerance_statistical_eps:.3g} ε)"
 
 
 # ----------------------------------------------------------------------------- precision

@@ -298,17 +298,19 @@ def _follow_norms(rule: Rule, m: SymModel, els: dict):
         for p in (f"{norm}.w", f"{norm}.b")
         if P.has(p) and rule.map_of(p) is None
     }
+    return _changed(rule, changes, f"the norms' weights and shifts follow the stream map S = {name}")
+
+
+def _changed(rule: Rule, changes: dict, note: str):
+    """(the rule with these maps replaced, the changes as text, ``note``), or None (no change, or a
+    rule the language refuses)."""
     if not changes:
         return None
     try:
         new = rule.with_maps(changes)
     except GaugeAuditError:
         return None
-    return (
-        new,
-        "; ".join(f"{k} ↦ {_map_text(new, k)}" for k in changes),
-        f"the norms' weights and shifts follow the stream map S = {name}",
-    )
+    return new, "; ".join(f"{k} ↦ {_map_text(new, k)}" for k in changes), note
 
 
 def _correct_readers(rule: Rule, m: SymModel, els: dict):
@@ -358,10 +360,4 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
                 f"{norm}: readers' left factor B = D_γ'⁻¹·S⁻¹·D_γ = {text}"
                 + (f", β ↦ β·B⁻¹ = β @ {inv_text}" if f"{norm}.b" in changes else "")
             )
-    if not changes:
-        return None
-    try:
-        new = rule.with_maps(changes)
-    except GaugeAuditError:
-        return None
-    return new, "; ".join(f"{k} ↦ {_map_text(new, k)}" for k in changes), "; ".join(notes)
+    return _changed(rule, changes, "; ".join(notes))
