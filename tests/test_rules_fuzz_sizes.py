@@ -45,11 +45,16 @@ def random_rule(rng: random.Random) -> dict:
     output maps, each side with a random factor from the templates."""
     if rng.random() < 0.7:
         group = rng.choice(_QK_GROUPS)
-        fq, fk = rng.choice(_FACTORS), rng.choice(_FACTORS)
+        fq = rng.choice(_FACTORS)
+        # half the time the key's factor is the query's contragredient partner (M ↔ M⁻ᵀ), a symmetry
+        # wherever M commutes with the rotary rotations and survives the QK-norm
+        fk = _FACTORS[3 - _FACTORS.index(fq)] if rng.random() < 0.5 else rng.choice(_FACTORS)
         maps = {"W_Q": f"W_Q @ {fq.format(s='M')}", "W_K": f"W_K @ {fk.format(s='M')}"}
         return {"scope": "kv-group", "elements": {"M": f"{group}(d_k)"}, "maps": maps}
     group = rng.choice(_VO_GROUPS)
-    fv, fo = rng.choice(_FACTORS), rng.choice(_FACTORS)
+    fv = rng.choice(_FACTORS)
+    # half the time the output's factor is the value's inverse (N ↔ N⁻¹), a symmetry for every N
+    fo = _FACTORS[(_FACTORS.index(fv) + 2) % 4] if rng.random() < 0.5 else rng.choice(_FACTORS)
     maps = {"W_V": f"W_V @ {fv.format(s='N')}", "W_O": f"{fo.format(s='N')} @ W_O"}
     return {"scope": "kv-group", "elements": {"N": f"{group}(d_v)"}, "maps": maps}
 
@@ -97,13 +102,15 @@ def test_fuzz_sizes_symbolic_holds_never_meets_torch_fails(settled):
 
 def test_fuzz_sizes_every_symbolic_decision_is_taken_at_two_generic_sizes(settled):
     """Every class the symbolic checker decided is generic: RoPE with at least two planes at the first
-    size and one more at the second, GQA with two groups of two heads; both sizes recorded."""
+    size and one more at the second where the rule meets the queries and keys, GQA with two groups
+    of two heads; both sizes recorded."""
     for claim, _, _, d in settled:
         if d is None:
             continue
         assert d.sizes and d.sizes_second, claim.rule.text()
         assert d.sizes_second["d_model"] > d.sizes["d_model"]
-        if claim.params["family"] in ("llama", "gemma") or claim.params == {"family": "attn"}:
+        rope = claim.params["family"] in ("llama", "gemma") or "attn-tiny-rope" in claim.models
+        if rope and "W_Q" in claim.rule.params:  # the rule meets the rotated queries and keys
             assert d.sizes["d_k"] >= 4 and d.sizes_second["d_k"] > d.sizes["d_k"]
         for a in d.per_arch:
             if "gqa" in a["arch"]:
@@ -118,5 +125,5 @@ def test_fuzz_sizes_mixes_true_and_false_rules(settled, capsys):
         counts[(sym.outcome, tor.outcome)] = counts.get((sym.outcome, tor.outcome), 0) + 1
     with capsys.disabled():
         print(f"\nfuzz at two sizes: {len(settled)} rules; (symbolic, torch): {dict(sorted(counts.items()))}")
-    assert counts.get(("HOLDS", "HOLDS"), 0) >= 3
-    assert sum(n for (s, _), n in counts.items() if s == "FAILS") >= 3
+    holds = counts.get(("HOLDS", "HOLDS"), 0)
+    assert len(settled) // 8 <= holds <= len(settled) - len(settled) // 8, counts
