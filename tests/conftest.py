@@ -132,11 +132,11 @@ def xdist_group(nodeid: str) -> str | None:
 # per test.  Only the order depends on these numbers, never what runs.
 GROUP_SECONDS = {
     "smollm2": 78.0,
-    "catalog-audit": 75.0,
-    "rules-fuzz-sizes": 40.0,
-    "rules-nearest": 30.0,
-    "rules-fuzz-half0": 24.0,
-    "rules-fuzz-half1": 23.0,
+    "catalog-audit": 90.0,
+    "rules-nearest": 51.0,
+    "rules-fuzz-sizes": 26.0,
+    "rules-fuzz-half0": 42.0,
+    "rules-fuzz-half1": 41.0,
     "family-nullity": 15.0,
     "precision": 9.5,
     "rule-checkers": 5.0,
