@@ -49,6 +49,16 @@ def test_rope_same_rotation_fails_and_its_nearest_statement_is_a_rotation_per_pl
     assert set(n["confirmed_by"]) == {"symbolic", "precision", "torch", "nullity"} and not n["contradicted_by"]
     assert [s["d_k"] for s in n["checked_at_sizes"]] == [4, 6]  # two and three rotary planes
     assert n["dimension_at_sizes"] == [2, 3]  # one rotation angle per plane
+    _wide_margin(c["evidence"]["torch"]["details"])
+
+
+def _wide_margin(details: dict) -> None:
+    """The stated rule fails by a wide margin on every model — at least 10¹⁰ times its derived
+    statistical tolerance κ·λ·√(L·K)·ε — and the nearest statement stays within that tolerance."""
+    for row in details["results"]:
+        assert row["residual_eps"] > 1e10 * row["tolerance_statistical_eps"], row
+    for row in details["nearest"]:
+        assert row["residual_eps"] <= row["tolerance_statistical_eps"], row
 
 
 def test_rope_gl_condition_is_the_rotary_commutant_not_so(report):
@@ -57,6 +67,7 @@ def test_rope_gl_condition_is_the_rotary_commutant_not_so(report):
     assert "SO(d_k)" not in c["evidence"]["symbolic"]["summary"].split("nearest")[0]
     assert "holds only for M ∈ rotary-GL(d_k)" in c["evidence"]["symbolic"]["summary"]
     assert c["nearest"]["group"] == "rotary-GL(d_k)"
+    _wide_margin(c["evidence"]["torch"]["details"])
     assert "nullity" in c["nearest"]["confirmed_by"] and "torch" in c["nearest"]["confirmed_by"]
     # two KV groups, each 2 scales + 2 angles at d_k = 4
     assert "span 8 flat direction(s)" in c["evidence"]["nullity"]["summary"]
@@ -70,6 +81,7 @@ def test_gpt2_any_rotation_nearest_is_o1_with_the_layernorm_weight_folded_throug
     assert n["corrected_maps"]["W_Q"] == READER_FOLD
     assert n["corrected_maps"]["norm1.b"] == "norm1.b @ inv(diag(norm1.w)) @ R @ diag(norm1.w)"
     assert set(n["confirmed_by"]) == {"symbolic", "precision", "torch", "nullity"}
+    _wide_margin(c["evidence"]["torch"]["details"])
 
 
 def test_gpt2_permutation_is_corrected_by_permuting_the_layernorm_parameters(report):
