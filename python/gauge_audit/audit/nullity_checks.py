@@ -12,7 +12,7 @@ from ..claims import Claim
 from ..claims.expr import evaluate_formula
 from ..errors import GaugeAuditError
 from ..models import attn, bert, gpt2, llama, moe, qwen
-from ..models.config import Config
+from ..models.config import Config, generic_sizes
 from .evidence import CORRECTED, FAILS, HOLDS, NOT_APPLICABLE, UNDECIDED, Evidence
 
 SMALL = dict(d_model=6, n_heads=2, n_kv_heads=2, d_head=2, d_ff=6, n_ctx=5, vocab=8, n_layers=1)
@@ -41,11 +41,12 @@ def generic_config(cfg: Config) -> Config:
     """``cfg`` at sizes where no structure a rule touches is special: RoPE with two rotary planes (at
     d_k = 2 one plane, where SO(2) commutes with RoPE), grouped-query attention with two groups of two
     query heads, and a stream wider than one head.  The same configuration when it is generic."""
+    generic = generic_sizes(cfg)
     over: dict = {}
     if cfg.pos == "rope" and (cfg.rotary_dim or cfg.d_head) < 4:
-        over.update(d_head=4, rotary_dim=0)
+        over.update(d_head=generic["d_head"], rotary_dim=generic["rotary_dim"])
     if cfg.n_kv_heads < cfg.n_heads and (cfg.n_kv_heads < 2 or cfg.n_heads // cfg.n_kv_heads < 2):
-        over.update(n_heads=4, n_kv_heads=2)
+        over.update(n_heads=generic["n_heads"], n_kv_heads=generic["n_kv_heads"])
     if over:
         over["d_model"] = max(cfg.d_model, over.get("d_head", cfg.d_head) + 2)
     return cfg.with_(**over) if over else cfg

@@ -70,6 +70,25 @@ class Config:
         return validate(replace(self, **changes))
 
 
+def generic_sizes(cfg: Config, planes: int = 2) -> dict:
+    """The sizes at which no structure of ``cfg`` is special, as overrides: ``planes`` rotary planes
+    per head (at one plane SO(2) commutes with every rotary rotation), a partial rotary keeping a
+    pass-through block of two, the rotary frequencies at the default table; grouped-query attention
+    with two KV groups of two query heads.  Empty for a configuration with neither."""
+    over: dict = {}
+    if cfg.pos == "rope":
+        partial = 0 < cfg.rotary_dim < cfg.d_head
+        over.update(
+            rotary_dim=2 * planes if partial else 0,
+            d_head=2 * planes + (2 if partial else 0),
+            rope_type="default",
+            rope_params=(),
+        )
+    if cfg.n_kv_heads < cfg.n_heads:
+        over.update(n_heads=4, n_kv_heads=2)
+    return over
+
+
 def validate(cfg: Config) -> Config:
     def need(cond: bool, msg: str):
         if not cond:

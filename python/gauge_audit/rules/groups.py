@@ -36,7 +36,7 @@ def rotary_layout(n: int, planes: tuple) -> tuple[list[tuple[int, int]], list[in
     return [tuple(p) for p in planes], [i for i in range(n) if i not in used]
 
 
-def _embed(n: int, idx: list[int], block: torch.Tensor, out: torch.Tensor) -> None:
+def _embed(idx: list[int], block: torch.Tensor, out: torch.Tensor) -> None:
     for a, i in enumerate(idx):
         for b, j in enumerate(idx):
             out[i, j] = block[a, b]
@@ -64,7 +64,7 @@ def _rotary(el: Element, n: int, planes: tuple, g: torch.Generator, kappa: float
             block = torch.diag(_spread(p, g, kappa) * torch.where(torch.rand(p, generator=g) < 0.5, -1.0, 1.0))
         else:
             block = random_orthogonal(p, g, special=grp == "rotary-SO")
-        _embed(n, rest, block.to(torch.float64), out)
+        _embed(rest, block.to(torch.float64), out)
     return out
 
 

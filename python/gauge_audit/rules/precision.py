@@ -29,7 +29,7 @@ import torch
 from ..claims.rule import Rule
 from ..errors import GaugeAuditError
 from ..models import NAMED, build_config, config_of
-from ..models.config import Config
+from ..models.config import Config, generic_sizes
 from ..numeric import path_length
 from ..precision.block import MP, exact_params, forward, workdps
 from ..precision.certify import (
@@ -146,11 +146,8 @@ def certificate_config(cfg: Config) -> Config:
     """A smaller copy of the architecture for interval arithmetic (d_model 4, one layer), at sizes where
     no structure is special: RoPE with two rotary planes (and a pass-through block of two for a
     partial rotary), grouped-query attention with two groups of two query heads."""
-    gqa = cfg.n_kv_heads < cfg.n_heads
-    over: dict = dict(d_model=4, n_layers=1, n_heads=4 if gqa else 2, n_kv_heads=2, d_head=2, n_ctx=3)
-    if cfg.pos == "rope":
-        partial = 0 < cfg.rotary_dim < cfg.d_head
-        over.update(d_head=6 if partial else 4, rotary_dim=4 if partial else 0, rope_type="default", rope_params=())
+    over: dict = dict(d_model=4, n_layers=1, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=3)
+    over.update(generic_sizes(cfg))
     if cfg.family != "attn":
         over.update(d_ff=8, vocab=8)
     return cfg.with_(**over)

@@ -55,12 +55,12 @@ from dataclasses import dataclass, field
 from ...claims.rule import Rule
 from ...models.config import Config
 from ..budget import RESERVE, SEARCH_SHARE, Budget, BudgetSpent, unlimited
-from ..engine import NotApplicable, applicability
+from ..engine import NotApplicable
 from .corrections import correct, holds_everywhere
 from .counterexamples import condition, counterexample, generic_counterexample
 from .elements import element_assignments, element_size
 from .interfaces import ArchResult, abbrev, run_arch
-from .model import SymModel, SymView, arch_config, arch_key, arch_label, trivial_group
+from .model import SymModel, applying, arch_config, arch_key, arch_label, trivial_group
 from .nearest import Nearest, Search, nearest
 
 
@@ -82,10 +82,6 @@ class SymbolicResult:
     nearest: Nearest | None = None  # the nearest true statement when the stated group fails
     nearest_search: list[str] = field(default_factory=list)  # each subgroup tried and what it gave
     size_dependent: list[str] = field(default_factory=list)  # statements true at one size only
-
-    @property
-    def nearest_rule(self) -> Rule | None:
-        return self.nearest.rule if self.nearest is not None else None
 
     def to_json(self) -> dict:
         return {
@@ -114,10 +110,8 @@ def _arch_models(rule: Rule, cfgs: list[Config], size: int = 0) -> list[SymModel
         if key in seen:
             continue
         seen.add(key)
-        m = SymModel.of(cfg, rule, size)
-        if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None:
-            out.append(m)
-    return out
+        out.append(SymModel.of(cfg, rule, size))
+    return applying(rule, out)
 
 
 def _decide_all(rule: Rule, models: list[SymModel]) -> list[tuple[SymModel, ArchResult]]:
@@ -250,7 +244,7 @@ def _keep_correction(out: SymbolicResult, corr, models, second, failing_models, 
             out.correction_note = "a solved correction breaks another architecture class"
             return
         if second and models is not second:
-            ok_big = holds_everywhere(corr[0], _applying(corr[0], second), part)
+            ok_big = holds_everywhere(corr[0], applying(corr[0], second), part)
             out.steps.append(
                 f"corrected rule at the second size ({_size_text(second)}): {'invariant' if ok_big else 'NOT invariant'}"
             )
@@ -264,10 +258,6 @@ def _keep_correction(out: SymbolicResult, corr, models, second, failing_models, 
         out.budget_cut.append(f"the correction {corr[1]} was not re-checked {part.limit_text()}: not reported")
         return
     out.corrected, out.corrected_text, out.correction_note = corr
-
-
-def _applying(rule: Rule, models: list[SymModel]) -> list[SymModel]:
-    return [m for m in models if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None]
 
 
 def _arch_json(r: ArchResult) -> dict:

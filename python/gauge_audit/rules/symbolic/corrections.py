@@ -272,12 +272,12 @@ _READERS = {"norm1": ("W_Q", "W_K", "W_V"), "norm2": ("W_in", "W_gate", "W_route
 
 
 def _stream_map(rule: Rule, m: SymModel, els: dict):
-    """(the stream map S of the rule at this draw, the model's view) — S None when there is none or
-    it is the identity."""
+    """(the stream map S of the rule at this draw, the model's view before and after the rule) — S
+    None when there is none or it is the identity."""
     P = SymView(m.cfg, m.params)
     Q = SymView(m.cfg, P.updated(apply(rule, P, els)))
     S, _ = solve_stream_map(m, P, Q)
-    return (None if S is None or S == sp.eye(m.cfg.d_model) else S), P
+    return (None if S is None or S == sp.eye(m.cfg.d_model) else S), P, Q
 
 
 def _follow_norms(rule: Rule, m: SymModel, els: dict):
@@ -286,7 +286,7 @@ def _follow_norms(rule: Rule, m: SymModel, els: dict):
     commutes with up to that permutation), S named in the rule language."""
     if m.cfg.norm == "none":
         return None
-    S, P = _stream_map(rule, m, els)
+    S, P, _ = _stream_map(rule, m, els)
     if S is None:
         return None
     name = match_named(S, candidates(rule), rule, P, els, Ctx(0, 0, 0))
@@ -320,11 +320,8 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
     cfg = m.cfg
     if cfg.norm_placement != "pre" or cfg.norm == "none":
         return None
-    P = SymView(cfg, m.params)
-    Q = SymView(cfg, P.updated(apply(rule, P, els)))
-    S, _ = solve_stream_map(m, P, Q)
-    d = cfg.d_model
-    if S is None or S == sp.eye(d):
+    S, P, Q = _stream_map(rule, m, els)
+    if S is None:
         return None
     changes: dict[str, str] = {}
     notes = []

@@ -13,10 +13,10 @@ import sympy as sp
 
 from ...claims.rule import Element, Rule
 from ...models import FAMILIES
-from ...models.config import Config
+from ...models.config import Config, generic_sizes
 from ...models.naming import PARAMS
 from ..algebra import SympyOps
-from ..engine import ProjectView, Shape
+from ..engine import ProjectView, Shape, applicability
 from ..solve import exact_value
 from .elements import SPREAD
 
@@ -77,26 +77,20 @@ def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
             if k in over:
                 over[k] += step
     if cfg.pos == "rope":
-        # every rotary frequency is a free symbol here: the frequency table's options do not matter
-        over.update(rope_type="default", rope_params=())
-        partial = 0 < cfg.rotary_dim < cfg.d_head
-    if cfg.pos == "rope" and (rule is None or rule.referenced & _ROTATED):
-        # the rule reaches the rotated queries and keys: the rotary planes must be generic
-        planes = 2 + size  # two planes at the first size, three at the second
-        if partial:
-            # a pass-through block of two coordinates
-            over["rotary_dim"] = 2 * planes
-            over["d_head"] = max(over["d_head"], 2 * planes + 2)
-        else:
-            over["rotary_dim"] = 0
-            over["d_head"] = max(over["d_head"], 2 * planes)
-            if over["d_head"] % 2:
-                over["d_head"] += 1  # rotary planes pair the head's coordinates
-    elif cfg.pos == "rope":
-        # the rule stays clear of the queries and keys: the planes only need to pair the coordinates
-        over["rotary_dim"] = 0
-        over["d_head"] += over["d_head"] % 2
+        # every rotary frequency is a free symbol here: the frequency table does not matter
+        over.update(rope_type="default", rope_params=(), rotary_dim=0)
+        if rule is None or rule.referenced & _ROTATED:
+            # the rule reaches the rotated queries and keys: two rotary planes at the first size, three
+            # at the second (a partial rotary keeps a pass-through block of two)
+            generic = generic_sizes(cfg, planes=2 + size)
+            over.update(rotary_dim=generic["rotary_dim"], d_head=max(over["d_head"], generic["d_head"]))
+        over["d_head"] += over["d_head"] % 2  # rotary planes pair the head's coordinates
     return cfg.with_(**over)
+
+
+def applying(rule: Rule, models: list[SymModel]) -> list[SymModel]:
+    """The symbolic blocks the rule can act on."""
+    return [m for m in models if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None]
 
 
 def arch_label(cfg: Config) -> str:

@@ -24,11 +24,10 @@ from math import factorial
 from ...claims.rule import Element, Rule, parse_rule
 from ...errors import GaugeAuditError
 from ..budget import Budget
-from ..engine import applicability
 from ..groups import rotary_layout
 from .corrections import correct, holds_everywhere
 from .elements import element_size
-from .model import SymModel, SymView, trivial_group
+from .model import SymModel, applying, trivial_group
 
 # every proper subgroup of a group that the rule language names (the rotary ones defined on d_k only)
 SUBGROUPS = {
@@ -145,10 +144,6 @@ def restricted(rule: Rule, symbol: str, group: str) -> Rule | None:
         return None
 
 
-def _applies(rule: Rule, models: list[SymModel]) -> list[SymModel]:
-    return [m for m in models if applicability(rule, m.shape, SymView(m.cfg, m.params).has) is None]
-
-
 def nearest(
     rule: Rule,
     first: list[SymModel],
@@ -173,43 +168,40 @@ def nearest(
         n = element_size(el, shape.dims)
         for g in candidates(el, n, shape.planes):
             sub = restricted(rule, el.symbol, g)
-            if sub is not None and _applies(sub, first):
+            if sub is not None and applying(sub, first):
                 tries.append((el, g, sub))
     if solved and out.found is not None:
         keys = [(el.symbol, f"{g}({el.dim})") for el, g, _ in tries]
         tries = tries[: keys.index((out.found.symbol, out.found.group))]
-    for mode in ((True,) if solved else (False,)) if allow_correction else (None,):
-        for el, g, sub in tries:
-            budget.check()
-            label = f"{el.symbol} ∈ {g}({el.dim})"
-            found, maps, note = None, {}, ""
-            if mode is not True and holds_everywhere(sub, first, budget):
-                found = sub
-            elif mode is not None:
-                corr = correct(sub, first, budget, [], slots=mode, closed=not mode)
-                if corr is not None:
-                    found, note = corr[0], corr[2]
-                    maps = {m.param: m.text for m in corr[0].maps if sub.map_of(m.param) != m}
-            stage = {
-                None: "as stated",
-                False: "as stated or with a closed-form correction",
-                True: "with a solved correction",
-            }[mode]
-            if found is None:
-                out.tried.append(f"{label}: fails {stage}")
-                continue
-            big = _applies(found, second)
-            if not big or not holds_everywhere(found, big, budget):
-                out.size_dependent.append(
-                    f"{label}{' with ' + '; '.join(f'{k} ↦ {v}' for k, v in maps.items()) if maps else ''} holds at "
-                    f"the first symbolic size and not at the second: size-dependent, not reported as general"
-                )
-                out.tried.append(f"{label}: size-dependent")
-                continue
-            dims = [dimension(g, element_size(el, m.shape.dims), m.shape.planes) for m in (first[0], big[0])]
-            out.found = Nearest(el.symbol, el.text(), f"{g}({el.dim})", found, maps, dims, note)
-            out.tried.append(f"{label}: holds {stage}")
-            return out
+    # None: the rule as stated only; False: as stated or with a closed-form correction; True: solved
+    mode = solved if allow_correction else None
+    stage = {None: "as stated", False: "as stated or with a closed-form correction", True: "with a solved correction"}
+    for el, g, sub in tries:
+        budget.check()
+        label = f"{el.symbol} ∈ {g}({el.dim})"
+        found, maps, note = None, {}, ""
+        if mode is not True and holds_everywhere(sub, first, budget):
+            found = sub
+        elif mode is not None:
+            corr = correct(sub, first, budget, [], slots=mode, closed=not mode)
+            if corr is not None:
+                found, note = corr[0], corr[2]
+                maps = {m.param: m.text for m in corr[0].maps if sub.map_of(m.param) != m}
+        if found is None:
+            out.tried.append(f"{label}: fails {stage[mode]}")
+            continue
+        big = applying(found, second)
+        if not big or not holds_everywhere(found, big, budget):
+            out.size_dependent.append(
+                f"{label}{' with ' + '; '.join(f'{k} ↦ {v}' for k, v in maps.items()) if maps else ''} holds at "
+                f"the first symbolic size and not at the second: size-dependent, not reported as general"
+            )
+            out.tried.append(f"{label}: size-dependent")
+            continue
+        dims = [dimension(g, element_size(el, m.shape.dims), m.shape.planes) for m in (first[0], big[0])]
+        out.found = Nearest(el.symbol, el.text(), f"{g}({el.dim})", found, maps, dims, note)
+        out.tried.append(f"{label}: holds {stage[mode]}")
+        return out
     return out
 
 
