@@ -47,16 +47,7 @@ from .errors import GaugeAuditError
 from .models.checkpoint import Arch, Checkpoint
 from .models.checkpoint.writer import output_links
 from .models.config import Config
-
-
-def require_transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise GaugeAuditError("this needs the transformers package (pip install 'gauge-audit[hf]')") from None
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    return transformers
+from .runtime import require_transformers
 
 
 def uninitialised(cls, config, **kw):

@@ -42,6 +42,17 @@ def generator(seed: int) -> torch.Generator:
     return g
 
 
+def require_transformers():
+    """The transformers module (an optional dependency), its progress bars and warnings off."""
+    try:
+        import transformers
+    except ImportError:
+        raise GaugeAuditError("this needs the transformers package (pip install 'gauge-audit[hf]')") from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
 def eps(dtype: torch.dtype) -> float:
     """Unit roundoff convention used throughout: machine epsilon ``torch.finfo(dtype).eps``."""
     return float(torch.finfo(dtype).eps)

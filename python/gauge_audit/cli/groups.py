@@ -29,6 +29,16 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--verify", action="store_true", help="measure the nullity of a small model with the same switches")
     p.add_argument("--seed", type=int, default=0, help="seed of the --verify model and its inputs")
+    p.add_argument(
+        "--derive",
+        action="store_true",
+        help="for a checkpoint directory: derive the description from transformers' modules and "
+        "measure the group on its own forward even when the architecture has a family file "
+        "(an architecture without one always takes this path)",
+    )
+    p.add_argument(
+        "--budget", type=float, default=600.0, help="seconds the derived measurement may spend adding Jacobian rows"
+    )
     p.set_defaults(func=run)
 
 
@@ -47,7 +57,118 @@ def resolve(model: str):
     raise GaugeAuditError(f"{model!r} is neither a model name, an architecture ({known}) nor a path")
 
 
+def _derived(path: Path, force: bool) -> bool:
+    """A checkpoint directory whose architecture has no family file (or --derive)."""
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return False
+    if force:
+        return True
+    from ..models.checkpoint.hf import ARCHS
+
+    try:
+        names = json.loads((path / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(names, list) and len(names) == 1 and names[0] not in ARCHS
+
+
+def run_derived(args) -> int:
+    from ..models.derived import describe, load
+    from ..nullity.found import measure
+
+    model = load(Path(args.model), args.seed)
+    desc = describe(model, args.seed)
+    found = measure(model, desc, args.seed, budget_s=args.budget, quiet=args.json)
+    if args.json:
+        print(json.dumps(found_json(args.model, desc, found), sort_keys=True))
+    else:
+        print(format_found(args.model, desc, found))
+    return 0 if found.agrees else 1
+
+
+def found_json(name: str, desc, found) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "model": name,
+        "architecture": desc.architecture,
+        "derived": True,
+        "measured_on": found.source,
+        "parameters": found.parameters,
+        "layers": [{"layer": i, "mixer": m} for i, m in enumerate(desc.mixers)],
+        "families": [asdict(f) for f in found.families],
+        "discrete": [asdict(d) for d in found.discrete],
+        "nullity": found.nullity,
+        "explained": found.explained,
+        "rows": found.rows,
+        "history": found.history,
+        "converged": found.converged,
+        "unexplained": found.unexplained,
+        "unplaced": [{"tensor": p, "why": w} for p, w in desc.unplaced],
+        "agrees": found.agrees,
+    }
+
+
+def format_found(name: str, desc, found) -> str:
+    width = shutil.get_terminal_size((120, 24)).columns
+    lines = [
+        f"{name}: {desc.architecture} (derived from transformers' modules), d={desc.d_model}, {desc.n_layers} "
+        f"layers; measured on {found.source} ({found.parameters:,} parameters)"
+    ]
+    for h in desc.heads:
+        extra = [f"rotary {h.rotary}" if h.rotary else "NoPE"]
+        extra += [f"{h.qk_norm} QK-norm"] if h.qk_norm != "none" else []
+        extra += ["sinks"] if h.sinks else []
+        extra += ["output gate"] if h.gated else []
+        extra += ["biases"] if h.qb else []
+        lines.append(
+            f"  layer {h.layer}: {desc.mixers[h.layer]}, {h.n_heads} heads / {h.n_kv} KV of {h.head_dim} ({', '.join(extra)})"
+        )
+    for op in desc.opaque:
+        lines.append(f"  layer {op.layer}: {desc.mixers[op.layer]} (its inner tensors: coordinate scalings only)")
+    rows = [["family", "scope", "candidate", "generators", "flat", "margin"]]
+    for f in found.families:
+        margin = "-" if f.flat == f.generators else f"{f.smallest_kept_out / max(found.threshold, 1e-300):.1e}"
+        rows.append([f.name, f.scope, f.what, str(f.generators), str(f.flat), margin])
+    lines += _table(rows, width)
+    lines.append(
+        f"flat: ‖J·v‖ ≤ {found.threshold:.2e} (the threshold in J's spectral gap, ratio {found.gap:.1e}); "
+        "margin: the flattest rejected direction over the threshold"
+    )
+    held = [d for d in found.discrete if d.holds]
+    failed = [d for d in found.discrete if not d.holds]
+    if found.discrete:
+        lines.append("discrete, tested on the forward (relative change of the logits in ε; statistical tolerance):")
+        for d in held:
+            lines.append(f"  HOLDS  {d.name} {d.scope}: {d.what} ({d.residual:.3g} ε ≤ {d.tolerance:.3g} ε)")
+        for d in failed:
+            lines.append(f"  FAILS  {d.name} {d.scope}: {d.what} ({d.residual:.3g} ε)")
+    conv = (
+        f"converged: unchanged over the last {found.parameters:,}+ rows"
+        if found.converged
+        else "NOT converged within the row/time budget"
+    )
+    hist = ", ".join(f"{r}: {n}" for r, n in found.history)
+    lines.append(f"nullity by rows: {hist}")
+    lines.append(
+        f"measured nullity {found.nullity} at {found.rows:,} rows ({found.rows / found.parameters:.1f} P, {conv}); "
+        f"explained {found.explained}"
+        + ("  (measured = explained)" if found.agrees else f"  ({found.nullity - found.explained} UNEXPLAINED)")
+    )
+    for u in found.unexplained[:10]:
+        lines.append("  unexplained direction moves: " + ", ".join(f"{k} {v:.0%}" for k, v in list(u.items())[:4]))
+    if len(found.unexplained) > 10:
+        lines.append(f"  … {len(found.unexplained) - 10} more")
+    lines.append(f"unplaced tensors: {'; '.join(desc.lines()) or 'none'}")
+    lines.append(f"{found.seconds:.1f} s")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
+    if _derived(Path(args.model), args.derive):
+        return run_derived(args)
+    if args.derive:
+        raise GaugeAuditError("--derive needs a Hugging Face checkpoint directory")
     cfg = resolve(args.model)
     fs = factors(cfg)
     out = to_json(cfg, fs)

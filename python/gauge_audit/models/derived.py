@@ -1,0 +1,698 @@
+"""An architecture the project has no family file for, derived from transformers' own modules.
+
+For a checkpoint whose class has no hand-written description, the model is transformers' own
+forward in float64 (:class:`HFModel`), and its description — what every tensor *is* — is read
+off the module tree and one probing forward (:func:`describe`):
+
+* the usual decoder names place the heads (``q_proj`` … ``o_proj``, ``q_norm``/``k_norm``,
+  ``sinks``), the feed-forward (``gate_proj``/``up_proj``/``down_proj``, ``gate_up_proj``,
+  ``experts``, ``router``/``gate``, ``shared_expert(s)``) and the stream ends (``embed_tokens``,
+  ``lm_head``); the config gives the head counts, ``head_dim``, the rotary fraction and NoPE layers;
+* the probe settles what names cannot: each norm's kind (RMSNorm, ``1+w`` RMSNorm, LayerNorm,
+  weightless) and what it reads (the stream before a mixer or an FFN, or a sublayer's output —
+  OLMo's and Gemma's post-norms), the serial residual, and which stream reader each norm feeds.
+
+What cannot be placed is listed by name with the reason (:attr:`Description.unplaced`): a later
+stage refuses or reports it, never guesses.
+
+transformers 5.x evaluates some steps in float32 even in a float64 model (RMSNorm, RoPE angles,
+eager softmax, routers).  :class:`Float64` runs every one of them in float64 without knowing
+which they are: inside it a cast or a ``dtype=`` request for a 32- or 16-bit float is a float64
+one, so a float64 model's forward is float64 end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..errors import GaugeAuditError
+from ..runtime import generator, require_transformers
+
+_LOW = (torch.float32, torch.float16, torch.bfloat16)
+MAX_PARAMS_OWN = 20_000  # measured on the checkpoint itself up to this size, else on a small copy
+
+
+class Float64(TorchFunctionMode):
+    """Casts to 32/16-bit floats (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``)
+    become float64 casts: transformers' float32 islands re-run in float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float or func is torch.Tensor.half or func is torch.Tensor.bfloat16:
+            func = torch.Tensor.double
+        if kwargs.get("dtype") in _LOW:
+            kwargs["dtype"] = torch.float64
+        if func is torch.Tensor.to or func is torch.Tensor.type:
+            args = tuple(torch.float64 if a in _LOW else a for a in args)
+        return func(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- description
+@dataclass(frozen=True)
+class Norm:
+    module: str
+    weight: str | None  # parameter name; None: a weightless norm
+    bias: str | None
+    kind: str  # rms | rms1p (n(x)·(1 + w)) | layernorm | weightless
+    reads: str  # stream | mixer-out | ffn-out | heads
+
+    def gamma(self, params: dict) -> torch.Tensor | None:
+        """The elementwise factor the normalised input is multiplied by."""
+        if self.weight is None:
+            return None
+        w = params[self.weight]
+        return 1.0 + w if self.kind == "rms1p" else w
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A tensor that reads the stream: the stream is axis ``axis`` of ``param``; ``norm`` is the
+    norm whose output it reads (None: the raw stream)."""
+
+    param: str
+    axis: int
+    norm: Norm | None
+    bias: str | None = None
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A tensor whose output is added to the stream, the stream along ``axis`` (with its bias)."""
+
+    param: str
+    axis: int
+    bias: str | None = None
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """One coordinate space between readers and writers (an FFN's units, an expert's): each entry
+    (param, axis) has that space along ``axis``; ``experts`` > 0: axis 0 of every entry is the
+    expert."""
+
+    name: str
+    readers: tuple[tuple[str, int], ...]
+    writers: tuple[tuple[str, int], ...]
+    experts: int = 0
+    router: str | None = None  # the router's weight (E, d) and bias, when ``experts``
+    router_bias: str | None = None
+    per_expert: tuple[str, ...] = ()  # further tensors indexed by expert (the writer's bias)
+
+
+@dataclass(frozen=True)
+class Heads:
+    """Softmax attention: per head query/key/value rows of the projections (nn.Linear: rows are
+    outputs), ``q_stride`` rows per query head (2·head_dim with an output gate: [query | gate])."""
+
+    layer: int
+    q: str
+    k: str
+    v: str
+    o: str
+    qb: str | None
+    kb: str | None
+    vb: str | None
+    ob: str | None
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    q_stride: int
+    rotary: int  # rotated coordinates per head (0: NoPE), half-split planes (i, i + rotary/2)
+    q_norm: Norm | None
+    k_norm: Norm | None
+    qk_norm: str  # none | head | full | weightless
+    sinks: str | None
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.n_kv
+
+    @property
+    def gated(self) -> bool:
+        return self.q_stride != self.head_dim
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A mixer other than softmax attention (linear attention, …): its stream readers' and writer's
+    weights and the tensors inside it; only coordinatewise scalings are tried on it."""
+
+    layer: int
+    readers: tuple[str, ...]
+    writer: str | None
+    inner: tuple[str, ...]
+
+
+@dataclass
+class Description:
+    architecture: str
+    d_model: int
+    n_layers: int
+    vocab: int
+    embed: str
+    head: str  # lm_head's weight (the embedding when tied)
+    tied: bool
+    final_norm: Norm | None
+    readers: list[Reader] = field(default_factory=list)
+    writers: list[Writer] = field(default_factory=list)
+    post_norms: list[Norm] = field(default_factory=list)  # norms whose output is added to the stream
+    heads: list[Heads] = field(default_factory=list)
+    hidden: list[Hidden] = field(default_factory=list)
+    mixers: list[str] = field(default_factory=list)  # per layer: the mixer's class
+    opaque: list[Opaque] = field(default_factory=list)
+    placed: set[str] = field(default_factory=set)
+    unplaced: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why)
+    residual: str = "serial"  # serial, or why the stream structure was not recognised
+
+    def lines(self) -> list[str]:
+        return [f"{p}: {why}" for p, why in self.unplaced]
+
+
+# ----------------------------------------------------------------------------- the model
+@dataclass
+class HFModel:
+    """transformers' model of one architecture at one float64 parameter point."""
+
+    name: str
+    module: torch.nn.Module
+    params: dict[str, torch.Tensor]
+    config: Any  # transformers' PretrainedConfig
+    source: str  # what the parameters are: the checkpoint's, or a generic small copy's
+
+    @property
+    def size(self) -> int:
+        return sum(v.numel() for v in self.params.values())
+
+    def logits(self, params: dict, ids: torch.Tensor) -> torch.Tensor:
+        from torch.func import functional_call
+
+        with Float64():
+            return functional_call(self.module, params, (ids,), {"use_cache": False}).logits
+
+    @property
+    def vocab(self) -> int:
+        return int(self.config.vocab_size)
+
+
+def _hf_class(name: str):
+    T = require_transformers()
+    cls = getattr(T, name, None)
+    if cls is None or not hasattr(cls, "_from_config"):
+        raise GaugeAuditError(f"transformers {T.__version__} has no model class {name}")
+    return cls
+
+
+def build_module(arch: str, config, seed: int = 0) -> torch.nn.Module:
+    """transformers' model, float64, eager attention and experts; its initialisation drawn from
+    ``seed`` (the global generator's state is restored afterwards)."""
+    cls = _hf_class(arch)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            m = cls._from_config(config, attn_implementation="eager", experts_implementation="eager")
+    except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        raise GaugeAuditError(f"transformers cannot build {arch} from this config: {exc}") from None
+    for mod in m.modules():
+        # nn.Embedding's padding_idx only zeroes that row's gradient (the forward reads the row
+        # like any other): a Jacobian through it would call the row flat
+        if isinstance(mod, torch.nn.Embedding):
+            mod.padding_idx = None
+    return m.to(torch.float64).eval()
+
+
+def generic_point(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Parameters away from the special points of a fresh initialisation (norm weights exactly 1,
+    biases and sinks 0, routers so small that a few experts take every token): a vector plus
+    0.2·max(rms, 0.25)·N(0, 1), a matrix plus N(0, 1/4m) with m its smaller trailing size, so
+    every projection (a router's too) spreads its outputs by O(1)."""
+    g = generator(seed)
+    out = {}
+    for name, param in module.named_parameters():
+        p = param.detach().to(torch.float64)
+        if p.dim() >= 2:
+            scale = 0.5 / math.sqrt(min(p.shape[-2:]))
+        else:
+            scale = 0.2 * max(float(p.pow(2).mean().sqrt()) if p.numel() else 0.0, 0.25)
+        out[name] = p + scale * torch.randn(p.shape, generator=g, dtype=torch.float64)
+    return out
+
+
+_SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when the config has them)
+    "hidden_size": 8,
+    "intermediate_size": 6,
+    "moe_intermediate_size": 3,  # 2·3 ≠ 8: the stream axis of fused expert tensors stays unique
+    "shared_expert_intermediate_size": 3,
+    "num_attention_heads": 2,
+    "head_dim": 4,
+    "vocab_size": 11,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts": 4,
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 4,
+    "linear_value_head_dim": 4,
+    "sliding_window": 3,
+    "attention_chunk_size": 3,
+}
+
+
+def small_copy(config):
+    """The same architecture at small sizes (d 8, two heads of 4 with one KV head when the
+    original groups them, d_ff 6, four experts, vocabulary 11), one layer of each layer type."""
+    c = config.__class__.from_dict(config.to_dict())
+    for k, v in _SIZE_FIELDS.items():
+        if getattr(c, k, None) is not None:
+            setattr(c, k, v)
+    if getattr(c, "num_key_value_heads", None) is not None:
+        c.num_key_value_heads = 1 if config.num_key_value_heads < config.num_attention_heads else 2
+    if getattr(c, "num_experts_per_tok", None):
+        c.num_experts_per_tok = min(2, c.num_experts_per_tok)
+    for k in ("n_group", "topk_group"):
+        if getattr(c, k, None) is not None:
+            setattr(c, k, 1)
+    types = getattr(c, "layer_types", None)
+    keep = list(range(min(2, config.num_hidden_layers)))
+    if types:  # one layer of each type, in the original order
+        firsts = sorted({t: i for i, t in reversed(list(enumerate(types)))}.values())
+        keep = firsts if len(firsts) > 1 else keep
+    for k in ("layer_types", "no_rope_layers", "mlp_only_layers"):
+        listed = getattr(c, k, None)
+        if isinstance(listed, list) and len(listed) == config.num_hidden_layers:
+            setattr(c, k, [listed[i] for i in keep])
+    if getattr(c, "first_k_dense_replace", None):
+        c.first_k_dense_replace = 1
+    c.num_hidden_layers = len(keep)
+    return c
+
+
+# ----------------------------------------------------------------------------- reading a checkpoint
+_LAYER = re.compile(r"\blayers\.(\d+)\.")
+
+
+def _layer_count(names) -> int:
+    found = {int(m.group(1)) for n in names if (m := _LAYER.search(n))}
+    return max(found) + 1 if found else 0
+
+
+def load(path: Path, seed: int = 0) -> HFModel:
+    """The checkpoint's own float64 parameters when it has at most ``MAX_PARAMS_OWN``, otherwise a
+    small copy of its config at a generic point.  The config is checked against the weights'
+    shapes before anything of the config's size is built."""
+    from .checkpoint import HFDir
+
+    T = require_transformers()
+    hf = json.loads((path / "config.json").read_text())
+    arch = hf.get("architectures")
+    if not isinstance(arch, list) or len(arch) != 1 or not isinstance(arch[0], str):
+        raise GaugeAuditError(f"{path}: config.json must name exactly one architecture (architectures = {arch!r})")
+    arch = arch[0]
+    _hf_class(arch)
+    kw = {k: v for k, v in hf.items() if k not in ("model_type", "transformers_version")}
+    try:
+        config = T.AutoConfig.for_model(hf.get("model_type", ""), **kw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise GaugeAuditError(f"{path}: transformers cannot read this config: {exc}") from None
+    files = HFDir(path)
+    n_file = _layer_count(files.entries)
+    n_cfg = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n_cfg, int) or n_cfg != n_file:
+        raise GaugeAuditError(f"{path}: config.json says {n_cfg} layers, the weights hold {n_file}")
+    embed = [n for n in files.entries if n.endswith("embed_tokens.weight")]
+    if len(embed) != 1:
+        raise GaugeAuditError(f"{path}: no single embed_tokens.weight among the weights ({len(embed)} found)")
+    shape = tuple(files.entries[embed[0]][1])
+    if shape != (config.vocab_size, config.hidden_size):
+        raise GaugeAuditError(
+            f"{path}: {embed[0]} is {shape}, the config says vocab_size × hidden_size = "
+            f"{(config.vocab_size, config.hidden_size)}"
+        )
+    own = sum(math.prod(s) for _, s in files.entries.values()) <= MAX_PARAMS_OWN
+    if not own:
+        config = small_copy(config)
+    module = build_module(arch, config, seed)
+    if not own:
+        return HFModel(arch, module, generic_point(module, seed), config, "a small copy at a generic point")
+    params = {}
+    for name, p in module.named_parameters():
+        if name not in files.entries:
+            raise GaugeAuditError(f"{path}: the weights have no tensor {name} (the model {arch} needs it)")
+        t = files.where[name].get(name, torch.float64)
+        if tuple(t.shape) != tuple(p.shape):
+            raise GaugeAuditError(f"{path}: {name} is {tuple(t.shape)} in the weights, {arch} needs {tuple(p.shape)}")
+        params[name] = t
+    extra = sorted(set(files.entries) - set(params) - _tied_aliases(module))
+    if extra:
+        raise GaugeAuditError(f"{path}: tensor {extra[0]} is not a parameter of {arch}")
+    return HFModel(arch, module, params, config, "the checkpoint's own weights")
+
+
+def _tied_aliases(module) -> set[str]:
+    names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    return names - {n for n, _ in module.named_parameters()}
+
+
+# ----------------------------------------------------------------------------- probing
+def _first_tensor(args, kwargs):
+    if "hidden_states" in kwargs and isinstance(kwargs["hidden_states"], torch.Tensor):
+        return kwargs["hidden_states"]
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a
+    return None
+
+
+def _out_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return getattr(out, "last_hidden_state", None)
+
+
+def probe(model: HFModel, ids: torch.Tensor) -> dict[str, tuple]:
+    """Every module's (input, output, call order) over one forward (first call of each)."""
+    io: dict[str, tuple] = {}
+    handles = []
+    for name, mod in model.module.named_modules():
+
+        def hook(m, args, kwargs, out, name=name):
+            if name not in io:
+                io[name] = (_first_tensor(args, kwargs), _out_tensor(out), len(io))
+
+        handles.append(mod.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model.logits(model.params, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return io
+
+
+def _same(a, b) -> bool:
+    """Equal values (a token-flattened copy, as MoE blocks return, counts as the same tensor)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.numel() != b.numel():
+        return False
+    b = b.reshape(a.shape)
+    return bool(torch.allclose(a, b, rtol=1e-12, atol=1e-12 * float(b.abs().max() or 1)))
+
+
+def _norm_kind(mod, x, y, params, prefix) -> Norm | None:
+    """What a norm module computes, settled by its probed input and output."""
+    w = params.get(prefix + ".weight")
+    b = params.get(prefix + ".bias")
+    if x is None or y is None or x.shape[-1] != y.shape[-1]:
+        return None
+    eps = next((float(getattr(mod, k)) for k in ("variance_epsilon", "eps") if hasattr(mod, k)), 1e-6)
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    xc = x - x.mean(-1, keepdim=True)
+    ln = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    cands = []
+    if w is None:
+        cands += [("weightless", rms), ("weightless", x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30))]
+    else:
+        cands += [("rms", rms * w), ("rms1p", rms * (1 + w)), ("layernorm", ln * w + (b if b is not None else 0))]
+    for kind, z in cands:
+        if z.shape == y.shape and torch.allclose(z, y, rtol=1e-9, atol=1e-9):
+            return Norm(
+                prefix,
+                prefix + ".weight" if w is not None else None,
+                prefix + ".bias" if b is not None else None,
+                kind,
+                "",
+            )
+    return None
+
+
+def _is_norm(mod) -> bool:
+    return "norm" in type(mod).__name__.lower()
+
+
+def _rotary(config, attn, head_dim: int) -> int:
+    if getattr(attn, "use_rope", True) in (0, False):
+        return 0
+    rp = getattr(config, "rope_parameters", None) or {}
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        rp = next(iter(rp.values()))
+    factor = rp.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    # transformers' table: one frequency per even index below int(head_dim·factor), each on a plane
+    return 2 * math.ceil(int(head_dim * factor) / 2)
+
+
+def describe(model: HFModel, seed: int = 0) -> Description:
+    m, cfg, params = model.module, model.config, model.params
+    base = getattr(m, "model", None)
+    layers = getattr(base, "layers", None)
+    embed_mod = getattr(base, "embed_tokens", None)
+    if layers is None or embed_mod is None or not hasattr(m, "lm_head"):
+        raise GaugeAuditError(
+            f"{model.name}: not a decoder of the usual shape (model.embed_tokens, model.layers, lm_head)"
+        )
+    ids = torch.randint(0, model.vocab, (2, 6), generator=generator(seed))
+    io = probe(model, ids)
+    d = int(cfg.hidden_size)
+    embed = "model.embed_tokens.weight"
+    head = "lm_head.weight" if "lm_head.weight" in params else embed
+    desc = Description(model.name, d, len(layers), model.vocab, embed, head, head == embed, None)
+    desc.writers.append(Writer(embed, 1))
+    desc.placed |= {embed, head}
+    fn = io.get("model.norm")
+    if fn is not None and base is not None and hasattr(base, "norm"):
+        desc.final_norm = _norm_kind(base.norm, fn[0], fn[1], params, "model.norm")
+    if desc.final_norm is None:
+        desc.unplaced.append(("model.norm", "the final norm's kind was not recognised"))
+    else:
+        desc.placed |= {desc.final_norm.weight or "", desc.final_norm.bias or ""}
+    desc.readers.append(Reader(head, 1, desc.final_norm))
+    for i, layer in enumerate(layers):
+        _layer(desc, model, io, i, layer)
+    for name in params:
+        if name not in desc.placed and not any(name == p for p, _ in desc.unplaced):
+            desc.unplaced.append((name, "no role derived from its module name"))
+    return desc
+
+
+def _children(io, prefix, layer):
+    """The layer's children in call order: (name, module, input, output)."""
+    out = []
+    for name, mod in layer.named_children():
+        full = f"{prefix}.{name}"
+        if full in io:
+            x, y, order = io[full]
+            out.append((order, name, mod, x, y))
+    return [t[1:] for t in sorted(out, key=lambda t: t[0])]
+
+
+def _layer(desc: Description, model: HFModel, io, i: int, layer) -> None:
+    params = model.params
+    prefix = f"model.layers.{i}"
+    x_in = io[prefix][0]
+    x_out = io[prefix][1]
+    kids = _children(io, prefix, layer)
+    subs = [(n, mod, x, y) for n, mod, x, y in kids if not _is_norm(mod)]
+    norms = [(n, mod, x, y) for n, mod, x, y in kids if _is_norm(mod)]
+    if len(subs) != 2:
+        desc.residual = f"layer {i}: {len(subs)} sublayers ({', '.join(n for n, *_ in subs)}), not a mixer and an FFN"
+        return
+    (mix_name, mix, mix_x, mix_y), (ffn_name, ffn, ffn_x, ffn_y) = subs
+    desc.mixers.append(type(mix).__name__)
+    placed_norms: dict[str, Norm] = {}
+    for n, mod, x, y in norms:
+        nk = _norm_kind(mod, x, y, params, f"{prefix}.{n}")
+        if nk is None:
+            desc.unplaced.append((f"{prefix}.{n}", "a norm whose kind was not recognised"))
+            continue
+        reads = (
+            "stream-mixer"
+            if _same(x, x_in)
+            else "mixer-out"
+            if _same(x, mix_y)
+            else "ffn-out"
+            if _same(x, ffn_y)
+            else "stream-ffn"
+        )
+        placed_norms[reads] = Norm(nk.module, nk.weight, nk.bias, nk.kind, reads)
+        desc.placed |= {nk.weight or "", nk.bias or ""}
+    post_mix, post_ffn = placed_norms.get("mixer-out"), placed_norms.get("ffn-out")
+    for p in (post_mix, post_ffn):
+        if p is not None:
+            desc.post_norms.append(p)
+    # the serial residual: x_mid = x_in + (post-norm of) mixer out; x_out = x_mid + (post-norm of) FFN out
+    w_mix = (io[post_mix.module][1] if post_mix else mix_y).reshape(x_in.shape)
+    x_mid = x_in + w_mix
+    w_ffn = (io[post_ffn.module][1] if post_ffn else ffn_y).reshape(x_mid.shape)
+    pre_mix, pre_ffn = placed_norms.get("stream-mixer"), placed_norms.get("stream-ffn")
+    feeds_ffn = io[pre_ffn.module][1] if pre_ffn else x_mid
+    if not (_same(x_out, x_mid + w_ffn) and _same(ffn_x, feeds_ffn)):
+        desc.residual = f"layer {i}: the output is not x + {mix_name}(…) then + {ffn_name}(…) in sequence"
+        return
+    _mixer(desc, model, io, i, f"{prefix}.{mix_name}", mix, pre_mix)
+    _ffn(desc, model, i, f"{prefix}.{ffn_name}", ffn, pre_ffn)
+
+
+def _linear(mod, name) -> bool:
+    return isinstance(mod, torch.nn.Linear) and getattr(mod, "weight", None) is not None
+
+
+def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm: Norm | None) -> None:
+    params, cfg = model.params, model.config
+    names = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    if names <= {n for n, _ in mix.named_children()}:
+        n_heads = int(cfg.num_attention_heads)
+        n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+        e = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        q_out = mix.q_proj.weight.shape[0]
+        if q_out not in (n_heads * e, 2 * n_heads * e) or mix.k_proj.weight.shape[0] != n_kv * e:
+            desc.unplaced.append((f"{prefix}.q_proj.weight", f"{q_out} query rows for {n_heads} heads of {e}"))
+            return
+        qn, kn, kind = None, None, "none"
+        for side in ("q", "k"):
+            mod = getattr(mix, f"{side}_norm", None)
+            probed = io.get(f"{prefix}.{side}_norm")
+            if mod is None or probed is None:
+                continue
+            nk = _norm_kind(mod, probed[0], probed[1], params, f"{prefix}.{side}_norm")
+            if nk is None:
+                desc.unplaced.append((f"{prefix}.{side}_norm", "a QK-norm whose kind was not recognised"))
+                return
+            w = params.get(f"{prefix}.{side}_norm.weight")
+            if side == "q":  # per head (weights shared by the heads) or over all query heads jointly
+                kind = "weightless" if w is None else ("head" if w.numel() == e else "full")
+            nrm = Norm(nk.module, nk.weight, nk.bias, nk.kind, "heads")
+            if side == "q":
+                qn = nrm
+            else:
+                kn = nrm
+        if getattr(mix, "qk_norm", None) is not None:  # one weightless norm module for both (Llama 4)
+            kind = "weightless"
+        sinks = f"{prefix}.sinks" if f"{prefix}.sinks" in params else None
+        h = Heads(
+            layer=i,
+            q=f"{prefix}.q_proj.weight",
+            k=f"{prefix}.k_proj.weight",
+            v=f"{prefix}.v_proj.weight",
+            o=f"{prefix}.o_proj.weight",
+            qb=_opt(params, f"{prefix}.q_proj.bias"),
+            kb=_opt(params, f"{prefix}.k_proj.bias"),
+            vb=_opt(params, f"{prefix}.v_proj.bias"),
+            ob=_opt(params, f"{prefix}.o_proj.bias"),
+            n_heads=n_heads,
+            n_kv=n_kv,
+            head_dim=e,
+            q_stride=q_out // n_heads,
+            rotary=_rotary(cfg, mix, e),
+            q_norm=qn,
+            k_norm=kn,
+            qk_norm=kind,
+            sinks=sinks,
+        )
+        desc.heads.append(h)
+        for p in "qkv":
+            desc.readers.append(Reader(f"{prefix}.{p}_proj.weight", 1, norm))
+        desc.writers.append(Writer(h.o, 0, h.ob))
+        desc.placed |= {x for x in (h.q, h.k, h.v, h.o, h.qb, h.kb, h.vb, h.ob, h.sinks) if x}
+        desc.placed |= {x.weight for x in (qn, kn) if x is not None and x.weight}
+        return
+    # another mixer (linear attention, …): its stream readers and writer by the module tree
+    lins = [(n, mod) for n, mod in mix.named_modules() if _linear(mod, n)]
+    readers: list[str] = []
+    writer: str | None = None
+    for n, mod in lins:
+        wname = f"{prefix}.{n}.weight"
+        if n.startswith("out_proj") or n.startswith("o_proj"):
+            desc.writers.append(Writer(wname, 0))
+            writer = wname
+        elif mod.in_features == desc.d_model:
+            desc.readers.append(Reader(wname, 1, norm))
+            readers.append(wname)
+        else:
+            continue
+        desc.placed.add(wname)
+    inner = tuple(n for n in params if n.startswith(prefix + ".") and n not in desc.placed)
+    desc.opaque.append(Opaque(i, tuple(readers), writer, inner))
+    desc.placed |= set(inner)
+
+
+def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm | None) -> None:
+    params, d = model.params, desc.d_model
+
+    def dense(pre: str, mod, name: str) -> None:
+        ch = dict(mod.named_children())
+        if "down_proj" not in ch:
+            return
+        readers = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "fc1") if n in ch]
+        rs: list[tuple[str, int]] = []
+        for n in readers:
+            desc.readers.append(Reader(f"{pre}.{n}.weight", 1, norm, _opt(params, f"{pre}.{n}.bias")))
+            rs.append((f"{pre}.{n}.weight", 0))
+            if f"{pre}.{n}.bias" in params:
+                rs.append((f"{pre}.{n}.bias", 0))
+        desc.writers.append(Writer(f"{pre}.down_proj.weight", 0, _opt(params, f"{pre}.down_proj.bias")))
+        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.down_proj.weight", 1),)))
+        desc.placed |= {p for p, _ in rs} | {f"{pre}.down_proj.weight", f"{pre}.down_proj.bias"}
+
+    ch = dict(ffn.named_children())
+    dense(prefix, ffn, f"layer {i} FFN")
+    ex = ch.get("experts")
+    if ex is not None:
+        pe = {n: p for n, p in params.items() if n.startswith(prefix + ".experts.")}
+        E = next(iter(pe.values())).shape[0] if pe else 0
+        up = [n for n in pe if re.search(r"\.(gate_up_proj|up_proj|gate_proj)$", n)]
+        down = [n for n in pe if n.endswith(".down_proj")]
+        if not up or len(down) != 1 or any(pe[n].dim() != 3 for n in up + down):
+            for n in pe:
+                desc.unplaced.append((n, "experts stored as other than fused (E, ·, ·) tensors"))
+        else:
+            rs, ws = [], []
+            for n in up:
+                ax = _stream_axis(pe[n], d, n, desc)
+                if ax is None:
+                    return
+                desc.readers.append(Reader(n, ax, norm))
+                rs.append((n, 3 - ax))
+                b = n + "_bias"
+                if b in params:
+                    rs.append((b, 1))
+                    desc.placed.add(b)
+            ax = _stream_axis(pe[down[0]], d, down[0], desc)
+            if ax is None:
+                return
+            desc.writers.append(Writer(down[0], ax, _opt(params, down[0] + "_bias")))
+            desc.placed |= set(up) | {down[0], down[0] + "_bias"}
+            ws.append((down[0], 3 - ax))
+            router = next((r for r in ("router", "gate") if r in ch and f"{prefix}.{r}.weight" in params), None)
+            rw = f"{prefix}.{router}.weight" if router else None
+            rb = _opt(params, f"{prefix}.{router}.bias") if router else None
+            if rw:
+                desc.readers.append(Reader(rw, 1, norm, rb))
+                desc.placed |= {rw, rb or ""}
+            bias = _opt(params, down[0] + "_bias")
+            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, (bias,) if bias else ()))
+    for sname in ("shared_expert", "shared_experts"):
+        if sname in ch:
+            dense(f"{prefix}.{sname}", ch[sname], f"layer {i} shared expert")
+    if "shared_expert_gate" in ch:
+        w = f"{prefix}.shared_expert_gate.weight"
+        desc.readers.append(Reader(w, 1, norm))
+        desc.placed.add(w)
+
+
+def _opt(params, name: str) -> str | None:
+    return name if name in params else None
+
+
+def _stream_axis(t: torch.Tensor, d: int, name: str, desc: Description) -> int | None:
+    axes = [a for a in (1, 2) if t.shape[a] == d]
+    if len(axes) != 1:
+        desc.unplaced.append((name, f"shape {tuple(t.shape)}: the stream axis (size {d}) is not unique"))
+        return None
+    return axes[0]

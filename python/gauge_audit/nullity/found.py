@@ -1,0 +1,257 @@
+"""The gauge group found on a model's own forward, not assumed.
+
+1. **Converged nullity.**  Rows of J = ∂logits/∂θ (transformers' float64 forward, reverse mode
+   per block of sequences) are added a block at a time into the triangular factor R of a QR
+   factorisation (JᵀJ = RᵀR, so ‖Jv‖ = ‖Rv‖ with R only P × P).  After each block the rank is
+   read from the largest relative gap of R's spectrum.  Too few rows leave directions flat that
+   are not symmetries, so rows are added until the nullity has not changed over the last P rows
+   (and at least 2P rows are in), within a row and time budget; the rows it took are reported,
+   and a budget that ends first says so.
+2. **Each candidate family tested.**  Its generators G (tangent vectors, orthonormalised) are
+   flat where ‖R·Gc‖ is below the spectrum's gap threshold: the flat subalgebra's dimension is
+   the number of singular values of R·Q_G below it — the candidate is kept only as far as it is
+   flat.  Discrete candidates are applied and the logits compared against κ·λ·√(L·K)·ε.
+3. **Completeness.**  The union of the flat subalgebras has a rank; measured nullity minus that
+   rank is unexplained, and each unexplained direction is reported with the tensors it moves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.func import jacrev
+
+from ..errors import GaugeAuditError
+from ..models.derived import Description, HFModel
+from ..numeric import statistical_factor, worst_case_tolerance
+from ..progress import bar
+from ..runtime import eps, generator
+from .candidates import Family, continuous, discrete
+from .measure import Layout, Spectrum, numerical_rank
+
+SEQ = 6  # tokens per sequence: longer than the small copies' windows and chunks (3)
+
+
+@dataclass
+class FamilyResult:
+    name: str
+    scope: str
+    what: str
+    generators: int  # independent generators of the candidate
+    flat: int  # dimension of its flat subalgebra
+    largest_flat: float  # ‖J·v‖ of the least flat kept direction (absolute)
+    smallest_kept_out: float  # ‖J·v‖ of the flattest rejected direction (inf: none)
+
+
+@dataclass
+class DiscreteResult:
+    name: str
+    scope: str
+    what: str
+    residual: float  # relative change of the logits, in units of ε
+    tolerance: float  # statistical tolerance, in ε
+    holds: bool
+
+
+@dataclass
+class Found:
+    model: str
+    source: str
+    parameters: int
+    rows: int
+    history: list[tuple[int, int]]  # (rows, nullity) after each block
+    converged: bool
+    nullity: int
+    gap: float
+    threshold: float
+    families: list[FamilyResult]
+    discrete: list[DiscreteResult]
+    explained: int
+    unexplained: list[dict[str, float]] = field(default_factory=list)  # per direction: tensor → share
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def agrees(self) -> bool:
+        return self.converged and self.explained == self.nullity
+
+
+def _inputs(vocab: int, batch: int, g: torch.Generator, cover: bool) -> torch.Tensor:
+    ids = torch.randint(0, vocab, (batch, SEQ), generator=g)
+    if cover:  # every token once, so no embedding row is unseen
+        flat = ids.reshape(-1)
+        k = min(vocab, flat.numel())
+        flat[torch.randperm(flat.numel(), generator=g)[:k]] = torch.randperm(vocab, generator=g)[:k]
+    return ids
+
+
+def converged_factor(
+    model: HFModel, layout: Layout, seed: int, budget_s: float, max_factor: float, quiet: bool
+) -> tuple[torch.Tensor, list[tuple[int, int]], bool, Spectrum]:
+    """R (P × P, upper) over enough rows that the nullity is stable; the (rows, nullity) history."""
+    P = layout.size
+    per_seq = SEQ * model.vocab
+    batch = max(1, math.ceil(P / 2 / per_seq))
+    g = generator(seed + 1)
+    names = layout.names
+
+    def f(params, ids):
+        return model.logits(params, ids).reshape(-1)
+
+    jac = jacrev(f)
+    R = torch.zeros(0, P, dtype=torch.float64)
+    history: list[tuple[int, int]] = []
+    rows, t0 = 0, time.time()
+    spec: Spectrum | None = None
+    converged = False
+    with bar(total=None, desc="Jacobian rows", unit="row", disable=quiet) as pb:
+        while True:
+            ids = _inputs(model.vocab, batch, g, cover=not history)
+            J = jac(model.params, ids)
+            block = torch.cat([J[n].reshape(J[n].shape[0], -1) for n in names], dim=1)
+            R = torch.linalg.qr(torch.cat([R, block]), mode="r").R[:P]
+            rows += block.shape[0]
+            pb.update(block.shape[0])
+            s = torch.linalg.svdvals(R)
+            if s.numel() < P:
+                s = torch.cat([s, torch.zeros(P - s.numel(), dtype=s.dtype)])
+            try:
+                spec = numerical_rank(s)
+            except GaugeAuditError:
+                spec = None
+            history.append((rows, -1 if spec is None else spec.nullity))
+            if spec is not None and rows >= 2 * P:
+                back = [n for r, n in history if r <= rows - P]
+                if back and back[-1] == spec.nullity:
+                    converged = True
+                    break
+            if rows >= max_factor * P or time.time() - t0 > budget_s:
+                break
+    if spec is None:
+        raise GaugeAuditError(f"{model.name}: no clear gap in the Jacobian's spectrum after {rows} rows")
+    return R, history, converged, spec
+
+
+def _basis(layout: Layout, fam: Family) -> torch.Tensor:
+    """Orthonormal columns spanning the family's generators (dependent ones dropped)."""
+    G = torch.stack([layout.flatten(t) for t in fam.generators], dim=1)
+    if G.numel() == 0:
+        return G
+    u, s, _ = torch.linalg.svd(G, full_matrices=False)
+    keep = s > 1e-10 * float(s[0]) if s.numel() and float(s[0]) > 0 else torch.zeros(0, dtype=torch.bool)
+    return u[:, keep]
+
+
+def measure(
+    model: HFModel,
+    desc: Description,
+    seed: int = 0,
+    budget_s: float = 600.0,
+    max_factor: float = 12.0,
+    quiet: bool = True,
+) -> Found:
+    t0 = time.time()
+    params = model.params
+    layout = Layout.of(params)
+    P = layout.size
+    R, history, converged, spec = converged_factor(model, layout, seed, budget_s, max_factor, quiet)
+    thr = spec.threshold
+    results: list[FamilyResult] = []
+    flat_dirs = []
+    for fam in continuous(desc, params):
+        Q = _basis(layout, fam)
+        if Q.shape[1] == 0:
+            continue
+        _, s, vh = torch.linalg.svd(R @ Q, full_matrices=True)
+        s_full = torch.cat([s, torch.zeros(Q.shape[1] - s.numel(), dtype=s.dtype)])
+        flat = s_full <= thr
+        k = int(flat.sum())
+        if k:
+            flat_dirs.append(Q @ vh[-k:].T)
+        results.append(
+            FamilyResult(
+                fam.name,
+                fam.scope,
+                fam.what,
+                Q.shape[1],
+                k,
+                float(s_full[flat].max()) if k else 0.0,
+                float(s_full[~flat].min()) if (~flat).any() else math.inf,
+            )
+        )
+    explained = 0
+    unexplained: list[dict[str, float]] = []
+    N = _null_basis(R, spec.rank)
+    if flat_dirs:
+        F = torch.cat(flat_dirs, dim=1)
+        u, s, _ = torch.linalg.svd(F, full_matrices=False)
+        E = u[:, s > 1e-8 * float(s[0])]
+        explained = E.shape[1]
+        rest = N - E @ (E.T @ N)
+    else:
+        rest = N
+    if rest.numel():
+        u, s, _ = torch.linalg.svd(rest, full_matrices=False)
+        for j in range(int((s > 0.5).sum())):
+            shares = layout.block_norms(u[:, j])
+            unexplained.append({k: v for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v > 0.01})
+    found = Found(
+        model.name,
+        model.source,
+        P,
+        history[-1][0],
+        history,
+        converged,
+        spec.nullity,
+        spec.gap_ratio,
+        thr,
+        results,
+        _discrete(model, desc, seed),
+        explained,
+        unexplained,
+    )
+    found.seconds = time.time() - t0
+    return found
+
+
+def _null_basis(R: torch.Tensor, rank: int) -> torch.Tensor:
+    _, _, vh = torch.linalg.svd(R, full_matrices=True)
+    return vh[rank:].T.contiguous()
+
+
+def path_length(desc: Description, params: dict) -> int:
+    """K: the inner-product lengths along one block — the mixer's and the FFN's stream readers,
+    the scores, the attention sum over the sequence, the output projection, the QK-norm's mean, the
+    FFN's writer, the norms' means — and the unembedding."""
+    d = desc.d_model
+    k = 2 * d + SEQ + d + 3 * d
+    if desc.heads:
+        h = desc.heads[0]
+        k += h.head_dim + h.n_heads * h.head_dim + (h.head_dim if h.qk_norm != "none" else 0)
+    if desc.hidden:
+        name, axis = desc.hidden[0].writers[0]
+        k += params[name].shape[axis]
+    return k
+
+
+def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResult]:
+    cands = discrete(desc, model.params)
+    if not cands:
+        return []
+    ids = _inputs(model.vocab, 8, generator(seed + 2), cover=True)
+    with torch.no_grad():
+        y0 = model.logits(model.params, ids)
+    L, K = max(1, desc.n_layers), path_length(desc, model.params)
+    _, tol = statistical_factor(L, K, y0.numel())  # in ε, κ = 1: the element is a permutation with signs
+    e64 = eps(torch.float64)
+    worst = worst_case_tolerance(1.0, L, K, torch.float64) / e64
+    out = []
+    for c in cands:
+        with torch.no_grad():
+            y = model.logits(c.apply(model.params), ids)
+        rel = float((y - y0).norm() / y0.norm()) / e64
+        out.append(DiscreteResult(c.name, c.scope, c.what, rel, tol, rel <= worst))
+    return out
