@@ -99,6 +99,9 @@ def found_json(name: str, desc, found) -> dict:
         "families": [asdict(f) for f in found.families],
         "discrete": [asdict(d) for d in found.discrete],
         "nullity": found.nullity,
+        "threshold": found.threshold,
+        "gap": found.gap,
+        "notes": found.notes,
         "explained": found.explained,
         "rows": found.rows,
         "history": found.history,
@@ -148,7 +151,8 @@ def format_found(name: str, desc, found) -> str:
         if found.converged
         else "NOT converged within the row/time budget"
     )
-    hist = ", ".join(f"{r}: {n}" for r, n in found.history)
+    hist = ", ".join(f"{r}: {n if n >= 0 else 'no clear gap'}" for r, n in found.history)
+    lines += [f"note: {n}" for n in found.notes]
     lines.append(f"nullity by rows: {hist}")
     lines.append(
         f"measured nullity {found.nullity} at {found.rows:,} rows ({found.rows / found.parameters:.1f} P, {conv}); "

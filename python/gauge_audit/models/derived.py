@@ -202,6 +202,11 @@ class HFModel:
         return int(self.config.vocab_size)
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 def _hf_class(name: str):
     T = require_transformers()
     cls = getattr(T, name, None)
@@ -220,6 +225,10 @@ def build_module(arch: str, config, seed: int = 0) -> torch.nn.Module:
             m = cls._from_config(config, attn_implementation="eager", experts_implementation="eager")
     except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
         raise GaugeAuditError(f"transformers cannot build {arch} from this config: {exc}") from None
+    return _float64_module(m)
+
+
+def _float64_module(m: torch.nn.Module) -> torch.nn.Module:
     for mod in m.modules():
         # nn.Embedding's padding_idx only zeroes that row's gradient (the forward reads the row
         # like any other): a Jacobian through it would call the row flat
@@ -248,6 +257,7 @@ def generic_point(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]
 _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when the config has them)
     "hidden_size": 8,
     "intermediate_size": 6,
+    "intermediate_size_mlp": 6,
     "moe_intermediate_size": 3,  # 2·3 ≠ 8: the stream axis of fused expert tensors stays unique
     "shared_expert_intermediate_size": 3,
     "num_attention_heads": 2,
@@ -263,6 +273,21 @@ _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when
     "sliding_window": 3,
     "attention_chunk_size": 3,
 }
+
+
+def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
+    """A checkpoint directory of transformers' ``arch`` at its config class's defaults made small
+    (:func:`small_copy`), with ``overrides``, at a generic point; written by ``save_pretrained``."""
+    cls = _hf_class(arch)
+    config = small_copy(cls.config_class())
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    config.architectures = [arch]
+    module = build_module(arch, config, seed)
+    module.load_state_dict(generic_point(module, seed), strict=False)
+    out = Path(out)
+    module.save_pretrained(out)
+    return out
 
 
 def small_copy(config):
@@ -319,8 +344,8 @@ def load(path: Path, seed: int = 0) -> HFModel:
     kw = {k: v for k, v in hf.items() if k not in ("model_type", "transformers_version")}
     try:
         config = T.AutoConfig.for_model(hf.get("model_type", ""), **kw)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise GaugeAuditError(f"{path}: transformers cannot read this config: {exc}") from None
+    except Exception as exc:  # transformers' own validators raise their own classes
+        raise GaugeAuditError(f"{path}: transformers cannot read this config: {_first_line(exc)}") from None
     files = HFDir(path)
     n_file = _layer_count(files.entries)
     n_cfg = getattr(config, "num_hidden_layers", None)
@@ -338,26 +363,33 @@ def load(path: Path, seed: int = 0) -> HFModel:
     own = sum(math.prod(s) for _, s in files.entries.values()) <= MAX_PARAMS_OWN
     if not own:
         config = small_copy(config)
-    module = build_module(arch, config, seed)
-    if not own:
+        module = build_module(arch, config, seed)
         return HFModel(arch, module, generic_point(module, seed), config, "a small copy at a generic point")
-    params = {}
-    for name, p in module.named_parameters():
-        if name not in files.entries:
-            raise GaugeAuditError(f"{path}: the weights have no tensor {name} (the model {arch} needs it)")
-        t = files.where[name].get(name, torch.float64)
-        if tuple(t.shape) != tuple(p.shape):
-            raise GaugeAuditError(f"{path}: {name} is {tuple(t.shape)} in the weights, {arch} needs {tuple(p.shape)}")
-        params[name] = t
-    extra = sorted(set(files.entries) - set(params) - _tied_aliases(module))
-    if extra:
-        raise GaugeAuditError(f"{path}: tensor {extra[0]} is not a parameter of {arch}")
+    # transformers' own loader: it maps the file's layout (per-expert tensors, …) onto the modules
+    try:
+        module, info = _hf_class(arch).from_pretrained(
+            path,
+            dtype=torch.float64,
+            use_safetensors=True,
+            attn_implementation="eager",
+            experts_implementation="eager",
+            output_loading_info=True,
+        )
+    except Exception as exc:  # transformers' loader raises many classes; each is one line here
+        raise GaugeAuditError(f"{path}: transformers cannot load these weights: {_first_line(exc)}") from None
+    for key, what in (
+        ("missing_keys", "has no tensor for"),
+        ("mismatched_keys", "has a tensor of another shape for"),
+        ("unexpected_keys", "has a tensor that is no parameter of the model:"),
+    ):
+        bad = sorted(str(k) for k in info.get(key) or ())
+        if bad:
+            raise GaugeAuditError(
+                f"{path}: the weights {what} {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+            )
+    module = _float64_module(module)
+    params = {n: p.detach().clone() for n, p in module.named_parameters()}
     return HFModel(arch, module, params, config, "the checkpoint's own weights")
-
-
-def _tied_aliases(module) -> set[str]:
-    names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-    return names - {n for n, _ in module.named_parameters()}
 
 
 # ----------------------------------------------------------------------------- probing

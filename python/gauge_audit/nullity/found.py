@@ -109,15 +109,15 @@ def converged_factor(
     converged = False
     with bar(total=None, desc="Jacobian rows", unit="row", disable=quiet) as pb:
         while True:
-            ids = _inputs(model.vocab, batch, g, cover=not history)
+            ids = _inputs(model.vocab, batch, g, cover=rows == 0)
             J = jac(model.params, ids)
             block = torch.cat([J[n].reshape(J[n].shape[0], -1) for n in names], dim=1)
             R = torch.linalg.qr(torch.cat([R, block]), mode="r").R[:P]
             rows += block.shape[0]
             pb.update(block.shape[0])
+            if rows < P:  # the nullity is at least P − rows: nothing to read yet
+                continue
             s = torch.linalg.svdvals(R)
-            if s.numel() < P:
-                s = torch.cat([s, torch.zeros(P - s.numel(), dtype=s.dtype)])
             try:
                 spec = numerical_rank(s)
             except GaugeAuditError:
@@ -213,8 +213,28 @@ def measure(
         explained,
         unexplained,
     )
+    found.notes += special_point(desc, params)
     found.seconds = time.time() - t0
     return found
+
+
+def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[str]:
+    """Norm factors all equal (a fresh initialisation's 1) or biases all zero: a point where more
+    maps may be flat than at a generic one (a QK-norm with equal weights commutes with every
+    rotation of a plane)."""
+    norms = {r.norm for r in desc.readers if r.norm} | set(desc.post_norms)
+    norms |= {n for h in desc.heads for n in (h.q_norm, h.k_norm) if n}
+    out = []
+    for n in sorted(norms, key=lambda n: n.module):
+        g = n.gamma(params)
+        if g is not None and g.numel() > 1 and bool((g == g.reshape(-1)[0]).all()):
+            out.append(f"special point: {n.module}'s factors are all {float(g.reshape(-1)[0]):g}")
+    biases = [b for h in desc.heads for b in (h.qb, h.kb, h.vb, h.ob) if b]
+    biases += [hd.router_bias for hd in desc.hidden if hd.router_bias]
+    out += [f"special point: {b} is zero" for b in biases if not bool(params[b].any())]
+    if out:
+        out.append("special point: the group measured here may exceed the one at a generic point")
+    return out
 
 
 def _null_basis(R: torch.Tensor, rank: int) -> torch.Tensor:

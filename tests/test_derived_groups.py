@@ -1,0 +1,197 @@
+"""Decoders without a family file: described from transformers' modules, their gauge group
+measured on transformers' own float64 forward (``gauge-audit groups DIR``).
+
+Each family's flat dimension is compared with the dimension derived by hand for its switches
+(RoPE planes, partial rotary, QK-norm kind, output gate, GLU kind, router), every kept and every
+rejected direction must stand clear of the Jacobian's gap threshold, and the measured nullity
+must equal the union of the flat families.  The checkpoints are tiny random ones written by
+transformers, at a generic point (norm weights spread around 1, non-zero biases)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+
+import pytest
+import torch
+
+from gauge_audit.cli import main
+from gauge_audit.models.derived import Heads, describe, load, tiny_checkpoint
+
+pytest.importorskip("transformers")
+
+# a kept direction this far below the gap threshold, a rejected one this far above: the gap is at
+# least 1e4 (a narrower one is refused), so the threshold at its geometric middle leaves 100 a side
+MARGIN = 30.0
+
+
+def qk_flat(h: Heads) -> int:
+    """dim of the QK GL(d_k) candidate's flat part, derived: no QK-norm — the rotary commutant
+    (a scaled rotation per plane) × GL of the pass-through; a weightless (L2) QK-norm — its
+    orthogonal part (a rotation per plane × O of the pass-through); a weighted QK-norm — none
+    (its weights' scalings are the qk-norm-scale family)."""
+    planes, rest = h.rotary // 2, h.head_dim - h.rotary
+    if h.qk_norm == "none":
+        return 2 * planes + rest * rest
+    if h.qk_norm == "weightless":
+        return planes + rest * (rest - 1) // 2
+    return 0
+
+
+def qk_norm_flat(h: Heads) -> int:
+    """A scale per rotary plane and per pass-through coordinate, per KV group when the weights
+    cover every head (full) and shared when they are one head's (head)."""
+    per = h.rotary // 2 + h.head_dim - h.rotary
+    return per * (h.n_kv if h.qk_norm == "full" else 1)
+
+
+CASES = {
+    # architecture: (overrides of the small copy, the FFN's kind)
+    "GptOssForCausalLM": ({}, "up-with-+1"),
+    # two rotary planes of a head of 8 (the default quarter would leave one plane: a special size)
+    "Qwen3_5ForCausalLM": (
+        {
+            "head_dim": 8,
+            "linear_conv_kernel_dim": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+        },
+        "glu",
+    ),
+    "Olmo3ForCausalLM": ({}, "glu"),
+    "Llama4ForCausalLM": ({"num_local_experts": 2}, "glu"),  # top-1 of two: every expert sees half the tokens
+    "Glm4MoeForCausalLM": ({"use_qk_norm": True}, "glu"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    base = tmp_path_factory.mktemp("decoders")
+    return {a: tiny_checkpoint(a, base / a, 0, **over) for a, (over, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def measured(checkpoints):
+    """``groups DIR --json`` of each checkpoint, run once: (exit code, its JSON)."""
+    cache: dict[str, tuple[int, dict]] = {}
+
+    def get(arch: str) -> tuple[int, dict]:
+        if arch not in cache:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rc = main(["groups", str(checkpoints[arch]), "--json"])
+            cache[arch] = (rc, json.loads(buf.getvalue()))
+        return cache[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_group_measured_equals_derived(arch, checkpoints, measured):
+    path = checkpoints[arch]
+    rc, out = measured(arch)
+    assert rc == 0
+    assert out["derived"] and out["converged"] and out["agrees"]
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"]
+    model = load(path)
+    desc = describe(model)
+    heads = {h.layer: h for h in desc.heads}
+    units = {hd.name: model.params[hd.writers[0][0]].shape[hd.writers[0][1]] * max(1, hd.experts) for hd in desc.hidden}
+    for f in out["families"]:
+        layer = int(f["scope"].split()[1]) if f["scope"].startswith("layer") else None
+        if f["name"] == "qk-gl":
+            assert f["flat"] == qk_flat(heads[layer]), f
+        elif f["name"] == "qk-norm-scale":
+            assert f["flat"] == qk_norm_flat(heads[layer]), f
+        elif f["name"] == "vo-gl":  # an output gate before o_proj leaves the diagonal of GL(d_v)
+            h = heads[layer]
+            assert f["flat"] == (h.head_dim if h.gated else h.head_dim**2), f
+        elif f["name"] == "stream-gl":  # O(d) behind RMSNorms; nothing past post-norms
+            assert f["flat"] == (0 if desc.post_norms else desc.d_model * (desc.d_model - 1) // 2), f
+        elif f["name"] == "ffn-scale":  # one scale per unit: the GLU's linear branch (gpt-oss: up + 1, shifted with it)
+            assert f["flat"] == units[f["scope"]], f
+        elif f["name"] == "norm-fold":
+            assert f["flat"] == f["generators"] == desc.d_model, f
+    # every decision clears the gap threshold by a wide margin
+    for f in out["families"]:
+        if f["flat"]:
+            assert f["largest_flat"] * MARGIN < out["threshold"], f
+        if f["flat"] < f["generators"]:
+            assert f["smallest_kept_out"] > MARGIN * out["threshold"], f
+
+
+def test_discrete_candidates_settled_on_the_forward(measured):
+    """The rotary layout and the fused-expert layout are measured, not assumed: Llama 4 rotates
+    interleaved pairs and fuses [gate | up]; gpt-oss rotates half-split pairs and interleaves gate
+    and up.  OLMo 3's quarter turn holds only with its QK-norm entries exchanged."""
+    held = {}
+    for arch in ("Llama4ForCausalLM", "GptOssForCausalLM", "Olmo3ForCausalLM"):
+        rc, out = measured(arch)
+        assert rc == 0
+        held[arch] = {(d["name"], d["what"]): (d["holds"], d["residual"], d["tolerance"]) for d in out["discrete"]}
+
+    def get(arch, name, part):
+        return next(v for (n, w), v in held[arch].items() if n == name and part in w)
+
+    for arch, good, bad in (
+        ("Llama4ForCausalLM", "interleaved", "half-split"),
+        ("GptOssForCausalLM", "half-split", "interleaved"),
+    ):
+        ok, res, tol = get(arch, "rotary-half-turn", good)
+        assert ok and res <= tol
+        ok, res, tol = get(arch, "rotary-half-turn", bad)
+        assert not ok and res > 1e10 * tol
+    ok, res, tol = get("Llama4ForCausalLM", "unit-swap", "[gate | up]")
+    assert ok and res <= tol
+    ok, res, tol = get("GptOssForCausalLM", "unit-swap", "interleaved")
+    assert ok and res <= tol
+    ok, res, tol = get("Olmo3ForCausalLM", "rotary-quarter-turn", "half-split")
+    assert ok and res <= tol
+
+
+def test_bad_checkpoints_one_line_exit_2_within_seconds(tmp_path, capsys):
+    src = tiny_checkpoint("Olmo3ForCausalLM", tmp_path / "ok", 0)
+    cfg = json.loads((src / "config.json").read_text())
+    cases = {
+        "layers": {**cfg, "num_hidden_layers": 10**9},
+        "width": {**cfg, "hidden_size": 12},
+        "arch": {**cfg, "architectures": ["NoSuchModelForCausalLM"]},
+    }
+    for name, c in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(c))
+        (d / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+        t0 = time.time()
+        rc = main(["groups", str(d)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (name, err)
+        assert time.time() - t0 < 10, name
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**9}))
+    assert main(["groups", str(empty)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_fresh_initialisation_is_recognised_as_a_special_point(tmp_path):
+    """At transformers' own initialisation (every QK-norm weight 1) OLMo 3's QK-norm commutes with
+    a rotation of each rotary plane: the group measured there is larger than the generic one, and
+    the measurement says the point is special."""
+    from gauge_audit.models.derived import build_module
+    from gauge_audit.nullity.found import measure
+
+    path = tiny_checkpoint("Olmo3ForCausalLM", tmp_path / "g", 0)
+    generic = load(path)
+    fresh = load(path)
+    module = build_module(generic.name, generic.config, 0)
+    fresh.params = {k: v.detach().clone() for k, v in module.named_parameters()}
+    fresh.module = module
+    f_gen = measure(generic, describe(generic), quiet=True)
+    f_fresh = measure(fresh, describe(fresh), quiet=True)
+    qk = lambda f: sum(x.flat for x in f.families if x.name == "qk-gl")  # noqa: E731
+    assert qk(f_gen) == 0 and qk(f_fresh) > 0
+    assert f_fresh.nullity > f_gen.nullity
+    assert any("special point" in n for n in f_fresh.notes) and not any("special point" in n for n in f_gen.notes)
+    assert torch.isfinite(torch.tensor(f_fresh.threshold))
