@@ -340,11 +340,20 @@ def run(args) -> int:
     return 0 if report.unexplained == 0 and report.generators_ok else 1
 
 
+def _convergence(r) -> str:
+    """How the rows were settled: the nullity after each step of added rows."""
+    hist = r.extra.get("rows_history")
+    if not hist:
+        return ""
+    steps = ", ".join(f"{rows}: {n}" for rows, n in hist)
+    return f"; nullity by rows {steps} ({'converged' if r.extra.get('converged') else 'NOT converged: budget of 24·P rows'})"
+
+
 def format_report(r, label: str, v) -> str:
     lines = [
         f"{r.cfg.family}: {label}  (seed {r.seed}, {r.method})",
         f"  parameters P                {r.params}",
-        f"  Jacobian rows               {r.rows}  ({r.rows / r.params:.1f}·P)",
+        f"  Jacobian rows               {r.rows}  ({r.rows / r.params:.1f}·P)" + _convergence(r),
         f"  measured nullity            {r.measured_nullity}   (gap ratio {r.gap_ratio:.3g}"
         + (f", next-largest gap {r.second_gap:.3g})" if r.second_gap == r.second_gap else ")"),
         f"  explained                   {r.explained}",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import dense_threads
@@ -22,6 +24,7 @@ from .measure import (
     Problem,
     Spectrum,
     dense_jacobian,
+    generic_inputs,
     jvp_rows,
     make_problem,
     null_basis,
@@ -75,22 +78,51 @@ def _analyze(
             f"--method matrix-free would need ≈ {cost.size_text(mf.bytes)} and "
             f"≈ {cost.duration_text(mf.seconds)} ({mf.detail})"
         )
-    cost.require_feasible(cost.estimate(cfg, method, factor=factor), max_minutes)
-    problem = make_problem(cfg, seed, factor=factor)
-    progress(
-        f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
-        f"({problem.batch} sequences), method {method}",
-        quiet,
-    )
-    gen, fams = theory(problem, quiet)
-    timings = {"setup": time.time() - t0}
-    return _analyze_dense(problem, gen, fams, timings, quiet)
+    history: list[tuple[int, int]] = []
+    while True:
+        cost.require_feasible(cost.estimate(cfg, method, factor=factor), max_minutes)
+        problem = make_problem(cfg, seed, factor=factor)
+        progress(
+            f"{cfg.family}: P = {problem.P} parameters, {problem.rows} output rows "
+            f"({problem.batch} sequences), method {method}",
+            quiet,
+        )
+        gen, fams = theory(problem, quiet)
+        timings = {"setup": time.time() - t0}
+        J = dense_jacobian(problem, quiet=quiet)
+        timings["jacobian"] = time.time() - t0 - timings["setup"]
+        report = _analyze_dense(problem, gen, fams, timings, quiet, J)
+        history.append((problem.rows, report.measured_nullity))
+        # converged when P rows more (fresh inputs, the same parameters) leave the nullity as it is
+        more = Problem(
+            problem.model,
+            problem.layout,
+            problem.theta,
+            generic_inputs(cfg, problem.P, seed + 1 + 7919 * len(history), factor=1.0),
+            seed,
+        )
+        J2 = torch.cat([J, dense_jacobian(more, quiet=True)])
+        nullity = numerical_rank(singular_values(J2, quiet=True)).nullity
+        history.append((J2.shape[0], nullity))
+        converged = nullity == report.measured_nullity
+        if converged or factor * 2 > MAX_ROWS_FACTOR:
+            break
+        progress(
+            f"nullity {report.measured_nullity} at {problem.rows} rows, {nullity} with {more.rows} more: doubling",
+            quiet,
+        )
+        factor *= 2
+    report.extra["rows_history"] = history
+    report.extra["converged"] = converged
+    return report
 
 
-def _analyze_dense(problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool) -> NullityReport:
-    t = time.time()
-    J = dense_jacobian(problem, quiet=quiet)
-    timings["jacobian"] = time.time() - t
+MAX_ROWS_FACTOR = 24.0  # rows ≤ 24·P: where adding rows stops, converged or not
+
+
+def _analyze_dense(
+    problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool, J: torch.Tensor
+) -> NullityReport:
     t = time.time()
     s = singular_values(J, quiet=quiet)
     spec = numerical_rank(s)

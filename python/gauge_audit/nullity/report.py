@@ -103,6 +103,8 @@ class NullityReport:
             "method": self.method,
             "params": self.params,
             "rows": self.rows,
+            "rows_history": self.extra.get("rows_history", []),
+            "converged": self.extra.get("converged"),
             "measured_nullity": self.measured_nullity,
             "explained": self.explained,
             "unexplained": self.unexplained,
