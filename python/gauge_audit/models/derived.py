@@ -286,7 +286,8 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     module = build_module(arch, config, seed)
     module.load_state_dict(generic_point(module, seed), strict=False)
     out = Path(out)
-    module.save_pretrained(out)
+    save: Any = getattr(module, "save_pretrained")  # a transformers PreTrainedModel
+    save(out)
     return out
 
 

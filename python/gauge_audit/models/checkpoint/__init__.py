@@ -342,6 +342,14 @@ def steady_memory() -> bool:
         return False
 
 
+def layers_held(prefix: str, names) -> int:
+    """How many layers a file holds: distinct i in names containing the prefix's last part with i
+    ("model.layers.{i}." → "layers.{i}."; a bare model's files drop the leading part)."""
+    last = prefix.split("{i}")[0].rstrip(".").rsplit(".", 1)[-1]
+    pattern = re.compile(rf"(?:^|\.){re.escape(last)}\.(\d+)\.")
+    return len({m.group(1) for n in names if (m := pattern.search(n))})
+
+
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """A Hugging Face directory (or its config.json) or a ``.gguf`` file."""
     steady_memory()
@@ -360,6 +368,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         except GaugeAuditError as exc:
             raise GaugeAuditError(f"{path}: {exc}") from None
         source = HFDir(path)
+        held = layers_held(arch.layer_prefix, source.entries)
+        if held != cfg.n_layers:  # before anything of the config's depth is built
+            raise GaugeAuditError(f"{path}: config.json says {cfg.n_layers} layers, the weights hold {held}")
         return Checkpoint(
             path, "safetensors", arch, hf, cfg, source, arch.links(cfg, source.entries.__contains__), list(arch.notes)
         )
