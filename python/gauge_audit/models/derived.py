@@ -286,8 +286,8 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     module = build_module(arch, config, seed)
     module.load_state_dict(generic_point(module, seed), strict=False)
     out = Path(out)
-    save: Any = getattr(module, "save_pretrained")  # a transformers PreTrainedModel
-    save(out)
+    pretrained: Any = module  # a transformers PreTrainedModel
+    pretrained.save_pretrained(out)
     return out
 
 
