@@ -19,6 +19,7 @@ import torch
 
 from gauge_audit.cli import main
 from gauge_audit.models.derived import Heads, describe, load, tiny_checkpoint
+from gauge_audit.testing import DECODER_EXAMPLES
 
 pytest.importorskip("transformers")
 
@@ -47,28 +48,13 @@ def qk_norm_flat(h: Heads) -> int:
     return per * (h.n_kv if h.qk_norm == "full" else 1)
 
 
-CASES = {
-    # architecture: (overrides of the small copy, the FFN's kind)
-    "GptOssForCausalLM": ({}, "up-with-+1"),
-    # two rotary planes of a head of 8 (the default quarter would leave one plane: a special size)
-    "Qwen3_5ForCausalLM": (
-        {
-            "head_dim": 8,
-            "linear_conv_kernel_dim": 2,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
-        },
-        "glu",
-    ),
-    "Olmo3ForCausalLM": ({}, "glu"),
-    "Llama4ForCausalLM": ({"num_local_experts": 2}, "glu"),  # top-1 of two: every expert sees half the tokens
-    "Glm4MoeForCausalLM": ({"use_qk_norm": True}, "glu"),
-}
+CASES = DECODER_EXAMPLES
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     base = tmp_path_factory.mktemp("decoders")
-    return {a: tiny_checkpoint(a, base / a, 0, **over) for a, (over, _) in CASES.items()}
+    return {a: tiny_checkpoint(a, base / a, 0, **over) for a, over in CASES.items()}
 
 
 @pytest.fixture(scope="module")

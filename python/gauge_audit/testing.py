@@ -429,3 +429,30 @@ def assert_gauge_invariant(
 
 
 __all__ = ["GaugeCheck", "assert_gauge_invariant", "gauge_residual"]
+
+
+# Five decoders of 2025–26 at small sizes, for tests and benchmarks of ``groups DIR`` on
+# architectures the project has no family file for: transformers' class name → overrides of the
+# class's default config made small (:func:`gauge_audit.models.derived.small_copy`).  Pass them to
+# :func:`gauge_audit.models.derived.tiny_checkpoint` to write a generic checkpoint directory.
+DECODER_EXAMPLES: dict[str, dict] = {
+    "GptOssForCausalLM": {},  # sinks, biases, alternating sliding windows, YaRN, MoE with a router bias
+    # output-gated attention and Gated DeltaNet layers; two rotary planes of a head of 8 (the
+    # default quarter of 8 would leave one plane: a special size)
+    "Qwen3_5ForCausalLM": {
+        "head_dim": 8,
+        "linear_conv_kernel_dim": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+    },
+    "Olmo3ForCausalLM": {},  # OLMo 2's norms with sliding-window layers
+    "Llama4ForCausalLM": {"num_local_experts": 2},  # top-1 of two experts: each sees half the tokens
+    "Glm4MoeForCausalLM": {"use_qk_norm": True},  # partial rotary, sigmoid router, shared experts
+}
+# A second, wider configuration of each: four query heads in two KV groups, other widths.
+DECODER_WIDER = {
+    "hidden_size": 12,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 5,
+    "vocab_size": 13,
+}

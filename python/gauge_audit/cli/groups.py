@@ -63,7 +63,7 @@ def _derived(path: Path, force: bool) -> bool:
         return False
     if force:
         return True
-    from ..models.checkpoint.hf import ARCHS
+    from ..models.checkpoint import ARCHS
 
     try:
         names = json.loads((path / "config.json").read_text()).get("architectures")

@@ -101,9 +101,11 @@ def _analyze(
             generic_inputs(cfg, problem.P, seed + 1 + 7919 * len(history), factor=1.0),
             seed,
         )
-        J2 = torch.cat([J, dense_jacobian(more, quiet=True)])
-        nullity = numerical_rank(singular_values(J2, quiet=True)).nullity
-        history.append((J2.shape[0], nullity))
+        # J's triangle R (P × P; JᵀJ = RᵀR) stacked on the new rows: the spectrum of both blocks
+        R = torch.linalg.qr(J, mode="r").R if J.shape[0] > J.shape[1] else J
+        nullity = numerical_rank(singular_values(torch.cat([R, dense_jacobian(more, quiet=True)]), quiet=True)).nullity
+        history.append((problem.rows + more.rows, nullity))
+        del R
         converged = nullity == report.measured_nullity
         if converged or factor * 2 > MAX_ROWS_FACTOR:
             break

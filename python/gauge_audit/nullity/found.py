@@ -94,7 +94,7 @@ def converged_factor(
     """R (P × P, upper) over enough rows that the nullity is stable; the (rows, nullity) history."""
     P = layout.size
     per_seq = SEQ * model.vocab
-    batch = max(1, math.ceil(P / 2 / per_seq))
+    batch = max(1, math.ceil(P / 2 / per_seq))  # blocks of about P/2 rows
     g = generator(seed + 1)
     names = layout.names
 
