@@ -88,6 +88,8 @@ def inverse(action: str, el: Element) -> Element:
             for j in range(kv.shape[1]):
                 inv_qp[layer, kv[layer, j]] = torch.argsort(qp[layer, j])
         return Element({"kv_perm": inv_kv, "q_perm": inv_qp}, 1.0)
+    if action == "qk-plane-turn":  # quarter turns of a plane add up modulo 4
+        return Element({"turns": (4 - p["turns"].round()) % 4}, 1.0)
     raise GaugeAuditError(f"action {action} has no inverse here (not a true symmetry)")
 
 
@@ -115,4 +117,6 @@ def compose(action: str, first: Element, second: Element) -> Element:
             for j in range(kv1.shape[1]):
                 qp[layer, j] = qp1[layer, kv2[layer, j]][qp2[layer, j]]
         return Element({"kv_perm": kv, "q_perm": qp}, 1.0)
+    if action == "qk-plane-turn":
+        return Element({"turns": (a["turns"].round() + b["turns"].round()) % 4}, 1.0)
     raise GaugeAuditError(f"action {action} has no group law here (not a true symmetry)")

@@ -22,7 +22,7 @@ import torch
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.layers import rope_planes
-from .base import Action, Element, Params, as64, attn_prefixes, put, require_shape, updated
+from .base import Action, Element, Params, as64, attn_prefixes, put, query_heads, require_shape, updated
 
 
 def units(cfg: Config) -> list[tuple[int, ...]]:
@@ -86,6 +86,85 @@ def qk_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
     return updated(params, changes)
 
 
+def turn_applies(cfg: Config) -> str | None:
+    if cfg.qk_norm not in ("head", "full"):
+        return "the model has no QK-norm (its plane rotations are continuous: qk-gl)"
+    return None if cfg.pos == "rope" else "the model has no RoPE planes"
+
+
+def _turn_shape(cfg: Config) -> tuple[int, int, int]:
+    return (cfg.n_layers, cfg.n_kv_heads, len(rope_planes(cfg)))
+
+
+def _sample_turns(cfg: Config, params: Params, g: torch.Generator, kappa: float) -> Element:
+    t = torch.randint(0, 4, _turn_shape(cfg), generator=g)
+    if cfg.qk_norm == "head":  # a quarter turn exchanges shared norm entries: every KV group turns with it
+        t = 2 * (t // 2) + (t[:, :1] % 2)
+    return Element({"turns": t.to(torch.float64)}, 1.0)
+
+
+def _quarter(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plane's coordinates (x, y) turned k quarters: (x, y) ↦ (−y, x) k times."""
+    for _ in range(k % 4):
+        x, y = -y, x
+    return x, y
+
+
+def qk_plane_turn(cfg: Config, params: Params, el: Element) -> Params:
+    """Group: (ℤ/4)^(KV groups × RoPE planes) per QK-normed layer — with a norm shared by the heads,
+    a quarter turn of a plane in every KV group at once (a half turn per group on its own).
+
+    Acts: on layer l, KV group j, plane (a, b), k = turns[l, j, plane]: the columns a, b of W_Q of
+    every query head of group j and of W_K[j] (and b_Q, b_K) are turned k quarters, (x, y) ↦ (−y, x);
+    for odd k the plane's QK-norm entries a ↔ b are exchanged (q_norm and k_norm; a full-width
+    norm: those of group j's heads).
+
+    Why: n(y) is unchanged by a signed permutation of coordinates, so the norm's output is turned
+    too, times the exchanged weights; a quarter turn commutes with the plane's RoPE rotation, and the
+    score q·k sees the same turn on both sides.  The half turn (k = 2) changes no weight: with
+    generic norm weights it is the discrete part the continuous qk-norm-scale does not reach."""
+    t = el.parts["turns"]
+    require_shape("turns", t, _turn_shape(cfg))
+    k = t.round().to(torch.int64) % 4
+    if cfg.qk_norm == "head" and bool(((k % 2) != (k[:, :1] % 2)).any()):
+        raise GaugeAuditError("with a norm shared by the heads every KV group takes the same quarter-turn parity")
+    planes, e = rope_planes(cfg), cfg.d_head
+    changes = {}
+    for l, pre in enumerate(attn_prefixes(cfg)):
+        if not bool(k[l].any()):
+            continue
+        new = {
+            n: as64(params[n]).clone()
+            for n in (f"{pre}.W_Q", f"{pre}.W_K", f"{pre}.b_Q", f"{pre}.b_K", f"{pre}.q_norm", f"{pre}.k_norm")
+            if n in params
+        }
+        for j in range(cfg.n_kv_heads):
+            for p, (a, b) in enumerate(planes):
+                kk = int(k[l, j, p])
+                if not kk:
+                    continue
+                for name, heads in ((f"{pre}.W_Q", query_heads(cfg, j)), (f"{pre}.W_K", [j])):
+                    for h in heads:
+                        x, y = _quarter(new[name][h, :, a].clone(), new[name][h, :, b].clone(), kk)
+                        new[name][h, :, a], new[name][h, :, b] = x, y
+                for name, heads in ((f"{pre}.b_Q", query_heads(cfg, j)), (f"{pre}.b_K", [j])):
+                    if name in new:
+                        for h in heads:
+                            x, y = _quarter(new[name][h, a].clone(), new[name][h, b].clone(), kk)
+                            new[name][h, a], new[name][h, b] = x, y
+                if kk % 2 and (cfg.qk_norm == "full" or j == 0):
+                    offsets = (
+                        ((f"{pre}.q_norm", [h * e for h in query_heads(cfg, j)]), (f"{pre}.k_norm", [j * e]))
+                        if cfg.qk_norm == "full"
+                        else ((f"{pre}.q_norm", [0]), (f"{pre}.k_norm", [0]))
+                    )
+                    for name, starts in offsets:
+                        for o in starts:
+                            new[name][[o + a, o + b]] = new[name][[o + b, o + a]].clone()
+        changes.update({n: put(v, params[n]) for n, v in new.items()})
+    return updated(params, changes)
+
+
 ACTIONS = [
     Action(
         "qk-norm-scale",
@@ -94,5 +173,14 @@ ACTIONS = [
         _applies,
         _sample,
         qk_norm_scale,
+    ),
+    Action(
+        "qk-plane-turn",
+        "(ℤ/4)^(KV groups × RoPE planes) per QK-normed layer: quarter turns with the norm entries exchanged",
+        True,
+        turn_applies,
+        _sample_turns,
+        qk_plane_turn,
+        generic_kappa=False,
     ),
 ]

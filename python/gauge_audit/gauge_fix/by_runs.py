@@ -60,6 +60,7 @@ STEPS_BY_RUNS = frozenset(
         "ffn-perm",
         "qk-gl",
         "qk-norm-scale",
+        "qk-plane-turn",
         "vo-gl",
         "relu-scaling",
         "swiglu-scaling",

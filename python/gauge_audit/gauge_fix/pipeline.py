@@ -68,6 +68,7 @@ STEPS: tuple = (
     ("ffn-perm", ffn.fix_ffn_perm, {}),
     ("qk-gl", heads.fix_qk, {"qk-gl": heads.cond_qk}),
     ("qk-norm-scale", qk_norm.fix_qk_norm, {"qk-norm-scale": qk_norm.cond_qk_norm}),
+    ("qk-plane-turn", qk_norm.fix_qk_planes, {}),
     ("vo-gl", heads.fix_vo, {"vo-gl": heads.cond_vo}),
     # the shared-key commutant before the per-head GLs: its phase decision is then taken before any
     # dense element, at the same threshold in every run of blocks (compare by runs)
@@ -332,7 +333,16 @@ def storage_dtype_of(params: Params) -> torch.dtype:
     return max((t.dtype for t in params.values()), key=lambda d: torch.finfo(d).eps)
 
 
-PERMUTATIONS = ("head-perm", "mla-head-perm", "expert-perm", "deepseek-expert-perm", "ffn-perm", "deepseek-ffn-perm")
+# the discrete choices a rounding probe reuses from the unperturbed run
+PERMUTATIONS = (
+    "head-perm",
+    "mla-head-perm",
+    "expert-perm",
+    "deepseek-expert-perm",
+    "ffn-perm",
+    "deepseek-ffn-perm",
+    "qk-plane-turn",
+)
 
 
 def canonicalize(

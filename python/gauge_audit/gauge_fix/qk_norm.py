@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..actions import Element
+from ..actions.qk_norm import turn_applies as qk_turn_applies
 from ..actions.qk_norm import units
 from ..actions.strata import spread
 from ..models.config import Config
@@ -99,6 +100,93 @@ def fix_qk_norm(ctx: Context) -> None:
         "per RoPE plane and unrotated coordinate: ‖γ_q‖ = ‖γ_k‖, γ_q signed by its third moment",
         decisions=decisions,
         notes=notes,
+    )
+
+
+def fix_qk_planes(ctx: Context) -> None:
+    """The discrete part the QK-norm leaves on each RoPE plane (action ``qk-plane-turn``), after
+    qk-norm-scale.  Per layer, plane (a, b) (and KV group of a full-width norm):
+
+    * quarter-turn parity: the plane's norm weights are ordered, γ_q[a]² + γ_k[a]² ≥ γ_q[b]² + γ_k[b]²
+      (over the group's query heads for a full-width norm) — margin the difference over the sum;
+    * half turn, per KV group: the key columns of the plane, (W_K[j]·e_a, W_K[j]·e_b), have a positive
+      third moment (with a reference: a positive overlap of the group's query and key columns with it).
+
+    Unique off the special points (equal weights on a plane — where the continuous rotation is a
+    symmetry, reported by qk-norm-scale — and a vanishing moment).  Invariant under the later steps
+    (vo-gl and the FFN scalings touch neither W_Q, W_K nor the QK-norm weights) and keeps the earlier
+    ones (a turn keeps every unit's norm and third moment of γ and every Gram of W_Q, W_K)."""
+    cfg, p = ctx.cfg, ctx.params
+    if qk_turn_applies(cfg) is not None or ctx.reuse("qk-plane-turn"):
+        return
+    planes, e = rope_planes(cfg), cfg.d_head
+    turns = torch.zeros(cfg.n_layers, cfg.n_kv_heads, len(planes), dtype=torch.float64)
+    parity_margins, sign_margins, overlaps = [], [], []
+    for layer in range(cfg.n_layers):
+        pre = f"blocks.{layer}.attn"
+        gq, gk = p[f"{pre}.q_norm"].to(torch.float64), p[f"{pre}.k_norm"].to(torch.float64)
+        wq, wk = p[f"{pre}.W_Q"].to(torch.float64), p[f"{pre}.W_K"].to(torch.float64)
+        for j in range(cfg.n_kv_heads):
+            heads = list(range(j * cfg.group_size, (j + 1) * cfg.group_size))
+            qo = [h * e for h in heads] if cfg.qk_norm == "full" else [0]
+            ko = [j * e] if cfg.qk_norm == "full" else [0]
+            for u, (a, b) in enumerate(planes):
+                if cfg.qk_norm == "full" or j == 0:
+                    side_a = sum(float(gq[o + a]) ** 2 for o in qo) + sum(float(gk[o + a]) ** 2 for o in ko)
+                    side_b = sum(float(gq[o + b]) ** 2 for o in qo) + sum(float(gk[o + b]) ** 2 for o in ko)
+                    odd = side_a < side_b
+                    parity_margins.append(abs(side_a - side_b) / max(side_a + side_b, 1e-300))
+                else:  # a shared norm: group 0's parity for every group
+                    odd = bool(turns[layer, 0, u] % 2)
+                k = 1 if odd else 0
+                # the plane's key (and query) columns after that quarter turn
+                ka, kb = wk[j, :, a], wk[j, :, b]
+                if odd:
+                    ka, kb = -kb, ka
+                if ctx.reference is None:
+                    sign, margin = signs(torch.cat([ka, kb]))
+                    sign_margins.append(margin.reshape(1))
+                    half = float(sign) < 0
+                else:
+                    ref = ctx.reference
+                    over = float(
+                        ref[f"{pre}.W_K"][j, :, a].to(torch.float64) @ ka
+                        + ref[f"{pre}.W_K"][j, :, b].to(torch.float64) @ kb
+                    )
+                    for h in heads:
+                        qa, qb = wq[h, :, a], wq[h, :, b]
+                        if odd:
+                            qa, qb = -qb, qa
+                        over += float(
+                            ref[f"{pre}.W_Q"][h, :, a].to(torch.float64) @ qa
+                            + ref[f"{pre}.W_Q"][h, :, b].to(torch.float64) @ qb
+                        )
+                    half = over < 0
+                    size = sum(
+                        float(t.norm()) ** 2 for t in (ka, kb, ref[f"{pre}.W_K"][j, :, a], ref[f"{pre}.W_K"][j, :, b])
+                    )
+                    size += sum(float(wq[h].norm()) ** 2 + float(ref[f"{pre}.W_Q"][h].norm()) ** 2 for h in heads)
+                    overlaps.append(abs(over) / max(size / 2, 1e-300))
+                turns[layer, j, u] = k + (2 if half else 0)
+    decisions = []
+    if parity_margins:
+        # a relative change u of every entry moves the difference of squares by at most 2u of their sum
+        decisions.append(
+            ctx.decision("order", "qk-plane-turn norm-weight order per RoPE plane", torch.tensor(parity_margins), 2.0)
+        )
+    if sign_margins:
+        decisions.append(
+            ctx.decision("sign", "qk-plane-turn key-column signs", torch.cat(sign_margins), SIGN_SENSITIVITY)
+        )
+    if overlaps:
+        # |⟨x, r⟩| over (‖x‖² + ‖r‖²)/2: a relative change u of the entries moves it by at most 2u
+        decisions.append(ctx.decision("sign", "qk-plane-turn overlap with the reference", torch.tensor(overlaps), 2.0))
+    ctx.apply(
+        "qk-plane-turn",
+        "qk-plane-turn",
+        Element({"turns": turns}, 1.0),
+        "per RoPE plane: norm weights ordered (γ_q[a]² + γ_k[a]² ≥ γ_q[b]² + γ_k[b]²), key columns signed by their third moment",
+        decisions=decisions,
     )
 
 

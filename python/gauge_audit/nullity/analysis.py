@@ -123,8 +123,12 @@ MAX_ROWS_FACTOR = 24.0  # rows ≤ 24·P: where adding rows stops, converged or 
 
 
 def _analyze_dense(
-    problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool, J: torch.Tensor
+    problem: Problem, gen: Genericity, fams: list[Family], timings: dict, quiet: bool, J: torch.Tensor | None = None
 ) -> NullityReport:
+    if J is None:  # one measurement at the problem's rows (no convergence steps)
+        t = time.time()
+        J = dense_jacobian(problem, quiet=quiet)
+        timings["jacobian"] = time.time() - t
     t = time.time()
     s = singular_values(J, quiet=quiet)
     spec = numerical_rank(s)

@@ -148,6 +148,12 @@ def discrete(cfg: Config) -> list[str]:
         )
     if cfg.qk_norm != "none":
         out.append("sign flips of γ_q/γ_k coordinates per plane")
+        if cfg.pos == "rope":
+            shared = " (every KV group at once: the weights are shared)" if cfg.qk_norm == "head" else ""
+            out.append(
+                "RoPE plane turns (ℤ/4 per KV group and plane: a half turn of its q/k rows; a quarter turn "
+                f"with its QK-norm entries exchanged{shared})"
+            )
     if cfg.act == "swiglu":
         out.append("sign flips of the gated units' linear branch")
     return out
