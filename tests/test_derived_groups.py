@@ -99,6 +99,9 @@ def test_group_measured_equals_derived(arch, checkpoints, measured):
             assert f["flat"] == units[f["scope"]], f
         elif f["name"] == "norm-fold":
             assert f["flat"] == f["generators"] == desc.d_model, f
+        elif f["name"] == "post-norm-diagonal":  # rms(y) kept on the writer's f-dim image: d − f(f+1)/2 left
+            width = sum(model.params[w.param].shape[1 - w.axis] for w in desc.post_writers[f["scope"]])
+            assert f["flat"] == max(0, desc.d_model - width * (width + 1) // 2), f
     # every decision clears the gap threshold by a wide margin
     for f in out["families"]:
         if f["flat"]:

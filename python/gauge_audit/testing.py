@@ -450,9 +450,9 @@ DECODER_EXAMPLES: dict[str, dict] = {
 }
 # A second, wider configuration of each: four query heads in two KV groups, other widths.
 DECODER_WIDER = {
-    "hidden_size": 12,
+    "hidden_size": 16,  # OLMo 3 takes head_dim = hidden_size / heads: 4
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "intermediate_size": 5,
-    "vocab_size": 13,
+    "vocab_size": 37,  # well above d: the first block sees more distinct tokens than its inputs have dimensions
 }

@@ -167,6 +167,7 @@ class Description:
     readers: list[Reader] = field(default_factory=list)
     writers: list[Writer] = field(default_factory=list)
     post_norms: list[Norm] = field(default_factory=list)  # norms whose output is added to the stream
+    post_writers: dict[str, list[Writer]] = field(default_factory=dict)  # post-norm → the writers it normalises
     heads: list[Heads] = field(default_factory=list)
     hidden: list[Hidden] = field(default_factory=list)
     mixers: list[str] = field(default_factory=list)  # per layer: the mixer's class
@@ -428,6 +429,8 @@ def probe(model: HFModel, ids: torch.Tensor) -> dict[str, tuple]:
     try:
         with torch.no_grad():
             model.logits(model.params, ids)
+    except Exception as exc:  # transformers' own forward refuses this config (e.g. an odd head size for RoPE)
+        raise GaugeAuditError(f"{model.name}: transformers' forward fails on this config: {_first_line(exc)}") from None
     finally:
         for h in handles:
             h.remove()
@@ -571,8 +574,13 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer) -> None:
     if not (_same(x_out, x_mid + w_ffn) and _same(ffn_x, feeds_ffn)):
         desc.residual = f"layer {i}: the output is not x + {mix_name}(…) then + {ffn_name}(…) in sequence"
         return
+    n0 = len(desc.writers)
     _mixer(desc, model, io, i, f"{prefix}.{mix_name}", mix, pre_mix)
+    n1 = len(desc.writers)
     _ffn(desc, model, i, f"{prefix}.{ffn_name}", ffn, pre_ffn)
+    for post, ws in ((post_mix, desc.writers[n0:n1]), (post_ffn, desc.writers[n1:])):
+        if post is not None:
+            desc.post_writers[post.module] = list(ws)
 
 
 def _linear(mod, name) -> bool:

@@ -230,6 +230,32 @@ def mixer_scale(op: Opaque, params) -> list[Family]:
     return [Family("mixer-scale", f"layer {op.layer} mixer", gens, f"(R^×)^{len(gens)}")]
 
 
+def post_norm_diagonal(desc: Description, params) -> list[Family]:
+    """Per post-norm n(y)·γ: each stream coordinate c of the sublayer's output y scaled (its
+    writers' output coordinate c) and γ_c scaled back.  Flat only where rms(y) keeps its value,
+    i.e. the diagonal preserves the Gram of the writer's rows on its image: none at generic sizes,
+    d − f(f+1)/2 directions when the writer's width f is so small that f(f+1)/2 < d."""
+    out = []
+    for n in desc.post_norms:
+        writers = desc.post_writers.get(n.module, [])
+        if n.weight is None or not writers:
+            continue
+        f = _factor(n, params)
+        gens: list[Tangent] = []
+        for c in range(desc.d_model):
+            t: Tangent = {n.weight: _zero_like(params, n.weight)}
+            t[n.weight][c] = -f[c]
+            for w in writers:
+                z = t.setdefault(w.param, _zero_like(params, w.param))
+                z.select(w.axis, c).add_(_slice(params[w.param], w.axis, c))
+                if w.bias:
+                    zb = t.setdefault(w.bias, _zero_like(params, w.bias))
+                    zb.select(-1, c).add_(params[w.bias].select(-1, c))
+            gens.append(t)
+        out.append(Family("post-norm-diagonal", n.module, gens, f"(R^×)^{desc.d_model}"))
+    return out
+
+
 def continuous(desc: Description, params) -> list[Family]:
     fams: list[Family] = []
     for op in desc.opaque:
@@ -238,7 +264,7 @@ def continuous(desc: Description, params) -> list[Family]:
         fams += qk_gl(h, params) + qk_norm_scale(h, params) + vo_gl(h, params)
     for hd in desc.hidden:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
-    fams += stream_gl(desc, params) + norm_fold(desc, params)
+    fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
     return fams
 
 
