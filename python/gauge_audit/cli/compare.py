@@ -11,6 +11,7 @@ from ..actions import ACTIONS
 from ..actions.elements import save_element
 from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
+from ..gauge_fix.comparison import VOUCH_LIMIT
 from ..models import parameter_count
 from ..progress import echo, ticker
 from ..runtime import LARGE_MODEL_PARAMS, eps, generator, keep_freed_memory, model_threads, resolve_dtype
@@ -24,7 +25,8 @@ def register(sub) -> None:
         description="Canonicalise both models and compare: raw and invariant distances (overall and "
         "per tensor group), the verdict EQUIVALENT / DIFFERENT against a tolerance from "
         "both models' storage precision, and for EQUIVALENT the group element mapping A "
-        "to B.  Exit status 0 for EQUIVALENT, 1 for DIFFERENT, 2 for bad input.",
+        "to B.  Exit status 0 for EQUIVALENT, 1 for DIFFERENT or UNDECIDED (a tensor group whose tolerance "
+        "cannot tell it from an independent model), 2 for bad input.",
     )
     p.add_argument("a", metavar="A", help="model name or checkpoint path (HF directory, llama GGUF)")
     p.add_argument("b", metavar="B", help="model name or checkpoint path of the same architecture")
@@ -170,6 +172,12 @@ def run(args) -> int:
         echo(
             f"element A → B: {r.element_steps} steps, κ ≤ {r.kappa:.4g}, ‖g·A − B‖/‖B‖ = {r.element_residual:.3e}"
             + (f"; saved to {args.out}/element.npz" if args.out else "")
+        )
+    vague = [g for g, v in r.groups.items() if v.get("undecided")]
+    if vague:
+        echo(
+            f"undecided: {', '.join(vague)} — a tolerance ≥ {VOUCH_LIMIT:g} (relative) cannot tell these tensors "
+            "from an independent model's, so it cannot vouch for EQUIVALENT"
         )
     ties = report["not_unique_a"] + report["not_unique_b"]
     if ties:

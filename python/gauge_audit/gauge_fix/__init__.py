@@ -16,11 +16,12 @@ stream), :mod:`.heads` (attention), :mod:`.ffn` (FFN and experts), :mod:`.pipeli
 run of blocks at a time).
 """
 
-from .comparison import DIFFERENT, EQUIVALENT, Comparison, Prepared, compare, prepare
+from .comparison import DIFFERENT, EQUIVALENT, UNDECIDED, Comparison, Prepared, compare, prepare
 from .pipeline import Canonical, canonicalize, conditions, function_check, unfixed
 
 __all__ = [
     "DIFFERENT",
+    "UNDECIDED",
     "EQUIVALENT",
     "Canonical",
     "Comparison",
