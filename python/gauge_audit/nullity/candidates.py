@@ -54,46 +54,44 @@ def _q_rows(h: Heads, head: int, i: int) -> int:
     return head * h.q_stride + i
 
 
+def _gl(params, e: int, sides: list[tuple[str | None, int, list[int], bool]]) -> list[Tangent]:
+    """The generators E_ab of GL(e) acting on one coordinate space that several tensors hold: each
+    side (tensor, axis, offsets of its copies of the space, forward) takes x ↦ x·(I + tE_ab) when
+    forward (slot b gains slot a) and the inverse transpose's tangent otherwise (slot a loses b)."""
+    gens = []
+    for a in range(e):
+        for b in range(e):
+            t: Tangent = {}
+            for name, axis, offsets, forward in sides:
+                if name is None:
+                    continue
+                z = t.setdefault(name, _zero_like(params, name))
+                for o in offsets:
+                    if forward:
+                        z.select(axis, o + b).add_(params[name].select(axis, o + a))
+                    else:
+                        z.select(axis, o + a).sub_(params[name].select(axis, o + b))
+            gens.append(t)
+    return gens
+
+
 def qk_gl(h: Heads, params) -> list[Family]:
     """Per KV group: q ↦ q·M on its query heads, k ↦ k·M⁻ᵀ, M ∈ GL(d_k) (generators E_ab)."""
-    out = []
-    e = h.head_dim
+    e, out = h.head_dim, []
     for g in range(h.n_kv):
-        gens = []
-        for a in range(e):
-            for b in range(e):
-                t = {h.q: _zero_like(params, h.q), h.k: _zero_like(params, h.k)}
-                for head in range(g * h.group, (g + 1) * h.group):
-                    t[h.q][_q_rows(h, head, b)] += params[h.q][_q_rows(h, head, a)]
-                    if h.qb:
-                        t.setdefault(h.qb, _zero_like(params, h.qb))[_q_rows(h, head, b)] += params[h.qb][
-                            _q_rows(h, head, a)
-                        ]
-                t[h.k][g * e + a] -= params[h.k][g * e + b]
-                if h.kb:
-                    t.setdefault(h.kb, _zero_like(params, h.kb))[g * e + a] -= params[h.kb][g * e + b]
-                gens.append(t)
-        out.append(Family("qk-gl", f"layer {h.layer} KV group {g}", gens, f"GL({e})"))
+        q_rows = [_q_rows(h, head, 0) for head in range(g * h.group, (g + 1) * h.group)]
+        sides = [(h.q, 0, q_rows, True), (h.qb, 0, q_rows, True), (h.k, 0, [g * e], False), (h.kb, 0, [g * e], False)]
+        out.append(Family("qk-gl", f"layer {h.layer} KV group {g}", _gl(params, e, sides), f"GL({e})"))
     return out
 
 
 def vo_gl(h: Heads, params) -> list[Family]:
     """Per KV group: v ↦ v·N, and every query head of the group's o_proj columns ↦ N⁻¹·(…)."""
-    out = []
-    e = h.head_dim
+    e, out = h.head_dim, []
     for g in range(h.n_kv):
-        gens = []
-        for a in range(e):
-            for b in range(e):
-                t = {h.v: _zero_like(params, h.v), h.o: _zero_like(params, h.o)}
-                t[h.v][g * e + b] += params[h.v][g * e + a]
-                if h.vb:
-                    t[h.vb] = _zero_like(params, h.vb)
-                    t[h.vb][g * e + b] += params[h.vb][g * e + a]
-                for head in range(g * h.group, (g + 1) * h.group):
-                    t[h.o][:, head * e + a] -= params[h.o][:, head * e + b]
-                gens.append(t)
-        out.append(Family("vo-gl", f"layer {h.layer} KV group {g}", gens, f"GL({e})"))
+        o_cols = [head * e for head in range(g * h.group, (g + 1) * h.group)]
+        sides = [(h.v, 0, [g * e], True), (h.vb, 0, [g * e], True), (h.o, 1, o_cols, False)]
+        out.append(Family("vo-gl", f"layer {h.layer} KV group {g}", _gl(params, e, sides), f"GL({e})"))
     return out
 
 
