@@ -139,7 +139,7 @@ GROUP_SECONDS = {
     "rules-fuzz-half0": 42.0,
     "rules-fuzz-half1": 41.0,
     "family-nullity": 15.0,
-    "derived-groups": 60.0,
+    "derived-groups": 150.0,
     "precision": 9.5,
     "rule-checkers": 5.0,
     "gemma3-270m": 4.5,

@@ -184,3 +184,13 @@ def test_a_fresh_initialisation_is_recognised_as_a_special_point(tmp_path):
     assert f_fresh.nullity > f_gen.nullity
     assert any("special point" in n for n in f_fresh.notes) and not any("special point" in n for n in f_gen.notes)
     assert torch.isfinite(torch.tensor(f_fresh.threshold))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "olmo2"])
+def test_derive_agrees_on_classes_with_a_family_file(hf_family, kind, capsys):
+    """`--derive` takes the derived path for a class the project has a family file for: its group,
+    measured on transformers' forward (a small copy: these checkpoints exceed the own-weights limit),
+    is explained by the candidate families too."""
+    assert main(["groups", str(hf_family(kind)), "--derive", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["derived"] and out["agrees"] and out["nullity"] == out["explained"], out
