@@ -325,19 +325,11 @@ def small_copy(config):
 
 
 # ----------------------------------------------------------------------------- reading a checkpoint
-_LAYER = re.compile(r"\blayers\.(\d+)\.")
-
-
-def _layer_count(names) -> int:
-    found = {int(m.group(1)) for n in names if (m := _LAYER.search(n))}
-    return max(found) + 1 if found else 0
-
-
 def load(path: Path, seed: int = 0) -> HFModel:
     """The checkpoint's own float64 parameters when it has at most ``MAX_PARAMS_OWN``, otherwise a
     small copy of its config at a generic point.  The config is checked against the weights'
     shapes before anything of the config's size is built."""
-    from .checkpoint import HFDir
+    from .checkpoint import HFDir, layers_held
 
     T = require_transformers()
     hf = json.loads((path / "config.json").read_text())
@@ -352,7 +344,7 @@ def load(path: Path, seed: int = 0) -> HFModel:
     except Exception as exc:  # transformers' own validators raise their own classes
         raise GaugeAuditError(f"{path}: transformers cannot read this config: {_first_line(exc)}") from None
     files = HFDir(path)
-    n_file = _layer_count(files.entries)
+    n_file = layers_held("model.layers.{i}.", files.entries)
     n_cfg = getattr(config, "num_hidden_layers", None)
     if not isinstance(n_cfg, int) or n_cfg != n_file:
         raise GaugeAuditError(f"{path}: config.json says {n_cfg} layers, the weights hold {n_file}")

@@ -30,7 +30,7 @@ from ..numeric import statistical_factor, worst_case_tolerance
 from ..progress import bar
 from ..runtime import eps, generator
 from .candidates import Family, continuous, discrete
-from .measure import Layout, Spectrum, numerical_rank
+from .measure import Layout, Spectrum, null_basis, numerical_rank
 
 SEQ = 6  # tokens per sequence: longer than the small copies' windows and chunks (3)
 
@@ -184,7 +184,7 @@ def measure(
         )
     explained = 0
     unexplained: list[dict[str, float]] = []
-    N = _null_basis(R, spec.rank)
+    N = null_basis(R, spec.rank)
     if flat_dirs:
         F = torch.cat(flat_dirs, dim=1)
         u, s, _ = torch.linalg.svd(F, full_matrices=False)
@@ -235,11 +235,6 @@ def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[st
     if out:
         out.append("special point: the group measured here may exceed the one at a generic point")
     return out
-
-
-def _null_basis(R: torch.Tensor, rank: int) -> torch.Tensor:
-    _, _, vh = torch.linalg.svd(R, full_matrices=True)
-    return vh[rank:].T.contiguous()
 
 
 def path_length(desc: Description, params: dict) -> int:
