@@ -91,6 +91,7 @@ _FILE_GROUPS = {
     "tests/test_family_deepseek.py": "deepseek",  # its nullity measurements, shared by two tests
     "tests/test_merge.py": "merge",  # the tiny trained model pairs (one session fixture)
     "tests/test_derived_groups.py": "derived-groups",  # five decoders' measurements, shared by two tests
+    "tests/test_derived_operations.py": "derived-operations",  # the decoders' checkpoints (one module fixture)
 }
 # fuzz_results: 300 random rules, every checker, in two halves (one fixture instance each, ids
 # ending in [half0] / [half1]), so each half can go to its own worker
@@ -140,6 +141,7 @@ GROUP_SECONDS = {
     "rules-fuzz-half1": 41.0,
     "family-nullity": 15.0,
     "derived-groups": 150.0,
+    "derived-operations": 200.0,
     "precision": 9.5,
     "rule-checkers": 5.0,
     "gemma3-270m": 4.5,

@@ -191,3 +191,18 @@ def test_derive_agrees_on_classes_with_a_family_file(hf_family, kind, capsys):
     assert main(["groups", str(hf_family(kind)), "--derive", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["derived"] and out["agrees"] and out["nullity"] == out["explained"], out
+
+
+def test_fused_qkv_projection_is_split_by_rows(tmp_path, capsys):
+    """Phi-3 keeps queries, keys and values in one ``qkv_proj`` ([queries | keys | values] rows)
+    and gate and up in one ``gate_up_proj``: the description splits them, and the group measured
+    on the forward is explained — QK's rotary commutant and VO GL per KV group, the stream's O(d)."""
+    path = tiny_checkpoint("Phi3ForCausalLM", tmp_path / "phi3", 0)
+    assert main(["groups", str(path), "--derive", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["agrees"] and not out["unplaced"], out
+    flat = {(f["name"], f["scope"]): f["flat"] for f in out["families"]}
+    d, e, planes = 8, 4, 2  # head_dim 4, all of it rotated: two planes, a scale and an angle each
+    assert flat[("qk-gl", "layer 0 KV group 0")] == 2 * planes + (e - 2 * planes) ** 2
+    assert flat[("vo-gl", "layer 0 KV group 0")] == e * e
+    assert flat[("stream-gl", "stream")] == d * (d - 1) // 2

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..actions import ACTIONS, get_action
 from ..actions.elements import load_element
 from ..errors import GaugeAuditError
 from ..models import build, config_of, model_names, parameter_count
 from ..models.checkpoint import open_checkpoint
+from ..models.derived import needs_derivation
 from ..numeric import HOLDS, HOLDS_WORST_CASE_ONLY, CheckResult, check
 from ..progress import bar, echo
 from ..runtime import eps, model_threads, resolve_dtype
@@ -140,6 +142,8 @@ def run(args) -> int:
         return _list()
     if args.kappa < 1 or args.kappa != args.kappa:
         raise GaugeAuditError("--kappa must be a number >= 1")
+    if args.checkpoint and needs_derivation(Path(args.checkpoint)):
+        return run_measured(args)
     dtype = resolve_dtype(args.dtype)
     if args.model and args.checkpoint:
         raise GaugeAuditError("give --model or --checkpoint, not both")
@@ -218,6 +222,35 @@ def run(args) -> int:
             f"roundings); K = Σ inner-product lengths along a block; ε({args.dtype}) = {eps(dtype):.3g}"
         )
     return 1 if any(not r.agrees for r in results) else 0
+
+
+def run_measured(args) -> int:
+    """An architecture without a family file: one finite element of every family of the group
+    measured on transformers' own forward (see :mod:`gauge_audit.measured`)."""
+    from ..measured import agrees, check_all, format_rows, measured
+
+    for flag, given in (("--model", args.model), ("--text", args.text), ("--element", args.element)):
+        if given is not None:
+            raise GaugeAuditError(f"{flag} is not available for an architecture without a family file")
+    if args.dtype != "float64" or args.device == "cuda":
+        raise GaugeAuditError("an architecture without a family file is checked in float64 on the CPU")
+    m = measured(Path(args.checkpoint), args.seed, 600.0, quiet=args.json, what="check")
+    rows = check_all(m, args.seed, args.kappa, args.action)
+    if args.action and not rows:
+        from ..measured import choices
+
+        raise GaugeAuditError(
+            f"{args.action!r} is no part of the group measured on {args.checkpoint} (measured: {', '.join(choices(m))})"
+        )
+    if args.json:
+        print(json.dumps(m.to_json(), sort_keys=True))
+    else:
+        print(format_rows(args.checkpoint, m))
+        print(
+            f"\n{len(rows)} checks: {sum(r.verdict.startswith('HOLDS') for r in rows)} HOLDS; "
+            "tol = κ·L·K·ε, stat tol = κ·λ·√(L·K)·ε, K the inner-product lengths along a block; ε(float64)"
+        )
+    return 0 if agrees(m) else 1
 
 
 def _real_checkpoint(name: str):

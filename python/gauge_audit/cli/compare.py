@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -13,6 +14,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import EQUIVALENT, compare
 from ..gauge_fix.comparison import VOUCH_LIMIT
 from ..models import parameter_count
+from ..models.derived import needs_derivation
 from ..progress import echo, ticker
 from ..runtime import LARGE_MODEL_PARAMS, eps, generator, keep_freed_memory, model_threads, resolve_dtype
 from .canonicalize import Source, by_runs, float64_shortfall, load_source, write_atomically
@@ -115,6 +117,8 @@ def _b_params(args, b: Source):
 def run(args) -> int:
     if args.probes < 1:
         raise GaugeAuditError("--probes must be >= 1")
+    if needs_derivation(Path(args.a)) or needs_derivation(Path(args.b)):
+        return run_measured(args)
     # checkpoints in their stored dtype, read again on each pass
     a = _load(args.a, args.seed)
     streamed = by_runs(a, "compare", "compare", "comparing", args.by_runs)
@@ -185,3 +189,46 @@ def run(args) -> int:
     for u in report["unfixed"]:
         echo(f"not fixed: {u['family']} — {u['reason']}")
     return 0 if r.verdict == EQUIVALENT else 1
+
+
+def run_measured(args) -> int:
+    """An architecture without a family file: an element of the group measured on A's forward is
+    searched for (see :mod:`gauge_audit.gauge_fix.measured`)."""
+    from ..gauge_fix.measured import EQUIVALENT as FOUND
+    from ..gauge_fix.measured import compare_checkpoints
+
+    for flag, given in (
+        ("--transform", args.transform),
+        ("--perturb", args.perturb),
+        ("--seed-b", args.seed_b),
+    ):
+        if given is not None:
+            raise GaugeAuditError(f"{flag} is not available for an architecture without a family file")
+    if args.store_dtype != "same":
+        raise GaugeAuditError("--store-dtype is not available for an architecture without a family file")
+    r, report = compare_checkpoints(args.a, args.b, args.seed)
+    if args.out:
+        write_atomically(
+            args.out, {"report.json": lambda p: p.write_text(json.dumps(report, indent=1, sort_keys=True))}
+        )
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0 if r.verdict == FOUND else 1
+    echo(f"A: {args.a}")
+    echo(f"B: {args.b}")
+    echo(f"verdict: {r.verdict} — {r.why}")
+    echo(f"group measured on A: nullity {report['group']['nullity']}, explained {report['group']['explained']}")
+    echo(f"element search: {'; '.join(r.steps)}")
+    if r.matches:
+        echo("matches (worst cosine): " + ", ".join(f"{k} {v:.4f}" for k, v in r.matches.items()))
+    if r.residual is not None:
+        echo(
+            f"‖g·A − B‖/‖B‖ (worst tensor, {r.worst_tensor}) {r.residual:.3e}; tolerance "
+            f"{r.residual_tolerance:.3e} (κ(g) = {r.kappa:.3g})"
+        )
+    echo(
+        f"logits ‖y_B − y_A‖∞/‖y_A‖∞ {r.function_distance:.3e}; rounding of an element of κ ≤ 1e6 explains "
+        f"at most {r.function_tolerance:.3e}"
+    )
+    echo(f"{r.seconds:.1f} s")
+    return 0 if r.verdict == FOUND else 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import GaugeAuditError
 from ..models.architectures import ARCHITECTURES
 from ..models.deepseek import DeepseekConfig
+from ..models.derived import needs_derivation
 from ..models.registry import config_of, model_names
 from ..nullity.groups import G_MAX, discrete, factors, repeats, to_json, total, verify
 
@@ -55,21 +56,6 @@ def resolve(model: str):
         return open_checkpoint(path).cfg
     known = ", ".join(sorted(set(model_names()) | set(ARCHITECTURES)))
     raise GaugeAuditError(f"{model!r} is neither a model name, an architecture ({known}) nor a path")
-
-
-def _derived(path: Path, force: bool) -> bool:
-    """A checkpoint directory whose architecture has no family file (or --derive)."""
-    if not (path.is_dir() and (path / "config.json").is_file()):
-        return False
-    if force:
-        return True
-    from ..models.checkpoint import ARCHS
-
-    try:
-        names = json.loads((path / "config.json").read_text()).get("architectures")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(names, list) and len(names) == 1 and names[0] not in ARCHS
 
 
 def run_derived(args) -> int:
@@ -163,13 +149,16 @@ def format_found(name: str, desc, found) -> str:
         lines.append("  unexplained direction moves: " + ", ".join(f"{k} {v:.0%}" for k, v in list(u.items())[:4]))
     if len(found.unexplained) > 10:
         lines.append(f"  … {len(found.unexplained) - 10} more")
+    if desc.residual != "serial":
+        lines.append(f"stream not described: {desc.residual}")
     lines.append(f"unplaced tensors: {'; '.join(desc.lines()) or 'none'}")
     lines.append(f"{found.seconds:.1f} s")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    if _derived(Path(args.model), args.derive):
+    path = Path(args.model)
+    if needs_derivation(path) or (args.derive and (path / "config.json").is_file()):
         return run_derived(args)
     if args.derive:
         raise GaugeAuditError("--derive needs a Hugging Face checkpoint directory")

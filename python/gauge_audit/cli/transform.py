@@ -4,8 +4,10 @@ transformers computes the same function from it (see :mod:`gauge_audit.transform
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..errors import GaugeAuditError
+from ..models.derived import needs_derivation
 from ..progress import echo
 from ..runtime import resolve_dtype
 
@@ -43,6 +45,8 @@ def run(args) -> int:
     if not args.kappa >= 1:
         raise GaugeAuditError("--kappa must be a number >= 1")
     dtype = None if args.dtype == "same" else resolve_dtype(args.dtype)
+    if needs_derivation(Path(args.checkpoint)):
+        return run_measured(args, dtype)
     cert = transform(
         args.checkpoint,
         args.action,
@@ -70,3 +74,36 @@ def run(args) -> int:
         )
         print(f"verdict: {cert.verdict}; greedy next token {'unchanged' if cert.next_token_unchanged else 'CHANGED'}")
     return 0 if cert.verdict == "HOLDS" else 1
+
+
+def run_measured(args, dtype) -> int:
+    """An architecture without a family file: an element of the group measured on transformers'
+    own forward (``--action composite`` or one measured family), see :mod:`gauge_audit.measured`."""
+    from ..measured import transform
+
+    if args.element or args.untie:
+        raise GaugeAuditError("--element and --untie are not available for an architecture without a family file")
+    cert = transform(
+        Path(args.checkpoint),
+        args.action,
+        Path(args.out),
+        seed=args.seed,
+        kappa=args.kappa,
+        dtype=dtype,
+        say=(lambda line: None) if args.json else echo,
+    )
+    if args.json:
+        print(json.dumps(cert, sort_keys=True))
+    else:
+        print(
+            f"wrote {args.out}: {cert['action']} of the measured group ({', '.join(cert['families']) or 'discrete maps'})"
+        )
+        print(
+            f"{cert['action']} (κ = {cert['kappa']:.3g}): transformers' float64 logits change by "
+            f"{cert['max_rel_change']:.3e} relative = {cert['residual_eps']:.3g} ε({cert['dtype']}); "
+            f"tolerance {cert['tolerance_eps']:.3g} ε ({cert['tolerance_formula']})"
+        )
+        print(
+            f"verdict: {cert['verdict']}; greedy next token {'unchanged' if cert['next_token_unchanged'] else 'CHANGED'}"
+        )
+    return 0 if cert["verdict"].startswith("HOLDS") else 1

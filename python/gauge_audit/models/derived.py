@@ -4,10 +4,10 @@ For a checkpoint whose class has no hand-written description, the model is trans
 forward in float64 (:class:`HFModel`), and its description — what every tensor *is* — is read
 off the module tree and one probing forward (:func:`describe`):
 
-* the usual decoder names place the heads (``q_proj`` … ``o_proj``, ``q_norm``/``k_norm``,
-  ``sinks``), the feed-forward (``gate_proj``/``up_proj``/``down_proj``, ``gate_up_proj``,
-  ``experts``, ``router``/``gate``, ``shared_expert(s)``) and the stream ends (``embed_tokens``,
-  ``lm_head``); the config gives the head counts, ``head_dim``, the rotary fraction and NoPE layers;
+* the usual decoder names place the heads (``q_proj`` … ``o_proj`` or a fused ``qkv_proj`` split by
+  rows, ``q_norm``/``k_norm``, ``sinks``), the feed-forward (``gate_proj``/``up_proj``/``down_proj``,
+  ``gate_up_proj``, ``experts``, ``router``/``gate``, ``shared_expert(s)``) and the stream ends
+  (``embed_tokens``, ``lm_head``); the config gives the head counts, ``head_dim``, the rotary fraction and NoPE layers;
 * the probe settles what names cannot: each norm's kind (RMSNorm, ``1+w`` RMSNorm, LayerNorm,
   weightless) and what it reads (the stream before a mixer or an FFN, or a sublayer's output —
   OLMo's and Gemma's post-norms), the serial residual, and which stream reader each norm feeds.
@@ -107,7 +107,7 @@ class Hidden:
     experts: int = 0
     router: str | None = None  # the router's weight (E, d) and bias, when ``experts``
     router_bias: str | None = None
-    per_expert: tuple[str, ...] = ()  # further tensors indexed by expert (the writer's bias)
+    per_expert: tuple[str, ...] = ()  # further tensors indexed by expert (the writer's bias, router buffers)
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,8 @@ class Heads:
     k_norm: Norm | None
     qk_norm: str  # none | head | full | weightless
     sinks: str | None
+    k_off: int = 0  # the first key row of ``k`` (the query rows' count when q, k and v are one fused tensor)
+    v_off: int = 0
 
     @property
     def group(self) -> int:
@@ -190,6 +192,13 @@ class HFModel:
     params: dict[str, torch.Tensor]
     config: Any  # transformers' PretrainedConfig
     source: str  # what the parameters are: the checkpoint's, or a generic small copy's
+    # buffers the checkpoint stores (a router's correction bias): state, though no parameter
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """Parameters and stored buffers: what a re-parametrisation may have to move."""
+        return {**self.params, **self.buffers}
 
     @property
     def size(self) -> int:
@@ -227,7 +236,7 @@ def build_module(arch: str, config, seed: int = 0) -> torch.nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             m = cls._from_config(config, attn_implementation="eager", experts_implementation="eager")
-    except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
+    except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as exc:
         raise GaugeAuditError(f"transformers cannot build {arch} from this config: {exc}") from None
     return _float64_module(m)
 
@@ -304,6 +313,15 @@ def small_copy(config):
             setattr(c, k, v)
     if getattr(c, "num_key_value_heads", None) is not None:
         c.num_key_value_heads = 1 if config.num_key_value_heads < config.num_attention_heads else 2
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):  # token ids past the small vocabulary
+        ids = getattr(c, k, None)
+        if (
+            isinstance(ids, int)
+            and ids >= c.vocab_size
+            or isinstance(ids, list)
+            and max(ids, default=0) >= c.vocab_size
+        ):
+            setattr(c, k, None)
     if getattr(c, "num_experts_per_tok", None):
         c.num_experts_per_tok = min(2, c.num_experts_per_tok)
     for k in ("n_group", "topk_group"):
@@ -325,6 +343,19 @@ def small_copy(config):
 
 
 # ----------------------------------------------------------------------------- reading a checkpoint
+def needs_derivation(path: Path) -> bool:
+    """A Hugging Face checkpoint directory whose one architecture has no family file."""
+    from .checkpoint import ARCHS
+
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return False
+    try:
+        names = json.loads((path / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(names, list) and len(names) == 1 and names[0] not in ARCHS
+
+
 def load(path: Path, seed: int = 0) -> HFModel:
     """The checkpoint's own float64 parameters when it has at most ``MAX_PARAMS_OWN``, otherwise a
     small copy of its config at a generic point.  The config is checked against the weights'
@@ -385,8 +416,16 @@ def load(path: Path, seed: int = 0) -> HFModel:
                 f"{path}: the weights {what} {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
             )
     module = _float64_module(module)
+    with torch.no_grad():  # modules transformers keeps in float32 (routers) read their stored values again
+        for name, p in module.named_parameters():
+            if name in files.entries and tuple(files.entries[name][1]) == tuple(p.shape):
+                p.copy_(files.get(name, torch.float64))
+        stored = {n: b for n, b in module.named_buffers() if n in files.entries}
+        for name, b in stored.items():
+            b.copy_(files.get(name, torch.float64))
     params = {n: p.detach().clone() for n, p in module.named_parameters()}
-    return HFModel(arch, module, params, config, "the checkpoint's own weights")
+    buffers = {n: b.detach().clone() for n, b in stored.items()}
+    return HFModel(arch, module, params, config, "the checkpoint's own weights", buffers)
 
 
 # ----------------------------------------------------------------------------- probing
@@ -528,7 +567,8 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer) -> None:
     prefix = f"model.layers.{i}"
     x_in = io[prefix][0]
     x_out = io[prefix][1]
-    kids = _children(io, prefix, layer)
+    # children that pass their input through (dropout at evaluation) are no sublayers
+    kids = [k for k in _children(io, prefix, layer) if not _same(k[2], k[3])]
     subs = [(n, mod, x, y) for n, mod, x, y in kids if not _is_norm(mod)]
     norms = [(n, mod, x, y) for n, mod, x, y in kids if _is_norm(mod)]
     if len(subs) != 2:
@@ -581,13 +621,25 @@ def _linear(mod, name) -> bool:
 
 def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm: Norm | None) -> None:
     params, cfg = model.params, model.config
-    names = {"q_proj", "k_proj", "v_proj", "o_proj"}
-    if names <= {n for n, _ in mix.named_children()}:
+    kids = {n for n, _ in mix.named_children()}
+    fused = {"qkv_proj", "o_proj"} <= kids  # one projection: [queries | keys | values] rows (Phi-3)
+    if {"q_proj", "k_proj", "v_proj", "o_proj"} <= kids or fused:
         n_heads = int(cfg.num_attention_heads)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
         e = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-        q_out = mix.q_proj.weight.shape[0]
-        if q_out not in (n_heads * e, 2 * n_heads * e) or mix.k_proj.weight.shape[0] != n_kv * e:
+        if fused:
+            q_out, k_rows = n_heads * e, n_kv * e
+            proj = {x: f"{prefix}.qkv_proj" for x in "qkv"}
+            if mix.qkv_proj.weight.shape[0] != q_out + 2 * k_rows:
+                rows = mix.qkv_proj.weight.shape[0]
+                desc.unplaced.append(
+                    (f"{prefix}.qkv_proj.weight", f"{rows} rows for {n_heads} + 2·{n_kv} heads of {e}")
+                )
+                return
+        else:
+            q_out, k_rows = mix.q_proj.weight.shape[0], mix.k_proj.weight.shape[0]
+            proj = {x: f"{prefix}.{x}_proj" for x in "qkv"}
+        if q_out not in (n_heads * e, 2 * n_heads * e) or k_rows != n_kv * e:
             desc.unplaced.append((f"{prefix}.q_proj.weight", f"{q_out} query rows for {n_heads} heads of {e}"))
             return
         qn, kn, kind = None, None, "none"
@@ -613,13 +665,13 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
         sinks = f"{prefix}.sinks" if f"{prefix}.sinks" in params else None
         h = Heads(
             layer=i,
-            q=f"{prefix}.q_proj.weight",
-            k=f"{prefix}.k_proj.weight",
-            v=f"{prefix}.v_proj.weight",
+            q=f"{proj['q']}.weight",
+            k=f"{proj['k']}.weight",
+            v=f"{proj['v']}.weight",
             o=f"{prefix}.o_proj.weight",
-            qb=_opt(params, f"{prefix}.q_proj.bias"),
-            kb=_opt(params, f"{prefix}.k_proj.bias"),
-            vb=_opt(params, f"{prefix}.v_proj.bias"),
+            qb=_opt(params, f"{proj['q']}.bias"),
+            kb=_opt(params, f"{proj['k']}.bias"),
+            vb=_opt(params, f"{proj['v']}.bias"),
             ob=_opt(params, f"{prefix}.o_proj.bias"),
             n_heads=n_heads,
             n_kv=n_kv,
@@ -630,10 +682,12 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             k_norm=kn,
             qk_norm=kind,
             sinks=sinks,
+            k_off=q_out if fused else 0,
+            v_off=q_out + k_rows if fused else 0,
         )
         desc.heads.append(h)
-        for p in "qkv":
-            desc.readers.append(Reader(f"{prefix}.{p}_proj.weight", 1, norm))
+        for reads in dict.fromkeys((h.q, h.k, h.v)):  # a fused projection reads the stream once
+            desc.readers.append(Reader(reads, 1, norm))
         desc.writers.append(Writer(h.o, 0, h.ob))
         desc.placed |= {x for x in (h.q, h.k, h.v, h.o, h.qb, h.kb, h.vb, h.ob, h.sinks) if x}
         desc.placed |= {x.weight for x in (qn, kn) if x is not None and x.weight}
@@ -712,7 +766,16 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
                 desc.readers.append(Reader(rw, 1, norm, rb))
                 desc.placed |= {rw, rb or ""}
             bias = _opt(params, down[0] + "_bias")
-            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, (bias,) if bias else ()))
+            # buffers of the router indexed by expert (GLM's correction bias, used in the choice only)
+            extra = (
+                tuple(
+                    f"{prefix}.{router}.{n}" for n, b in ch[router].named_buffers() if b.dim() == 1 and b.numel() == E
+                )
+                if router
+                else ()
+            )
+            per = ((bias,) if bias else ()) + extra
+            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, per))
     for sname in ("shared_expert", "shared_experts"):
         if sname in ch:
             dense(f"{prefix}.{sname}", ch[sname], f"layer {i} shared expert")

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from torch.func import jacrev
 
+from ..actions.candidates import Family, continuous, discrete
 from ..errors import GaugeAuditError
 from ..models.derived import Description, HFModel
 from ..numeric import statistical_factor, worst_case_tolerance
 from ..progress import bar
 from ..runtime import eps, generator
-from .candidates import Family, continuous, discrete
 from .measure import Layout, Spectrum, null_basis, numerical_rank
 
 SEQ = 6  # tokens per sequence: longer than the small copies' windows and chunks (3)
@@ -73,13 +73,15 @@ class Found:
     unexplained: list[dict[str, float]] = field(default_factory=list)  # per direction: tensor → share
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # each family with a flat part: (family, its flat subalgebra as coefficient columns, n_gen × flat)
+    flat: list[tuple[Family, torch.Tensor]] = field(default_factory=list, repr=False)
 
     @property
     def agrees(self) -> bool:
         return self.converged and self.explained == self.nullity
 
 
-def _inputs(vocab: int, batch: int, g: torch.Generator, cover: bool) -> torch.Tensor:
+def inputs(vocab: int, batch: int, g: torch.Generator, cover: bool) -> torch.Tensor:
     ids = torch.randint(0, vocab, (batch, SEQ), generator=g)
     if cover:  # every token once, so no embedding row is unseen
         flat = ids.reshape(-1)
@@ -109,7 +111,7 @@ def converged_factor(
     converged = False
     with bar(total=None, desc="Jacobian rows", unit="row", disable=quiet) as pb:
         while True:
-            ids = _inputs(model.vocab, batch, g, cover=rows == 0)
+            ids = inputs(model.vocab, batch, g, cover=rows == 0)
             J = jac(model.params, ids)
             block = torch.cat([J[n].reshape(J[n].shape[0], -1) for n in names], dim=1)
             R = torch.linalg.qr(torch.cat([R, block]), mode="r").R[:P]
@@ -135,14 +137,15 @@ def converged_factor(
     return R, history, converged, spec
 
 
-def _basis(layout: Layout, fam: Family) -> torch.Tensor:
-    """Orthonormal columns spanning the family's generators (dependent ones dropped)."""
+def _basis(layout: Layout, fam: Family) -> tuple[torch.Tensor, torch.Tensor]:
+    """Orthonormal columns Q spanning the family's generators G (dependent ones dropped), and the
+    coefficients of Q's columns: G·coef = Q."""
     G = torch.stack([layout.flatten(t) for t in fam.generators], dim=1)
     if G.numel() == 0:
-        return G
-    u, s, _ = torch.linalg.svd(G, full_matrices=False)
+        return G, G.new_zeros(G.shape[1], 0)
+    u, s, vh = torch.linalg.svd(G, full_matrices=False)
     keep = s > 1e-10 * float(s[0]) if s.numel() and float(s[0]) > 0 else torch.zeros(0, dtype=torch.bool)
-    return u[:, keep]
+    return u[:, keep], vh[keep].T / s[keep]
 
 
 def measure(
@@ -161,8 +164,9 @@ def measure(
     thr = spec.threshold
     results: list[FamilyResult] = []
     flat_dirs = []
+    kept: list[tuple[Family, torch.Tensor]] = []
     for fam in continuous(desc, params):
-        Q = _basis(layout, fam)
+        Q, coef = _basis(layout, fam)
         if Q.shape[1] == 0:
             continue
         _, s, vh = torch.linalg.svd(R @ Q, full_matrices=True)
@@ -171,6 +175,7 @@ def measure(
         k = int(flat.sum())
         if k:
             flat_dirs.append(Q @ vh[-k:].T)
+            kept.append((fam, coef @ vh[-k:].T))
         results.append(
             FamilyResult(
                 fam.name,
@@ -213,6 +218,7 @@ def measure(
         explained,
         unexplained,
     )
+    found.flat = kept
     found.notes += special_point(desc, params)
     found.seconds = time.time() - t0
     return found
@@ -254,11 +260,12 @@ def path_length(desc: Description, params: dict) -> int:
 
 def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResult]:
     cands = discrete(desc, model.params)
+    state = model.state  # a permutation of experts moves the router's stored buffers too
     if not cands:
         return []
-    ids = _inputs(model.vocab, 8, generator(seed + 2), cover=True)
+    ids = inputs(model.vocab, 8, generator(seed + 2), cover=True)
     with torch.no_grad():
-        y0 = model.logits(model.params, ids)
+        y0 = model.logits(state, ids)
     L, K = max(1, desc.n_layers), path_length(desc, model.params)
     _, tol = statistical_factor(L, K, y0.numel())  # in ε, κ = 1: the element is a permutation with signs
     e64 = eps(torch.float64)
@@ -266,7 +273,7 @@ def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResu
     out = []
     for c in cands:
         with torch.no_grad():
-            y = model.logits(c.apply(model.params), ids)
+            y = model.logits(c.apply(state), ids)
         rel = float((y - y0).norm() / y0.norm()) / e64
         out.append(DiscreteResult(c.name, c.scope, c.what, rel, tol, rel <= worst))
     return out

@@ -1,0 +1,661 @@
+"""Candidate gauge families of a derived description: generators in parameter space and the
+finite group elements they generate.
+
+Each continuous family is a Lie algebra given by a spanning set of tangent vectors (one dict of
+tensors per generator, in transformers' own tensor layout) and its group's action: coefficients
+c (one per generator) ↦ the parameters moved by exp(Σ c_j ξ_j), whose derivative at c = 0 along
+c_j is generator j.  The measurement keeps the subalgebra that is flat on the model's own
+forward; a finite element of it is then drawn, applied and checked like any other action.  A family may therefore be stated *larger*
+than the symmetry it hides — GL(d_k) on the queries and keys of a KV group, every scaling of
+every hidden coordinate of an FFN, gl(d_model) on the stream — and what survives RoPE, a
+QK-norm, an output gate or a clamped GLU is measured, not assumed.
+
+Each discrete candidate is a map on the parameters, tested by the forward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..models.derived import Description, Heads, Hidden, Norm, Opaque
+
+Tangent = dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class Family:
+    name: str
+    scope: str  # the layer or slot it acts on
+    generators: list[Tangent]
+    what: str  # the candidate group, as stated
+    act: Callable[[Params, torch.Tensor], Params]  # coefficients (one per generator) → moved parameters
+    kappa: Callable[[torch.Tensor], float]  # the element's condition number at those coefficients
+    # where the element can be read off two parameter sets: ("gl", e, tensor, axis, offsets) — that
+    # tensor's blocks map X ↦ exp(C)ᵀ·X; ("coord", entries per generator)
+    spec: tuple | None = None
+    # a GL family's element given as its matrix F (exp(C) for coefficients C; also F outside exp's image)
+    by_matrix: Callable[[Params, torch.Tensor], Params] | None = None
+
+
+@dataclass
+class Discrete:
+    name: str
+    scope: str
+    apply: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    what: str
+    # the permutation group this swap generates: (params, π) ↦ item i takes old item π[i]; π of
+    # shape (items,), or (experts, items) for units permuted in each expert on its own
+    permute: Callable[[Params, torch.Tensor], Params] | None = None
+    items: int = 0  # what π permutes; for a rotary turn: the planes
+    # a rotary turn of any plane: (params, plane, KV group, quarter turns) ↦ params
+    turn: Callable[..., Params] | None = None
+
+
+def _zero_like(params, name) -> torch.Tensor:
+    return torch.zeros_like(params[name])
+
+
+def _factor(norm: Norm, params) -> torch.Tensor:
+    g = norm.gamma(params)
+    assert g is not None
+    return g
+
+
+# ----------------------------------------------------------------------------- the three kinds of action
+def _on_axis(t: torch.Tensor, axis: int, M: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """``t`` with the block [offset, offset + len(M)) of ``axis`` mapped X ↦ M·X (X that block,
+    moved to the front)."""
+    e = M.shape[0]
+    out = t.clone()
+    blk = out.narrow(axis, offset, e).movedim(axis, 0)
+    blk.copy_((M @ blk.reshape(e, -1)).reshape(blk.shape))
+    return out
+
+
+def _cond(*Ms: torch.Tensor) -> float:
+    return max(float(torch.linalg.cond(M)) for M in Ms)
+
+
+Side = tuple[str | None, int, list[int], bool]  # tensor, axis, offsets of its copies of the space, forward
+
+
+def _gl(name: str, scope: str, params, e: int, sides: list[Side]) -> Family:
+    """GL(e) on one coordinate space that several tensors hold.  Generator E_ab: a forward side
+    takes x ↦ x·(I + tE_ab) (slot b gains slot a), another side the inverse transpose's tangent
+    (slot a loses slot b); the element of coefficients C (C_ab of E_ab) maps a forward side's
+    block X ↦ exp(C)ᵀ·X and the others' X ↦ exp(−C)·X, so the two cancel in every product."""
+    gens = []
+    for a in range(e):
+        for b in range(e):
+            t: Tangent = {}
+            for tensor, axis, offsets, forward in sides:
+                if tensor is None:
+                    continue
+                z = t.setdefault(tensor, _zero_like(params, tensor))
+                for o in offsets:
+                    if forward:
+                        z.select(axis, o + b).add_(params[tensor].select(axis, o + a))
+                    else:
+                        z.select(axis, o + a).sub_(params[tensor].select(axis, o + b))
+            gens.append(t)
+
+    def mats(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        C = c.reshape(e, e).to(torch.float64)
+        return torch.linalg.matrix_exp(C.T), torch.linalg.matrix_exp(-C)
+
+    def by_matrix(p: Params, F: torch.Tensor) -> Params:
+        """The element F itself (any invertible F, exp(C) or not): X ↦ Fᵀ·X and X ↦ F⁻¹·X."""
+        fwd, inv = F.T, torch.linalg.inv(F)
+        p = dict(p)
+        for tensor, axis, offsets, forward in sides:
+            if tensor is not None:
+                for o in offsets:
+                    p[tensor] = _on_axis(p[tensor], axis, fwd if forward else inv, o)
+        return p
+
+    def act(p: Params, c: torch.Tensor) -> Params:
+        fwd, inv = mats(c)
+        p = dict(p)
+        for tensor, axis, offsets, forward in sides:
+            if tensor is not None:
+                for o in offsets:
+                    p[tensor] = _on_axis(p[tensor], axis, fwd if forward else inv, o)
+        return p
+
+    fwd = next(x for x in sides if x[3] and x[0] is not None)
+    spec = ("gl", e, fwd[0], fwd[1], fwd[2])
+    return Family(name, scope, gens, f"GL({e})", act, lambda c: _cond(*mats(c)), spec, by_matrix)
+
+
+Entry = tuple[str, tuple, float, str]  # tensor, index, sign, kind: scale | scale1p | shift
+
+
+def _coordinatewise(name: str, scope: str, params, gens: list[list[Entry]], what: str = "") -> Family:
+    """Scalings and shifts of single coordinates: generator j moves the entries it lists at rate
+    sign·c_j — ``scale`` x ↦ x·(1 + t), ``scale1p`` a ``1+w`` norm's factor (1 + w)·(1 + t),
+    ``shift`` x ↦ x + t.  The element of coefficients c is the flow of Σ c_j ξ_j for unit time:
+    with A the summed scale rate and B the summed shift rate of an entry (a ``1+w`` factor
+    scales at rate a and shifts at rate a), x ↦ x·e^A + B·(e^A − 1)/A — a unit's pre-activation
+    and its bias scaled about a fixed point (gpt-oss's up branch u + 1) is one flow."""
+
+    # per tensor: the flat positions each generator moves, its id and sign, for the scale and shift rates
+    where: dict[str, dict[str, list]] = {}
+    for j, entries in enumerate(gens):
+        for tensor, idx, sign, kind in entries:
+            pos = torch.arange(params[tensor].numel()).reshape(params[tensor].shape)[idx].reshape(-1)
+            w = where.setdefault(tensor, {"sp": [], "sj": [], "ss": [], "hp": [], "hj": [], "hs": []})
+            for key, on in (("s", kind != "shift"), ("h", kind != "scale")):
+                if on:
+                    w[key + "p"].append(pos)
+                    w[key + "j"].append(torch.full_like(pos, j))
+                    w[key + "s"].append(torch.full(pos.shape, sign, dtype=torch.float64))
+    index = {
+        t: {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.long) for k, v in w.items()} for t, w in where.items()
+    }
+
+    def rates(c: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per tensor the scale rate A and the shift rate B of every entry (index_add: no in-place
+        write of c's entries, so forward-mode derivatives pass through)."""
+        out = {}
+        for t, ix in index.items():
+            n = params[t].numel()
+            z = c.new_zeros(n)
+            A = z.index_add(0, ix["sp"], ix["ss"].to(c.dtype) * c[ix["sj"]]) if ix["sp"].numel() else z
+            B = z.index_add(0, ix["hp"], ix["hs"].to(c.dtype) * c[ix["hj"]]) if ix["hp"].numel() else z
+            out[t] = (A.reshape(params[t].shape), B.reshape(params[t].shape))
+        return out
+
+    tangents: list[Tangent] = []
+    for j in range(len(gens)):
+        unit = torch.zeros(len(gens), dtype=torch.float64)
+        unit[j] = 1.0
+        tangents.append({t: A * params[t] + B for t, (A, B) in rates(unit).items() if bool(A.any()) or bool(B.any())})
+
+    def act(p: Params, c: torch.Tensor) -> Params:
+        p = dict(p)
+        for tensor, (A, B) in rates(c).items():
+            small = A.abs() < 1e-8  # (e^A − 1)/A by its series there
+            ratio = torch.where(small, 1.0 + A / 2, torch.expm1(A) / torch.where(small, 1.0, A))
+            p[tensor] = p[tensor] * torch.exp(A) + B * ratio
+        return p
+
+    def kappa(c: torch.Tensor) -> float:
+        logs = [0.0]
+        for A, _ in rates(c.detach()).values():
+            logs += [float(A.max()), float(A.min())]
+        return math.exp(max(logs) - min(logs))
+
+    return Family(name, scope, tangents, what or f"(R^×)^{len(gens)}", act, kappa, ("coord", gens))
+
+
+def _index(t: torch.Tensor, axis: int, j: int, expert: int | None = None) -> tuple:
+    idx: list = [slice(None)] * t.dim()
+    if expert is not None:
+        idx[0] = expert
+    idx[axis] = j
+    return tuple(idx)
+
+
+# ----------------------------------------------------------------------------- heads
+def _q_rows(h: Heads, head: int, i: int) -> int:
+    return head * h.q_stride + i
+
+
+def qk_gl(h: Heads, params) -> list[Family]:
+    """Per KV group: q ↦ q·M on its query heads, k ↦ k·M⁻ᵀ, M ∈ GL(d_k) (generators E_ab)."""
+    e, out = h.head_dim, []
+    for g in range(h.n_kv):
+        q_rows = [_q_rows(h, head, 0) for head in range(g * h.group, (g + 1) * h.group)]
+        k_rows = [h.k_off + g * e]
+        sides = [(h.q, 0, q_rows, True), (h.qb, 0, q_rows, True), (h.k, 0, k_rows, False), (h.kb, 0, k_rows, False)]
+        out.append(_gl("qk-gl", f"layer {h.layer} KV group {g}", params, e, sides))
+    return out
+
+
+def vo_gl(h: Heads, params) -> list[Family]:
+    """Per KV group: v ↦ v·N, and every query head of the group's o_proj columns ↦ N⁻¹·(…)."""
+    e, out = h.head_dim, []
+    for g in range(h.n_kv):
+        o_cols = [head * e for head in range(g * h.group, (g + 1) * h.group)]
+        v_rows = [h.v_off + g * e]
+        sides = [(h.v, 0, v_rows, True), (h.vb, 0, v_rows, True), (h.o, 1, o_cols, False)]
+        out.append(_gl("vo-gl", f"layer {h.layer} KV group {g}", params, e, sides))
+    return out
+
+
+def _norm_entry(n: Norm, c: int, sign: float = 1.0) -> Entry:
+    assert n.weight is not None
+    return (n.weight, (c,), sign, "scale1p" if n.kind == "rms1p" else "scale")
+
+
+def qk_norm_scale(h: Heads, params) -> list[Family]:
+    """Every coordinate of the query and key norms' weights scaled on its own."""
+    gens = [
+        [_norm_entry(n, c)]
+        for n in (h.q_norm, h.k_norm)
+        if n is not None and n.weight
+        for c in range(params[n.weight].numel())
+    ]
+    return [_coordinatewise("qk-norm-scale", f"layer {h.layer}", params, gens)] if gens else []
+
+
+# ----------------------------------------------------------------------------- hidden spaces
+def _bias_of(name: str) -> str | None:
+    """The weight a bias belongs to (``x.bias`` of ``x.weight``, ``x_bias`` of ``x``), None for a weight."""
+    if name.endswith(".bias"):
+        return name[: -len(".bias")] + ".weight"
+    if name.endswith("_bias"):
+        return name[: -len("_bias")]
+    return None
+
+
+def hidden_scale(hd: Hidden, params) -> list[Family]:
+    """Every hidden coordinate of every reader (its weight's row with its bias entry: the unit's
+    pre-activation), of every reader bias alone (a shift) and of the writer, scaled on its own
+    (per expert)."""
+    biases = {_bias_of(n): (n, a) for n, a in hd.readers if _bias_of(n)}
+    gens: list[list[Entry]] = []
+    for e in range(hd.experts) if hd.experts else [None]:
+        for name, axis in hd.readers + hd.writers:
+            if _bias_of(name):
+                continue
+            for j in range(params[name].shape[axis]):
+                entries: list[Entry] = [(name, _index(params[name], axis, j, e), 1.0, "scale")]
+                if name in biases:
+                    b, ba = biases[name]
+                    entries.append((b, _index(params[b], ba, j, e), 1.0, "scale"))
+                    gens.append([(b, _index(params[b], ba, j, e), 1.0, "shift")])
+                gens.append(entries)
+    return [_coordinatewise("ffn-scale", hd.name, params, gens)]
+
+
+def router_shift(hd: Hidden, params, d: int) -> list[Family]:
+    """One vector added to every expert's router row (and one constant to every router bias)."""
+    if not hd.router:
+        return []
+    gens: list[list[Entry]] = [[(hd.router, (slice(None), j), 1.0, "shift")] for j in range(d)]
+    if hd.router_bias:
+        gens.append([(hd.router_bias, (slice(None),), 1.0, "shift")])
+    return [_coordinatewise("router-shift", hd.name, params, gens, f"R^{len(gens)}")]
+
+
+# ----------------------------------------------------------------------------- the stream
+def _slice(t: torch.Tensor, axis: int, c: int) -> torch.Tensor:
+    return t.select(axis, c)
+
+
+def stream_gl(desc: Description, params) -> list[Family]:
+    """x ↦ x·(I + tA) on the stream, A ∈ gl(d): writers' outputs follow, each reader behind a norm
+    with factor Γ takes −Γ⁻¹AΓ on its input (a norm's shift β: β·Γ⁻¹AΓ), post-norm factors can
+    follow only a diagonal A.  The element of coefficients C: writers X ↦ exp(C)ᵀX, readers
+    X ↦ Γ⁻¹exp(−C)Γ·X, shifts β ↦ (Γ⁻¹exp(C)Γ)ᵀβ, post-norm factors γ ↦ γ·exp(diag C)."""
+    if desc.residual != "serial":
+        return []
+    d = desc.d_model
+    gammas = {r.norm.module: r.norm.gamma(params) for r in desc.readers if r.norm is not None}
+    gens = []
+    for a in range(d):
+        for b in range(d):
+            t: Tangent = {}
+
+            def add(name: str, value: torch.Tensor, axis: int, at: int, t: Tangent = t) -> None:
+                z = t.setdefault(name, _zero_like(params, name))
+                z.select(axis, at).add_(value)
+
+            for w in desc.writers:
+                add(w.param, _slice(params[w.param], w.axis, a), w.axis, b)
+                if w.bias:  # the stream is a bias's last axis (an expert's bias: E × d)
+                    add(w.bias, params[w.bias].select(-1, a), -1, b)
+            for pn in desc.post_norms:
+                if a == b and pn.weight:
+                    add(pn.weight, _factor(pn, params)[a], 0, a)
+                    if pn.bias:
+                        add(pn.bias, params[pn.bias][a], 0, a)
+            shifted: set[str] = set()
+            for r in desc.readers:
+                g = gammas.get(r.norm.module) if r.norm is not None else None
+                ratio = 1.0 if g is None else float(g[b] / g[a])
+                add(r.param, -ratio * _slice(params[r.param], r.axis, b), r.axis, a)
+                if r.norm is not None and r.norm.bias and r.norm.bias not in shifted:
+                    shifted.add(r.norm.bias)
+                    add(r.norm.bias, ratio * params[r.norm.bias][a], 0, b)
+            gens.append(t)
+
+    def conj(C: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+        M = torch.linalg.matrix_exp(C)
+        return M if g is None else (M * g[None, :]) / g[:, None]  # Γ⁻¹·exp(C)·Γ
+
+    def act(p: Params, c: torch.Tensor) -> Params:
+        C = c.reshape(d, d).to(torch.float64)
+        fwd = torch.linalg.matrix_exp(C.T)
+        out = dict(p)
+        for w in desc.writers:
+            out[w.param] = _on_axis(out[w.param], w.axis, fwd)
+            if w.bias:
+                out[w.bias] = _on_axis(out[w.bias], out[w.bias].dim() - 1, fwd)
+        scale = torch.exp(torch.diagonal(C))
+        for pn in desc.post_norms:
+            if pn.weight:
+                f = _factor(pn, p) * scale
+                out[pn.weight] = f - 1.0 if pn.kind == "rms1p" else f
+                if pn.bias:
+                    out[pn.bias] = p[pn.bias] * scale
+        shifted: set[str] = set()
+        for r in desc.readers:  # Γ at p: after a norm fold the same rotation reads the new factors
+            g = r.norm.gamma(p) if r.norm is not None else None
+            out[r.param] = _on_axis(out[r.param], r.axis, conj(-C, g))
+            if r.norm is not None and r.norm.bias and r.norm.bias not in shifted:
+                shifted.add(r.norm.bias)
+                out[r.norm.bias] = conj(C, g).T @ p[r.norm.bias]
+        return out
+
+    def kappa(c: torch.Tensor) -> float:
+        C = c.reshape(d, d).to(torch.float64)
+        return _cond(torch.linalg.matrix_exp(C), *(conj(-C, g) for g in gammas.values() if g is not None))
+
+    embed = desc.writers[0]  # the embedding: nothing but the stream moves it
+    return [Family("stream-gl", "stream", gens, f"GL({d})", act, kappa, ("gl", d, embed.param, embed.axis, [0]))]
+
+
+def norm_fold(desc: Description, params) -> list[Family]:
+    """Each coordinate of a norm's factor scaled, its readers' inputs scaled back."""
+    by_norm: dict[str, list] = {}
+    norms: dict[str, Norm] = {}
+    for r in desc.readers:
+        if r.norm is not None and r.norm.weight:
+            by_norm.setdefault(r.norm.module, []).append(r)
+            norms[r.norm.module] = r.norm
+    out = []
+    for mod, readers in by_norm.items():
+        n = norms[mod]
+        gens: list[list[Entry]] = []
+        for c in range(_factor(n, params).numel()):
+            entries = [_norm_entry(n, c)] + ([(n.bias, (c,), 1.0, "scale")] if n.bias else [])
+            entries += [(r.param, _index(params[r.param], r.axis, c), -1.0, "scale") for r in readers]
+            gens.append(entries)
+        out.append(_coordinatewise("norm-fold", mod, params, gens))
+    return out
+
+
+def mixer_scale(op: Opaque, params) -> list[Family]:
+    """Inside a mixer the project has no theory for: every output row of its stream readers,
+    every coordinate of its inner tensors (axis 0: a convolution's channels, a norm's weights)
+    and every input column of its writer, each scaled on its own."""
+    gens: list[list[Entry]] = [
+        [(name, (j,), 1.0, "scale")] for name in op.readers + op.inner for j in range(params[name].shape[0])
+    ]
+    if op.writer:
+        gens += [[(op.writer, (slice(None), j), 1.0, "scale")] for j in range(params[op.writer].shape[1])]
+    return [_coordinatewise("mixer-scale", f"layer {op.layer} mixer", params, gens)]
+
+
+def post_norm_diagonal(desc: Description, params) -> list[Family]:
+    """Per post-norm n(y)·γ: each stream coordinate c of the sublayer's output y scaled (its
+    writers' output coordinate c) and γ_c scaled back.  Flat only where rms(y) keeps its value,
+    i.e. the diagonal preserves the Gram of the writer's rows on its image: none at generic sizes,
+    d − f(f+1)/2 directions when the writer's width f is so small that f(f+1)/2 < d."""
+    out = []
+    for n in desc.post_norms:
+        writers = desc.post_writers.get(n.module, [])
+        if n.weight is None or not writers:
+            continue
+        gens: list[list[Entry]] = []
+        for c in range(desc.d_model):
+            entries = [_norm_entry(n, c, -1.0)]
+            for w in writers:
+                entries.append((w.param, _index(params[w.param], w.axis, c), 1.0, "scale"))
+                if w.bias:
+                    entries.append((w.bias, _index(params[w.bias], params[w.bias].dim() - 1, c), 1.0, "scale"))
+            gens.append(entries)
+        out.append(_coordinatewise("post-norm-diagonal", n.module, params, gens))
+    return out
+
+
+def continuous(desc: Description, params) -> list[Family]:
+    fams: list[Family] = []
+    for op in desc.opaque:
+        fams += mixer_scale(op, params)
+    for h in desc.heads:
+        fams += qk_gl(h, params) + qk_norm_scale(h, params) + vo_gl(h, params)
+    for hd in desc.hidden:
+        fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
+    fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
+    return fams
+
+
+# ----------------------------------------------------------------------------- discrete
+def _swap(t: torch.Tensor, axis: int, i: list[int], j: list[int]) -> torch.Tensor:
+    out = t.clone()
+    idx_i, idx_j = torch.tensor(i), torch.tensor(j)
+    out.index_copy_(axis, idx_i, t.index_select(axis, idx_j))
+    out.index_copy_(axis, idx_j, t.index_select(axis, idx_i))
+    return out
+
+
+def permute_heads(h: Heads, g: int, p: Params, pi: torch.Tensor) -> Params:
+    """The query heads of KV group ``g`` reordered: head i of the group takes old head π[i] (its
+    query rows, output columns and sink)."""
+    e, G = h.head_dim, h.group
+    heads = g * G + pi
+    rows = (heads[:, None] * h.q_stride + torch.arange(h.q_stride)).reshape(-1)
+    all_rows = torch.arange(p[h.q].shape[0])
+    all_rows[g * G * h.q_stride : (g + 1) * G * h.q_stride] = rows
+    cols = torch.arange(p[h.o].shape[1])
+    cols[g * G * e : (g + 1) * G * e] = (heads[:, None] * e + torch.arange(e)).reshape(-1)
+    p = dict(p)
+    p[h.q] = p[h.q].index_select(0, all_rows)
+    if h.qb:
+        p[h.qb] = p[h.qb].index_select(0, all_rows)
+    p[h.o] = p[h.o].index_select(1, cols)
+    if h.sinks:
+        idx = torch.arange(h.n_heads)
+        idx[g * G : (g + 1) * G] = heads
+        p[h.sinks] = p[h.sinks].index_select(0, idx)
+    return p
+
+
+def _per_group(h: Heads, p: Params, pi: torch.Tensor) -> Params:
+    """π of shape (n_kv, group): each KV group's query heads in their own order; (group,): group 0's."""
+    for g, row in enumerate(pi if pi.dim() == 2 else pi[None]):
+        p = permute_heads(h, g, p, row)
+    return p
+
+
+def head_swap(h: Heads) -> list[Discrete]:
+    """Two query heads of one KV group exchanged (queries, output columns, their sinks)."""
+    if h.group < 2 or h.qk_norm == "full":
+        return []
+    swap = torch.arange(h.group)
+    swap[:2] = torch.tensor([1, 0])
+    return [
+        Discrete(
+            "head-swap",
+            f"layer {h.layer}",
+            lambda p: permute_heads(h, 0, p, swap),
+            "query heads 0 ↔ 1 of KV group 0",
+            lambda p, pi: _per_group(h, p, pi),
+            h.group,
+        )
+    ]
+
+
+def turn_plane(h: Heads, layout: str, p: Params, plane: int, group: int, quarters: int) -> Params:
+    """Rotary plane ``plane`` of the queries and keys of KV group ``group`` turned by ``quarters``
+    quarter turns, (x, y) ↦ (−y, x) each, and its QK-norm weights exchanged at every odd one.  The
+    plane is (i, i + rotary/2) in the half-split layout, (2i, 2i + 1) interleaved.  A norm weight
+    one head long is every group's: then every group turns."""
+    e = h.head_dim
+    a, b = (plane, plane + h.rotary // 2) if layout == "half-split" else (2 * plane, 2 * plane + 1)
+    k = quarters % 4
+    if k == 0:
+        return p
+    groups = range(h.n_kv) if h.qk_norm == "head" else [group]
+    p = dict(p)
+    for g in groups:
+        for w, bias, rows in (
+            (h.q, h.qb, [_q_rows(h, hd, 0) for hd in range(g * h.group, (g + 1) * h.group)]),
+            (h.k, h.kb, [h.k_off + g * e]),
+        ):
+            for name in (w, bias):
+                if not name:
+                    continue
+                t = p[name].clone()
+                for r in rows:
+                    x, y = p[name][r + a].clone(), p[name][r + b].clone()
+                    t[r + a], t[r + b] = ((-y, x), (-x, -y), (y, -x))[k - 1]
+                p[name] = t
+    if k % 2:
+        for n in (h.q_norm, h.k_norm):
+            if n is not None and n.weight:
+                if h.qk_norm == "head":
+                    starts = [0]
+                elif n is h.k_norm:
+                    starts = [group * e]
+                else:
+                    starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
+                p[n.weight] = _swap(p[n.weight], 0, [s + a for s in starts], [s + b for s in starts])
+    return p
+
+
+def rotary_pair_flips(h: Heads) -> list[Discrete]:
+    """A rotary plane's query and key coordinates negated in one KV group (a half turn), and a
+    quarter turn with the plane's QK-norm weights exchanged.  The plane is (0, rotary/2) in the
+    half-split layout and (0, 1) in the interleaved one: each layout is a candidate."""
+    if h.rotary < 2:
+        return []
+    scope = f"layer {h.layer}" + ("" if h.qk_norm == "head" else " KV group 0")
+    out = []
+    for layout, p1 in (("half-split", h.rotary // 2), ("interleaved", 1)):
+        turn = partial(turn_plane, h, layout)
+        out += [
+            Discrete(
+                "rotary-half-turn",
+                scope,
+                partial(turn, plane=0, group=0, quarters=2),
+                f"plane (0, {p1}) of q/k negated ({layout})",
+                items=h.rotary // 2,
+                turn=turn,
+            ),
+            Discrete(
+                "rotary-quarter-turn",
+                scope,
+                partial(turn, plane=0, group=0, quarters=1),
+                f"plane (0, {p1}) turned a quarter, its QK-norm weights exchanged ({layout})",
+                items=h.rotary // 2,
+                turn=turn,
+            ),
+        ]
+    return out
+
+
+def permute_experts(hd: Hidden, p: Params, pi: torch.Tensor) -> Params:
+    """Expert i takes old expert π[i]: its tensors, router row and biases."""
+    p = dict(p)
+    for name in [n for n, _ in hd.readers + hd.writers] + [hd.router, hd.router_bias, *hd.per_expert]:
+        if name and name in p:  # a router buffer is in p when the caller moves buffers too
+            p[name] = p[name].index_select(0, pi)
+    return p
+
+
+def expert_swap(hd: Hidden) -> list[Discrete]:
+    if hd.experts < 2:
+        return []
+    swap = torch.arange(hd.experts)
+    swap[:2] = torch.tensor([1, 0])
+    return [
+        Discrete(
+            "expert-swap",
+            hd.name,
+            lambda p: permute_experts(hd, p, swap),
+            "experts 0 ↔ 1 with their router rows",
+            lambda p, pi: permute_experts(hd, p, pi),
+            hd.experts,
+        )
+    ]
+
+
+def unit_columns(pi: torch.Tensor, width: int, f: int, layout: str) -> torch.Tensor:
+    """The indices along a tensor's hidden axis that put unit π[i] at unit i: the axis holds the
+    f units once, or twice fused — ``concat`` [gate | up] (j, f + j), ``interleaved`` (2j, 2j + 1)."""
+    if width == f:
+        return pi
+    if layout == "concat":
+        return torch.cat([pi, f + pi])
+    return torch.stack([2 * pi, 2 * pi + 1], dim=1).reshape(-1)
+
+
+def permute_units(hd: Hidden, f: int, layout: str, p: Params, pi: torch.Tensor) -> Params:
+    """Unit i takes old unit π[i] in every reader and writer (π per expert when 2-D)."""
+    p = dict(p)
+    for n, a in hd.readers + hd.writers:
+        w = p[n].shape[a]
+        if pi.dim() == 1:
+            p[n] = p[n].index_select(a, unit_columns(pi, w, f, layout))
+        else:
+            p[n] = torch.stack([p[n][e].index_select(a - 1, unit_columns(pi[e], w, f, layout)) for e in range(len(pi))])
+    return p
+
+
+def unit_swap(hd: Hidden, params) -> list[Discrete]:
+    """Two hidden units exchanged in every reader and the writer; a fused [gate | up] reader pairs
+    unit j with columns (j, f + j) or, interleaved, (2j, 2j + 1) — both are candidates."""
+    name, axis = hd.writers[0]
+    f = params[name].shape[axis]
+    if f < 2:
+        return []
+    layouts = {"": "single"}
+    if any(params[n].shape[a] == 2 * f for n, a in hd.readers):
+        layouts = {" (fused [gate | up])": "concat", " (fused, interleaved)": "interleaved"}
+    swap = torch.arange(f)
+    swap[:2] = torch.tensor([1, 0])
+    return [
+        Discrete(
+            "unit-swap",
+            hd.name,
+            partial(lambda p, layout: permute_units(hd, f, layout, p, swap), layout=layout),
+            "hidden units 0 ↔ 1" + label,
+            partial(lambda p, pi, layout: permute_units(hd, f, layout, p, pi), layout=layout),
+            f,
+        )
+        for label, layout in layouts.items()
+    ]
+
+
+def stream_reflection(desc: Description) -> list[Discrete]:
+    """Stream coordinate 0 negated: every writer's output and every reader's input coordinate 0
+    (a tensor that is both, tied embeddings, once), writers' biases with them — the part of O(d)
+    that exp(so(d)) does not reach.  A norm that centres (LayerNorm) is not odd in one coordinate:
+    the forward decides."""
+    if desc.residual != "serial":
+        return []
+    axes = {(w.param, w.axis) for w in desc.writers} | {(r.param, r.axis) for r in desc.readers}
+    biases = {w.bias for w in desc.writers if w.bias}
+
+    def apply(p: Params) -> Params:
+        p = dict(p)
+        for name, axis in sorted(axes):
+            t = p[name].clone()
+            t.select(axis, 0).neg_()
+            p[name] = t
+        for b in sorted(biases):
+            t = p[b].clone()
+            t.select(-1, 0).neg_()
+            p[b] = t
+        return p
+
+    return [Discrete("stream-reflection", "stream", apply, "stream coordinate 0 negated in every writer and reader")]
+
+
+def discrete(desc: Description, params) -> list[Discrete]:
+    out: list[Discrete] = stream_reflection(desc)
+    for h in desc.heads:
+        out += head_swap(h) + rotary_pair_flips(h)
+    for hd in desc.hidden:
+        out += unit_swap(hd, params) + expert_swap(hd)
+    return out

@@ -1,0 +1,500 @@
+"""Compare two checkpoints of an architecture without a family file through the group measured
+on A's own forward.
+
+B is a re-parametrised copy of A when an element g of the measured group maps A to B within B's
+rounding.  The element is searched for, under a bound, in this order:
+
+1. **the stream** — stream-gl's element from the embeddings alone (nothing else moves them):
+   E_B ≈ E_A·M by least squares, log M projected on the flat subalgebra;
+2. **the norms** — each norm fold from the ratio of the two norms' factors;
+3. **the permutations the forward verified** — the units of every FFN (in every expert) matched
+   by their normalised reader rows and writer columns, experts by their units, the query heads
+   of a KV group by the residual of the group's query map (every order, at most ``MAX_ORDERS``);
+   greedy assignments, the worst match's cosine reported;
+4. **every other flat family from its own tensors** — a GL family: the least-squares map of its
+   forward side and its logarithm; a coordinate scaling: the log-ratio of its first entry; a
+   shift: the mean difference — each projected on the family's flat subalgebra;
+5. **all flat coefficients polished together** by Levenberg–Marquardt on the per-tensor relative
+   residual ‖g·A − B‖/‖B‖, at most ``POLISH`` steps.
+
+Verdicts.  EQUIVALENT: every tensor's residual is within 4·(ε_B/2 + κ(g)·m·ε₆₄) — B's own
+rounding plus the float64 rounding of g·A, m the longest inner product of the action.
+DIFFERENT: transformers' float64 logits of A and B differ by more than any element of
+condition number ≤ ``KAPPA_MAX`` rounded to B's dtype could explain (κ·L·K·ε_B, the check's
+worst case).  Otherwise UNDECIDED, saying which step did not close.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch.func import jacfwd
+
+from ..actions.candidates import Discrete, Family, permute_heads
+from ..errors import GaugeAuditError
+from ..models.derived import HFModel
+from ..runtime import eps, generator
+
+EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
+KAPPA_MAX = 1e6  # DIFFERENT: no element of condition number up to this explains the logits' change
+MAX_ORDERS = 720  # query-head orders tried per KV group (6!)
+POLISH = 60  # Levenberg–Marquardt steps
+BUDGET_S = 120.0
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class Fit:
+    verdict: str
+    function_distance: float  # ‖y_B − y_A‖∞ / ‖y_A‖∞, transformers' float64 logits
+    function_tolerance: float  # κ_max·L·K·ε_B: what rounding of an element could explain
+    residual: float | None  # the largest per-tensor ‖g·A − B‖/‖B‖ of the element found (None: no search)
+    residual_tolerance: float | None
+    kappa: float | None  # of the element found
+    worst_tensor: str
+    matches: dict[str, float] = field(default_factory=dict)  # permutation → its worst cosine
+    steps: list[str] = field(default_factory=list)  # what the search did, in order
+    seconds: float = 0.0
+    why: str = ""
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _logm(M: torch.Tensor) -> torch.Tensor:
+    """The principal logarithm (eigendecomposition; zeros where M has no real one)."""
+    w, V = torch.linalg.eig(M.to(torch.complex128))
+    try:
+        L = (V @ torch.diag(torch.log(w)) @ torch.linalg.inv(V)).real
+    except RuntimeError:
+        return torch.zeros_like(M)
+    return L if bool(torch.isfinite(L).all()) else torch.zeros_like(M)
+
+
+def _inputs(model: HFModel) -> torch.Tensor:
+    """The fixed token ids both forwards are compared on."""
+    return torch.randint(0, model.vocab, (2, 16), generator=generator(0))
+
+
+def _is_log(L: torch.Tensor, M: torch.Tensor, rel: float = 1e-6) -> bool:
+    return bool(torch.allclose(torch.linalg.matrix_exp(L), M, rtol=0, atol=rel * float(M.abs().max())))
+
+
+def _matrix(spec: tuple, pa: Params, pb: Params) -> torch.Tensor | None:
+    """A GL family's matrix F (X_B = Fᵀ·X_A on its forward side) by least squares; None if singular."""
+    _, e, tensor, axis, offsets = spec
+    xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
+    F = torch.linalg.lstsq(xa.T, xb.T).solution
+    return F if float(torch.linalg.cond(F)) < 1e12 else None
+
+
+def _preserves(model: HFModel, desc, fam: Family, F: torch.Tensor, ya: torch.Tensor) -> bool:
+    """The forward at A is unchanged by ``fam``'s element F, within the check's worst-case
+    tolerance at κ(F)."""
+    from ..nullity.found import path_length
+    from ..numeric import worst_case_tolerance
+
+    assert fam.by_matrix is not None
+    with torch.no_grad():
+        y = model.logits(fam.by_matrix(model.state, F), _inputs(model))
+    err = float((y - ya).abs().max() / ya.abs().max())
+    kappa = float(torch.linalg.cond(F))
+    return err <= worst_case_tolerance(kappa, desc.n_layers, path_length(desc, model.params), torch.float64)
+
+
+def _project(basis: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Coordinates z (c ≈ basis·z) of the flat subalgebra's element nearest to c."""
+    return torch.linalg.lstsq(basis, c[:, None]).solution[:, 0]
+
+
+def _block(t: torch.Tensor, axis: int, offsets: list[int], e: int) -> torch.Tensor:
+    return torch.cat([t.narrow(axis, o, e).movedim(axis, 0).reshape(e, -1) for o in offsets], dim=1)
+
+
+def estimate(fam: Family, pa: Params, pb: Params) -> torch.Tensor | None:
+    """Coefficients of ``fam`` mapping ``pa`` towards ``pb``, read off the family's own tensors;
+    None for a GL map that exp does not reach (no real logarithm)."""
+    n = len(fam.generators)
+    spec = fam.spec
+    if spec is None:
+        return torch.zeros(n, dtype=torch.float64)
+    if spec[0] == "gl":  # (kind, e, tensor, axis, offsets): X_B = exp(C)ᵀ·X_A
+        _, e, tensor, axis, offsets = spec
+        xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
+        M = torch.linalg.lstsq(xa.T, xb.T).solution
+        L = _logm(M)
+        if not _is_log(L, M):
+            # a pair of equal real eigenvalues below 0 (a rotation by π): the real logarithm pairs
+            # them, which a slight perturbation makes a conjugate pair; the polish ends it
+            g = generator(len(fam.generators))
+            L = _logm(M + 1e-7 * float(M.abs().max()) * torch.randn(M.shape, generator=g, dtype=M.dtype))
+        return L.reshape(-1) if _is_log(L, M, 1e-4) else None
+    gens = spec[1]  # coordinatewise: per generator its entries (tensor, index, sign, kind)
+    out = torch.zeros(n, dtype=torch.float64)
+    for j, entries in enumerate(gens):
+        tensor, idx, sign, kind = entries[0]
+        xa, xb = pa[tensor][idx], pb[tensor][idx]
+        if kind == "shift":
+            out[j] = sign * float((xb - xa).mean())
+            continue
+        if kind == "scale1p":
+            xa, xb = 1.0 + xa, 1.0 + xb
+        ratio = float((xa * xb).sum() / (xa * xa).sum().clamp_min(1e-300))
+        out[j] = sign * math.log(ratio) if ratio > 0 else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- permutations
+def _greedy(S: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """π with π[i] the row matched to column i, taking the largest remaining entry each time;
+    and the smallest matched value."""
+    S = S.clone()
+    pi = torch.full((S.shape[1],), -1, dtype=torch.long)
+    worst = math.inf
+    for _ in range(min(S.shape)):
+        k = int(torch.argmax(S))
+        r, c = divmod(k, S.shape[1])
+        worst = min(worst, float(S[r, c]))
+        pi[c] = r
+        S[r, :] = -math.inf
+        S[:, c] = -math.inf
+    return pi, worst
+
+
+def _unit_signatures(hd, p: Params, f: int, layout: str, expert: int | None) -> torch.Tensor:
+    """Per unit: its reader rows and writer column, each normalised (positive scalings drop out)."""
+    parts = []
+    for n, a in hd.readers + hd.writers:
+        if n.endswith("bias"):
+            continue
+        t = p[n] if expert is None else p[n][expert]
+        ax = a if expert is None else a - 1
+        w = t.shape[ax]
+        for half in range(2 if w == 2 * f else 1):
+            cols = torch.arange(f)
+            if w == 2 * f:  # the unit's gate (half 0) or up (half 1) column
+                cols = half * f + cols if layout == "concat" else 2 * cols + half
+            x = t.index_select(ax, cols).movedim(ax, 0).reshape(f, -1)
+            parts.append(x / x.norm(dim=1, keepdim=True).clamp_min(1e-300))
+    return torch.cat(parts, dim=1) / math.sqrt(len(parts))
+
+
+def match_units(d: Discrete, hd, pa: Params, pb: Params, layout: str, experts: bool) -> tuple[torch.Tensor, float]:
+    f = d.items
+    if not experts:
+        pi, worst = _greedy(_unit_signatures(hd, pa, f, layout, None) @ _unit_signatures(hd, pb, f, layout, None).T)
+        return pi, worst
+    E = hd.experts
+    sa = [_unit_signatures(hd, pa, f, layout, e) for e in range(E)]
+    sb = [_unit_signatures(hd, pb, f, layout, e) for e in range(E)]
+    rows, worst = [], math.inf
+    for e in range(E):
+        pi, w = _greedy(sa[e] @ sb[e].T)
+        rows.append(pi)
+        worst = min(worst, w)
+    return torch.stack(rows), worst
+
+
+def match_experts(hd, pa: Params, pb: Params, f: int, layout: str) -> tuple[torch.Tensor, float]:
+    E = hd.experts
+    sa = [_unit_signatures(hd, pa, f, layout, e) for e in range(E)]
+    sb = [_unit_signatures(hd, pb, f, layout, e) for e in range(E)]
+    S = torch.tensor([[float((sa[a] @ sb[b].T).max(dim=0).values.mean()) for b in range(E)] for a in range(E)])
+    return _greedy(S)
+
+
+def match_heads(h, g: int, pa: Params, pb: Params) -> tuple[torch.Tensor, float]:
+    """The order of KV group ``g``'s query heads whose query rows B maps best by one shared map
+    (every order up to ``MAX_ORDERS``); 1 − the relative residual of that map."""
+    e, G = h.head_dim, h.group
+    starts = [(g * G + i) * h.q_stride for i in range(G)]
+    xb = _block(pb[h.q], 0, starts, e)
+    best, best_res = torch.arange(G), math.inf
+    for order in itertools.islice(itertools.permutations(range(G)), MAX_ORDERS):
+        pi = torch.tensor(order)
+        xa = _block(permute_heads(h, g, pa, pi)[h.q], 0, starts, e)
+        sol = torch.linalg.lstsq(xa.T, xb.T).solution
+        res = float((xa.T @ sol - xb.T).norm() / xb.norm())
+        if res < best_res:
+            best, best_res = pi, res
+    return best, 1.0 - best_res
+
+
+# ----------------------------------------------------------------------------- the search
+def fit(
+    model: HFModel,
+    desc,
+    flat: list[tuple[Family, torch.Tensor]],
+    held: list[Discrete],
+    pb: Params,
+    dtype_b: torch.dtype,
+    budget_s: float = BUDGET_S,
+) -> Fit:
+    from ..nullity.found import path_length
+
+    t0 = time.time()
+    pa = model.state
+    names = list(pa)
+    e_b = eps(dtype_b)
+    ids = _inputs(model)
+    with torch.no_grad():
+        ya, yb = model.logits(pa, ids), model.logits(pb, ids)
+    dist = float((yb - ya).abs().max() / ya.abs().max())
+    L, K = max(1, desc.n_layers), path_length(desc, pa)
+    f_tol = KAPPA_MAX * L * K * e_b
+    steps: list[str] = []
+    matches: dict[str, float] = {}
+    if dist > f_tol and f_tol < 0.5:  # the functions differ: no element can map A to B
+        why = (
+            f"the logits differ by {dist:.3g} relative; an element of κ ≤ {KAPPA_MAX:g} rounded to "
+            f"{str(dtype_b).removeprefix('torch.')} explains at most {f_tol:.3g}"
+        )
+        steps = ["no search: the functions differ"]
+        return Fit(DIFFERENT, dist, f_tol, None, None, None, "", {}, steps, time.time() - t0, why)
+
+    # the stream first, then the norms: the embeddings and the norm factors hold them alone.  A
+    # stream map of determinant < 0 is a reflection times exp(so(d)): the reflection goes first
+    first = {i for i, (fam, _) in enumerate(flat) if fam.name in ("stream-gl", "norm-fold")}
+    z: dict[int, torch.Tensor] = {}
+    cur = pa
+    reflect = [d for d in held if d.name == "stream-reflection"]
+    stream = [fam for fam, _ in flat if fam.name == "stream-gl"]
+    if reflect and stream and stream[0].spec is not None:
+        _, e, tensor, axis, offsets = stream[0].spec
+        M = torch.linalg.lstsq(_block(pa[tensor], axis, offsets, e).T, _block(pb[tensor], axis, offsets, e).T).solution
+        if float(torch.linalg.det(M)) < 0:
+            cur = reflect[0].apply(cur)
+            steps.append("stream-reflection: the stream map's determinant is negative")
+        else:
+            reflect = []
+    else:
+        reflect = []
+    for i, (fam, basis) in enumerate(flat):
+        if i in first:
+            c = estimate(fam, cur, pb)
+            z[i] = _project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+            cur = fam.act(cur, basis @ z[i])
+            steps.append(f"{fam.name} {fam.scope}: estimated")
+    # the permutations, on A moved by the stream and the norms
+    perms: list[tuple[Discrete, torch.Tensor]] = []
+    by_scope = {(hd.name): hd for hd in desc.hidden}
+    heads = {f"layer {h.layer}": h for h in desc.heads}
+    for d in held:
+        if d.permute is None:
+            continue
+        if d.name == "expert-swap":
+            hd = by_scope[d.scope]
+            unit = next((u for u in held if u.name == "unit-swap" and u.scope == d.scope), None)
+            layout = _layout(unit)
+            f = unit.items if unit else pa[hd.writers[0][0]].shape[hd.writers[0][1]]
+            pi, worst = match_experts(hd, cur, pb, f, layout)
+            perms.append((d, pi))
+            cur = _permuted(d, cur, pi)
+            matches[f"{d.name} {d.scope}"] = worst
+    for d in held:
+        if d.permute is None or d.name == "expert-swap":
+            continue
+        if d.name == "unit-swap":
+            hd = by_scope[d.scope]
+            pi, worst = match_units(d, hd, cur, pb, _layout(d), hd.experts > 0)
+        elif d.name == "head-swap":
+            h = heads[d.scope]
+            rows, worst = [], math.inf
+            for g in range(h.n_kv):
+                row, w = match_heads(h, g, cur, pb)
+                rows.append(row)
+                worst = min(worst, w)
+            pi = torch.stack(rows)
+        else:
+            continue
+        perms.append((d, pi))
+        cur = _permuted(d, cur, pi)
+        matches[f"{d.name} {d.scope}"] = worst
+    steps += [f"{d.name} {d.scope}: matched" for d, _ in perms]
+    # rotary turns, one plane and KV group at a time: the quarter turns whose q/k rows match B best
+    turns: list[tuple[Discrete, int, int, int]] = []
+    done: set[tuple[int, str]] = set()
+    for d in sorted(held, key=lambda d: d.name != "rotary-quarter-turn"):
+        if d.turn is None:
+            continue
+        h = next(x for x in desc.heads if f"layer {x.layer}" == " ".join(d.scope.split()[:2]))
+        if (h.layer, "turn") in done:
+            continue
+        done.add((h.layer, "turn"))
+        options = (0, 1, 2, 3) if d.name == "rotary-quarter-turn" else (0, 2)
+        for g in [0] if h.qk_norm == "head" else range(h.n_kv):
+            for plane in range(d.items):
+                k = min(options, key=partial(_turn_miss, d, h, cur, pb, plane, g))
+                if k:
+                    cur = _turned(d, cur, plane, g, k)
+                    turns.append((d, plane, g, k))
+    steps += [
+        f"{d.name} {d.scope.split(' KV')[0]} plane {pl} KV group {g}: {k} quarter turn(s)" for d, pl, g, k in turns
+    ]
+    base = cur  # A moved by the estimated stream and norms, then permuted
+
+    def chain(zs: dict[int, torch.Tensor]) -> Params:
+        q = reflect[0].apply(pa) if reflect else pa
+        for i, (fam, basis) in enumerate(flat):
+            if i in first:
+                q = fam.act(q, basis @ zs[i])
+        for d, pi in perms:
+            q = _permuted(d, q, pi)
+        for d, plane, g, k in turns:
+            q = _turned(d, q, plane, g, k)
+        for fam, F in fixed:
+            assert fam.by_matrix is not None
+            q = fam.by_matrix(q, F)
+        for i, (fam, basis) in enumerate(flat):
+            if i not in first:
+                q = fam.act(q, basis @ zs[i])
+        return q
+
+    # a GL element that exp does not reach (a determinant < 0, a single negative eigenvalue) is
+    # applied as the matrix read off the tensors, once the forward has confirmed it at A
+    fixed: list[tuple[Family, torch.Tensor]] = []
+    cur = base
+    for i, (fam, basis) in enumerate(flat):
+        if i in first:
+            continue
+        c = estimate(fam, cur, pb)
+        if c is None and fam.by_matrix is not None and fam.spec is not None:
+            F = _matrix(fam.spec, cur, pb)
+            if F is not None and _preserves(model, desc, fam, F, ya):
+                fixed.append((fam, F))
+                cur = fam.by_matrix(cur, F)
+                steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
+                z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
+                continue
+        z[i] = _project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+        cur = fam.act(cur, basis @ z[i])
+        steps.append(f"{fam.name} {fam.scope}: estimated")
+    scale = {n: float(pb[n].norm()) or 1.0 for n in names}
+    sizes = [flat[i][1].shape[1] for i in range(len(flat))]
+
+    def unpack(v: torch.Tensor) -> dict[int, torch.Tensor]:
+        out, k = {}, 0
+        for i, s in enumerate(sizes):
+            out[i] = v[k : k + s]
+            k += s
+        return out
+
+    def resid(v: torch.Tensor) -> torch.Tensor:
+        q = chain(unpack(v))
+        return torch.cat([((q[n] - pb[n]) / scale[n]).reshape(-1) for n in names])
+
+    v = torch.cat([z[i] for i in range(len(flat))]) if flat else torch.zeros(0, dtype=torch.float64)
+    r = resid(v)
+    fv, lam, polished = float(r @ r), 1e-6, 0
+    while polished < POLISH:
+        if not v.numel() or time.time() - t0 > budget_s or fv < 1e-32:
+            break
+        polished += 1
+        J = jacfwd(resid)(v)
+        g, H = J.T @ r, J.T @ J
+        better = False
+        while lam < 1e12:
+            step = torch.linalg.solve(H + lam * torch.diag(torch.diag(H) + 1e-30), -g)
+            r2 = resid(v + step)
+            f2 = float(r2 @ r2)
+            if f2 < fv:
+                v, r, fv, lam, better = v + step, r2, f2, lam / 4, True
+                break
+            lam *= 4
+        if not better:
+            break
+    steps.append(f"polished: {polished} Levenberg–Marquardt steps")
+    zs = unpack(v)
+    moved = chain(zs)
+    per = {n: float((moved[n] - pb[n]).norm() / scale[n]) for n in names}
+    worst_tensor = max(per, key=per.__getitem__) if per else ""
+    kappas: dict[str, float] = {}
+    for i, (fam, basis) in enumerate(flat):
+        kappas[fam.name] = max(kappas.get(fam.name, 1.0), fam.kappa(basis @ zs[i]))
+    for fam, F in fixed:
+        kappas[fam.name] = max(kappas.get(fam.name, 1.0), float(torch.linalg.cond(F)))
+    kappa = math.prod(kappas.values())
+    m_len = max([desc.d_model] + [h.head_dim for h in desc.heads])
+    r_tol = 4.0 * (e_b / 2 + kappa * m_len * eps(torch.float64))
+    res = per.get(worst_tensor, 0.0)
+    if res <= r_tol:
+        verdict, why = EQUIVALENT, f"an element of the measured group (κ {kappa:.3g}) maps A to B within rounding"
+    else:
+        verdict, why = (
+            UNDECIDED,
+            (
+                f"no element found ({worst_tensor}: residual {res:.3g} > {r_tol:.3g}) and the logits differ by "
+                f"only {dist:.3g} (≤ {f_tol:.3g}): a map the search does not try (an order of the KV groups, "
+                "a sign of the stream) or a search that did not converge"
+            ),
+        )
+    return Fit(verdict, dist, f_tol, res, r_tol, kappa, worst_tensor, matches, steps, time.time() - t0, why)
+
+
+def _permuted(d: Discrete, p: Params, pi: torch.Tensor) -> Params:
+    assert d.permute is not None
+    return d.permute(p, pi)
+
+
+def _turned(d: Discrete, p: Params, plane: int, g: int, k: int) -> Params:
+    assert d.turn is not None
+    return d.turn(p, plane, g, k)
+
+
+def _turn_miss(d: Discrete, h, p: Params, pb: Params, plane: int, g: int, k: int) -> float:
+    q = _turned(d, p, plane, g, k)
+    return sum(float((q[n] - pb[n]).norm()) for n in (h.q, h.k))
+
+
+def _layout(unit: Discrete | None) -> str:
+    if unit is None:
+        return "single"
+    if "interleaved" in unit.what:
+        return "interleaved"
+    return "concat" if "gate | up" in unit.what else "single"
+
+
+def compare_checkpoints(a, b, seed: int = 0, budget_s: float = BUDGET_S) -> tuple[Fit, dict]:
+    """Measure the group on A's own forward, then :func:`fit`; the report as JSON."""
+    from pathlib import Path
+
+    from ..actions.candidates import discrete
+    from ..measured import held_maps, measured, stored_dtype
+    from ..models.derived import load
+
+    a, b = Path(a), Path(b)
+    m = measured(a, seed, 600.0, quiet=True, what="compare")
+    mb = load(b, seed)
+    if mb.name != m.model.name:
+        raise GaugeAuditError(f"different architectures: {m.model.name} vs {mb.name}")
+    if mb.source != m.model.source:
+        raise GaugeAuditError(f"{b}: compare needs the checkpoint's own weights (at most as large as A)")
+    same_shapes(m.model.state, mb.state)
+    held = held_maps(m, discrete(m.desc, m.model.params))
+    r = fit(m.model, m.desc, m.found.flat, held, mb.state, stored_dtype(b), budget_s)
+    report = {
+        "a": str(a),
+        "b": str(b),
+        "architecture": m.model.name,
+        "derived": True,
+        "group": {"nullity": m.found.nullity, "explained": m.found.explained, "converged": m.found.converged},
+        **r.to_json(),
+    }
+    return r, report
+
+
+def same_shapes(pa: Params, pb: Params) -> None:
+    if set(pa) != set(pb):
+        extra = sorted(set(pa) ^ set(pb))
+        raise GaugeAuditError(f"different architectures: tensor {extra[0]} is in one model only")
+    for n in pa:
+        if pa[n].shape != pb[n].shape:
+            raise GaugeAuditError(f"different architectures: {n} is {tuple(pa[n].shape)} vs {tuple(pb[n].shape)}")
