@@ -51,7 +51,7 @@ def run(*argv: str) -> tuple[int, str]:
 FAMILIES = {
     GPT_OSS: {"qk-gl", "vo-gl", "ffn-scale", "router-shift", "stream-gl", "norm-fold", "head-swap", "expert-swap"},
     "Qwen3_5ForCausalLM": {"mixer-scale", "qk-norm-scale", "vo-gl", "ffn-scale", "stream-gl", "norm-fold"},
-    "Olmo3ForCausalLM": {"qk-norm-scale", "vo-gl", "ffn-scale", "norm-fold", "rotary-quarter-turn"},
+    "Olmo3ForCausalLM": {"qk-norm-scale", "vo-gl", "ffn-scale", "norm-fold", "rotary-quarter-turn", "kv-group-swap"},
     "Llama4ForCausalLM": {"qk-gl", "vo-gl", "ffn-scale", "stream-gl", "norm-fold", "expert-swap"},
     GLM: {"qk-norm-scale", "vo-gl", "ffn-scale", "stream-gl", "norm-fold", "expert-swap", "rotary-quarter-turn"},
 }
@@ -126,8 +126,10 @@ def test_gpt_oss_up_branch_scales_about_minus_one(dirs):
     assert good < 1e-13 and bad > 1e-4
 
 
-@pytest.mark.parametrize("arch", [GLM, GPT_OSS])
+@pytest.mark.parametrize("arch", [GLM, GPT_OSS, "Olmo3ForCausalLM"])
 def test_transform_is_certified_and_compare_finds_its_element(arch, dirs, tmp_path):
+    """The composite: every measured family and held discrete map — for OLMo 3 the swap of its two
+    KV groups with their full-width QK-norm entries and the stream's reflection too."""
     out = tmp_path / "moved"
     rc, text = run("transform", "--checkpoint", str(dirs[arch]), "--action", "composite", "--out", str(out), "--json")
     cert = json.loads(text)

@@ -460,6 +460,50 @@ def permute_heads(h: Heads, g: int, p: Params, pi: torch.Tensor) -> Params:
     return p
 
 
+def permute_kv_groups(h: Heads, p: Params, pi: torch.Tensor) -> Params:
+    """KV group i takes old group π[i] with its keys, values, query heads (their rows, output
+    columns and sinks) and, for a norm over all heads, their QK-norm entries."""
+    e, G = h.head_dim, h.group
+    heads = (pi[:, None] * G + torch.arange(G)).reshape(-1)  # the query heads in their new order
+    q_rows = (heads[:, None] * h.q_stride + torch.arange(h.q_stride)).reshape(-1)
+    kv_rows = (pi[:, None] * e + torch.arange(e)).reshape(-1)
+    index: dict[str, torch.Tensor] = {}
+    for w, b, start, rows in ((h.q, h.qb, 0, q_rows), (h.k, h.kb, h.k_off, kv_rows), (h.v, h.vb, h.v_off, kv_rows)):
+        for name in (w, b):
+            if name:
+                idx = index.setdefault(name, torch.arange(p[name].shape[0]))
+                idx[start : start + rows.numel()] = start + rows
+    p = dict(p)
+    for name, idx in index.items():
+        p[name] = p[name].index_select(0, idx)
+    p[h.o] = p[h.o].index_select(1, (heads[:, None] * e + torch.arange(e)).reshape(-1))
+    if h.sinks:
+        p[h.sinks] = p[h.sinks].index_select(0, heads)
+    if h.qk_norm == "full":
+        for n, order in ((h.q_norm, heads), (h.k_norm, pi)):
+            if n is not None and n.weight:
+                p[n.weight] = p[n.weight].index_select(0, (order[:, None] * e + torch.arange(e)).reshape(-1))
+    return p
+
+
+def kv_group_swap(h: Heads) -> list[Discrete]:
+    """KV groups 0 and 1 exchanged with everything that belongs to them."""
+    if h.n_kv < 2:
+        return []
+    swap = torch.arange(h.n_kv)
+    swap[:2] = torch.tensor([1, 0])
+    return [
+        Discrete(
+            "kv-group-swap",
+            f"layer {h.layer}",
+            lambda p: permute_kv_groups(h, p, swap),
+            "KV groups 0 ↔ 1 with their query heads",
+            lambda p, pi: permute_kv_groups(h, p, pi),
+            h.n_kv,
+        )
+    ]
+
+
 def _per_group(h: Heads, p: Params, pi: torch.Tensor) -> Params:
     """π of shape (n_kv, group): each KV group's query heads in their own order; (group,): group 0's."""
     for g, row in enumerate(pi if pi.dim() == 2 else pi[None]):
@@ -655,7 +699,7 @@ def stream_reflection(desc: Description) -> list[Discrete]:
 def discrete(desc: Description, params) -> list[Discrete]:
     out: list[Discrete] = stream_reflection(desc)
     for h in desc.heads:
-        out += head_swap(h) + rotary_pair_flips(h)
+        out += head_swap(h) + kv_group_swap(h) + rotary_pair_flips(h)
     for hd in desc.hidden:
         out += unit_swap(hd, params) + expert_swap(hd)
     return out

@@ -5,15 +5,18 @@ B is a re-parametrised copy of A when an element g of the measured group maps A 
 rounding.  The element is searched for, under a bound, in this order:
 
 1. **the stream** — stream-gl's element from the embeddings alone (nothing else moves them):
-   E_B ≈ E_A·M by least squares, log M projected on the flat subalgebra;
+   E_B ≈ E_A·M by least squares, log M projected on the flat subalgebra; the stream reflection
+   first when the orientation differs (det M < 0);
 2. **the norms** — each norm fold from the ratio of the two norms' factors;
 3. **the permutations the forward verified** — the units of every FFN (in every expert) matched
-   by their normalised reader rows and writer columns, experts by their units, the query heads
-   of a KV group by the residual of the group's query map (every order, at most ``MAX_ORDERS``);
-   greedy assignments, the worst match's cosine reported;
+   by their normalised reader rows and writer columns, experts by their units, KV groups by the
+   principal angles between their key and value row spaces, the query heads of a KV group by the
+   residual of the group's query map (every order, at most ``MAX_ORDERS``); greedy assignments,
+   the worst match's cosine reported; then each rotary plane's quarter turns;
 4. **every other flat family from its own tensors** — a GL family: the least-squares map of its
-   forward side and its logarithm; a coordinate scaling: the log-ratio of its first entry; a
-   shift: the mean difference — each projected on the family's flat subalgebra;
+   forward side and its logarithm (a map without a real logarithm, det < 0, is applied as the
+   matrix itself once the forward confirms it at A); a coordinate scaling: the log-ratio of its
+   first entry; a shift: the mean difference — each projected on the family's flat subalgebra;
 5. **all flat coefficients polished together** by Levenberg–Marquardt on the per-tensor relative
    residual ‖g·A − B‖/‖B‖, at most ``POLISH`` steps.
 
@@ -211,6 +214,25 @@ def match_experts(hd, pa: Params, pb: Params, f: int, layout: str) -> tuple[torc
     return _greedy(S)
 
 
+def match_kv_groups(h, pa: Params, pb: Params) -> tuple[torch.Tensor, float]:
+    """KV groups matched by the row spaces of their keys and values (a GL map of the group's
+    coordinates keeps them): the mean cosine of the principal angles, greedy."""
+
+    e = h.head_dim
+
+    def spaces(p: Params) -> list[list[torch.Tensor]]:
+        return [
+            [torch.linalg.qr(p[w][off + g * e : off + (g + 1) * e].T).Q for w, off in ((h.k, h.k_off), (h.v, h.v_off))]
+            for g in range(h.n_kv)
+        ]
+
+    def cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return sum(float(torch.linalg.svdvals(x.T @ y).mean()) for x, y in zip(a, b)) / len(a)
+
+    sa, sb = spaces(pa), spaces(pb)
+    return _greedy(torch.tensor([[cosine(a, b) for b in sb] for a in sa]))
+
+
 def match_heads(h, g: int, pa: Params, pb: Params) -> tuple[torch.Tensor, float]:
     """The order of KV group ``g``'s query heads whose query rows B maps best by one shared map
     (every order up to ``MAX_ORDERS``); 1 − the relative residual of that map."""
@@ -267,16 +289,19 @@ def fit(
     cur = pa
     reflect = [d for d in held if d.name == "stream-reflection"]
     stream = [fam for fam, _ in flat if fam.name == "stream-gl"]
-    if reflect and stream and stream[0].spec is not None:
-        _, e, tensor, axis, offsets = stream[0].spec
-        M = torch.linalg.lstsq(_block(pa[tensor], axis, offsets, e).T, _block(pb[tensor], axis, offsets, e).T).solution
-        if float(torch.linalg.det(M)) < 0:
+    if reflect:
+        embed = desc.writers[0]  # the embedding: only stream maps move it
+        if stream and stream[0].spec is not None:  # the sign of the stream map's determinant
+            _, e, tensor, axis, offsets = stream[0].spec
+            xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
+            flip = float(torch.linalg.det(torch.linalg.lstsq(xa.T, xb.T).solution)) < 0
+        else:  # no continuous stream map: coordinate 0 of the embeddings keeps or changes its sign
+            flip = float((pa[embed.param].select(embed.axis, 0) * pb[embed.param].select(embed.axis, 0)).sum()) < 0
+        if flip:
             cur = reflect[0].apply(cur)
-            steps.append("stream-reflection: the stream map's determinant is negative")
+            steps.append("stream-reflection: the stream's orientation differs")
         else:
             reflect = []
-    else:
-        reflect = []
     for i, (fam, basis) in enumerate(flat):
         if i in first:
             c = estimate(fam, cur, pb)
@@ -299,8 +324,15 @@ def fit(
             perms.append((d, pi))
             cur = _permuted(d, cur, pi)
             matches[f"{d.name} {d.scope}"] = worst
+    for d in held:  # KV groups before the heads inside them
+        if d.name == "kv-group-swap":
+            h = heads[d.scope]
+            pi, worst = match_kv_groups(h, cur, pb)
+            perms.append((d, pi))
+            cur = _permuted(d, cur, pi)
+            matches[f"{d.name} {d.scope}"] = worst
     for d in held:
-        if d.permute is None or d.name == "expert-swap":
+        if d.permute is None or d.name in ("expert-swap", "kv-group-swap"):
             continue
         if d.name == "unit-swap":
             hd = by_scope[d.scope]

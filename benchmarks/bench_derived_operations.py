@@ -1,0 +1,81 @@
+"""``check``, ``transform`` and ``compare`` on decoders the project has no family file for: the five
+architectures of ``gauge_audit.testing.DECODER_EXAMPLES`` at their small configuration, written
+offline by transformers.  Each command measures the group on transformers' own float64 forward
+first, then acts with it.  Prints per command the wall time, the peak memory of its process and
+its outcome (rows that hold; the certificate's residual against its tolerance; the verdict).
+
+    bash scripts/with-venv.sh python benchmarks/bench_derived_operations.py [--only ARCH,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gauge_audit.models.derived import tiny_checkpoint
+from gauge_audit.testing import DECODER_EXAMPLES
+
+CHILD = (
+    "import resource, sys; from gauge_audit.cli import main; rc = main(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+)
+
+
+def run(*argv: str) -> tuple[dict, float, float]:
+    """One command's JSON, its wall seconds and its process's peak resident memory (GiB)."""
+    t0 = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, *argv, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wall = time.time() - t0
+    if out.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()}")
+    return json.loads(out.stdout), wall, int(out.stderr.split()[-1]) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated architectures")
+    args = ap.parse_args()
+    archs = [a for a in DECODER_EXAMPLES if not args.only or a in args.only.split(",")]
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread per run")
+    print(f"{'architecture':22s} {'command':22s} {'wall s':>7s} {'peak GiB':>8s}  outcome")
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in archs:
+            a = tiny_checkpoint(arch, Path(tmp) / arch, 0, **DECODER_EXAMPLES[arch])
+            other = tiny_checkpoint(arch, Path(tmp) / f"{arch}-1", 1, **DECODER_EXAMPLES[arch])
+            moved = Path(tmp) / f"{arch}-moved"
+            out, wall, peak = run("check", "--checkpoint", str(a))
+            rows = out["checks"]
+            worst = max(r["residual_eps"] / r["tolerance_eps"] for r in rows)
+            held = sum(r["verdict"].startswith("HOLDS") for r in rows)
+            print(
+                f"{arch:22s} {'check':22s} {wall:7.1f} {peak:8.2f}  {held}/{len(rows)} hold, worst residual/tol {worst:.2g}"
+            )
+            out, wall, peak = run("transform", "--checkpoint", str(a), "--action", "composite", "--out", str(moved))
+            print(
+                f"{'':22s} {'transform composite':22s} {wall:7.1f} {peak:8.2f}  {out['verdict']} "
+                f"(κ {out['kappa']:.2g}: {out['residual_eps']:.3g} ε ≤ {out['tolerance_eps']:.3g} ε)"
+            )
+            for label, b in (("compare with it", moved), ("compare other seed", other)):
+                out, wall, peak = run("compare", str(a), str(b))
+                detail = (
+                    f"residual {out['residual']:.2g} ≤ {out['residual_tolerance']:.2g}"
+                    if out["residual"] is not None
+                    else f"logits differ by {out['function_distance']:.2g}"
+                )
+                print(f"{'':22s} {label:22s} {wall:7.1f} {peak:8.2f}  {out['verdict']} ({detail})")
+
+
+if __name__ == "__main__":
+    main()
