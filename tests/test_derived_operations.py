@@ -81,7 +81,7 @@ def test_an_element_outside_the_flat_part_fails_by_orders_of_magnitude(dirs):
     scalings): the measurement keeps no direction of it, and an element of the candidate changes
     the logits far beyond the tolerance of its κ."""
     from gauge_audit.actions.candidates import continuous
-    from gauge_audit.measured import _tolerances, draw
+    from gauge_audit.measured import draw, tolerances
     from gauge_audit.runtime import generator
 
     m = _measured(dirs[GLM])
@@ -93,7 +93,7 @@ def test_an_element_outside_the_flat_part_fails_by_orders_of_magnitude(dirs):
         y0 = m.model.logits(m.model.params, ids)
         y = m.model.logits(fam.act(m.model.params, c), ids)
     err = float((y - y0).abs().max() / y0.abs().max())
-    tol, _ = _tolerances(m.desc, m.model.params, k, y0.numel(), F64)
+    tol, _ = tolerances(m.desc, m.model.params, k, y0.numel(), F64)
     assert k > 5 and err > 1e6 * tol
 
 

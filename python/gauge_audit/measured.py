@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .actions.candidates import Family
+from .actions.candidates import Family, discrete
 from .errors import GaugeAuditError
 from .models.checkpoint import HFDir
 from .models.checkpoint.writer import TOKENIZER_FILES, atomic_dir, refuse_existing
@@ -104,7 +104,7 @@ def draw(fam: Family, basis: torch.Tensor, g: torch.Generator, kappa: float) -> 
     return lo * c0, fam.kappa(lo * c0)
 
 
-def _tolerances(desc: Description, params: dict, kappa: float, outputs: int, dtype: torch.dtype) -> tuple[float, float]:
+def tolerances(desc: Description, params: dict, kappa: float, outputs: int, dtype: torch.dtype) -> tuple[float, float]:
     L, K = max(1, desc.n_layers), path_length(desc, params)
     _, factor = statistical_factor(L, K, outputs)
     return worst_case_tolerance(kappa, L, K, dtype), kappa * factor * eps(dtype)
@@ -117,8 +117,6 @@ def _rel(y: torch.Tensor, y0: torch.Tensor) -> float:
 def check_all(m: Measured, seed: int, kappa: float, only: str | None = None) -> list[Row]:
     """One element of every flat family on its own (per scope), every discrete map that held, and
     the composite; each row's verdict against its own κ.  ``only``: the rows of that family."""
-    from .actions.candidates import discrete
-
     model, params = m.model, m.model.state
     ids = inputs(model.vocab, 8, generator(seed + 3), cover=True)
     with torch.no_grad():
@@ -128,7 +126,7 @@ def check_all(m: Measured, seed: int, kappa: float, only: str | None = None) -> 
     def row(name: str, scope: str, what: str, dim: int, k: float, new: dict) -> Row:
         with torch.no_grad():
             err = _rel(model.logits(new, ids), y0)
-        tol, stat = _tolerances(m.desc, params, k, y0.numel(), torch.float64)
+        tol, stat = tolerances(m.desc, params, k, y0.numel(), torch.float64)
         return Row(name, scope, what, dim, k, err, err / e64, tol / e64, stat / e64, verdict_for(err, stat, tol))
 
     rows = []
@@ -163,8 +161,6 @@ def composite(m: Measured, seed: int, kappa: float, only: str | None = None) -> 
     in turn, then by every discrete map that held.  κ: the scopes of one family act on disjoint
     entries, so a family's κ is its scopes' largest; the composite's is at most the product over
     the families."""
-    from .actions.candidates import discrete
-
     params = m.model.state
     by_name: dict[str, float] = {}
     for fam, _, c, k in _elements(m, seed, kappa):  # every family drawn: an element does not depend on `only`
@@ -241,7 +237,7 @@ def transform(
             before = m.model.logits(m.model.state, ids)
             after = written.logits(written.state, ids)
         err = _rel(after, before)
-        tol, stat = _tolerances(m.desc, m.model.params, k, before.numel(), wdtype)
+        tol, stat = tolerances(m.desc, m.model.params, k, before.numel(), wdtype)
         e = eps(wdtype)
         cert = {
             "checkpoint": str(path),

@@ -32,15 +32,19 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch.func import jacfwd
 
-from ..actions.candidates import Discrete, Family, permute_heads
+from ..actions.candidates import Discrete, Family, discrete, permute_heads
 from ..errors import GaugeAuditError
-from ..models.derived import HFModel
+from ..measured import held_maps, measured, stored_dtype
+from ..models.derived import HFModel, load
+from ..nullity.found import path_length
+from ..numeric import worst_case_tolerance
 from ..runtime import eps, generator
 
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
@@ -67,8 +71,6 @@ class Fit:
     why: str = ""
 
     def to_json(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
 
@@ -102,9 +104,6 @@ def _matrix(spec: tuple, pa: Params, pb: Params) -> torch.Tensor | None:
 def _preserves(model: HFModel, desc, fam: Family, F: torch.Tensor, ya: torch.Tensor) -> bool:
     """The forward at A is unchanged by ``fam``'s element F, within the check's worst-case
     tolerance at κ(F)."""
-    from ..nullity.found import path_length
-    from ..numeric import worst_case_tolerance
-
     assert fam.by_matrix is not None
     with torch.no_grad():
         y = model.logits(fam.by_matrix(model.state, F), _inputs(model))
@@ -260,8 +259,6 @@ def fit(
     dtype_b: torch.dtype,
     budget_s: float = BUDGET_S,
 ) -> Fit:
-    from ..nullity.found import path_length
-
     t0 = time.time()
     pa = model.state
     names = list(pa)
@@ -496,12 +493,6 @@ def _layout(unit: Discrete | None) -> str:
 
 def compare_checkpoints(a, b, seed: int = 0, budget_s: float = BUDGET_S) -> tuple[Fit, dict]:
     """Measure the group on A's own forward, then :func:`fit`; the report as JSON."""
-    from pathlib import Path
-
-    from ..actions.candidates import discrete
-    from ..measured import held_maps, measured, stored_dtype
-    from ..models.derived import load
-
     a, b = Path(a), Path(b)
     m = measured(a, seed, 600.0, quiet=True, what="compare")
     mb = load(b, seed)
