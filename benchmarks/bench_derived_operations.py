@@ -10,37 +10,14 @@ its outcome (rows that hold; the certificate's residual against its tolerance; t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench_groups_derived import run  # one command in a child process: its JSON, wall time and peak memory
 from gauge_audit.models.derived import tiny_checkpoint
 from gauge_audit.testing import DECODER_EXAMPLES
-
-CHILD = (
-    "import resource, sys; from gauge_audit.cli import main; rc = main(sys.argv[1:]); "
-    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
-)
-
-
-def run(*argv: str) -> tuple[dict, float, float]:
-    """One command's JSON, its wall seconds and its process's peak resident memory (GiB)."""
-    t0 = time.time()
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, *argv, "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    wall = time.time() - t0
-    if out.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()}")
-    return json.loads(out.stdout), wall, int(out.stderr.split()[-1]) / 2**20
 
 
 def main() -> None:

@@ -28,18 +28,19 @@ CHILD = (
 )
 
 
-def run(path: Path) -> tuple[dict, float, float]:
-    """The JSON of one `groups` run, its wall seconds and its process's peak resident memory (GiB)."""
+def run(*argv: str) -> tuple[dict, float, float]:
+    """One command's JSON (``gauge-audit ARGV --json``), its wall seconds and its process's peak
+    resident memory (GiB)."""
     t0 = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, "groups", str(path), "--json"],
+        [sys.executable, "-c", CHILD, *argv, "--json"],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     wall = time.time() - t0
     if out.returncode not in (0, 1):
-        raise SystemExit(f"{path}: {out.stderr.strip()}")
+        raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()}")
     return json.loads(out.stdout), wall, int(out.stderr.split()[-1]) / 2**20
 
 
@@ -55,7 +56,7 @@ def main() -> None:
         for arch in archs:
             for label, extra in (("small", {}), ("wider", DECODER_WIDER)):
                 path = tiny_checkpoint(arch, Path(tmp) / f"{arch}-{label}", 0, **{**DECODER_EXAMPLES[arch], **extra})
-                out, wall, peak = run(path)
+                out, wall, peak = run("groups", str(path))
                 print(
                     f"{arch:22s} {label:7s} {out['parameters']:6d} {out['rows']:7d} "
                     f"{out['rows'] / out['parameters']:6.1f} {out['nullity']:7d} {out['explained']:9d} "

@@ -490,18 +490,24 @@ def kv_group_swap(h: Heads) -> list[Discrete]:
     """KV groups 0 and 1 exchanged with everything that belongs to them."""
     if h.n_kv < 2:
         return []
-    swap = torch.arange(h.n_kv)
-    swap[:2] = torch.tensor([1, 0])
     return [
-        Discrete(
+        _transposition(
             "kv-group-swap",
             f"layer {h.layer}",
-            lambda p: permute_kv_groups(h, p, swap),
             "KV groups 0 ↔ 1 with their query heads",
-            lambda p, pi: permute_kv_groups(h, p, pi),
+            partial(permute_kv_groups, h),
             h.n_kv,
         )
     ]
+
+
+def _transposition(
+    name: str, scope: str, what: str, permute: Callable[[Params, torch.Tensor], Params], n: int
+) -> Discrete:
+    """The candidate: items 0 ↔ 1 of the permutation group ``permute`` acts by (on ``n`` items)."""
+    swap = torch.arange(n)
+    swap[:2] = torch.tensor([1, 0])
+    return Discrete(name, scope, lambda p: permute(p, swap), what, permute, n)
 
 
 def _per_group(h: Heads, p: Params, pi: torch.Tensor) -> Params:
@@ -515,16 +521,9 @@ def head_swap(h: Heads) -> list[Discrete]:
     """Two query heads of one KV group exchanged (queries, output columns, their sinks)."""
     if h.group < 2 or h.qk_norm == "full":
         return []
-    swap = torch.arange(h.group)
-    swap[:2] = torch.tensor([1, 0])
     return [
-        Discrete(
-            "head-swap",
-            f"layer {h.layer}",
-            lambda p: permute_heads(h, 0, p, swap),
-            "query heads 0 ↔ 1 of KV group 0",
-            lambda p, pi: _per_group(h, p, pi),
-            h.group,
+        _transposition(
+            "head-swap", f"layer {h.layer}", "query heads 0 ↔ 1 of KV group 0", partial(_per_group, h), h.group
         )
     ]
 
@@ -610,16 +609,9 @@ def permute_experts(hd: Hidden, p: Params, pi: torch.Tensor) -> Params:
 def expert_swap(hd: Hidden) -> list[Discrete]:
     if hd.experts < 2:
         return []
-    swap = torch.arange(hd.experts)
-    swap[:2] = torch.tensor([1, 0])
     return [
-        Discrete(
-            "expert-swap",
-            hd.name,
-            lambda p: permute_experts(hd, p, swap),
-            "experts 0 ↔ 1 with their router rows",
-            lambda p, pi: permute_experts(hd, p, pi),
-            hd.experts,
+        _transposition(
+            "expert-swap", hd.name, "experts 0 ↔ 1 with their router rows", partial(permute_experts, hd), hd.experts
         )
     ]
 
@@ -656,17 +648,8 @@ def unit_swap(hd: Hidden, params) -> list[Discrete]:
     layouts = {"": "single"}
     if any(params[n].shape[a] == 2 * f for n, a in hd.readers):
         layouts = {" (fused [gate | up])": "concat", " (fused, interleaved)": "interleaved"}
-    swap = torch.arange(f)
-    swap[:2] = torch.tensor([1, 0])
     return [
-        Discrete(
-            "unit-swap",
-            hd.name,
-            partial(lambda p, layout: permute_units(hd, f, layout, p, swap), layout=layout),
-            "hidden units 0 ↔ 1" + label,
-            partial(lambda p, pi, layout: permute_units(hd, f, layout, p, pi), layout=layout),
-            f,
-        )
+        _transposition("unit-swap", hd.name, "hidden units 0 ↔ 1" + label, partial(permute_units, hd, f, layout), f)
         for label, layout in layouts.items()
     ]
 
