@@ -253,3 +253,18 @@ def test_bad_input_is_one_line(dirs, tmp_path, capsys):
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 3 and all(x.startswith("gauge-audit: ") for x in lines), lines
     assert "different architectures" in lines[0] and "no part of the group" in lines[2]
+
+
+def test_compare_at_bfloat16_storage(dirs, tmp_path):
+    """B stored in bfloat16: a gauge copy is within its rounding (EQUIVALENT), an independent
+    model's logits stand far outside the response to simulated bfloat16 roundings (DIFFERENT)."""
+    for src, name in ((dirs[GLM], "copy"), (dirs[GLM + "-seed1"], "other")):
+        rc, _ = run("transform", "--checkpoint", str(src), "--action", "composite", "--kappa", "4",
+                    "--dtype", "bfloat16", "--out", str(tmp_path / name))  # fmt: skip
+        assert rc == 1  # its certificate: UNDECIDED, a worst-case tolerance ≥ 1 in bfloat16
+    rc, text = run("compare", str(dirs[GLM]), str(tmp_path / "copy"), "--json")
+    r = json.loads(text)
+    assert rc == 0 and r["verdict"] == "EQUIVALENT" and r["residual"] < r["residual_tolerance"] / 2, r["why"]
+    rc, text = run("compare", str(dirs[GLM]), str(tmp_path / "other"), "--json")
+    r = json.loads(text)
+    assert rc == 1 and r["verdict"] == "DIFFERENT" and r["function_distance"] > 3 * r["function_tolerance"], r["why"]

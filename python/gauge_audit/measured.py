@@ -74,9 +74,9 @@ class Measured:
         }
 
 
-def measured(path: Path, seed: int, budget_s: float, quiet: bool, what: str) -> Measured:
-    """The checkpoint's own weights, their description and the group measured on them; a checkpoint
-    measured only on a small copy is refused (a finite element must act on its own tensors)."""
+def described(path: Path, seed: int, what: str) -> tuple[HFModel, Description]:
+    """The checkpoint's own weights and their description; a checkpoint measured only on a small
+    copy is refused (a finite element must act on its own tensors), so is a tensor without a role."""
     model = load(path, seed)
     if model.source != "the checkpoint's own weights":
         raise GaugeAuditError(
@@ -86,6 +86,12 @@ def measured(path: Path, seed: int, budget_s: float, quiet: bool, what: str) -> 
     desc = describe(model, seed)
     if desc.unplaced:
         raise GaugeAuditError(f"{path}: {len(desc.unplaced)} tensor(s) without a role: {desc.lines()[0]}")
+    return model, desc
+
+
+def measured(path: Path, seed: int, budget_s: float, quiet: bool, what: str) -> Measured:
+    """:func:`described`, and the group measured on the checkpoint's own forward."""
+    model, desc = described(path, seed, what)
     return Measured(model, desc, measure(model, desc, seed, budget_s=budget_s, quiet=quiet))
 
 

@@ -217,7 +217,8 @@ def run_measured(args) -> int:
     echo(f"A: {args.a}")
     echo(f"B: {args.b}")
     echo(f"verdict: {r.verdict} — {r.why}")
-    echo(f"group measured on A: nullity {report['group']['nullity']}, explained {report['group']['explained']}")
+    if report["group"]:
+        echo(f"group measured on A: nullity {report['group']['nullity']}, explained {report['group']['explained']}")
     echo(f"element search: {'; '.join(r.steps)}")
     if r.matches:
         echo("matches (worst cosine): " + ", ".join(f"{k} {v:.4f}" for k, v in r.matches.items()))
@@ -227,8 +228,8 @@ def run_measured(args) -> int:
             f"{r.residual_tolerance:.3e} (κ(g) = {r.kappa:.3g})"
         )
     echo(
-        f"logits ‖y_B − y_A‖∞/‖y_A‖∞ {r.function_distance:.3e}; rounding of an element of κ ≤ 1e6 explains "
-        f"at most {r.function_tolerance:.3e}"
+        f"logits ‖y_B − y_A‖∞/‖y_A‖∞ {r.function_distance:.3e}; B's storage rounding and an element of "
+        f"κ ≤ 1e6 explain at most {r.function_tolerance:.3e}"
     )
     echo(f"{r.seconds:.1f} s")
     return 0 if r.verdict == FOUND else 1

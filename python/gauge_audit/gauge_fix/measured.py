@@ -22,9 +22,10 @@ rounding.  The element is searched for, under a bound, in this order:
 
 Verdicts.  EQUIVALENT: every tensor's residual is within 4·(ε_B/2 + κ(g)·m·ε₆₄) — B's own
 rounding plus the float64 rounding of g·A, m the longest inner product of the action.
-DIFFERENT: transformers' float64 logits of A and B differ by more than any element of
-condition number ≤ ``KAPPA_MAX`` rounded to B's dtype could explain (κ·L·K·ε_B, the check's
-worst case).  Otherwise UNDECIDED, saying which step did not close.
+DIFFERENT: transformers' float64 logits of A and B differ by more than a copy could show — ten
+times the largest response of B's logits to simulated roundings of its entries to its storage
+dtype, or the float64 rounding of an element of κ ≤ ``KAPPA_MAX`` (κ·L·K·ε₆₄), whichever is
+larger.  Otherwise UNDECIDED, saying which step did not close.
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ from torch.func import jacfwd
 
 from ..actions.candidates import Discrete, Family, discrete, permute_heads
 from ..errors import GaugeAuditError
-from ..measured import held_maps, measured, stored_dtype
+from ..measured import Measured, described, held_maps, stored_dtype
 from ..models.derived import HFModel, load
-from ..nullity.found import path_length
+from ..nullity.found import measure, path_length
 from ..numeric import worst_case_tolerance
 from ..runtime import eps, generator
 
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
-KAPPA_MAX = 1e6  # DIFFERENT: no element of condition number up to this explains the logits' change
+KAPPA_MAX = 1e6  # DIFFERENT: the float64 rounding of no element of condition number up to this explains it
+PROBES, SAFETY = 3, 10.0  # simulated storage roundings of B, and the margin over their largest response
 MAX_ORDERS = 720  # query-head orders tried per KV group (6!)
 POLISH = 60  # Levenberg–Marquardt steps
 BUDGET_S = 120.0
@@ -60,7 +62,7 @@ Params = dict[str, torch.Tensor]
 class Fit:
     verdict: str
     function_distance: float  # ‖y_B − y_A‖∞ / ‖y_A‖∞, transformers' float64 logits
-    function_tolerance: float  # κ_max·L·K·ε_B: what rounding of an element could explain
+    function_tolerance: float  # what B's storage rounding and an element's own rounding could explain
     residual: float | None  # the largest per-tensor ‖g·A − B‖/‖B‖ of the element found (None: no search)
     residual_tolerance: float | None
     kappa: float | None  # of the element found
@@ -87,6 +89,44 @@ def _logm(M: torch.Tensor) -> torch.Tensor:
 def _inputs(model: HFModel) -> torch.Tensor:
     """The fixed token ids both forwards are compared on."""
     return torch.randint(0, model.vocab, (2, 16), generator=generator(0))
+
+
+def _logits(model: HFModel, p: Params) -> torch.Tensor:
+    with torch.no_grad():
+        return model.logits(p, _inputs(model))
+
+
+def _distance(model: HFModel, desc, ya: torch.Tensor, pb: Params, dtype_b: torch.dtype) -> tuple[float, float]:
+    """‖y_B − y_A‖∞/‖y_A‖∞, and what a copy B = round(g·A) could show: ``SAFETY`` times the largest
+    response of B's logits to ``PROBES`` simulated roundings of its entries to its storage dtype
+    (each entry times 1 + u·ε_B/2, u uniform in [−1, 1]), or g·A's own float64 rounding for an
+    element of κ ≤ ``KAPPA_MAX`` (κ·L·K·ε₆₄), whichever is larger."""
+    yb = _logits(model, pb)
+    dist = float((yb - ya).abs().max() / ya.abs().max())
+    g, half = generator(PROBES), eps(dtype_b) / 2
+    response = 0.0
+    for _ in range(PROBES):
+        rounded = {n: t * (1 + half * (2 * torch.rand(t.shape, generator=g, dtype=t.dtype) - 1)) for n, t in pb.items()}
+        response = max(response, float((_logits(model, rounded) - yb).abs().max() / yb.abs().max()))
+    own = worst_case_tolerance(KAPPA_MAX, desc.n_layers, path_length(desc, model.params), torch.float64)
+    return dist, max(SAFETY * response, own)
+
+
+def differs(model: HFModel, desc, pb: Params, dtype_b: torch.dtype) -> Fit | None:
+    """DIFFERENT when the logits alone settle it (no element can map A to B), else None."""
+    t0 = time.time()
+    return _different(*_distance(model, desc, _logits(model, model.state), pb, dtype_b), dtype_b, t0)
+
+
+def _different(dist: float, f_tol: float, dtype_b: torch.dtype, t0: float) -> Fit | None:
+    if not (dist > f_tol and f_tol < 0.5):
+        return None
+    why = (
+        f"the logits differ by {dist:.3g} relative; B's rounding to {str(dtype_b).removeprefix('torch.')} "
+        f"and an element of κ ≤ {KAPPA_MAX:g} explain at most {f_tol:.3g}"
+    )
+    steps = ["no search: the functions differ"]
+    return Fit(DIFFERENT, dist, f_tol, None, None, None, "", {}, steps, time.time() - t0, why)
 
 
 def _is_log(L: torch.Tensor, M: torch.Tensor, rel: float = 1e-6) -> bool:
@@ -263,21 +303,13 @@ def fit(
     pa = model.state
     names = list(pa)
     e_b = eps(dtype_b)
-    ids = _inputs(model)
-    with torch.no_grad():
-        ya, yb = model.logits(pa, ids), model.logits(pb, ids)
-    dist = float((yb - ya).abs().max() / ya.abs().max())
-    L, K = max(1, desc.n_layers), path_length(desc, pa)
-    f_tol = KAPPA_MAX * L * K * e_b
+    ya = _logits(model, pa)
+    dist, f_tol = _distance(model, desc, ya, pb, dtype_b)
+    early = _different(dist, f_tol, dtype_b, t0)
+    if early is not None:
+        return early
     steps: list[str] = []
     matches: dict[str, float] = {}
-    if dist > f_tol and f_tol < 0.5:  # the functions differ: no element can map A to B
-        why = (
-            f"the logits differ by {dist:.3g} relative; an element of κ ≤ {KAPPA_MAX:g} rounded to "
-            f"{str(dtype_b).removeprefix('torch.')} explains at most {f_tol:.3g}"
-        )
-        steps = ["no search: the functions differ"]
-        return Fit(DIFFERENT, dist, f_tol, None, None, None, "", {}, steps, time.time() - t0, why)
 
     # the stream first, then the norms: the embeddings and the norm factors hold them alone.  A
     # stream map of determinant < 0 is a reflection times exp(so(d)): the reflection goes first
@@ -492,25 +524,25 @@ def _layout(unit: Discrete | None) -> str:
 
 
 def compare_checkpoints(a, b, seed: int = 0, budget_s: float = BUDGET_S) -> tuple[Fit, dict]:
-    """Measure the group on A's own forward, then :func:`fit`; the report as JSON."""
+    """The logits first (no group is measured for models whose functions differ), then the group
+    measured on A's own forward and :func:`fit`; the report as JSON."""
     a, b = Path(a), Path(b)
-    m = measured(a, seed, 600.0, quiet=True, what="compare")
+    model, desc = described(a, seed, "compare")
     mb = load(b, seed)
-    if mb.name != m.model.name:
-        raise GaugeAuditError(f"different architectures: {m.model.name} vs {mb.name}")
-    if mb.source != m.model.source:
+    if mb.name != model.name:
+        raise GaugeAuditError(f"different architectures: {model.name} vs {mb.name}")
+    if mb.source != model.source:
         raise GaugeAuditError(f"{b}: compare needs the checkpoint's own weights (at most as large as A)")
-    same_shapes(m.model.state, mb.state)
-    held = held_maps(m, discrete(m.desc, m.model.params))
-    r = fit(m.model, m.desc, m.found.flat, held, mb.state, stored_dtype(b), budget_s)
-    report = {
-        "a": str(a),
-        "b": str(b),
-        "architecture": m.model.name,
-        "derived": True,
-        "group": {"nullity": m.found.nullity, "explained": m.found.explained, "converged": m.found.converged},
-        **r.to_json(),
-    }
+    same_shapes(model.state, mb.state)
+    dtype_b = stored_dtype(b)
+    group: dict = {}
+    r = differs(model, desc, mb.state, dtype_b)
+    if r is None:
+        m = Measured(model, desc, measure(model, desc, seed, quiet=True))
+        group = {"nullity": m.found.nullity, "explained": m.found.explained, "converged": m.found.converged}
+        held = held_maps(m, discrete(desc, model.params))
+        r = fit(model, desc, m.found.flat, held, mb.state, dtype_b, budget_s)
+    report = {"a": str(a), "b": str(b), "architecture": model.name, "derived": True, "group": group, **r.to_json()}
     return r, report
 
 
