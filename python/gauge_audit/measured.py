@@ -97,9 +97,13 @@ def measured(path: Path, seed: int, budget_s: float, quiet: bool, what: str) -> 
 
 def draw(fam: Family, basis: torch.Tensor, g: torch.Generator, kappa: float) -> tuple[torch.Tensor, float]:
     """Coefficients of a random element of the flat subalgebra spanned by ``basis``'s columns: a
-    Gaussian direction, scaled so its largest coefficient is 1, then stepped to condition number
-    ``kappa`` (bisection, 40 halvings) or to ``STEP_CAP`` when κ stays below it (rotations)."""
-    c0 = basis @ torch.randn(basis.shape[1], generator=g, dtype=torch.float64)
+    Gaussian vector of every coefficient projected on that subalgebra (the projection, unlike the
+    basis an SVD returns, does not depend on the thread count), scaled so its largest coefficient
+    is 1, then stepped to condition number ``kappa`` (bisection, 40 halvings) or to ``STEP_CAP``
+    when κ stays below it (rotations)."""
+    q = torch.linalg.qr(basis).Q
+    z = torch.randn(basis.shape[0], generator=g, dtype=torch.float64)
+    c0 = q @ (q.T @ z)
     c0 = c0 / c0.abs().max()
     if fam.kappa(STEP_CAP * c0) <= kappa:
         return STEP_CAP * c0, fam.kappa(STEP_CAP * c0)

@@ -493,8 +493,8 @@ def fit(
             UNDECIDED,
             (
                 f"no element found ({worst_tensor}: residual {res:.3g} > {r_tol:.3g}) and the logits differ by "
-                f"only {dist:.3g} (≤ {f_tol:.3g}): a map the search does not try (an order of the KV groups, "
-                "a sign of the stream) or a search that did not converge"
+                f"only {dist:.3g} (≤ {f_tol:.3g}): a map the search does not try, or a search that did not "
+                "converge within its budget"
             ),
         )
     return Fit(verdict, dist, f_tol, res, r_tol, kappa, worst_tensor, matches, steps, time.time() - t0, why)
