@@ -255,7 +255,20 @@ def path_length(desc: Description, params: dict) -> int:
     if desc.hidden:
         name, axis = desc.hidden[0].writers[0]
         k += params[name].shape[axis]
-    return k
+    return k + max((_opaque_length(op, params) for op in desc.opaque), default=0)
+
+
+def _opaque_length(op, params: dict) -> int:
+    """A mixer without a theory (linear attention): the fan-in of each of its tensors (a depthwise
+    convolution's kernel) and its state's accumulation over the sequence — every position adds a
+    product into a state as wide as its readers' outputs, read out by the writer."""
+    fan_in = sum(
+        int(params[n].shape[-1])
+        for n in (*op.readers, *op.inner, *([op.writer] if op.writer else []))
+        if params[n].dim() >= 2
+    )
+    width = max((int(params[n].shape[0]) for n in op.readers), default=0)
+    return fan_in + SEQ * width
 
 
 def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResult]:
