@@ -100,13 +100,13 @@ def test_an_element_outside_the_flat_part_fails_by_orders_of_magnitude(dirs):
 def test_gpt_oss_up_branch_scales_about_minus_one(dirs):
     """gpt-oss computes (up + 1)·glu(gate): the measured FFN scaling moves the up bias as
     b ↦ s·(b + 1) − 1, and the plain scaling b ↦ s·b is no symmetry."""
-    from gauge_audit.measured import draw
+    from gauge_audit.measured import draw, tolerances
     from gauge_audit.runtime import generator
 
     m = _measured(dirs[GPT_OSS])
     p = m.model.params
     fam, basis = next((f, b) for f, b in m.found.flat if f.name == "ffn-scale" and f.scope == "layer 0 experts")
-    c, _ = draw(fam, basis, generator(3), 10.0)
+    c, k = draw(fam, basis, generator(3), 10.0)
     new = fam.act(p, c)
     W, b = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj_bias"
     s = new[W][:, :, 1::2] / p[W][:, :, 1::2]  # the up columns (interleaved): one factor per unit
@@ -123,7 +123,8 @@ def test_gpt_oss_up_branch_scales_about_minus_one(dirs):
         y0 = m.model.logits(p, ids)
         good = float((m.model.logits(new, ids) - y0).abs().max() / y0.abs().max())
         bad = float((m.model.logits(plain, ids) - y0).abs().max() / y0.abs().max())
-    assert good < 1e-13 and bad > 1e-4
+    tol, _ = tolerances(m.desc, p, k, y0.numel(), F64)
+    assert good < tol / 2 and bad > 1e6 * tol
 
 
 @pytest.mark.parametrize("arch", [GLM, GPT_OSS, "Olmo3ForCausalLM"])
@@ -223,7 +224,7 @@ def test_compare_sees_through_a_copy_made_on_the_files(dirs, tmp_path):
     rc, text = run("compare", str(dirs[GLM]), str(copy), "--json")
     r = json.loads(text)
     assert rc == 0 and r["verdict"] == "EQUIVALENT", r["why"]
-    assert r["function_distance"] < 1e-12 and r["residual"] < r["residual_tolerance"]
+    assert r["function_distance"] < r["function_tolerance"] / 100 and r["residual"] < r["residual_tolerance"]
     assert min(r["matches"].values()) > 1 - 1e-9  # every unit, expert and head found its partner
     assert any("quarter turn" in s for s in r["steps"])
 

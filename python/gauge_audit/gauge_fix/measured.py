@@ -133,11 +133,16 @@ def _is_log(L: torch.Tensor, M: torch.Tensor, rel: float = 1e-6) -> bool:
     return bool(torch.allclose(torch.linalg.matrix_exp(L), M, rtol=0, atol=rel * float(M.abs().max())))
 
 
-def _matrix(spec: tuple, pa: Params, pb: Params) -> torch.Tensor | None:
-    """A GL family's matrix F (X_B = Fᵀ·X_A on its forward side) by least squares; None if singular."""
+def _gl_map(spec: tuple, pa: Params, pb: Params) -> torch.Tensor:
+    """A GL family's matrix F with X_B = Fᵀ·X_A on its forward side, by least squares."""
     _, e, tensor, axis, offsets = spec
     xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
-    F = torch.linalg.lstsq(xa.T, xb.T).solution
+    return torch.linalg.lstsq(xa.T, xb.T).solution
+
+
+def _matrix(spec: tuple, pa: Params, pb: Params) -> torch.Tensor | None:
+    """:func:`_gl_map`, None if singular."""
+    F = _gl_map(spec, pa, pb)
     return F if float(torch.linalg.cond(F)) < 1e12 else None
 
 
@@ -169,9 +174,7 @@ def estimate(fam: Family, pa: Params, pb: Params) -> torch.Tensor | None:
     if spec is None:
         return torch.zeros(n, dtype=torch.float64)
     if spec[0] == "gl":  # (kind, e, tensor, axis, offsets): X_B = exp(C)ᵀ·X_A
-        _, e, tensor, axis, offsets = spec
-        xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
-        M = torch.linalg.lstsq(xa.T, xb.T).solution
+        M = _gl_map(spec, pa, pb)
         L = _logm(M)
         if not _is_log(L, M):
             # a pair of equal real eigenvalues below 0 (a rotation by π): the real logarithm pairs
@@ -321,9 +324,7 @@ def fit(
     if reflect:
         embed = desc.writers[0]  # the embedding: only stream maps move it
         if stream and stream[0].spec is not None:  # the sign of the stream map's determinant
-            _, e, tensor, axis, offsets = stream[0].spec
-            xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
-            flip = float(torch.linalg.det(torch.linalg.lstsq(xa.T, xb.T).solution)) < 0
+            flip = float(torch.linalg.det(_gl_map(stream[0].spec, pa, pb))) < 0
         else:  # no continuous stream map: coordinate 0 of the embeddings keeps or changes its sign
             flip = float((pa[embed.param].select(embed.axis, 0) * pb[embed.param].select(embed.axis, 0)).sum()) < 0
         if flip:
