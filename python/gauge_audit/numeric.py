@@ -115,13 +115,13 @@ class CheckResult:
 
 def path_length(c: Config, n: int) -> tuple[int, str]:
     terms = [("d_model", c.d_model), ("d_head", c.d_head), ("n", n), ("n_heads·d_head", c.n_heads * c.d_head)]
-    if c.family != "attn":
+    if not c.attention_only:
         terms += [("d_model", c.d_model), ("d_ff", c.d_ff)]
     if c.norm_placement == "sandwich":  # the norms after the sublayers (Gemma): a mean of squares each
         terms += [("d_model (post-norms)", 2 * c.d_model)]
     if getattr(c, "qk_norm", "none") != "none":
         terms.append(("d_head (QK-norm)", c.d_head))
-    if c.family not in ("attn", "bert"):
+    if not c.outputs_stream:
         terms.append(("d_model (unembed)", c.d_model))
     extra = getattr(c, "path_terms", None)  # a family's own inner products (DeepSeek's latents)
     if extra is not None:

@@ -23,7 +23,7 @@ def _hidden_shape(cfg: Config) -> tuple:
 
 
 def _has_ffn(cfg: Config) -> str | None:
-    return "the model has no feed-forward network" if cfg.family == "attn" else None
+    return "the model has no feed-forward network" if cfg.attention_only else None
 
 
 def _act_is(*acts: str):

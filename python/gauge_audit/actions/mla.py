@@ -29,7 +29,7 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig, ffn_units
+from ..models.deepseek import DeepseekConfig, as_latent, ffn_units
 from ..models.layers import rope_planes
 from ..runtime import stacked_inv
 from .base import (
@@ -49,7 +49,7 @@ from .base import (
 
 
 def _is_mla(cfg: Config) -> str | None:
-    return None if isinstance(cfg, DeepseekConfig) else "the model has no latent attention (MLA)"
+    return None if cfg.latent_attention else "the model has no latent attention (MLA)"
 
 
 def latents(cfg: DeepseekConfig) -> list[tuple[str, int, str, list[str]]]:
@@ -123,14 +123,14 @@ def latent_rotation(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: rms(y·O) = rms(y), so the latent becomes n(y)·O·D_γ = c·(D_γ⁻¹·O·D_γ), which the readers undo.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     return _latent_map(cfg, params, el, orthogonal=True)
 
 
 def latent_gl(cfg: Config, params: Params, el: Element) -> Params:
     """FALSE CONTRAST: latent-rotation's rule with a generic M ∈ GL(r): rms(y·M) ≠ rms(y), so the
     normalised latent is not c·(D_γ⁻¹MD_γ) and the function changes — the latent keeps O(r), not GL(r)."""
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     return _latent_map(cfg, params, el, orthogonal=False)
 
 
@@ -149,7 +149,7 @@ def latent_norm_scale(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: c·W_U = n(y)·D_γ·W_U = n(y)·D_{γ⊙s}·D_s⁻¹·W_U.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     changes = {}
     for name, r, norm, readers in latents(cfg):
         s = el.parts[name]
@@ -175,7 +175,7 @@ def _nope_sample(cfg: DeepseekConfig, params: Params, g: torch.Generator, kappa:
 
 def _nope_applies(cfg: Config) -> str | None:
     reason = _is_mla(cfg)
-    if reason is None and isinstance(cfg, DeepseekConfig) and cfg.nope_dim == 0:
+    if reason is None and cfg.latent_attention and as_latent(cfg).nope_dim == 0:
         return "the heads have no unrotated (nope) query/key coordinates"
     return reason
 
@@ -187,7 +187,7 @@ def mla_nope_gl(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: the nope part of the score is q_h^nope·k_h^nopeᵀ, and M·M⁻¹ = I; RoPE does not touch it.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     m = el.parts["M"]
     require_shape("M", m, (cfg.n_layers, cfg.n_heads, cfg.nope_dim, cfg.nope_dim))
     require_invertible("M", m)
@@ -226,7 +226,7 @@ def mla_rope_commutant(cfg: Config, params: Params, el: Element) -> Params:
     Why: N commutes with every position rotation R_Δ, so q·N·R_Δ·(k·N⁻ᵀ)ᵀ = q·R_Δ·kᵀ; the key is one
     for all heads, so all heads must take the same N.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     n = el.parts["N"]
     require_shape("N", n, (cfg.n_layers, cfg.d_head, cfg.d_head))
     require_invertible("N", n)
@@ -266,7 +266,7 @@ def mla_vo_gl(cfg: Config, params: Params, el: Element) -> Params:
 
     Why: the pattern does not involve the values, and A·(c_KV W_UV N)(N⁻¹ W_O) = A·c_KV W_UV W_O.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     m = el.parts["N"]
     require_shape("N", m, (cfg.n_layers, cfg.n_heads, cfg.v_dim, cfg.v_dim))
     require_invertible("N", m)
@@ -330,7 +330,7 @@ def mla_head_perm(cfg: Config, params: Params, el: Element) -> Params:
     Why: the heads' outputs are summed; each head's query, nope key, value and output move together,
     and the RoPE key, shared by all heads, is the same for every label.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     perm = el.parts["perm"]
     require_shape("perm", perm.double(), (cfg.n_layers, cfg.n_heads))
     if not _is_perm(perm, cfg.n_heads):
@@ -375,7 +375,7 @@ def deepseek_expert_perm(cfg: Config, params: Params, el: Element) -> Params:
     are permutation-equivariant under such a π, so Σ_top g_e·E_e(x) is unchanged; a π mixing groups
     would change which experts a group limit keeps.
     """
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     per = cfg.experts // cfg.n_group
     changes = {}
     for pre, perm in el.parts.items():
@@ -492,9 +492,9 @@ _WHY = {
 
 def refusal(name: str, cfg: Config) -> str | None:
     """Why the other families' action ``name`` does not apply to an MLA model (None: it does)."""
-    if not isinstance(cfg, DeepseekConfig) or name in CARRIED or name in MLA_NAMES:
+    if not cfg.latent_attention or name in CARRIED or name in MLA_NAMES:
         return None
-    if name == "router-offset" and cfg.router == "softmax":
+    if name == "router-offset" and as_latent(cfg).router == "softmax":
         return None
     return _WHY.get(
         name, "written for the per-head W_Q/W_K/W_V layout, which multi-head latent attention does not have"

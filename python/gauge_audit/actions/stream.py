@@ -13,7 +13,6 @@ import torch
 from ..errors import GaugeAuditError
 from ..models import deepseek
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
 from ..runtime import matmul, stacked_inv
 from . import strata
 from .base import (
@@ -41,8 +40,8 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
     Normed sublayer outputs (OLMo 2) write into the stream and have no readers of their own: only
     the final norm is listed there."""
     out: dict[str, list[tuple[str, str | None]]] = {}
-    if isinstance(cfg, DeepseekConfig):  # MLA's readers are its latent and RoPE-key projections
-        out = deepseek.norm_readers(cfg)
+    if cfg.latent_attention:  # MLA's readers are its latent and RoPE-key projections
+        out = deepseek.norm_readers(deepseek.as_latent(cfg))
     for i in range(cfg.n_layers if not out and cfg.norm_placement != "output" else 0):
         b = f"blocks.{i}"
         out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
@@ -52,14 +51,14 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
             out[f"{b}.ln2"].append((f"{ffn}.W_gate", f"{ffn}.b_gate"))
         if cfg.experts:
             out[f"{b}.ln2"].append((f"{ffn}.W_router", None))
-    if cfg.unembed and not cfg.tied and not isinstance(cfg, DeepseekConfig):
+    if cfg.unembed and not cfg.tied and not cfg.latent_attention:
         out["ln_final"] = [("unembed.W_U", "unembed.b_U")]
     return {norm: [(w, b if b in params else None) for w, b in readers if w in params] for norm, readers in out.items()}
 
 
 def stream_writers(cfg: Config, params: Params) -> list[str]:
-    if isinstance(cfg, DeepseekConfig):
-        return [n for n in deepseek.stream_writers(cfg) if n in params]
+    if cfg.latent_attention:
+        return [n for n in deepseek.stream_writers(deepseek.as_latent(cfg)) if n in params]
     names = ["embed.W_E", "embed.W_pos"]
     for i in range(cfg.n_layers):
         b = f"blocks.{i}"
@@ -69,7 +68,7 @@ def stream_writers(cfg: Config, params: Params) -> list[str]:
 
 
 def _pre_norm_reason(cfg: Config) -> str | None:
-    if cfg.family in ("attn",):
+    if cfg.attention_only:
         return "the single attention layer has no norms"
     if cfg.norm_placement == "sandwich":
         return (

@@ -150,7 +150,7 @@ def _maximality(ctx, names) -> Evidence:
     failing = [v for v in verdicts if v.verdict != "HOLDS"]
     if not failing:
         return Evidence("nullity", HOLDS, f"nullity = dim G_max on all {len(verdicts)} configurations", details)
-    bias_free_attn = [v for v, r in zip(verdicts, reports) if r.cfg.family == "attn" and not r.cfg.attn_bias]
+    bias_free_attn = [v for v, r in zip(verdicts, reports) if r.cfg.attention_only and not r.cfg.attn_bias]
     extra: dict[str, int] = {}
     for v in failing:
         for k, n in v.beyond_gmax.items():

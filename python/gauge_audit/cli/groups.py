@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ..errors import GaugeAuditError
 from ..models.architectures import ARCHITECTURES
-from ..models.deepseek import DeepseekConfig
 from ..models.derived import needs_derivation
 from ..models.registry import config_of, model_names
 from ..nullity.groups import G_MAX, discrete, factors, repeats, to_json, total, verify
@@ -174,7 +173,7 @@ def run(args) -> int:
             "sizes": {
                 k: getattr(v.cfg, k)
                 for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "n_layers")
-                + (_MLA if isinstance(v.cfg, DeepseekConfig) else ())
+                + (_MLA if v.cfg.latent_attention else ())
             },
             "measured_nullity": v.measured,
             "explained": v.explained,
@@ -200,7 +199,7 @@ def _table(rows: list[list[str]], width: int) -> list[str]:
 
 
 def _heads(cfg) -> str:
-    if not isinstance(cfg, DeepseekConfig):
+    if not cfg.latent_attention:
         return f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV of {cfg.d_head}"
     moe = f", {cfg.experts} experts of {cfg.moe_d_ff} ({cfg.router})" if cfg.experts else ", dense"
     return (
@@ -224,7 +223,7 @@ def format_table(name: str, cfg, fs, v) -> str:
     lines.append(f"G_max: {G_MAX}")
     if v is not None:
         s = v.cfg
-        heads = _heads(s) if isinstance(s, DeepseekConfig) else f"{s.n_heads}/{s.n_kv_heads} heads of {s.d_head}"
+        heads = _heads(s) if s.latent_attention else f"{s.n_heads}/{s.n_kv_heads} heads of {s.d_head}"
         lines.append(
             f"verify (d={s.d_model}, {heads}, d_ff={s.d_ff}, vocab={s.vocab}, "
             f"{s.n_layers} layer{'s' if s.n_layers != 1 else ''}): measured nullity {v.measured}, explained {v.explained}"

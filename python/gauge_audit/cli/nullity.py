@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import cast
 
 from ..errors import GaugeAuditError
 from ..models.architectures import ARCHITECTURES, is_gemma
@@ -20,10 +21,11 @@ def _defaults_epilog() -> str:
     for name, arch in sorted(ARCHITECTURES.items()):
         c = arch.config()
         extra = ""
-        if isinstance(c, GemmaConfig):
+        if is_gemma(name):
+            g = cast(GemmaConfig, c)
             extra = (
-                f" softcap {c.attn_softcap:g} final-softcap {c.final_softcap:g} window {c.window}"
-                f" query-pre-attn-scalar {c.query_pre_attn_scalar or c.d_head:g}"
+                f" softcap {g.attn_softcap:g} final-softcap {g.final_softcap:g} window {g.window}"
+                f" query-pre-attn-scalar {g.query_pre_attn_scalar or g.d_head:g}"
             )
         elif c.window:
             extra = f" window {c.window}"
@@ -188,6 +190,7 @@ def build_cfg(args):
         raise GaugeAuditError(f"unknown family {args.family!r}; known: {', '.join(sorted(ARCHITECTURES))}")
     arch = ARCHITECTURES[args.family]
     gemma = is_gemma(args.family)
+    base = arch.config()  # the family's defaults say which parts it has
     o = {}
     for arg, field in (
         ("d_model", "d_model"),
@@ -211,7 +214,7 @@ def build_cfg(args):
     if args.act:
         o["act"] = args.act
     if args.norm:
-        if args.family == "attn":
+        if base.attention_only:
             raise GaugeAuditError("the attn family has no norms (--norm does not apply)")
         o["norm"] = args.norm
     if args.norm_eps is not None:
@@ -219,7 +222,7 @@ def build_cfg(args):
             raise GaugeAuditError("--norm-eps must be a finite number >= 0")
         o["norm_eps"] = args.norm_eps
     if args.bias is not None:
-        o.update(attn_bias=args.bias, out_bias=args.bias, mlp_bias=args.bias and args.family != "attn")
+        o.update(attn_bias=args.bias, out_bias=args.bias, mlp_bias=args.bias and not base.attention_only)
     if args.tied is not None:
         o["tied"] = args.tied
     if args.rope:
@@ -251,19 +254,19 @@ def build_cfg(args):
         if not (v >= 0 and math.isfinite(v)):
             raise GaugeAuditError(f"--{arg.replace('_', '-')} must be a finite number >= 0, got {v}")
         o[field] = v
-    if args.family == "attn" and (args.act or args.d_ff or args.vocab):
+    if base.attention_only and (args.act or args.d_ff or args.vocab):
         raise GaugeAuditError("the attn family takes continuous inputs and has no FFN (--act/--d-ff/--vocab)")
-    if (args.experts or args.top_k) and args.family == "attn":
+    if (args.experts or args.top_k) and base.attention_only:
         raise GaugeAuditError("--experts needs a family with an FFN")
     if args.experts and gemma:
         raise GaugeAuditError("--experts: the Gemma families have a dense GeGLU FFN")
-    if args.experts and args.top_k is None and args.family not in ("moe",):
+    if args.experts and args.top_k is None:
         o["top_k"] = min(2, args.experts)
     if args.experts == 0:
         o["top_k"] = 0
     if args.n_heads is not None and args.n_kv_heads is not None and args.n_heads % args.n_kv_heads:
         raise GaugeAuditError(f"--n-heads ({args.n_heads}) must be divisible by --n-kv-heads ({args.n_kv_heads})")
-    o.update(_mla_options(args, o))
+    o.update(_mla_options(args, o, base.latent_attention))
     return arch.config(**o)
 
 
@@ -282,10 +285,10 @@ def _add_mla_args(p) -> None:
         p.add_argument(f"--{flag}", type=int, metavar="R" if "rank" in flag else "D", help=f"deepseek: {text}")
 
 
-def _mla_options(args, o: dict) -> dict:
+def _mla_options(args, o: dict, latent: bool) -> dict:
     """The deepseek family's MLA widths; its d_head is the RoPE width (as in transformers' config)."""
     given = {flag: getattr(args, flag.replace("-", "_")) for flag, *_ in _MLA_FLAGS}
-    if args.family != "deepseek":
+    if not latent:
         bad = [f"--{f}" for f, v in given.items() if v is not None]
         if bad:
             raise GaugeAuditError(f"{', '.join(bad)}: multi-head latent attention is the deepseek family's")

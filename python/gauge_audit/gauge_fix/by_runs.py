@@ -35,7 +35,6 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of, restrict
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config
-from ..models.deepseek import DeepseekConfig
 from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
 from .base import Decision, StepRecord, _moved, gram_decisions, rounding_kappa, signs_of_moments
@@ -73,7 +72,7 @@ _CONDITION = "embedding Gram diagonal, descending, axes signed by their third mo
 def streamable(cfg: Config) -> str | None:
     """None where :class:`CanonicalByRuns` applies to ``cfg``, else why not (the steps that then
     choose elements from the embeddings or couple blocks)."""
-    if isinstance(cfg, DeepseekConfig):
+    if cfg.latent_attention:
         return "multi-head latent attention (its latent steps are not streamed yet)"
     if cfg.norm not in ("rmsnorm", "rmsnorm-noweight"):
         return f"a {cfg.norm} stream (the offset steps move the embeddings with the blocks)"

@@ -12,7 +12,6 @@ import torch
 
 from ..actions import ACTIONS, Element
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
 from ..runtime import one_thread
 from .base import SIGN_SENSITIVITY, Context, Params, descending, match, signs
 
@@ -50,7 +49,7 @@ def fix_expert_perm(ctx: Context) -> None:
         return
     perms, margins = [], []
     routed = [pre for pre in _prefixes(cfg) if f"{pre}.W_router" in p]  # DeepSeek: not in its dense blocks
-    groups = cfg.n_group if isinstance(cfg, DeepseekConfig) else 1
+    groups = cfg.expert_groups
     for pre in routed:
         cols = p[f"{pre}.W_router"].T
         ref = ctx.reference[f"{pre}.W_router"].T if ctx.reference is not None else None

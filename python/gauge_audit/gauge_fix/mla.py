@@ -26,14 +26,14 @@ from ..actions import ACTIONS, Element
 from ..actions.base import cond
 from ..actions.mla import latents, query_name
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
+from ..models.deepseek import DeepseekConfig, as_latent
 from ..models.layers import rope_planes
 from .base import Context, Params, descending, gram_axes, match
 from .heads import balanced_block, balanced_conditions, gl_decisions, plane_commutant, plane_conditions
 
 
 def _mla(cfg: Config) -> DeepseekConfig | None:
-    return cfg if isinstance(cfg, DeepseekConfig) else None
+    return as_latent(cfg) if cfg.latent_attention else None
 
 
 def _down(p: Params, pre: str, name: str) -> torch.Tensor:
@@ -199,7 +199,7 @@ def vo_pair(cfg: DeepseekConfig, p: Params, layer: int, h: int) -> tuple[torch.T
 
 def _fix_per_head(ctx: Context, family: str, pair, width: int, part: str, text: str) -> None:
     cfg = ctx.cfg
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     ms = torch.zeros(cfg.n_layers, cfg.n_heads, width, width, dtype=torch.float64)
     gaps: list[tuple[torch.Tensor, float]] = []
     sgn: list = []

@@ -30,7 +30,7 @@ import torch
 from ..actions import Element, composite
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config, Model
-from ..models.deepseek import DeepseekConfig
+from ..models.deepseek import DeepseekConfig, as_latent
 from ..models.lazy import LazyParams
 from ..numeric import compare, reference_output
 from ..runtime import eps, one_thread
@@ -97,14 +97,14 @@ def conditions(cfg: Config, params: Params, skip: frozenset = frozenset()) -> di
 def unfixed(cfg: Config) -> list[tuple[str, str]]:
     """Continuous families of the nullity theory this pipeline does not fix here, with the reason."""
     out = []
-    pre = cfg.family != "attn" and cfg.norm_placement == "pre"
+    pre = not cfg.attention_only and cfg.norm_placement == "pre"
     if pre and cfg.norm == "none" and not cfg.tied:
         out.append(("stream-gl", "GL(d) of a norm-free stream: no canonical step yet"))
-    biased = cfg.attn_bias and cfg.out_bias and (cfg.family == "attn" or cfg.mlp_bias)
+    biased = cfg.attn_bias and cfg.out_bias and (cfg.attention_only or cfg.mlp_bias)
     stretches = (
-        (cfg.family == "attn" and cfg.n_layers > 1)
+        (cfg.attention_only and cfg.n_layers > 1)
         or (pre and cfg.norm == "none")
-        or (cfg.family != "attn" and cfg.norm_placement == "post" and cfg.norm == "layernorm")
+        or (not cfg.attention_only and cfg.norm_placement == "post" and cfg.norm == "layernorm")
     )
     if stretches and (not biased or cfg.experts or (pre and cfg.tied)):
         out.append(
@@ -114,7 +114,7 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
                 "through reader weights or constrained): no canonical step yet",
             )
         )
-    if cfg.family != "attn" and cfg.norm != "none" and cfg.norm_eps == 0:
+    if not cfg.attention_only and cfg.norm != "none" and cfg.norm_eps == 0:
         out.append(
             (
                 "stream-scale" if cfg.norm_placement == "pre" else "segment-scale",
@@ -147,8 +147,8 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
                 "not fixed",
             )
         )
-    if isinstance(cfg, DeepseekConfig):
-        return out + _deepseek_unfixed(cfg)
+    if cfg.latent_attention:
+        return out + _deepseek_unfixed(as_latent(cfg))
     if cfg.experts and cfg.top_k == 1:
         out.append(
             ("router-top1", "top-1 routing: every router weight is locally flat; only the router offset is fixed")
@@ -183,7 +183,7 @@ def _token_tables(cfg: Config) -> list[tuple[str, int, int]]:
     unless those families fill it).  Under the same preconditions: no learned positions, no MoE,
     vocab ≤ 4096, a parallel residual (the FFN's table) or normed sublayer outputs (the scores and
     values of the first attention)."""
-    if cfg.family == "attn" or cfg.pos == "learned" or cfg.experts or cfg.vocab > 4096:
+    if cfg.attention_only or cfg.pos == "learned" or cfg.experts or cfg.vocab > 4096:
         return []
     shapes = {k: math.prod(shape) for k, (shape, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
     if "embed.W_E" not in shapes:
@@ -215,7 +215,7 @@ def _tied_table(cfg: Config) -> bool:
     tied_table_family`): a tied parallel block 0 under an affine LayerNorm reading d_model < vocab
     points, where its dimension formula is positive (the formula's regime, an FFN that sets its stream
     table at will, holds at every size the theory is measured at but the narrowest FFNs)."""
-    parallel = cfg.family != "attn" and cfg.norm_placement == "pre" and cfg.parallel_residual
+    parallel = not cfg.attention_only and cfg.norm_placement == "pre" and cfg.parallel_residual
     if not (parallel and cfg.tied and cfg.norm == "layernorm" and cfg.pos != "learned" and not cfg.experts):
         return False
     if not cfg.d_model < cfg.vocab <= 4096:

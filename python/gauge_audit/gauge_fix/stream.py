@@ -104,7 +104,7 @@ def cond_final_norm_scale(cfg: Config, p: Params) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------- 2 norm-shift
 def _shift_norms(cfg: Config, p: Params) -> tuple[list[str], list[str]]:
     """(affine pre-LNs whose readers all have biases, affine pre-LNs with an unbiased reader)."""
-    if cfg.family == "attn" or cfg.norm != "layernorm" or cfg.norm_placement != "pre":
+    if cfg.attention_only or cfg.norm != "layernorm" or cfg.norm_placement != "pre":
         return [], []
     absorbed = absorbed_shift_norms(cfg, p)
     biased = [n for n in norm_readers(cfg, p) if f"{n}.b" in p and n not in absorbed]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 from ..errors import GaugeAuditError
 from .rope import scaling_problem
@@ -56,6 +57,25 @@ class Config:
     experts: int = 0  # > 0: the FFN is a top-k softmax-gated mixture of experts
     top_k: int = 0
     router_renorm: bool = True  # the k kept gates renormalised to sum 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
+
+    # ---- the parts the rooms ask about, answered here from the family's switches (no room names a family)
+    latent_attention: ClassVar[bool] = False  # multi-head latent attention (MLA): a DeepseekConfig
+
+    @property
+    def attention_only(self) -> bool:
+        """A stack of attention layers on given vectors: no token tables, norms, FFN or unembedding."""
+        return self.family == "attn"
+
+    @property
+    def outputs_stream(self) -> bool:
+        """The output is the last residual stream itself, with no final norm or unembedding (an
+        attention stack, an encoder)."""
+        return self.family in ("attn", "bert")
+
+    @property
+    def expert_groups(self) -> int:
+        """Groups the router ranks before it picks experts (DeepSeek's n_group); 1: none."""
+        return 1
 
     @property
     def group_size(self) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 
@@ -47,6 +47,7 @@ from .layers import Params, mlp_shapes, normalize, rope, unembed
 
 @dataclass(frozen=True)
 class DeepseekConfig(Config):
+    latent_attention: ClassVar[bool] = True
     q_lora_rank: int = 0  # r_Q: rank of the query latent (0: a plain per-head W_Q)
     kv_lora_rank: int = 8  # r_KV: rank of the key/value latent
     nope_dim: int = 4  # d_nope = qk_nope_head_dim: the unrotated query/key coordinates per head
@@ -59,6 +60,10 @@ class DeepseekConfig(Config):
     topk_group: int = 1  # groups kept per token
     routed_scale: float = 1.0  # routed_scaling_factor ρ
     router: str = "sigmoid"  # sigmoid (V3: bias-corrected choice, groups by top-2 sum) | softmax (V2)
+
+    @property
+    def expert_groups(self) -> int:
+        return self.n_group
 
     def moe_layer(self, i: int) -> bool:
         return self.experts > 0 and i >= self.first_dense
@@ -85,6 +90,14 @@ class DeepseekConfig(Config):
 
     def with_(self, **changes) -> DeepseekConfig:
         return check(cast(DeepseekConfig, super().with_(**changes)))
+
+
+def as_latent(cfg: Config) -> DeepseekConfig:
+    """``cfg`` as the latent-attention config it is (a room's MLA code asks only after
+    ``cfg.latent_attention``)."""
+    if not isinstance(cfg, DeepseekConfig):
+        raise TypeError(f"{cfg.family} has no latent attention")
+    return cfg
 
 
 def check(cfg: DeepseekConfig) -> DeepseekConfig:

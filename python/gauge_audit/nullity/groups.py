@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
-from ..models.gemma import GemmaConfig
+from ..models.deepseek import as_latent
 from .groups_mla import mla_discrete, mla_factors, mla_small
 
 G_MAX = "G_max (per head GL(d_k)×GL(d_v), RoPE commutant, GQA tying)"
@@ -45,18 +44,17 @@ def repeats(cfg: Config, scope: str) -> int:
         return 1
     if scope == "every layer":
         return cfg.n_layers
-    assert isinstance(cfg, DeepseekConfig), scope
+    cfg = as_latent(cfg)
     moe = sum(cfg.moe_layer(i) for i in range(cfg.n_layers))
     return moe if scope == "MoE layers" else cfg.n_layers - moe
 
 
 def factors(cfg: Config) -> list[Factor]:
-    if isinstance(cfg, DeepseekConfig):
-        return [*(Factor(*f) for f in mla_factors(cfg)), _stream(cfg, False)]
+    if cfg.latent_attention:
+        return [*(Factor(*f) for f in mla_factors(as_latent(cfg))), _stream(cfg)]
     e, kv = cfg.d_head, cfg.n_kv_heads
     R = _rotary(cfg)
     rest = e - R if R else e
-    gemma = isinstance(cfg, GemmaConfig)
     gm_qk = kv * (e if R else e * e)
     gm_text = f"(C^×)^{{{e // 2}}} per KV group ({gm_qk})" if R else f"GL({e})^{kv} ({gm_qk})"
     out: list[Factor] = []
@@ -87,7 +85,7 @@ def factors(cfg: Config) -> list[Factor]:
         out.append(
             Factor("every layer", "value bias", f"R^{kv * e} b_V → b_O", kv * e, "value-bias-fold", "-", "beyond G_max")
         )
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         ex = max(cfg.experts, 1)
         if cfg.act in ("relu", "swiglu"):
             n = ex * cfg.d_ff
@@ -105,16 +103,16 @@ def factors(cfg: Config) -> list[Factor]:
         out.append(
             Factor("every layer", "parallel", f"R^{n} b_O ↔ b_out", n, "parallel-bias-trade", "-", "beyond G_max")
         )
-    out.append(_stream(cfg, gemma))
+    out.append(_stream(cfg))
     return out
 
 
-def _stream(cfg: Config, gemma: bool) -> Factor:
+def _stream(cfg: Config) -> Factor:
     d = cfg.d_model
     none = "-"
-    if cfg.family == "attn":  # the continuous inputs are given, not parameters: nothing maps them
+    if cfg.attention_only:  # the continuous inputs are given, not parameters: nothing maps them
         return Factor("stream", "stream", "none (fixed continuous inputs)", 0, "", none, "")
-    if gemma or cfg.norm_placement in ("output", "sandwich"):
+    if cfg.norm_placement in ("output", "sandwich"):
         why = "post-norms (γ⊙n(y) enters the stream) block the stream rotation"
         return Factor("stream", "stream", "none (scale only, ε-broken)", 0, "", none, why)
     if cfg.norm_placement == "post":
@@ -134,14 +132,14 @@ def total(cfg: Config, fs: list[Factor]) -> int:
 
 
 def discrete(cfg: Config) -> list[str]:
-    if isinstance(cfg, DeepseekConfig):
-        return mla_discrete(cfg)
+    if cfg.latent_attention:
+        return mla_discrete(as_latent(cfg))
     g = cfg.group_size
     out = [f"head permutations within each KV group (S_{g})^{cfg.n_kv_heads}" if g > 1 else "—"]
     out[0] = out[0] if g > 1 else f"head permutations S_{cfg.n_heads}"
     if cfg.n_kv_heads > 1 and g > 1:
         out.append(f"KV-group permutations S_{cfg.n_kv_heads} (a flat permutation across groups is not one)")
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         out.append(
             f"FFN unit permutations S_{cfg.d_ff}"
             + (f" per expert, expert permutations S_{cfg.experts}" if cfg.experts else "")
@@ -161,8 +159,8 @@ def discrete(cfg: Config) -> list[str]:
 
 def small(cfg: Config) -> Config:
     """A model with the same switches at sizes a dense Jacobian handles in seconds."""
-    if isinstance(cfg, DeepseekConfig):
-        return mla_small(cfg)
+    if cfg.latent_attention:
+        return mla_small(as_latent(cfg))
     kv = min(cfg.n_kv_heads, 2)
     g = min(cfg.group_size, 2)
     ch: dict[str, object] = dict(
@@ -182,7 +180,7 @@ def small(cfg: Config) -> Config:
         ch.update(experts=min(cfg.experts, 2), top_k=min(cfg.top_k, 2), d_ff=4)
     if cfg.window:
         ch["window"] = 3
-    if cfg.family == "attn":
+    if cfg.attention_only:
         ch.pop("d_ff"), ch.pop("vocab")
     return cfg.with_(**ch)
 

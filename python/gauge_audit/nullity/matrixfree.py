@@ -122,7 +122,7 @@ def sketch_width(cfg) -> int:
 def sketch_batch(cfg, n: int, factor: float) -> int:
     """Sequences for ≥ factor·n sketch rows, enough for every token / token type to occur."""
     b = math.ceil(factor * n / (cfg.n_ctx * sketch_width(cfg)))
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         b = max(b, math.ceil(cfg.vocab / cfg.n_ctx), math.ceil(max(cfg.n_types, 1) / cfg.n_ctx))
     return max(1, b)
 

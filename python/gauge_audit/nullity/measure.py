@@ -87,7 +87,7 @@ class Layout:
 
 # ----------------------------------------------------------------------------- inputs
 def output_width(cfg: Config) -> int:
-    return cfg.d_model if cfg.family in ("attn", "bert") else cfg.vocab
+    return cfg.d_model if cfg.outputs_stream else cfg.vocab
 
 
 def outputs_per_sequence(cfg: Config, n: int) -> int:
@@ -112,10 +112,10 @@ def generic_inputs(
     per = outputs_per_sequence(cfg, n)
     if batch is None:
         batch = max(1, math.ceil(factor * n_params / per))
-        if cfg.family != "attn":
+        if not cfg.attention_only:
             batch = max(batch, math.ceil(cfg.vocab / n), math.ceil(max(cfg.n_types, 1) / n))
     g = generator(seed)
-    if cfg.family == "attn":
+    if cfg.attention_only:
         return {"x": torch.randn(batch, n, cfg.d_model, generator=g, dtype=torch.float64)}
     tokens = _cover(torch.randint(0, cfg.vocab, (batch, n), generator=g), cfg.vocab, g)
     out = {"tokens": tokens}
@@ -221,7 +221,7 @@ def genericity(problem: Problem) -> Genericity:
     """Record every ReLU unit's sign pattern and every expert's routing over the inputs."""
     cfg, params = problem.cfg, problem.params()
     out = Genericity()
-    if cfg.family == "attn":
+    if cfg.attention_only:
         return out
     captured: dict[str, torch.Tensor] = {}
     import gauge_audit.models.layers as L

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.config import Config
-from ..models.deepseek import DeepseekConfig
+from ..models.deepseek import as_latent
 from ..symbolic import counts
 from . import explain as ex
 from .families import Family
@@ -32,13 +32,12 @@ def paper_counts(cfg: Config) -> dict[str, float]:
     """
     L, h, g, e, d = cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
     v = e
-    if isinstance(cfg, DeepseekConfig):  # MLA: the formulas read with its query/key and value head widths
-        e, v = cfg.nope_dim + cfg.d_head, cfg.v_dim
+    if cfg.latent_attention:  # MLA: the formulas read with its query/key and value head widths
+        mla = as_latent(cfg)
+        e, v = mla.nope_dim + mla.d_head, mla.v_dim
     rope = cfg.pos == "rope"
     # the RoPE variant's commutant over a head of d_k coordinates has dimension d_k (MLA's d_k may be odd)
-    variant = (
-        L * g * (e + v * v) if isinstance(cfg, DeepseekConfig) else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
-    )
+    variant = L * g * (e + v * v) if cfg.latent_attention else L * counts.mgs_gqa_layer_dim(g, e, v, rope=rope)
     return {
         "mgs": int(counts.mgs_model_dim(L, h, e, v)),
         "mgs-variant": int(variant),
@@ -216,14 +215,15 @@ def verdict(report: NullityReport) -> MaximalityVerdict:
 
 def describe(cfg: Config) -> str:
     parts = [f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads}/{cfg.n_kv_heads} d_k={cfg.d_head}"]
-    if isinstance(cfg, DeepseekConfig):
+    if cfg.latent_attention:
+        m = as_latent(cfg)
         parts = [
-            f"L={cfg.n_layers} d={cfg.d_model} h={cfg.n_heads} MLA r_Q={cfg.q_lora_rank} r_KV={cfg.kv_lora_rank} "
-            f"d_nope={cfg.nope_dim} d_rope={cfg.d_head} d_v={cfg.v_dim}"
+            f"L={m.n_layers} d={m.d_model} h={m.n_heads} MLA r_Q={m.q_lora_rank} r_KV={m.kv_lora_rank} "
+            f"d_nope={m.nope_dim} d_rope={m.d_head} d_v={m.v_dim}"
         ]
-        if cfg.experts:
-            parts.append(f"moe_d_ff={cfg.moe_d_ff} shared={cfg.n_shared} dense-first={cfg.first_dense}")
-    if cfg.family != "attn":
+        if m.experts:
+            parts.append(f"moe_d_ff={m.moe_d_ff} shared={m.n_shared} dense-first={m.first_dense}")
+    if not cfg.attention_only:
         parts.append(
             f"d_ff={cfg.d_ff} V={cfg.vocab} n={cfg.n_ctx} {cfg.act} {cfg.norm}"
             f"{'' if cfg.norm_placement == 'pre' else '-' + cfg.norm_placement}"

@@ -325,7 +325,7 @@ def ffn(ctx, cfg: Config, P: dict, layer: int, x: list) -> list:
 def block(ctx, cfg: Config, P: dict, layer: int, xs: list) -> list:
     """Pre-LN: x + Attn(LN1 x), then + FFN(LN2 x).  Post-LN: LN1(x + Attn x), LN2(x + FFN x)."""
     p = f"blocks.{layer}"
-    if cfg.family == "attn":
+    if cfg.attention_only:
         a = attention(ctx, cfg, P, f"{p}.attn", xs)
         return [[u + v for u, v in zip(x, y)] for x, y in zip(xs, a)]
     if cfg.norm_placement == "pre":
@@ -339,7 +339,7 @@ def block(ctx, cfg: Config, P: dict, layer: int, xs: list) -> list:
 
 def embed(ctx, cfg: Config, P: dict, inputs: dict, i: int) -> list:
     """The stream entering block 0 for batch element ``i``."""
-    if cfg.family == "attn":
+    if cfg.attention_only:
         return [[ctx.num(v) for v in row] for row in inputs["x"][i]]
     toks = inputs["tokens"][i]
     xs = [list(P["embed.W_E"][t]) for t in toks]
@@ -354,7 +354,7 @@ def embed(ctx, cfg: Config, P: dict, inputs: dict, i: int) -> list:
 
 
 def unembed(ctx, cfg: Config, P: dict, x: list) -> list:
-    if cfg.family in ("attn", "bert"):
+    if cfg.outputs_stream:
         return x
     x = norm(ctx, cfg, P, "ln_final", x)
     y = [dot(x, row) for row in P["embed.W_E"]] if cfg.tied else vecmat(x, P["unembed.W_U"])

@@ -115,7 +115,7 @@ def _cert_config(rule: str) -> Config:
 
 def _describe(cfg: Config) -> str:
     bits = [cfg.family, f"d_model={cfg.d_model}", f"heads={cfg.n_heads}/{cfg.n_kv_heads}kv", f"d_head={cfg.d_head}"]
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         bits += [f"d_ff={cfg.d_ff}", cfg.norm, cfg.act]
     if cfg.pos == "rope":
         bits.append(f"RoPE({cfg.rope_style})")
@@ -125,7 +125,7 @@ def _describe(cfg: Config) -> str:
 def _inputs(cfg: Config, seed: int) -> dict:
     g = generator(seed)
     n = 3
-    if cfg.family == "attn":
+    if cfg.attention_only:
         return {"x": _rational(torch.randn(1, n, cfg.d_model, generator=g, dtype=torch.float64), 4)}
     return {"tokens": torch.randint(0, cfg.vocab, (1, n), generator=g).tolist()}
 

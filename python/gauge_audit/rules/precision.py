@@ -148,7 +148,7 @@ def certificate_config(cfg: Config) -> Config:
     partial rotary), grouped-query attention with two groups of two query heads."""
     over: dict = dict(d_model=4, n_layers=1, n_heads=2, n_kv_heads=2, d_head=2, n_ctx=3)
     over.update(generic_sizes(cfg))
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         over.update(d_ff=8, vocab=8)
     return cfg.with_(**over)
 

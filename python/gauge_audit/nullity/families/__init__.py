@@ -48,7 +48,6 @@ Modules, by kind (imports point down this list):
 
 from __future__ import annotations
 
-from ...models.deepseek import DeepseekConfig
 from ..measure import Genericity, Problem, genericity, progress
 from .attention import key_bias_family, qk_family, value_bias_family, vo_family
 from .base import AFFINE, LN, Family
@@ -69,7 +68,7 @@ from .token_tables import token_table_families
 def families(problem: Problem, gen: Genericity) -> list[Family]:
     """Every family of the problem's architecture (empty families dropped)."""
     cfg = problem.cfg
-    if isinstance(cfg, DeepseekConfig):  # MLA: its latents, shared RoPE key and routers (see .deepseek)
+    if cfg.latent_attention:  # MLA: its latents, shared RoPE key and routers (see .deepseek)
         return [f for f in deepseek_families(problem, gen) if f.k > 0]
     if cfg.norm_placement == "sandwich":  # Gemma: its own stream, norms and QK (see .gemma)
         sandwich = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
@@ -81,7 +80,7 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
         else [qk_norm_scale_family(problem), qk_norm_input_family(problem)]
     )
     out: list[Family | None] = [*qk, vo_family(problem), key_bias_family(problem), value_bias_family(problem)]
-    if cfg.family == "attn" and cfg.n_layers > 1:
+    if cfg.attention_only and cfg.n_layers > 1:
         segs = [
             Segment(
                 [(f"blocks.{i}.attn.b_O", "bias")],
@@ -93,7 +92,7 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
             for i in range(cfg.n_layers - 1)
         ]
         out.append(translation_family(problem, segs))
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
         if cfg.norm_placement == "pre":
             out += pre_norm_families(problem) + first_block_families(problem) + [parallel_bias_family(problem)]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import GaugeAuditError
-from ...models.deepseek import DeepseekConfig, ffn_units, norm_readers, stream_writers
+from ...models.deepseek import DeepseekConfig, as_latent, ffn_units, norm_readers, stream_writers
 from ...models.layers import rope_planes
 from ..measure import Genericity, Problem
 from .base import Family, Rows, make_family
@@ -68,7 +68,7 @@ def _latents(cfg: DeepseekConfig) -> list[tuple[str, str, list[str]]]:
 
 def latent_families(problem: Problem) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     rot, scale, inp = Rows(problem.layout), Rows(problem.layout), Rows(problem.layout)
     n_rot = n_scale = 0
     for i in range(cfg.n_layers):
@@ -133,7 +133,7 @@ def _query(cfg: DeepseekConfig, a: str) -> str:
 
 def attention_families(problem: Problem) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     nope, rdim, vdim, h = cfg.nope_dim, cfg.d_head, cfg.v_dim, cfg.n_heads
     QK, RC, VO = Rows(problem.layout), Rows(problem.layout), Rows(problem.layout)
     for i in range(cfg.n_layers):
@@ -195,7 +195,7 @@ def attention_families(problem: Problem) -> list[Family]:
 
 def stream_families(problem: Problem) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     d = cfg.d_model
     readers = {n: [(w, b) for w, b in rs if w in p] for n, rs in norm_readers(cfg).items()}
     writers = [w for w in stream_writers(cfg) if w in p]
@@ -257,7 +257,7 @@ def stream_families(problem: Problem) -> list[Family]:
 
 def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
     cfg, p = problem.cfg, problem.params()
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     SC, RB, RT, UN, UR, RO = (Rows(problem.layout) for _ in range(6))
     for pre, e, width in ffn_units(cfg):
         if e is not None and e in gen.unrouted.get(pre, []):
@@ -357,7 +357,7 @@ def ffn_families(problem: Problem, gen: Genericity) -> list[Family]:
 
 def deepseek_families(problem: Problem, gen: Genericity) -> list[Family]:
     cfg = problem.cfg
-    assert isinstance(cfg, DeepseekConfig)
+    cfg = as_latent(cfg)
     require_generic_widths(cfg)
     if cfg.vocab < cfg.d_model:
         raise GaugeAuditError("deepseek nullity theory: vocab < d_model adds first-block families it does not model")

@@ -32,7 +32,7 @@ def unit_key(pre: str, e: int | None) -> str:
 
 def ffn_scaling_family(problem: Problem, gen: Genericity) -> Family | None:
     cfg, p = problem.cfg, problem.params()
-    if cfg.family == "attn" or cfg.act not in ("relu", "swiglu"):
+    if cfg.attention_only or cfg.act not in ("relu", "swiglu"):
         return None
     R = Rows(problem.layout)
     skipped = 0

@@ -41,7 +41,7 @@ class _FirstPoints:
 
 def _first_points(problem: Problem) -> _FirstPoints | None:
     cfg, p = problem.cfg, problem.params()
-    if cfg.family == "attn" or cfg.norm_placement != "pre" or "embed.W_E" not in p:
+    if cfg.attention_only or cfg.norm_placement != "pre" or "embed.W_E" not in p:
         return None
     X0 = p["embed.W_E"]
     if "embed.W_pos" in p:

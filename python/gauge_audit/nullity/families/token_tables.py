@@ -83,7 +83,7 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], Callable[[dict], tor
     that reads only the vocab points."""
     cfg, p = problem.cfg, problem.params()
     x = _finite_inputs(problem)
-    if x is None or cfg.family == "attn":
+    if x is None or cfg.attention_only:
         return []
     out = []
     if cfg.norm_placement == "pre" and cfg.parallel_residual:

@@ -328,7 +328,7 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
     for norm, readers in _READERS.items():
         before = len(changes)
         present = [w for w in readers if P.has(w) and not (w == "W_U" and cfg.tied)]
-        if not present or (norm == "norm_f" and cfg.family in ("attn", "bert")):
+        if not present or (norm == "norm_f" and cfg.outputs_stream):
             continue
         ctx = Ctx() if norm == "norm_f" else Ctx(0)
         g0, g1 = P.value(f"{norm}.w", ctx), Q.value(f"{norm}.w", ctx)

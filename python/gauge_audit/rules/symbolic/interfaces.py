@@ -99,12 +99,12 @@ def interfaces(
             )
             out.append(Interface(f"post-LN {norm} (its output is the stream)", "block", list(res), tuple(params)))
     # ---- FFN and router
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         out += [_untouched("FFN output", "block", _FFN_PARAMS)] if skip(_FFN_PARAMS) else _ffn_interfaces(m, P, Q, S_)
     # ---- ends of the model
     out += (
         [_untouched("logits", "block", _END_PARAMS)]
-        if skip(_END_PARAMS) and cfg.family not in ("attn", "bert")
+        if skip(_END_PARAMS) and not cfg.outputs_stream
         else _end_interfaces(m, P, Q, S, S_, s_note)
     )
     return out
@@ -370,7 +370,7 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
     cfg = m.cfg
     out = []
     d = cfg.d_model
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         if S is None:
             out.append(
                 Interface("token embedding W_E ↦ W_E·S", "block", [sp.Integer(1)], ("W_E",), ok=False, note=s_note)
@@ -400,7 +400,7 @@ def _end_interfaces(m: SymModel, P: SymView, Q: SymView, S, S_: sp.Matrix, s_not
             )
     if S_ != sp.eye(d) and cfg.norm != "none":
         out.append(_norm_core(m, S_))
-    if cfg.family in ("attn", "bert"):
+    if cfg.outputs_stream:
         x = m.row("x_out")
         out.append(Interface("model output (the residual stream itself)", "block", list(mm(x, S_) - x), ()))
     else:
@@ -446,7 +446,7 @@ def _decide(ifs: list[Interface]) -> bool:
 def solve_stream_map(m: SymModel, P: SymView, Q: SymView) -> tuple[sp.Matrix | None, str]:
     """S with W_E' = W_E·S identically (identity when W_E is unmapped or absent)."""
     d = m.cfg.d_model
-    if m.cfg.family == "attn" or not P.has("W_E"):
+    if m.cfg.attention_only or not P.has("W_E"):
         return sp.eye(d), "no token embedding: the input is not transformed"
     w0, w1 = P.value("W_E", Ctx()), Q.value("W_E", Ctx())
     if all(is_zero(x) for x in (w1 - w0)):

@@ -60,7 +60,7 @@ def arch_config(cfg: Config, rule: Rule | None = None, size: int = 0) -> Config:
     kv = 2 if g > 1 else 1
     over: dict = dict(d_model=SYM["d_model"], n_layers=1, n_heads=g * kv, n_kv_heads=kv, d_head=SYM["d_head"])
     over["n_ctx"] = SYM["n_ctx"]
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         over.update(d_ff=SYM["d_ff"], vocab=SYM["vocab"])
     if cfg.experts:
         over.update(experts=2, top_k=1)
@@ -95,7 +95,7 @@ def applying(rule: Rule, models: list[SymModel]) -> list[SymModel]:
 
 def arch_label(cfg: Config) -> str:
     bits = [cfg.family]
-    if cfg.family != "attn":
+    if not cfg.attention_only:
         bits += [cfg.norm + ("-post" if cfg.norm_placement == "post" else ""), cfg.act]
     if cfg.attn_bias:
         bits.append("qkv-bias")
@@ -155,7 +155,7 @@ def arch_key(cfg: Config, rule: Rule | None = None) -> tuple:
     for k in drop:
         c.pop(k, None)
     if touched <= _ATTN_ONLY or touched <= _FFN_ONLY:
-        c["family"] = "attn" if cfg.family == "attn" else "block"
+        c["family"] = "attn" if cfg.attention_only else "block"
     return tuple(sorted(c.items()))
 
 
