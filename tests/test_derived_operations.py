@@ -275,3 +275,96 @@ def test_compare_at_bfloat16_storage(dirs, tmp_path):
     rc, text = run("compare", str(dirs[GLM]), str(other), "--json")
     r = json.loads(text)
     assert rc == 1 and r["verdict"] == "DIFFERENT" and r["function_distance"] > 2 * r["function_tolerance"], r["why"]
+
+
+# ----------------------------------------------------------------------------- canonicalize
+def _factor_names(m) -> set[str]:
+    """The ``1 + w`` norm weights: their canonical value is w = 0, compared as the factor 1 + w."""
+    norms = [r.norm for r in m.desc.readers if r.norm is not None] + list(m.desc.post_norms)
+    norms += [n for h in m.desc.heads for n in (h.q_norm, h.k_norm) if n is not None]
+    return {n.weight for n in norms if n.weight and n.kind == "rms1p"}
+
+
+def _apart(a: dict, b: dict, factors: set[str]) -> tuple[float, str]:
+    """The largest per-tensor ‖a − b‖/‖a‖ (a ``1 + w`` weight as its factor)."""
+    out = []
+    for n in a:
+        x, y = a[n].to(F64), b[n].to(F64)
+        ref = (1 + x).norm() if n in factors else x.norm()
+        out.append((float((x - y).norm() / ref), n))
+    return max(out)
+
+
+def _one_per_orbit_tolerance(ra: dict, rb: dict) -> float:
+    """Each canonical form carries its element's float64 rounding, κ·m·ε per entry, and the
+    eigenvectors that fix the rotations amplify a perturbation by 1 / (their relative gap)."""
+    gap = min(r["margins"].get("eigenvalue gap", 1.0) for r in (ra, rb))
+    return 4 * (ra["kappa"] + rb["kappa"]) * ra["length"] * torch.finfo(F64).eps / gap
+
+
+# beside the five: a LayerNorm stream (its rotations fix 1: so(1⊥), not a block of coordinates) and
+# NoPE layers under a per-head QK-norm (quarter turns of both plane pairings: signed permutations)
+MORE = ("StableLmForCausalLM", "Exaone4ForCausalLM")
+
+
+@pytest.mark.parametrize("arch", list(DECODER_EXAMPLES) + list(MORE))
+def test_canonical_form_is_one_per_orbit(arch, dirs, tmp_path):
+    """A and A moved by an element of every measured family and every held discrete map reach the
+    same canonical form, which computes A's function."""
+    import dataclasses
+
+    from gauge_audit.actions.candidates import discrete
+    from gauge_audit.gauge_fix.measured_canonical import canonical_form
+    from gauge_audit.measured import composite, held_maps
+
+    m = _measured(dirs[arch] if arch in dirs else tiny_checkpoint(arch, tmp_path / arch, 0))
+    held = held_maps(m, discrete(m.desc, m.model.params))
+    moved, _ = composite(m, 5, 10.0)
+    state = {n: moved[n] for n in m.model.params}
+    buffers = {n: moved[n] for n in m.model.buffers}
+    ca = canonical_form(m.model, m.desc, m.found.flat, held)
+    cb = canonical_form(dataclasses.replace(m.model, params=state, buffers=buffers), m.desc, m.found.flat, held)
+    gap, worst = _apart(ca.params, cb.params, _factor_names(m))
+    tol = _one_per_orbit_tolerance(ca.to_json(), cb.to_json())
+    assert gap < tol, (worst, gap, tol)
+    assert _apart(m.model.state, ca.params, _factor_names(m))[0] > 100 * tol  # it did move, far beyond rounding
+    ids = torch.randint(0, m.model.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y, yc = m.model.logits(m.model.state, ids), m.model.logits(ca.params, ids)
+    rel = float((yc - y).abs().max() / y.abs().max())
+    from gauge_audit.measured import tolerances
+
+    assert rel < tolerances(m.desc, m.model.params, ca.kappa, y.numel(), F64)[0] / 10
+    assert ca.gradient < 1e-12 and not ca.decisions_below_rounding
+
+
+def test_canonicalize_sees_through_a_copy_made_on_the_files(dirs, tmp_path):
+    """The copy made on the files by code that shares nothing with the actions (a stream rotation
+    of either orientation, values mixed by N of either sign of det N, ...) and the original write
+    the same canonical checkpoint; an independent seed's is far from it."""
+    from safetensors.torch import load_file
+
+    copy = tmp_path / "copy"
+    glm_gauge_copy(dirs[GLM], copy, seed=8)  # det Q = −1, and layer 1's N has det < 0
+    written, reports = {}, {}
+    for name, src in (("a", dirs[GLM]), ("copy", copy), ("seed1", dirs[GLM + "-seed1"])):
+        out = tmp_path / f"canonical-{name}"
+        rc, text = run("canonicalize", "--checkpoint", str(src), "--out", str(out), "--json")
+        reports[name] = json.loads(text)
+        assert rc == 0 and reports[name]["certificate"]["verdict"] == "HOLDS"
+        assert json.loads((out / "report.json").read_text())["kappa"] == reports[name]["kappa"]
+        written[name] = load_file(str(out / "model.safetensors"))
+    gap, worst = _apart(written["a"], written["copy"], set())
+    tol = _one_per_orbit_tolerance(reports["a"], reports["copy"])
+    assert gap < tol, (worst, gap, tol)
+    assert _apart(written["a"], written["seed1"], set())[0] > 1e-2  # another orbit: O(1) apart
+    rc, text = run("canonicalize", "--checkpoint", str(dirs[GLM]))
+    assert rc == 0 and "same function: HOLDS" in text and "gauge conditions imposed" in text
+
+
+def test_canonicalize_bad_input_is_one_line(dirs, tmp_path, capsys):
+    assert main(["canonicalize", "--checkpoint", str(dirs[GLM]), "--by-runs"]) == 2
+    (tmp_path / "taken").mkdir()
+    assert main(["canonicalize", "--checkpoint", str(dirs[GLM]), "--out", str(tmp_path / "taken")]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 2 and all(x.startswith("gauge-audit: ") for x in lines), lines

@@ -25,6 +25,10 @@ NOT_EXECUTED = {
         "docs/commands/canonicalize.md",
         "gauge-audit canonicalize --model smollm2 --out smol-canon",
     ): "canonicalizes 135 M parameters; tests/test_gauge_fix_checkpoint.py runs the same path",
+    (
+        "docs/commands/canonicalize.md",
+        "gauge-audit canonicalize --checkpoint ./my-glm --out ./canon",
+    ): "needs a checkpoint written by transformers; tests/test_derived_operations.py runs this path",
     **{
         (page, cmd): TRAINED
         for page, cmd in (

@@ -219,7 +219,27 @@ def transform(
     if action not in names:
         raise GaugeAuditError(f"{action!r} is no part of the group measured on {path} (measured: {', '.join(names)})")
     new, k = composite(m, seed, kappa, None if action == "composite" else action)
-    wdtype = dtype or stored_dtype(path)
+    families = [f"{fam.name} {fam.scope}" for fam, _ in m.found.flat if action in ("composite", fam.name)]
+    about = {"action": action, "element": {"seed": seed}, "families": families}
+    return write_moved(m, path, new, k, out, dtype or stored_dtype(path), about, seed, say)
+
+
+def write_moved(
+    m: Measured,
+    path: Path,
+    new: dict,
+    k: float,
+    out: Path,
+    wdtype: torch.dtype,
+    about: dict,
+    seed: int = 0,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict:
+    """Write ``out``: transformers' own files of the model at ``new`` (an element of condition
+    number ``k`` away from the checkpoint at ``path``) in ``wdtype``, the tokenizer, and
+    certificate.json — transformers' float64 logits of the written files against the original's.
+    ``about`` (what moved it) opens the certificate."""
+    refuse_existing(out)
     module: Any = m.model.module  # a transformers PreTrainedModel
     with atomic_dir(out) as tmp:
         tensors = dict(module.named_parameters()) | dict(module.named_buffers())
@@ -240,7 +260,7 @@ def transform(
         for f in TOKENIZER_FILES:
             if (path / f).is_file():
                 shutil.copy2(path / f, tmp / f)
-        say("transform: certificate (transformers' logits, float64) ...")
+        say("certificate (transformers' logits, float64) ...")
         written = load(tmp, seed)
         ids = certificate_inputs(m.model.vocab)
         with torch.no_grad():
@@ -252,10 +272,8 @@ def transform(
         cert = {
             "checkpoint": str(path),
             "architecture": m.model.name,
-            "action": action,
-            "element": {"seed": seed},
+            **about,
             "kappa": k,
-            "families": [f"{fam.name} {fam.scope}" for fam, _ in m.found.flat if action in ("composite", fam.name)],
             "dtype": str(wdtype).removeprefix("torch."),
             "inputs": {"tokens": ids.tolist()},
             "reference": f"transformers' {m.model.name}, float64 end to end",

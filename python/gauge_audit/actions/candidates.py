@@ -72,10 +72,11 @@ def _on_axis(t: torch.Tensor, axis: int, M: torch.Tensor, offset: int = 0) -> to
     """``t`` with the block [offset, offset + len(M)) of ``axis`` mapped X ↦ M·X (X that block,
     moved to the front)."""
     e = M.shape[0]
-    out = t.clone()
-    blk = out.narrow(axis, offset, e).movedim(axis, 0)
-    blk.copy_((M @ blk.reshape(e, -1)).reshape(blk.shape))
-    return out
+    x = t.movedim(axis, 0)
+    blk = x[offset : offset + e]
+    # out of place, so that forward- and reverse-mode derivatives both pass through
+    x = torch.cat([x[:offset], (M @ blk.reshape(e, -1)).reshape(blk.shape), x[offset + e :]])
+    return x.movedim(0, axis)
 
 
 def _cond(*Ms: torch.Tensor) -> float:
@@ -563,6 +564,42 @@ def turn_plane(h: Heads, layout: str, p: Params, plane: int, group: int, quarter
                 else:
                     starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
                 p[n.weight] = _swap(p[n.weight], 0, [s + a for s in starts], [s + b for s in starts])
+    return p
+
+
+def signed_permutation(h: Heads, p: Params, perm: torch.Tensor, signs: torch.Tensor, group: int) -> Params:
+    """Every query and key head of KV group ``group`` (every group where one QK-norm weight is all
+    heads') with coordinate i taking signs[i]·(old coordinate perm[i]), its QK-norm weights
+    permuted alike — what the quarter turns of both plane pairings generate in a layer whose
+    queries and keys carry no rotary position."""
+    e = h.head_dim
+    groups = range(h.n_kv) if h.qk_norm == "head" else [group]
+    p = dict(p)
+    for g in groups:
+        for w, bias, rows in (
+            (h.q, h.qb, [_q_rows(h, hd, 0) for hd in range(g * h.group, (g + 1) * h.group)]),
+            (h.k, h.kb, [h.k_off + g * e]),
+        ):
+            for name in (w, bias):
+                if not name:
+                    continue
+                t = p[name].clone()
+                for r in rows:
+                    block = p[name][r : r + e]
+                    t[r : r + e] = signs.to(t.dtype).reshape((e,) + (1,) * (t.dim() - 1)) * block[perm]
+                p[name] = t
+    for n in (h.q_norm, h.k_norm):
+        if n is not None and n.weight:
+            if h.qk_norm == "head":
+                starts = [0]
+            elif n is h.k_norm:
+                starts = [group * e]
+            else:
+                starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
+            t = p[n.weight].clone()
+            for st in starts:
+                t[st : st + e] = p[n.weight][st : st + e][perm]
+            p[n.weight] = t
     return p
 
 

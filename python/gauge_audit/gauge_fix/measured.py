@@ -76,7 +76,7 @@ class Fit:
         return asdict(self)
 
 
-def _logm(M: torch.Tensor) -> torch.Tensor:
+def logm(M: torch.Tensor) -> torch.Tensor:
     """The principal logarithm (eigendecomposition; zeros where M has no real one)."""
     w, V = torch.linalg.eig(M.to(torch.complex128))
     try:
@@ -84,6 +84,14 @@ def _logm(M: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         return torch.zeros_like(M)
     return L if bool(torch.isfinite(L).all()) else torch.zeros_like(M)
+
+
+def least_squares(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """The minimum-norm X minimising ‖A·X − B‖, through the SVD: the same bits on every run and
+    thread count (torch's ``lstsq`` differs in the last bits from call to call)."""
+    U, s, Vh = torch.linalg.svd(A, full_matrices=False)
+    keep = s > max(A.shape) * torch.finfo(A.dtype).eps * (float(s[0]) if s.numel() else 0.0)
+    return Vh[keep].T @ ((U[:, keep].T @ B) / s[keep, None])
 
 
 def _inputs(model: HFModel) -> torch.Tensor:
@@ -136,8 +144,8 @@ def _is_log(L: torch.Tensor, M: torch.Tensor, rel: float = 1e-6) -> bool:
 def _gl_map(spec: tuple, pa: Params, pb: Params) -> torch.Tensor:
     """A GL family's matrix F with X_B = Fᵀ·X_A on its forward side, by least squares."""
     _, e, tensor, axis, offsets = spec
-    xa, xb = _block(pa[tensor], axis, offsets, e), _block(pb[tensor], axis, offsets, e)
-    return torch.linalg.lstsq(xa.T, xb.T).solution
+    xa, xb = block(pa[tensor], axis, offsets, e), block(pb[tensor], axis, offsets, e)
+    return least_squares(xa.T, xb.T)
 
 
 def _matrix(spec: tuple, pa: Params, pb: Params) -> torch.Tensor | None:
@@ -157,12 +165,12 @@ def _preserves(model: HFModel, desc, fam: Family, F: torch.Tensor, ya: torch.Ten
     return err <= worst_case_tolerance(kappa, desc.n_layers, path_length(desc, model.params), torch.float64)
 
 
-def _project(basis: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+def project(basis: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Coordinates z (c ≈ basis·z) of the flat subalgebra's element nearest to c."""
-    return torch.linalg.lstsq(basis, c[:, None]).solution[:, 0]
+    return least_squares(basis, c[:, None])[:, 0]
 
 
-def _block(t: torch.Tensor, axis: int, offsets: list[int], e: int) -> torch.Tensor:
+def block(t: torch.Tensor, axis: int, offsets: list[int], e: int) -> torch.Tensor:
     return torch.cat([t.narrow(axis, o, e).movedim(axis, 0).reshape(e, -1) for o in offsets], dim=1)
 
 
@@ -175,12 +183,12 @@ def estimate(fam: Family, pa: Params, pb: Params) -> torch.Tensor | None:
         return torch.zeros(n, dtype=torch.float64)
     if spec[0] == "gl":  # (kind, e, tensor, axis, offsets): X_B = exp(C)ᵀ·X_A
         M = _gl_map(spec, pa, pb)
-        L = _logm(M)
+        L = logm(M)
         if not _is_log(L, M):
             # a pair of equal real eigenvalues below 0 (a rotation by π): the real logarithm pairs
             # them, which a slight perturbation makes a conjugate pair; the polish ends it
             g = generator(len(fam.generators))
-            L = _logm(M + 1e-7 * float(M.abs().max()) * torch.randn(M.shape, generator=g, dtype=M.dtype))
+            L = logm(M + 1e-7 * float(M.abs().max()) * torch.randn(M.shape, generator=g, dtype=M.dtype))
         return L.reshape(-1) if _is_log(L, M, 1e-4) else None
     gens = spec[1]  # coordinatewise: per generator its entries (tensor, index, sign, kind)
     out = torch.zeros(n, dtype=torch.float64)
@@ -280,12 +288,12 @@ def match_heads(h, g: int, pa: Params, pb: Params) -> tuple[torch.Tensor, float]
     (every order up to ``MAX_ORDERS``); 1 − the relative residual of that map."""
     e, G = h.head_dim, h.group
     starts = [(g * G + i) * h.q_stride for i in range(G)]
-    xb = _block(pb[h.q], 0, starts, e)
+    xb = block(pb[h.q], 0, starts, e)
     best, best_res = torch.arange(G), math.inf
     for order in itertools.islice(itertools.permutations(range(G)), MAX_ORDERS):
         pi = torch.tensor(order)
-        xa = _block(permute_heads(h, g, pa, pi)[h.q], 0, starts, e)
-        sol = torch.linalg.lstsq(xa.T, xb.T).solution
+        xa = block(permute_heads(h, g, pa, pi)[h.q], 0, starts, e)
+        sol = least_squares(xa.T, xb.T)
         res = float((xa.T @ sol - xb.T).norm() / xb.norm())
         if res < best_res:
             best, best_res = pi, res
@@ -335,7 +343,7 @@ def fit(
     for i, (fam, basis) in enumerate(flat):
         if i in first:
             c = estimate(fam, cur, pb)
-            z[i] = _project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+            z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
             cur = fam.act(cur, basis @ z[i])
             steps.append(f"{fam.name} {fam.scope}: estimated")
     # the permutations, on A moved by the stream and the norms
@@ -436,7 +444,7 @@ def fit(
                 steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
                 z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
                 continue
-        z[i] = _project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+        z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
         cur = fam.act(cur, basis @ z[i])
         steps.append(f"{fam.name} {fam.scope}: estimated")
     scale = {n: float(pb[n].norm()) or 1.0 for n in names}
