@@ -11,15 +11,12 @@ apart the canonical forms of the checkpoint and of its moved copy are, per tenso
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import tempfile
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from bench_groups_derived import run  # one command in a child process: its JSON, wall time and peak memory
+from bench_groups_derived import run, selected  # one command in a child process: its JSON, wall time and peak memory
 from gauge_audit.models.derived import tiny_checkpoint
 from gauge_audit.testing import DECODER_EXAMPLES
 
@@ -31,11 +28,7 @@ def _apart(a, b) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="", help="comma-separated architectures")
-    args = ap.parse_args()
-    archs = [a for a in DECODER_EXAMPLES if not args.only or a in args.only.split(",")]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread per run")
+    archs = selected(__doc__.splitlines()[0], DECODER_EXAMPLES)
     print(f"{'architecture':22s} {'command':22s} {'wall s':>7s} {'peak GiB':>8s}  outcome")
     with tempfile.TemporaryDirectory() as tmp:
         for arch in archs:

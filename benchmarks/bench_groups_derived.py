@@ -28,9 +28,9 @@ CHILD = (
 )
 
 
-def run(*argv: str) -> tuple[dict, float, float]:
-    """One command's JSON (``gauge-audit ARGV --json``), its wall seconds and its process's peak
-    resident memory (GiB)."""
+def child(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``gauge-audit ARGV --json`` in a child process on one thread (its last stderr line: its peak
+    resident memory in KiB), and its wall seconds."""
     t0 = time.time()
     out = subprocess.run(
         [sys.executable, "-c", CHILD, *argv, "--json"],
@@ -38,18 +38,28 @@ def run(*argv: str) -> tuple[dict, float, float]:
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    wall = time.time() - t0
+    return out, time.time() - t0
+
+
+def run(*argv: str) -> tuple[dict, float, float]:
+    """One command's JSON, its wall seconds and its process's peak resident memory (GiB)."""
+    out, wall = child(*argv)
     if out.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()}")
     return json.loads(out.stdout), wall, int(out.stderr.split()[-1]) / 2**20
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def selected(description: str, names) -> list[str]:
+    """The architectures ``--only A,B`` keeps of ``names`` (all without it); prints the machine."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--only", default="", help="comma-separated architectures")
     args = ap.parse_args()
-    archs = [a for a in DECODER_EXAMPLES if not args.only or a in args.only.split(",")]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread per run")
+    return [a for a in names if not args.only or a in args.only.split(",")]
+
+
+def main() -> None:
+    archs = selected(__doc__.splitlines()[0], DECODER_EXAMPLES)
     head = f"{'architecture':22s} {'config':7s} {'P':>6s} {'rows':>7s} {'rows/P':>6s} {'nullity':>7s} {'explained':>9s} {'wall s':>7s} {'peak GiB':>8s}"
     print(head)
     with tempfile.TemporaryDirectory() as tmp:

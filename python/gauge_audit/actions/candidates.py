@@ -431,14 +431,6 @@ def continuous(desc: Description, params) -> list[Family]:
 
 
 # ----------------------------------------------------------------------------- discrete
-def _swap(t: torch.Tensor, axis: int, i: list[int], j: list[int]) -> torch.Tensor:
-    out = t.clone()
-    idx_i, idx_j = torch.tensor(i), torch.tensor(j)
-    out.index_copy_(axis, idx_i, t.index_select(axis, idx_j))
-    out.index_copy_(axis, idx_j, t.index_select(axis, idx_i))
-    return out
-
-
 def permute_heads(h: Heads, g: int, p: Params, pi: torch.Tensor) -> Params:
     """The query heads of KV group ``g`` reordered: head i of the group takes old head π[i] (its
     query rows, output columns and sink)."""
@@ -539,39 +531,19 @@ def turn_plane(h: Heads, layout: str, p: Params, plane: int, group: int, quarter
     k = quarters % 4
     if k == 0:
         return p
-    groups = range(h.n_kv) if h.qk_norm == "head" else [group]
-    p = dict(p)
-    for g in groups:
-        for w, bias, rows in (
-            (h.q, h.qb, [_q_rows(h, hd, 0) for hd in range(g * h.group, (g + 1) * h.group)]),
-            (h.k, h.kb, [h.k_off + g * e]),
-        ):
-            for name in (w, bias):
-                if not name:
-                    continue
-                t = p[name].clone()
-                for r in rows:
-                    x, y = p[name][r + a].clone(), p[name][r + b].clone()
-                    t[r + a], t[r + b] = ((-y, x), (-x, -y), (y, -x))[k - 1]
-                p[name] = t
-    if k % 2:
-        for n in (h.q_norm, h.k_norm):
-            if n is not None and n.weight:
-                if h.qk_norm == "head":
-                    starts = [0]
-                elif n is h.k_norm:
-                    starts = [group * e]
-                else:
-                    starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
-                p[n.weight] = _swap(p[n.weight], 0, [s + a for s in starts], [s + b for s in starts])
-    return p
+    perm, signs = torch.arange(e), torch.ones(e, dtype=torch.float64)
+    if k % 2:  # (x, y) ↦ (−y, x) or (y, −x): the coordinates exchanged, one negated
+        perm[a], perm[b] = b, a
+        signs[a if k == 1 else b] = -1.0
+    else:  # a half turn: both negated
+        signs[a] = signs[b] = -1.0
+    return signed_permutation(h, p, perm, signs, group)
 
 
 def signed_permutation(h: Heads, p: Params, perm: torch.Tensor, signs: torch.Tensor, group: int) -> Params:
     """Every query and key head of KV group ``group`` (every group where one QK-norm weight is all
     heads') with coordinate i taking signs[i]·(old coordinate perm[i]), its QK-norm weights
-    permuted alike — what the quarter turns of both plane pairings generate in a layer whose
-    queries and keys carry no rotary position."""
+    permuted alike (an RMS norm is odd: the signs pass through it)."""
     e = h.head_dim
     groups = range(h.n_kv) if h.qk_norm == "head" else [group]
     p = dict(p)
@@ -588,18 +560,19 @@ def signed_permutation(h: Heads, p: Params, perm: torch.Tensor, signs: torch.Ten
                     block = p[name][r : r + e]
                     t[r : r + e] = signs.to(t.dtype).reshape((e,) + (1,) * (t.dim() - 1)) * block[perm]
                 p[name] = t
-    for n in (h.q_norm, h.k_norm):
-        if n is not None and n.weight:
-            if h.qk_norm == "head":
-                starts = [0]
-            elif n is h.k_norm:
-                starts = [group * e]
-            else:
-                starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
-            t = p[n.weight].clone()
-            for st in starts:
-                t[st : st + e] = p[n.weight][st : st + e][perm]
-            p[n.weight] = t
+    if bool((perm != torch.arange(e)).any()):
+        for n in (h.q_norm, h.k_norm):
+            if n is not None and n.weight:
+                if h.qk_norm == "head":
+                    starts = [0]
+                elif n is h.k_norm:
+                    starts = [group * e]
+                else:
+                    starts = [hd * e for hd in range(group * h.group, (group + 1) * h.group)]
+                t = p[n.weight].clone()
+                for st in starts:
+                    t[st : st + e] = p[n.weight][st : st + e][perm]
+                p[n.weight] = t
     return p
 
 

@@ -1,0 +1,113 @@
+"""Decoders of transformers the project has no family file for, as a new user meets them: each at
+its config class's defaults made small (``tiny_checkpoint``: d 8, two heads, one layer of each
+layer type) at a generic point, written offline by transformers.  Per architecture: ``transform
+--action composite`` (an element of every measured family and held discrete map), then
+``canonicalize --out`` of the checkpoint and of the moved copy, and how far apart the two
+canonical checkpoints are (per tensor ‖Δ‖/‖A‖; a tensor the canonical form sets to 0, a ``1 + w``
+norm weight, as ‖Δ‖/√n) against the derived bound 4·(κ_A + κ_B)·m·ε / (smallest relative
+eigenvalue gap).  A refusal is printed with its one-line reason.
+
+    bash scripts/with-venv.sh python benchmarks/bench_derived_sweep.py [--only ARCH,...]
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from bench_groups_derived import child, selected
+from gauge_audit.errors import GaugeAuditError
+from gauge_audit.models.derived import tiny_checkpoint
+
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Glm4ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "GptOssForCausalLM",
+    "Llama4ForCausalLM",
+    "Exaone4ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "Ernie4_5ForCausalLM",
+    "GraniteForCausalLM",
+    "GraniteMoeForCausalLM",
+    "ArceeForCausalLM",
+    "SeedOssForCausalLM",
+    "StableLmForCausalLM",
+    "CohereForCausalLM",
+    "Starcoder2ForCausalLM",
+    "OlmoForCausalLM",
+    "GPTNeoXForCausalLM",
+)
+
+
+def command(*argv: str) -> tuple[int, str]:
+    """One command: its exit code and the reason of a refusal (its last line before the memory's)."""
+    out, _ = child(*argv)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    return out.returncode, (lines[-2] if len(lines) > 1 else "")
+
+
+def _apart(a: torch.Tensor, b: torch.Tensor) -> float:
+    ref = float(a.norm())
+    return float((a - b).norm()) / (ref if ref > 1e-8 else a.numel() ** 0.5)
+
+
+def main() -> None:
+    archs = selected(__doc__.splitlines()[0], ARCHITECTURES)
+    print(f"{'architecture':24s} {'wall s':>7s}  outcome")
+    held = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in archs:
+            t0 = time.time()
+            try:
+                a = tiny_checkpoint(arch, Path(tmp) / arch, 0)
+            except GaugeAuditError as e:
+                print(f"{arch:24s} {time.time() - t0:7.1f}  refused: {e}")
+                continue
+            moved, ca, cb = (Path(tmp) / f"{arch}-{x}" for x in ("moved", "canon", "canon-moved"))
+            rc, why = command("transform", "--checkpoint", str(a), "--action", "composite", "--out", str(moved))
+            if rc == 2:
+                print(f"{arch:24s} {time.time() - t0:7.1f}  refused: {why.removeprefix('gauge-audit: ')}")
+                continue
+            reports = []
+            for src, dst in ((a, ca), (moved, cb)):
+                rc, why = command("canonicalize", "--checkpoint", str(src), "--out", str(dst))
+                reports.append(json.loads((dst / "report.json").read_text()) if rc in (0, 1) else None)
+            if None in reports:
+                print(f"{arch:24s} {time.time() - t0:7.1f}  canonicalize refused: {why}")
+                continue
+            ra, rb = reports
+            A, B = load_file(str(ca / "model.safetensors")), load_file(str(cb / "model.safetensors"))
+            apart = max(_apart(A[n].double(), B[n].double()) for n in A)
+            gap = min(r["margins"].get("eigenvalue gap", 1.0) for r in reports)
+            bound = 4 * (ra["kappa"] + rb["kappa"]) * ra["length"] * torch.finfo(torch.float64).eps / gap
+            ok = apart < bound and all(r["certificate"]["verdict"] == "HOLDS" for r in reports)
+            held += ok
+            unexplained = ra["group"]["nullity"] - ra["group"]["explained"]
+            print(
+                f"{arch:24s} {time.time() - t0:7.1f}  {'one canonical form' if ok else 'TWO FORMS'}: apart "
+                f"{apart:.1e} ≤ {bound:.1e}; nullity {ra['group']['nullity']}"
+                + (f" ({unexplained} unexplained)" if unexplained else "")
+                + f"; certificates {ra['certificate']['residual_eps']:.3g} ε, {rb['certificate']['residual_eps']:.3g} ε"
+            )
+    print(f"{held} of {len(archs)} architectures: the checkpoint and its moved copy reach one canonical form")
+
+
+if __name__ == "__main__":
+    main()
