@@ -368,3 +368,25 @@ def test_canonicalize_bad_input_is_one_line(dirs, tmp_path, capsys):
     assert main(["canonicalize", "--checkpoint", str(dirs[GLM]), "--out", str(tmp_path / "taken")]) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 2 and all(x.startswith("gauge-audit: ") for x in lines), lines
+
+
+# ----------------------------------------------------------------------------- align
+def test_align_lands_a_gauge_copy_on_a_and_brings_another_seed_closer(dirs, tmp_path):
+    """B′ = g·B, g in B's measured group: for the copy made on the files (values mixed by N with
+    det N < 0 in layer 0) it is A within rounding; for an independent seed it is closer to A than B
+    was.  Both computes B's function (the certificate)."""
+    copy = tmp_path / "copy"
+    glm_gauge_copy(dirs[GLM], copy, seed=5)
+    rc, text = run("align", str(dirs[GLM]), str(copy), "--out", str(tmp_path / "aligned"), "--json")
+    r = json.loads(text)
+    assert rc == 0 and r["certificate"]["verdict"] == "HOLDS"
+    assert r["farthest_tensor_after"]["distance"] < r["copy_tolerance"] < 1e-6 < r["distance_before"]
+    assert json.loads((tmp_path / "aligned" / "report.json").read_text())["distance_after"] == r["distance_after"]
+    rc, text = run("align", str(dirs[GLM]), str(dirs[GLM + "-seed1"]), "--out", str(tmp_path / "other"), "--json")
+    r = json.loads(text)
+    assert rc == 0 and r["certificate"]["verdict"] == "HOLDS"
+    assert (
+        r["distance_after"] < r["distance_before"]
+        and r["farthest_tensor_after"]["distance"] > 1e6 * r["copy_tolerance"]
+    )
+    assert main(["align", str(dirs[GLM]), str(copy), "--out", str(tmp_path / "x"), "--group", "permutation"]) == 2

@@ -15,6 +15,7 @@ from ..errors import GaugeAuditError
 from ..gauge_fix import function_check
 from ..gauge_fix.comparison import same_architecture
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
+from ..models.derived import needs_derivation
 from ..progress import echo, enabled, ticker
 from ..training.corpus import load_tokens, token_rows
 from .canonicalize import Source, load_source
@@ -108,6 +109,8 @@ def run(args) -> int:
         raise GaugeAuditError("--max-seconds must be a finite number > 0")
     out = Path(args.out)
     refuse_existing(out)  # before anything is read
+    if needs_derivation(Path(args.a)) or needs_derivation(Path(args.b)):
+        return run_measured(args)
     a = load(args.a, args.seed)
     b = load(args.b, args.seed if args.seed_b is None else args.seed_b)
     same_architecture(a.cfg, b.cfg)
@@ -155,6 +158,28 @@ def run(args) -> int:
     files = "config.json, model.safetensors, certificate.json" if b.checkpoint is not None else "model.safetensors"
     echo(f"wrote {out}: {files}, element.npz, {DISTANCES}")
     return 0 if holds else 1
+
+
+def run_measured(args) -> int:
+    """Architectures without a family file: g in B's group measured on its own forward (see
+    :mod:`gauge_audit.align.measured`)."""
+    from ..align.measured import align_checkpoints, format_report
+
+    if args.group != "full" or args.vo_group != "gl" or args.data:
+        raise GaugeAuditError(
+            "--group, --vo-group and --data are not available for an architecture without a family file "
+            "(its whole measured group is searched)"
+        )
+    report = align_checkpoints(
+        Path(args.a),
+        Path(args.b),
+        Path(args.out),
+        seed=args.seed,
+        budget_s=args.max_seconds,
+        say=(lambda line: None) if args.json else echo,
+    )
+    print(json.dumps(report, sort_keys=True) if args.json else format_report(report))
+    return 0 if report["certificate"]["verdict"] == "HOLDS" else 1
 
 
 def print_table(stages) -> None:

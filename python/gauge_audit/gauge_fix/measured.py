@@ -71,9 +71,12 @@ class Fit:
     steps: list[str] = field(default_factory=list)  # what the search did, in order
     seconds: float = 0.0
     why: str = ""
+    params: Params | None = field(default=None, repr=False)  # g·A, the element found applied (no search: None)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("params")
+        return out
 
 
 def logm(M: torch.Tensor) -> torch.Tensor:
@@ -309,7 +312,10 @@ def fit(
     pb: Params,
     dtype_b: torch.dtype,
     budget_s: float = BUDGET_S,
+    search_always: bool = False,
 ) -> Fit:
+    """The element of A's measured group that maps A closest to B (module docstring).
+    ``search_always``: search even when the logits settle DIFFERENT (align: the closest element)."""
     t0 = time.time()
     pa = model.state
     names = list(pa)
@@ -317,7 +323,7 @@ def fit(
     ya = _logits(model, pa)
     dist, f_tol = _distance(model, desc, ya, pb, dtype_b)
     early = _different(dist, f_tol, dtype_b, t0)
-    if early is not None:
+    if early is not None and not search_always:
         return early
     steps: list[str] = []
     matches: dict[str, float] = {}
@@ -495,7 +501,9 @@ def fit(
     m_len = max([desc.d_model] + [h.head_dim for h in desc.heads])
     r_tol = 4.0 * (e_b / 2 + kappa * m_len * eps(torch.float64))
     res = per.get(worst_tensor, 0.0)
-    if res <= r_tol:
+    if early is not None:
+        verdict, why = DIFFERENT, early.why
+    elif res <= r_tol:
         verdict, why = EQUIVALENT, f"an element of the measured group (κ {kappa:.3g}) maps A to B within rounding"
     else:
         verdict, why = (
@@ -506,7 +514,7 @@ def fit(
                 "converge within its budget"
             ),
         )
-    return Fit(verdict, dist, f_tol, res, r_tol, kappa, worst_tensor, matches, steps, time.time() - t0, why)
+    return Fit(verdict, dist, f_tol, res, r_tol, kappa, worst_tensor, matches, steps, time.time() - t0, why, moved)
 
 
 def _permuted(d: Discrete, p: Params, pi: torch.Tensor) -> Params:
