@@ -1,8 +1,9 @@
-"""Decoders of transformers the project has no family file for, as a new user meets them: each at
-its config class's defaults made small (``tiny_checkpoint``: d 8, two heads, one layer of each
-layer type) at a generic point, written offline by transformers.  Per architecture: ``transform
---action composite`` (an element of every measured family and held discrete map), then
-``canonicalize --out`` of the checkpoint and of the moved copy, and how far apart the two
+"""Decoders of transformers as a new user meets them, each through the derived path (its group
+measured on transformers' own float64 forward, whether or not the project has a family file for
+it): at its config class's defaults made small (``tiny_checkpoint``: d 8, two heads, one layer of
+each layer type) at a generic point, written offline by transformers.  Per architecture: the
+transform of an element of every measured family and held discrete map, then the canonical form of
+the checkpoint and of the moved copy (each written and certified), and how far apart the two
 canonical checkpoints are (per tensor ‖Δ‖/‖A‖; a tensor the canonical form sets to 0, a ``1 + w``
 norm weight, as ‖Δ‖/√n) against the derived bound 4·(κ_A + κ_B)·m·ε / (smallest relative
 eigenvalue gap).  A refusal is printed with its one-line reason.
@@ -12,7 +13,6 @@ eigenvalue gap).  A refusal is printed with its one-line reason.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +20,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from bench_groups_derived import child, selected
+from bench_groups_derived import selected
 from gauge_audit.errors import GaugeAuditError
+from gauge_audit.gauge_fix.measured_canonical import canonicalize_checkpoint
+from gauge_audit.measured import transform
 from gauge_audit.models.derived import tiny_checkpoint
+from gauge_audit.runtime import one_thread
 
 ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -56,13 +59,6 @@ ARCHITECTURES = (
 )
 
 
-def command(*argv: str) -> tuple[int, str]:
-    """One command: its exit code and the reason of a refusal (its last line before the memory's)."""
-    out, _ = child(*argv)
-    lines = [x for x in out.stderr.splitlines() if x.strip()]
-    return out.returncode, (lines[-2] if len(lines) > 1 else "")
-
-
 def _apart(a: torch.Tensor, b: torch.Tensor) -> float:
     ref = float(a.norm())
     return float((a - b).norm()) / (ref if ref > 1e-8 else a.numel() ** 0.5)
@@ -81,16 +77,12 @@ def main() -> None:
                 print(f"{arch:24s} {time.time() - t0:7.1f}  refused: {e}")
                 continue
             moved, ca, cb = (Path(tmp) / f"{arch}-{x}" for x in ("moved", "canon", "canon-moved"))
-            rc, why = command("transform", "--checkpoint", str(a), "--action", "composite", "--out", str(moved))
-            if rc == 2:
-                print(f"{arch:24s} {time.time() - t0:7.1f}  refused: {why.removeprefix('gauge-audit: ')}")
-                continue
-            reports = []
-            for src, dst in ((a, ca), (moved, cb)):
-                rc, why = command("canonicalize", "--checkpoint", str(src), "--out", str(dst))
-                reports.append(json.loads((dst / "report.json").read_text()) if rc in (0, 1) else None)
-            if None in reports:
-                print(f"{arch:24s} {time.time() - t0:7.1f}  canonicalize refused: {why}")
+            try:
+                with one_thread():
+                    transform(a, "composite", moved)
+                    reports = [canonicalize_checkpoint(src, dst)[1] for src, dst in ((a, ca), (moved, cb))]
+            except GaugeAuditError as e:
+                print(f"{arch:24s} {time.time() - t0:7.1f}  refused: {e}")
                 continue
             ra, rb = reports
             A, B = load_file(str(ca / "model.safetensors")), load_file(str(cb / "model.safetensors"))

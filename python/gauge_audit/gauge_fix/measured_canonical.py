@@ -541,6 +541,8 @@ def canonical_form(
 
     cur = _fix_compact(desc, flat, compact, held, cur, kap, steps, not_fixed, margins, conditions, holds)
     cur = _fix_discrete(desc, held, cur, steps, margins, conditions)
+    if grad > 1e-9:  # the budget ended first: the point is not the minimum, so not one per orbit
+        not_fixed.append(f"the smallest norm stopped at |∇|/|θ|² = {grad:.2e} (budget): not canonical")
     if any(fam.name == "ffn-scale" for fam, _ in flat):
         not_fixed.append("ffn-scale: negative scalings of a unit (outside exp's image) are not quotiented")
     m_len = max([desc.d_model] + [h.head_dim for h in desc.heads])
