@@ -89,16 +89,21 @@ def main() -> None:
             apart = max(_apart(A[n].double(), B[n].double()) for n in A)
             gap = min(r["margins"].get("eigenvalue gap", 1.0) for r in reports)
             bound = 4 * (ra["kappa"] + rb["kappa"]) * ra["length"] * torch.finfo(torch.float64).eps / gap
-            ok = apart < bound and all(r["certificate"]["verdict"] == "HOLDS" for r in reports)
-            held += ok
+            one = apart < bound
+            verdicts = [r["certificate"]["verdict"] for r in reports]
+            held += one and all(v == "HOLDS" for v in verdicts)
             unexplained = ra["group"]["nullity"] - ra["group"]["explained"]
             print(
-                f"{arch:24s} {time.time() - t0:7.1f}  {'one canonical form' if ok else 'TWO FORMS'}: apart "
+                f"{arch:24s} {time.time() - t0:7.1f}  {'one canonical form' if one else 'TWO FORMS'}: apart "
                 f"{apart:.1e} ≤ {bound:.1e}; nullity {ra['group']['nullity']}"
                 + (f" ({unexplained} unexplained)" if unexplained else "")
-                + f"; certificates {ra['certificate']['residual_eps']:.3g} ε, {rb['certificate']['residual_eps']:.3g} ε"
+                + "; function "
+                + ", ".join(
+                    f"{r['certificate']['residual_eps']:.3g} ε ≤ {r['certificate']['tolerance_eps']:.3g} ε {v}"
+                    for r, v in zip(reports, verdicts)
+                )
             )
-    print(f"{held} of {len(archs)} architectures: the checkpoint and its moved copy reach one canonical form")
+    print(f"{held} of {len(archs)}: one canonical form for the checkpoint and its moved copy, both certified")
 
 
 if __name__ == "__main__":
