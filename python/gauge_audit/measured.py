@@ -266,9 +266,7 @@ def write_moved(
         with torch.no_grad():
             before = m.model.logits(m.model.state, ids)
             after = written.logits(written.state, ids)
-        err = _rel(after, before)
-        tol, stat = tolerances(m.desc, m.model.params, k, before.numel(), wdtype)
-        e = eps(wdtype)
+        change = function_change(m, after, before, k, wdtype)
         cert = {
             "checkpoint": str(path),
             "architecture": m.model.name,
@@ -277,17 +275,34 @@ def write_moved(
             "dtype": str(wdtype).removeprefix("torch."),
             "inputs": {"tokens": ids.tolist()},
             "reference": f"transformers' {m.model.name}, float64 end to end",
-            "max_rel_change": err,
-            "residual_eps": err / e,
-            "tolerance_eps": tol / e,
-            "tolerance_statistical_eps": stat / e,
+            **{key: v for key, v in change.items() if key != "verdict"},
             "tolerance_formula": f"κ·L·K·ε = {k:.3g}·{max(1, m.desc.n_layers)}·{path_length(m.desc, m.model.params)}·ε",
-            "verdict": verdict_for(err, stat, tol),
+            "verdict": change["verdict"],
             "next_token_unchanged": bool(torch.equal(before[:, -1].argmax(-1), after[:, -1].argmax(-1))),
             "group": {"nullity": m.found.nullity, "explained": m.found.explained, "converged": m.found.converged},
         }
         (tmp / "certificate.json").write_text(json.dumps(cert, indent=2) + "\n")
     return cert
+
+
+def function_change(m: Measured, after: torch.Tensor, before: torch.Tensor, kappa: float, dtype: torch.dtype) -> dict:
+    """How far the logits moved, in ε of ``dtype``, against κ·L·K·ε and κ·λ·√(L·K)·ε; the verdict."""
+    err = _rel(after, before)
+    tol, stat = tolerances(m.desc, m.model.params, kappa, before.numel(), dtype)
+    e = eps(dtype)
+    return {
+        "max_rel_change": err,
+        "residual_eps": err / e,
+        "tolerance_eps": tol / e,
+        "tolerance_statistical_eps": stat / e,
+        "verdict": verdict_for(err, stat, tol),
+    }
+
+
+def action_length(desc: Description) -> int:
+    """m, the longest inner product an action of the measured group takes: an element of condition
+    number κ rounds each entry it moves by about κ·m·ε."""
+    return max([desc.d_model] + [h.head_dim for h in desc.heads])
 
 
 def format_rows(name: str, m: Measured) -> str:

@@ -42,7 +42,7 @@ from torch.func import jacfwd
 
 from ..actions.candidates import Discrete, Family, discrete, permute_heads
 from ..errors import GaugeAuditError
-from ..measured import Measured, described, held_maps, stored_dtype
+from ..measured import Measured, action_length, described, held_maps, stored_dtype
 from ..models.derived import HFModel, load
 from ..nullity.found import measure, path_length
 from ..numeric import worst_case_tolerance
@@ -498,7 +498,7 @@ def fit(
     for fam, F in fixed:
         kappas[fam.name] = max(kappas.get(fam.name, 1.0), float(torch.linalg.cond(F)))
     kappa = math.prod(kappas.values())
-    m_len = max([desc.d_model] + [h.head_dim for h in desc.heads])
+    m_len = action_length(desc)
     r_tol = 4.0 * (e_b / 2 + kappa * m_len * eps(torch.float64))
     res = per.get(worst_tensor, 0.0)
     if early is not None:

@@ -41,10 +41,18 @@ import torch
 from torch.func import grad, hessian
 
 from ..actions.candidates import Discrete, Family, discrete, signed_permutation
-from ..measured import certificate_inputs, held_maps, measured, stored_dtype, tolerances, write_moved
+from ..measured import (
+    action_length,
+    certificate_inputs,
+    function_change,
+    held_maps,
+    measured,
+    stored_dtype,
+    tolerances,
+    write_moved,
+)
 from ..models.checkpoint.writer import refuse_existing
 from ..models.derived import Description, HFModel
-from ..numeric import verdict_for
 from ..runtime import eps, reproducible
 from .measured import block, logm, project
 
@@ -545,7 +553,7 @@ def canonical_form(
         not_fixed.append(f"the smallest norm stopped at |∇|/|θ|² = {grad:.2e} (budget): not canonical")
     if any(fam.name == "ffn-scale" for fam, _ in flat):
         not_fixed.append("ffn-scale: negative scalings of a unit (outside exp's image) are not quotiented")
-    m_len = max([desc.d_model] + [h.head_dim for h in desc.heads])
+    m_len = action_length(desc)
     kappa = kap.value(flat)
     floor = kappa * m_len * eps(torch.float64)
     below = [k for k, v in margins.items() if v <= floor]
@@ -586,22 +594,13 @@ def _canonicalize(path, out, seed, dtype, budget_s, say) -> tuple[Canonical, dic
     with torch.no_grad():
         before = m.model.logits(m.model.state, ids)
         after = m.model.logits(c.params, ids)
-    err = float((after - before).abs().max() / before.abs().max())
-    tol, stat = tolerances(m.desc, m.model.params, c.kappa, before.numel(), torch.float64)
-    e64 = eps(torch.float64)
     report = {
         "checkpoint": str(path),
         "architecture": m.model.name,
         "derived": True,
         "group": {"nullity": m.found.nullity, "explained": m.found.explained, "converged": m.found.converged},
         **c.to_json(),
-        "function": {
-            "max_rel_change": err,
-            "residual_eps": err / e64,
-            "tolerance_eps": tol / e64,
-            "tolerance_statistical_eps": stat / e64,
-            "verdict": verdict_for(err, stat, tol),
-        },
+        "function": function_change(m, after, before, c.kappa, torch.float64),
     }
     if out is not None:
         about = {"action": "canonical form", "families": sorted(c.conditions)}
