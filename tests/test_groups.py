@@ -185,7 +185,7 @@ def test_nullity_cli_new_families_measured_equals_explained(family, extra, capsy
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["--family", "llama", "--softcap", "30"], "Gemma option"),
+        (["--family", "llama", "--softcap", "30"], "is an option of --family gemma"),
         (["--family", "gemma3", "--rotary-dim", "2"], "whole head"),
         (["--family", "gemma2", "--norm-placement", "pre"], "sandwich"),
         (["--family", "bert", "--parallel-residual"], "parallel residual"),

@@ -117,7 +117,7 @@ def path_length(c: Config, n: int) -> tuple[int, str]:
     terms = [("d_model", c.d_model), ("d_head", c.d_head), ("n", n), ("n_heads·d_head", c.n_heads * c.d_head)]
     if not c.attention_only:
         terms += [("d_model", c.d_model), ("d_ff", c.d_ff)]
-    if c.norm_placement == "sandwich":  # the norms after the sublayers (Gemma): a mean of squares each
+    if c.normed_inputs and c.normed_outputs:  # the norms after the sublayers (Gemma): a mean of squares each
         terms += [("d_model (post-norms)", 2 * c.d_model)]
     if getattr(c, "qk_norm", "none") != "none":
         terms.append(("d_head (QK-norm)", c.d_head))

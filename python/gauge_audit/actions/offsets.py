@@ -66,7 +66,7 @@ def ln_readers(cfg: Config, params: Params) -> dict[str, Readers]:
     block's attention, each block's first norm feeds its FFN; the last norm's output is observed."""
     if cfg.norm not in LN or cfg.attention_only:
         return {}
-    if cfg.norm_placement == "pre":
+    if cfg.pre_norm:
         return norm_readers(cfg, params)
     out = {}
     if cfg.embed_norm:
@@ -109,7 +109,7 @@ def ln_writers(cfg: Config, params: Params) -> list[str]:
     """Tensors whose rows are added into the input of a LayerNorm (and go nowhere else)."""
     if cfg.norm not in LN or cfg.attention_only:
         return []
-    if cfg.norm_placement == "pre":
+    if cfg.pre_norm:
         # a tied W_E is also read, through an affine final norm: y·1 is then not constant
         return [
             w for w in stream_writers(cfg, params) if not (w == "embed.W_E" and cfg.tied and cfg.norm == "layernorm")
@@ -227,13 +227,13 @@ def reader_ones(cfg: Config, params: Params, el: Element) -> Params:
 # ----------------------------------------------------------------------------- norm-shift-absorbed
 def absorbed_shift_norms(cfg: Config, params: Params) -> list[str]:
     """Affine pre-LayerNorms (not a tied final one) with at least one reader without a bias."""
-    if cfg.norm != "layernorm" or cfg.norm_placement != "pre" or cfg.attention_only:
+    if cfg.norm != "layernorm" or not cfg.pre_norm or cfg.attention_only:
         return []
     return [n for n, rs in norm_readers(cfg, params).items() if f"{n}.b" in params and any(b is None for _, b in rs)]
 
 
 def _absorbed_applies(cfg: Config) -> str | None:
-    if cfg.attention_only or cfg.norm != "layernorm" or cfg.norm_placement != "pre":
+    if cfg.attention_only or cfg.norm != "layernorm" or not cfg.pre_norm:
         return "needs an affine pre-LayerNorm"
     # a tied final norm is not shifted, and without an unembedding the final norm has no reader
     unembed_unbiased = cfg.unembed and not cfg.tied and not cfg.unembed_bias
@@ -289,14 +289,14 @@ def offset_tables(cfg: Config, params: Params) -> list[str]:
     """Embedding tables summed with the position table W_pos into the stream (not a tied W_E)."""
     if cfg.attention_only or "embed.W_pos" not in params:
         return []
-    tables = ["embed.W_E", "embed.W_tt"] if cfg.norm_placement == "post" else (["embed.W_E"] if not cfg.tied else [])
+    tables = ["embed.W_E", "embed.W_tt"] if cfg.normed_sums else (["embed.W_E"] if not cfg.tied else [])
     return [t for t in tables if t in params]
 
 
 def _offset_applies(cfg: Config) -> str | None:
     if cfg.attention_only or cfg.pos != "learned":
         return "needs learned positions"
-    if cfg.tied and cfg.norm_placement == "pre":
+    if cfg.tied and cfg.pre_norm:
         return "tied: W_E is also the unembedding"
     return None
 
@@ -378,7 +378,7 @@ def segments(cfg: Config, params: Params) -> list[Segment]:
     if cfg.attention_only:
         for i in range(1, cfg.n_layers):
             raw.append((f"attn{i}", f"blocks.{i - 1}.attn.b_O", _attn_readers(i), f"blocks.{i}.attn.b_O"))
-    elif cfg.norm_placement == "post":
+    elif cfg.normed_sums:
         if cfg.norm != "layernorm":
             return []
         for i in range(cfg.n_layers):
@@ -407,17 +407,17 @@ def segments(cfg: Config, params: Params) -> list[Segment]:
 
 
 def _segment_applies(cfg: Config) -> str | None:
-    if not cfg.attention_only and cfg.norm_placement == "pre" and cfg.norm != "none":
+    if not cfg.attention_only and cfg.pre_norm and cfg.norm != "none":
         return "the stream is read through norms, which do not commute with a shift"
     if not (cfg.attn_bias and cfg.out_bias and (cfg.attention_only or cfg.mlp_bias)):
         return "needs biases on every reader and on the closing projections"
     if cfg.attention_only and cfg.n_layers < 2:
         return "a single attention layer has no inner stretch of stream"
-    if cfg.norm_placement == "post" and cfg.norm != "layernorm":
+    if cfg.normed_sums and cfg.norm != "layernorm":
         return "post-norm without an affine LayerNorm has no shift β to open a stretch"
     if cfg.experts:
         return "the MoE router has no bias to absorb a shift"
-    if not cfg.attention_only and cfg.norm_placement == "pre" and cfg.tied:
+    if not cfg.attention_only and cfg.pre_norm and cfg.tied:
         return "tied: W_E is also the unembedding"
     return None
 

@@ -42,7 +42,7 @@ def norm_readers(cfg: Config, params: Params) -> dict[str, list[tuple[str, str |
     out: dict[str, list[tuple[str, str | None]]] = {}
     if cfg.latent_attention:  # MLA's readers are its latent and RoPE-key projections
         out = deepseek.norm_readers(deepseek.as_latent(cfg))
-    for i in range(cfg.n_layers if not out and cfg.norm_placement != "output" else 0):
+    for i in range(cfg.n_layers if not out and (cfg.normed_inputs or not cfg.normed_outputs) else 0):
         b = f"blocks.{i}"
         out[f"{b}.ln1"] = [(f"{b}.attn.W_{n}", f"{b}.attn.b_{n}") for n in "QKV"]
         ffn = f"{b}.moe" if cfg.experts else f"{b}.mlp"
@@ -70,13 +70,13 @@ def stream_writers(cfg: Config, params: Params) -> list[str]:
 def _pre_norm_reason(cfg: Config) -> str | None:
     if cfg.attention_only:
         return "the single attention layer has no norms"
-    if cfg.norm_placement == "sandwich":
+    if cfg.normed_inputs and cfg.normed_outputs:
         return (
             "a norm after every sublayer writes γ'⊙n(·) into the stream, so a rotation R would need "
             "R·D_γ' = D_γ'·R for every post-norm weight γ' (generically only diagonal ±1; all of O(d) "
             "only where every γ' ∝ 1, for Gemma's (1 + w) norms w = 0)"
         )
-    if cfg.norm_placement != "pre":
+    if not cfg.pre_norm:
         return (
             "post-LN writes γ⊙n(x)+β into the stream itself, so a rotation R would need "
             "D_γ·R = R·D_γ' (generically impossible), and the model's output is the stream"
@@ -93,8 +93,8 @@ def _norm_scale_applies(cfg: Config) -> str | None:
     # sandwich norms: the pre-norms still have only the readers norm_readers lists (the post-norms,
     # which write into the stream, are not among them), so their scale is absorbed as in a pre-norm model
     # normed sublayer outputs: only the final norm has readers (an untied unembedding)
-    reason = None if cfg.norm_placement == "sandwich" else _pre_norm_reason(cfg)
-    if cfg.norm_placement == "output":
+    reason = None if cfg.normed_inputs and cfg.normed_outputs else _pre_norm_reason(cfg)
+    if cfg.normed_outputs and not cfg.normed_inputs:
         untied = cfg.unembed and not cfg.tied
         reason = None if untied else "the output norms write into the stream and the final norm has no untied reader"
     return reason or (None if cfg.norm in AFFINE else "the norms have no weight γ")

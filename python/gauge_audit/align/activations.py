@@ -34,7 +34,7 @@ def _supported(cfg: Config) -> str | None:
         return f"activation matching reads the plain stack of blocks; the {cfg.family} family's forward is its own"
     if cfg.experts:
         return "activation matching of MoE experts is not implemented (weight matching is)"
-    if cfg.norm_placement not in ("pre", "output"):
+    if cfg.normed_sums or (cfg.normed_inputs and cfg.normed_outputs):
         return f"activation matching needs pre-norm or output-norm blocks, not {cfg.norm_placement}"
     return None
 
@@ -83,7 +83,7 @@ class Activations:
                 x = x + p["embed.W_pos"][: self.tokens.shape[1]]
             for layer in range(cfg.n_layers):
                 pre = f"blocks.{layer}"
-                xin = normalize(p, f"{pre}.ln1", cfg, x) if cfg.norm_placement == "pre" else x
+                xin = normalize(p, f"{pre}.ln1", cfg, x) if cfg.pre_norm else x
                 per = []
                 for h in range(cfg.n_heads):
                     only = dict(p)
@@ -93,10 +93,10 @@ class Activations:
                     only.pop(f"{pre}.attn.b_O", None)
                     per.append(self._flat(attention(only, f"{pre}.attn", cfg, xin)).reshape(-1))
                 heads.append(torch.stack(per))
-                if cfg.norm_placement == "pre" and not cfg.parallel_residual:
+                if cfg.pre_norm and not cfg.parallel_residual:
                     mid = x + attention(p, f"{pre}.attn", cfg, xin)
                     fin = normalize(p, f"{pre}.ln2", cfg, mid)
-                elif cfg.norm_placement == "pre":
+                elif cfg.pre_norm:
                     fin = normalize(p, f"{pre}.ln2", cfg, x)
                 else:  # output norms: the FFN reads the stream after the normed attention output
                     fin = x + normalize(p, f"{pre}.ln1", cfg, attention(p, f"{pre}.attn", cfg, x))

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-from typing import cast
+from dataclasses import fields
+from typing import Any, cast
 
 from ..errors import GaugeAuditError
-from ..models.architectures import ARCHITECTURES, is_gemma
+from ..models.architectures import ARCHITECTURES
 from ..models.config import ACTS, NORMS, QK_NORMS
-from ..models.gemma import GemmaConfig
 from . import _HelpFormatter
 
 LM = ("gpt2", "llama", "qwen", "moe")
+
+
+def _has(cfg, field: str) -> bool:
+    """Whether the family's config has ``field`` (an option only some families take)."""
+    return any(f.name == field for f in fields(cfg))
 
 
 def _defaults_epilog() -> str:
@@ -21,8 +26,8 @@ def _defaults_epilog() -> str:
     for name, arch in sorted(ARCHITECTURES.items()):
         c = arch.config()
         extra = ""
-        if is_gemma(name):
-            g = cast(GemmaConfig, c)
+        if _has(c, "attn_softcap"):
+            g = cast(Any, c)
             extra = (
                 f" softcap {g.attn_softcap:g} final-softcap {g.final_softcap:g} window {g.window}"
                 f" query-pre-attn-scalar {g.query_pre_attn_scalar or g.d_head:g}"
@@ -189,7 +194,6 @@ def build_cfg(args):
     if args.family not in ARCHITECTURES:
         raise GaugeAuditError(f"unknown family {args.family!r}; known: {', '.join(sorted(ARCHITECTURES))}")
     arch = ARCHITECTURES[args.family]
-    gemma = is_gemma(args.family)
     base = arch.config()  # the family's defaults say which parts it has
     o = {}
     for arg, field in (
@@ -230,9 +234,10 @@ def build_cfg(args):
     if args.qk_norm:
         o["qk_norm"] = args.qk_norm
     if args.rotary_dim is not None:
-        if gemma and args.rotary_dim not in (0, arch.config().d_head if args.d_head is None else args.d_head):
-            raise GaugeAuditError("Gemma rotates the whole head (--rotary-dim does not apply)")
-        o["rotary_dim"] = args.rotary_dim if not gemma else 0
+        whole = base.whole_head_rotary
+        if whole and args.rotary_dim not in (0, base.d_head if args.d_head is None else args.d_head):
+            raise GaugeAuditError(f"the {args.family} family rotates the whole head (--rotary-dim does not apply)")
+        o["rotary_dim"] = args.rotary_dim if not whole else 0
     if args.norm_placement:
         o["norm_placement"] = args.norm_placement
     if args.parallel_residual is not None:
@@ -249,8 +254,9 @@ def build_cfg(args):
         v = getattr(args, arg)
         if v is None:
             continue
-        if not gemma:
-            raise GaugeAuditError(f"--{arg.replace('_', '-')} is a Gemma option (--family gemma2 or gemma3)")
+        if not _has(base, field):
+            owners = " or ".join(n for n, a in sorted(ARCHITECTURES.items()) if _has(a.config(), field))
+            raise GaugeAuditError(f"--{arg.replace('_', '-')} is an option of --family {owners} only")
         if not (v >= 0 and math.isfinite(v)):
             raise GaugeAuditError(f"--{arg.replace('_', '-')} must be a finite number >= 0, got {v}")
         o[field] = v
@@ -258,8 +264,6 @@ def build_cfg(args):
         raise GaugeAuditError("the attn family takes continuous inputs and has no FFN (--act/--d-ff/--vocab)")
     if (args.experts or args.top_k) and base.attention_only:
         raise GaugeAuditError("--experts needs a family with an FFN")
-    if args.experts and gemma:
-        raise GaugeAuditError("--experts: the Gemma families have a dense GeGLU FFN")
     if args.experts and args.top_k is None:
         o["top_k"] = min(2, args.experts)
     if args.experts == 0:

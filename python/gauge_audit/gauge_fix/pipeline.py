@@ -97,14 +97,14 @@ def conditions(cfg: Config, params: Params, skip: frozenset = frozenset()) -> di
 def unfixed(cfg: Config) -> list[tuple[str, str]]:
     """Continuous families of the nullity theory this pipeline does not fix here, with the reason."""
     out = []
-    pre = not cfg.attention_only and cfg.norm_placement == "pre"
+    pre = not cfg.attention_only and cfg.pre_norm
     if pre and cfg.norm == "none" and not cfg.tied:
         out.append(("stream-gl", "GL(d) of a norm-free stream: no canonical step yet"))
     biased = cfg.attn_bias and cfg.out_bias and (cfg.attention_only or cfg.mlp_bias)
     stretches = (
         (cfg.attention_only and cfg.n_layers > 1)
         or (pre and cfg.norm == "none")
-        or (not cfg.attention_only and cfg.norm_placement == "post" and cfg.norm == "layernorm")
+        or (not cfg.attention_only and cfg.normed_sums and cfg.norm == "layernorm")
     )
     if stretches and (not biased or cfg.experts or (pre and cfg.tied)):
         out.append(
@@ -117,7 +117,7 @@ def unfixed(cfg: Config) -> list[tuple[str, str]]:
     if not cfg.attention_only and cfg.norm != "none" and cfg.norm_eps == 0:
         out.append(
             (
-                "stream-scale" if cfg.norm_placement == "pre" else "segment-scale",
+                "stream-scale" if cfg.pre_norm else "segment-scale",
                 "a symmetry only at norm ε = 0: not fixed",
             )
         )
@@ -195,12 +195,12 @@ def _token_tables(cfg: Config) -> list[tuple[str, int, int]]:
     attn, d, v = "blocks.0.attn", cfg.d_model, cfg.vocab
     heads = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head
     out = []
-    if cfg.norm_placement == "pre" and cfg.parallel_residual:
+    if cfg.pre_norm and cfg.parallel_residual:
         names = [] if cfg.tied else ["embed.W_E"]
         names += [f"{attn}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V")]
         names += [n for n in shapes if n.startswith(("blocks.0.ln1.", "blocks.0.ln2.", "blocks.0.mlp."))]
         out.append(("token-table-ffn", v * (heads + d), count(names)))
-    if cfg.norm_placement == "output":
+    if cfg.normed_outputs and not cfg.normed_inputs:
         n = cfg.n_ctx
         pairs = n * (n + 1) // 2 - (max(0, n - cfg.window) * (n - cfg.window + 1) // 2 if cfg.window else 0)
         qk = [f"{attn}.{k}" for k in ("W_Q", "b_Q", "W_K", "b_K", "q_norm", "k_norm")]
@@ -215,7 +215,7 @@ def _tied_table(cfg: Config) -> bool:
     tied_table_family`): a tied parallel block 0 under an affine LayerNorm reading d_model < vocab
     points, where its dimension formula is positive (the formula's regime, an FFN that sets its stream
     table at will, holds at every size the theory is measured at but the narrowest FFNs)."""
-    parallel = not cfg.attention_only and cfg.norm_placement == "pre" and cfg.parallel_residual
+    parallel = not cfg.attention_only and cfg.pre_norm and cfg.parallel_residual
     if not (parallel and cfg.tied and cfg.norm == "layernorm" and cfg.pos != "learned" and not cfg.experts):
         return False
     if not cfg.d_model < cfg.vocab <= 4096:

@@ -47,7 +47,7 @@ def _scaled_norms(cfg: Config, p: Params) -> list[str]:
 def norm_scale_family(cfg: Config) -> str:
     """The nullity family norm-scale fixes: every weighted pre-norm's scale, or (normed sublayer
     outputs, OLMo 2) the final norm's alone."""
-    return "final-norm-scale" if cfg.norm_placement == "output" else "norm-scale"
+    return "final-norm-scale" if cfg.normed_outputs and not cfg.normed_inputs else "norm-scale"
 
 
 def fix_norm_scale(ctx: Context) -> None:
@@ -80,7 +80,7 @@ def _sandwich_special(ctx: Context) -> list[Decision]:
     the largest relative spread (max − min)/max|γ'| among them (0 at the special point); a relative
     change u of every entry moves a spread by at most 2u."""
     cfg, p = ctx.cfg, ctx.params
-    if cfg.norm_placement != "sandwich":
+    if not (cfg.normed_inputs and cfg.normed_outputs):
         return []
     names = [f"blocks.{i}.{n}.w" for i in range(cfg.n_layers) for n in ("ln1_post", "ln2_post")]
     names += ["ln_final.w"] if cfg.tied else []
@@ -104,7 +104,7 @@ def cond_final_norm_scale(cfg: Config, p: Params) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------- 2 norm-shift
 def _shift_norms(cfg: Config, p: Params) -> tuple[list[str], list[str]]:
     """(affine pre-LNs whose readers all have biases, affine pre-LNs with an unbiased reader)."""
-    if cfg.attention_only or cfg.norm != "layernorm" or cfg.norm_placement != "pre":
+    if cfg.attention_only or cfg.norm != "layernorm" or not cfg.pre_norm:
         return [], []
     absorbed = absorbed_shift_norms(cfg, p)
     biased = [n for n in norm_readers(cfg, p) if f"{n}.b" in p and n not in absorbed]
@@ -237,7 +237,7 @@ def _offset_projected(cfg: Config) -> bool:
     """Is the embedding sum read through a LayerNorm (so its 1-component is writer-ones')?"""
     if cfg.norm not in LN:
         return False
-    return cfg.norm_placement == "pre" or cfg.embed_norm
+    return cfg.pre_norm or cfg.embed_norm
 
 
 def _mean_rows(t: torch.Tensor) -> torch.Tensor:

@@ -42,9 +42,5 @@ ARCHITECTURES: dict[str, Architecture] = {
 GEMMA_ONLY = ("attn_softcap", "final_softcap", "query_pre_attn_scalar")
 
 
-def is_gemma(name: str) -> bool:
-    return isinstance(ARCHITECTURES[name].config(), gemma.GemmaConfig)
-
-
 def architecture_config(name: str, **overrides) -> Config:
     return ARCHITECTURES[name].config(**overrides)

@@ -60,6 +60,7 @@ class Config:
 
     # ---- the parts the rooms ask about, answered here from the family's switches (no room names a family)
     latent_attention: ClassVar[bool] = False  # multi-head latent attention (MLA): a DeepseekConfig
+    whole_head_rotary: ClassVar[bool] = False  # RoPE always rotates every coordinate (no rotary_dim)
 
     @property
     def attention_only(self) -> bool:
@@ -71,6 +72,28 @@ class Config:
         """The output is the last residual stream itself, with no final norm or unembedding (an
         attention stack, an encoder)."""
         return self.family in ("attn", "bert")
+
+    # where the norms sit around each sublayer f: ``norm_placement`` names the four layouts, and the
+    # rooms ask these instead (pre = normed inputs; output = normed outputs; sandwich = both; post = sums)
+    @property
+    def normed_inputs(self) -> bool:
+        """Each sublayer reads n(x), so every reader of the stream inside the blocks is a norm."""
+        return self.norm_placement in ("pre", "sandwich")
+
+    @property
+    def normed_outputs(self) -> bool:
+        """Each sublayer's output passes a norm before it is added: γ'⊙n(f(·)) enters the stream."""
+        return self.norm_placement in ("output", "sandwich")
+
+    @property
+    def normed_sums(self) -> bool:
+        """n(x + f(x)): the stream itself is normed after each add, so the stream is a norm's output."""
+        return self.norm_placement == "post"
+
+    @property
+    def pre_norm(self) -> bool:
+        """x + f(n(x)): normed inputs, raw outputs — the stream is written only by linear maps."""
+        return self.normed_inputs and not self.normed_outputs
 
     @property
     def expert_groups(self) -> int:

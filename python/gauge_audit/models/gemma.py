@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 
@@ -43,6 +43,7 @@ SLIDING, FULL = "sliding", "full"
 
 @dataclass(frozen=True)
 class GemmaConfig(Config):
+    whole_head_rotary: ClassVar[bool] = True
     qk_norm: str = "none"  # none | head (RMSNorm over d_head, weights shared by the heads)
     gate_act: str = "gelu-tanh"  # activation of the FFN gate (GeGLU)
     query_pre_attn_scalar: float = 0.0  # scores scaled by s^-1/2; 0: s = d_head
@@ -83,6 +84,7 @@ def check(cfg: GemmaConfig) -> GemmaConfig:
     need(cfg.pos == "rope" and cfg.rope_style == "half", "Gemma uses half-split RoPE")
     need(not (cfg.attn_bias or cfg.out_bias or cfg.mlp_bias or cfg.unembed_bias), "Gemma has no biases")
     need(cfg.qk_norm in ("none", "head"), "qk_norm must be none or head")
+    need(cfg.experts == 0, "the FFN is a dense GeGLU (no experts)")
     for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap", "rope_local_base"):
         v = getattr(cfg, name)
         need(isinstance(v, (int, float)) and v == v and 0 <= v < math.inf, f"{name} must be a finite number >= 0")

@@ -112,10 +112,10 @@ def _stream(cfg: Config) -> Factor:
     none = "-"
     if cfg.attention_only:  # the continuous inputs are given, not parameters: nothing maps them
         return Factor("stream", "stream", "none (fixed continuous inputs)", 0, "", none, "")
-    if cfg.norm_placement in ("output", "sandwich"):
+    if cfg.normed_outputs:
         why = "post-norms (γ⊙n(y) enters the stream) block the stream rotation"
         return Factor("stream", "stream", "none (scale only, ε-broken)", 0, "", none, why)
-    if cfg.norm_placement == "post":
+    if cfg.normed_sums:
         return Factor("stream", "stream", "none (post-norm segments)", 0, "", none, "")
     if cfg.tied and cfg.norm in ("layernorm", "rmsnorm"):
         return Factor("stream", "stream", "none (tied + final norm γ)", 0, "", none, "the tied final norm blocks it")

@@ -328,7 +328,7 @@ def block(ctx, cfg: Config, P: dict, layer: int, xs: list) -> list:
     if cfg.attention_only:
         a = attention(ctx, cfg, P, f"{p}.attn", xs)
         return [[u + v for u, v in zip(x, y)] for x, y in zip(xs, a)]
-    if cfg.norm_placement == "pre":
+    if cfg.pre_norm:
         a = attention(ctx, cfg, P, f"{p}.attn", [norm(ctx, cfg, P, f"{p}.ln1", x) for x in xs])
         xs = [[u + v for u, v in zip(x, y)] for x, y in zip(xs, a)]
         return [[u + v for u, v in zip(x, ffn(ctx, cfg, P, layer, norm(ctx, cfg, P, f"{p}.ln2", x)))] for x in xs]
@@ -378,7 +378,7 @@ def forward(cfg: Config, P: dict, inputs: dict, ctx=MP, progress: Callable[[int,
         ("partial rotary", cfg.rotary_dim),
         ("sliding-window attention", cfg.window),
         ("QK-norm", cfg.qk_norm != "none"),
-        ("normed sublayer outputs", cfg.norm_placement == "output"),
+        ("normed sublayer outputs", cfg.normed_outputs and not cfg.normed_inputs),
         ("a parallel residual", cfg.parallel_residual),
     ):
         if used:

@@ -70,7 +70,7 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
     cfg = problem.cfg
     if cfg.latent_attention:  # MLA: its latents, shared RoPE key and routers (see .deepseek)
         return [f for f in deepseek_families(problem, gen) if f.k > 0]
-    if cfg.norm_placement == "sandwich":  # Gemma: its own stream, norms and QK (see .gemma)
+    if cfg.normed_inputs and cfg.normed_outputs:  # sandwich norms: their stream, norms and QK (see .gemma)
         sandwich = gemma_families(problem) + [ffn_scaling_family(problem, gen)] + data_families(problem, gen)
         return [f for f in sandwich if f is not None and f.k > 0]
     # a QK-norm replaces qk-gl by the rescaling of its weights (and an ε-broken input scale)
@@ -94,9 +94,9 @@ def families(problem: Problem, gen: Genericity) -> list[Family]:
         out.append(translation_family(problem, segs))
     if not cfg.attention_only:
         out += [ffn_scaling_family(problem, gen), router_family(problem)]
-        if cfg.norm_placement == "pre":
+        if cfg.pre_norm:
             out += pre_norm_families(problem) + first_block_families(problem) + [parallel_bias_family(problem)]
-        elif cfg.norm_placement == "output":
+        elif cfg.normed_outputs:
             out += output_norm_families(problem)
         else:
             out += post_norm_families(problem)

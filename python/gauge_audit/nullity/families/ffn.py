@@ -92,13 +92,13 @@ def router_family(problem: Problem) -> Family | None:
     # offset along 1 is then already there, so the offset is restricted to 1^⊥.
     basis = (
         complement_of_ones(d)
-        if cfg.norm == "layernorm-noaffine" and cfg.norm_placement == "pre"
+        if cfg.norm == "layernorm-noaffine" and cfg.pre_norm
         else torch.eye(d, dtype=torch.float64)
     )
     for i in range(cfg.n_layers):
         for c in basis:
             R.at(R.new(), f"blocks.{i}.moe.W_router")[:, :] = c[:, None].expand(d, E)
-    noaff = cfg.norm == "layernorm-noaffine" and cfg.norm_placement == "pre"
+    noaff = cfg.norm == "layernorm-noaffine" and cfg.pre_norm
     return make_family(
         problem.layout,
         "router-offset",

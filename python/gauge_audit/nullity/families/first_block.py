@@ -41,7 +41,7 @@ class _FirstPoints:
 
 def _first_points(problem: Problem) -> _FirstPoints | None:
     cfg, p = problem.cfg, problem.params()
-    if cfg.attention_only or cfg.norm_placement != "pre" or "embed.W_E" not in p:
+    if cfg.attention_only or not cfg.pre_norm or "embed.W_E" not in p:
         return None
     X0 = p["embed.W_E"]
     if "embed.W_pos" in p:
@@ -221,7 +221,7 @@ def tied_unembed_family(problem: Problem, readers: dict, writers: list[str]) -> 
     conditions; every solution is an exact generator."""
     cfg, p, layout = problem.cfg, problem.params(), problem.layout
     d = cfg.d_model
-    if not (cfg.tied and cfg.norm in AFFINE and cfg.norm_placement == "pre" and "ln_final.w" in p):
+    if not (cfg.tied and cfg.norm in AFFINE and cfg.pre_norm and "ln_final.w" in p):
         return None
     E = p["embed.W_E"]
     _, sv, vh = torch.linalg.svd(E, full_matrices=True)

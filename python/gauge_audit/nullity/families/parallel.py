@@ -15,7 +15,7 @@ from .base import LN, Family, Rows, complement_of_ones, make_family
 
 def parallel_bias_family(problem: Problem) -> Family | None:
     cfg, p = problem.cfg, problem.params()
-    if not (cfg.parallel_residual and cfg.norm_placement == "pre"):
+    if not (cfg.parallel_residual and cfg.pre_norm):
         return None
     d = cfg.d_model
     ws = complement_of_ones(d) if cfg.norm in LN else torch.eye(d, dtype=torch.float64)

@@ -86,7 +86,7 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], Callable[[dict], tor
     if x is None or cfg.attention_only:
         return []
     out = []
-    if cfg.norm_placement == "pre" and cfg.parallel_residual:
+    if cfg.pre_norm and cfg.parallel_residual:
         # what the rest of the model sees of W_E, n₁, n₂, the FFN and the attention's readers in
         # block 0: the per-token projections n₁(W_E[t])·W_{Q,K,V} + b (RoPE and the softmax come
         # after), the stream W_E[t] + FFN(n₂(W_E[t])) without the attention's output, and W_E
@@ -114,7 +114,7 @@ def _tables(problem: Problem) -> list[tuple[str, list[str], Callable[[dict], tor
             return torch.cat([t.reshape(-1) for t in parts])
 
         out.append(("FFN", names, parallel))
-    if cfg.norm_placement == "output":
+    if cfg.normed_outputs and not cfg.normed_inputs:
         pre = "blocks.0.attn"
         qk = [f"{pre}.{n}" for n in ("W_Q", "b_Q", "W_K", "b_K", "q_norm", "k_norm") if f"{pre}.{n}" in p]
         vo = [f"{pre}.{n}" for n in ("W_V", "b_V", "W_O", "b_O") if f"{pre}.{n}" in p]
@@ -252,7 +252,7 @@ def tied_table_family(problem: Problem, above: list[Family]) -> Family | None:
     Counted: the solutions outside the span of the families above; where block 0's FFN can set
     its stream table at will, :func:`tied_table_dimension` predicts that count."""
     cfg, p, layout = problem.cfg, problem.params(), problem.layout
-    if not (cfg.tied and cfg.parallel_residual and cfg.norm_placement == "pre" and cfg.norm != "none"):
+    if not (cfg.tied and cfg.parallel_residual and cfg.pre_norm and cfg.norm != "none"):
         return None
     tables = [t for t in _tables(problem) if t[0] == "FFN"]
     if not tables:

@@ -318,7 +318,7 @@ def _correct_readers(rule: Rule, m: SymModel, els: dict):
     i.e. B = D_γ'⁻¹·S⁻¹·D_γ (shared by the norm's readers, replacing their left factor) and
     β' = β·B⁻¹.  Solved from those identities, named, and applied to every norm."""
     cfg = m.cfg
-    if cfg.norm_placement != "pre" or cfg.norm == "none":
+    if not cfg.pre_norm or cfg.norm == "none":
         return None
     S, P, Q = _stream_map(rule, m, els)
     if S is None:

@@ -34,7 +34,7 @@ class Interface:
 
 def _norm_in(m: SymModel, view: SymView, norm: str, rowname: str, S: sp.Matrix) -> sp.Matrix:
     """What a norm's readers read: (n·S)⊙γ + β for a pre-norm, the stream row x·S otherwise."""
-    if m.cfg.norm_placement == "pre" and m.cfg.norm != "none":
+    if m.cfg.pre_norm and m.cfg.norm != "none":
         n = mm(m.normed(rowname), S)
         gamma = view.value(f"{norm}.w", Ctx(0) if norm != "norm_f" else Ctx())
         beta = view.value(f"{norm}.b", Ctx(0) if norm != "norm_f" else Ctx())
@@ -85,7 +85,7 @@ def interfaces(
     else:
         out += _attention_interfaces(m, P, Q, S_)
     # ---- post-LN norms
-    if cfg.norm_placement == "post" and cfg.norm != "none":
+    if cfg.normed_sums and cfg.norm != "none":
         for norm in ("norm1", "norm2"):
             params = {f"{norm}.w", f"{norm}.b"}
             if skip(params):
