@@ -60,7 +60,6 @@ class Config:
 
     # ---- the parts the rooms ask about, answered here from the family's switches (no room names a family)
     latent_attention: ClassVar[bool] = False  # multi-head latent attention (MLA): a DeepseekConfig
-    whole_head_rotary: ClassVar[bool] = False  # RoPE always rotates every coordinate (no rotary_dim)
 
     @property
     def attention_only(self) -> bool:
@@ -94,6 +93,11 @@ class Config:
     def pre_norm(self) -> bool:
         """x + f(n(x)): normed inputs, raw outputs — the stream is written only by linear maps."""
         return self.normed_inputs and not self.normed_outputs
+
+    @property
+    def whole_head_rotary(self) -> bool:
+        """RoPE always rotates every coordinate of a head: the family has no partial rotary."""
+        return False
 
     @property
     def expert_groups(self) -> int:

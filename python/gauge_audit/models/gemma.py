@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import cast
 
 import torch
 
@@ -43,7 +43,6 @@ SLIDING, FULL = "sliding", "full"
 
 @dataclass(frozen=True)
 class GemmaConfig(Config):
-    whole_head_rotary: ClassVar[bool] = True
     qk_norm: str = "none"  # none | head (RMSNorm over d_head, weights shared by the heads)
     gate_act: str = "gelu-tanh"  # activation of the FFN gate (GeGLU)
     query_pre_attn_scalar: float = 0.0  # scores scaled by s^-1/2; 0: s = d_head
@@ -54,6 +53,10 @@ class GemmaConfig(Config):
     layer_types: tuple = ()  # explicit per-layer "sliding" / "full" (overrides sliding_pattern)
     rope_local_base: float = 0.0  # RoPE base of the sliding layers (0: rope_base)
     rope_scale: float = 1.0  # linear RoPE scaling factor of the full layers
+
+    @property
+    def whole_head_rotary(self) -> bool:
+        return True
 
     def layer_type(self, i: int) -> str:
         if self.layer_types:
