@@ -94,7 +94,7 @@ def test_by_runs_equals_the_whole_pipeline(name, small_pieces):
     whole = canonicalize(m.cfg, m.params)
     view = by_runs.CanonicalByRuns(m.cfg, m.params, torch.float64)
     canon = view.canonical()
-    assert len(view.runs) == m.cfg.n_layers and len(view._chunks()) > 1
+    assert len(view.runs) == m.cfg.n_layers and len(view.vocabulary_chunks()) > 1
     assert_same_canonical_form(m.cfg, whole, canon, view.__getitem__)
     # the input is read, never changed (the embeddings are transformed in a copy of their own)
     again = build(name, seed=3, device="cpu")

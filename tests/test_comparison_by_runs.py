@@ -111,8 +111,8 @@ def test_by_runs_reads_a_once_and_never_forms_its_vocabulary_tensors(small_piece
     cfg, a, b = _pair("llama-tiny-gqa", torch.bfloat16)
     monkeypatch.setattr(by_runs, "CHUNK", 2 * cfg.d_model)
     runs, outer = [], []
-    run, load = by_runs.CanonicalByRuns._canonical_run, by_runs.CanonicalByRuns._outer
-    monkeypatch.setattr(by_runs.CanonicalByRuns, "_canonical_run", lambda self, j: runs.append(j) or run(self, j))
+    run, load = by_runs.CanonicalByRuns.canonical_run, by_runs.CanonicalByRuns._outer
+    monkeypatch.setattr(by_runs.CanonicalByRuns, "canonical_run", lambda self, j: runs.append(j) or run(self, j))
     monkeypatch.setattr(by_runs.CanonicalByRuns, "_outer", lambda self, k: outer.append(k) or load(self, k))
     drawn = []
     perturb = response.perturb_with
@@ -225,7 +225,7 @@ def test_by_runs_lets_go_of_the_checkpoints_vocabulary_reads(tiny_hf, tmp_path, 
     sa, sb = (load_source(p, native=True, resident=False) for p in (llama, str(b)))
     assert "unembed.W_U" in sa.params
     held: list[tuple[str, bool]] = []
-    applied = cbr._applied
+    applied = cbr.outer_applied
 
     def spy(cfg, small, name, chunk, steps):
         for p in (sa.params, sb.params):
@@ -233,7 +233,7 @@ def test_by_runs_lets_go_of_the_checkpoints_vocabulary_reads(tiny_hf, tmp_path, 
             held.append((name, link is not None and name in link.params))
         return applied(cfg, small, name, chunk, steps)
 
-    monkeypatch.setattr(cbr, "_applied", spy)
+    monkeypatch.setattr(cbr, "outer_applied", spy)
     monkeypatch.setattr(by_runs, "CHUNK", sa.cfg.d_model * (sa.cfg.vocab // 4 + 1))
     r = compare_by_runs(
         sa.cfg, sa.params, sb.cfg, sb.params, storage_dtype_a=sa.storage_dtype, storage_dtype_b=sb.storage_dtype

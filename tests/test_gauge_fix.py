@@ -399,13 +399,13 @@ def test_element_residual_in_parallel_is_the_serial_one(model, name, monkeypatch
     r = compare(m.cfg, m.params, m.cfg, stored)
     assert r.verdict == EQUIVALENT and r.element is not None
     mapped_here = []
-    terms = comparison._block_terms
+    terms = comparison.block_terms
 
     def recorded(cfg, pa, pb, steps, runs):
         mapped_here.append(len(runs))
         return terms(cfg, pa, pb, steps, runs)
 
-    monkeypatch.setattr(comparison, "_block_terms", recorded)
+    monkeypatch.setattr(comparison, "block_terms", recorded)
     serial = comparison.element_residual(m.cfg, m.params, stored, r.element)
     forked = comparison.element_residual(m.cfg, m.params, stored, r.element, parallel=True)
     n_blocks = m.cfg.n_layers + 1  # the layers and the outer tensors

@@ -129,7 +129,7 @@ def rounding_kappa(records) -> float:
 SPANS = 16
 
 
-def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Element | None:
+def span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Element | None:
     """``element`` cut to blocks lo … lo+n−1, renumbered from 0 (``blockwise.restrict`` for a run
     of blocks)."""
     if act.element_layout == "shared":
@@ -140,20 +140,20 @@ def _span_element(act, cfg: Config, element: Element, lo: int, n: int) -> Elemen
     for k, t in element.parts.items():  # "norms": keyed by the norm's name
         b = block_of(k + ".")
         if b is not None and lo <= b < lo + n:
-            parts[_renumbered(k, b, b - lo)] = t
+            parts[renumbered(k, b, b - lo)] = t
     return Element(parts, element.kappa, element.note) if parts else None
 
 
-def _renumbered(name: str, i: int, j: int) -> str:
+def renumbered(name: str, i: int, j: int) -> str:
     prefix = f"blocks.{i}."
     return f"blocks.{j}." + name[len(prefix) :] if name.startswith(prefix) else name
 
 
-def _moved(name: str, by: int) -> str:
+def moved(name: str, by: int) -> str:
     """A block parameter's name with its block index shifted by ``by``."""
     b = block_of(name)
     assert b is not None  # only the parameters of a run of blocks are renumbered
-    return _renumbered(name, b, b + by)
+    return renumbered(name, b, b + by)
 
 
 def apply_in_place(cfg: Config, params: dict[str, torch.Tensor], action: str, element: Element) -> frozenset:
@@ -184,11 +184,11 @@ def apply_in_place(cfg: Config, params: dict[str, torch.Tensor], action: str, el
         if lo is None:
             new = apply_block(act, cfg, {k: params[k] for k in names}, element, None)
         else:
-            part = _span_element(act, cfg, element, lo, n)
+            part = span_element(act, cfg, element, lo, n)
             if part is None:
                 continue
-            sub = {_moved(k, -lo): params[k] for k in names}
-            new = {_moved(k, lo): v for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
+            sub = {moved(k, -lo): params[k] for k in names}
+            new = {moved(k, lo): v for k, v in act.apply(cfg.with_(n_layers=n), sub, part).items()}
             del sub
         for k in names:
             if new[k] is not params[k]:

@@ -31,15 +31,15 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ..actions import ACTIONS, Element
-from ..actions.blockwise import block_of, restrict
+from ..actions import Element
+from ..actions.blockwise import block_of
 from ..errors import GaugeAuditError
 from ..models import FAMILIES, Config
 from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
-from .base import Decision, StepRecord, _moved, gram_decisions, rounding_kappa, signs_of_moments
+from .base import Decision, StepRecord, gram_decisions, moved, rounding_kappa, signs_of_moments
 from .pipeline import STEPS, Canonical, canonicalize_owned, conditions, unfixed
-from .response import ROTATION, VOCAB_AXIS, _block_runs
+from .response import ROTATION, VOCAB_AXIS, block_runs, outer_applied, outer_steps
 from .stream import rotates
 from .streamed import merge_runs
 
@@ -66,7 +66,7 @@ STEPS_BY_RUNS = frozenset(
     }
 )
 OUTER_ACTIONS = frozenset({"norm-scale", ROTATION})
-_CONDITION = "embedding Gram diagonal, descending, axes signed by their third moment"
+ROTATION_CONDITION = "embedding Gram diagonal, descending, axes signed by their third moment"
 
 
 def streamable(cfg: Config) -> str | None:
@@ -127,7 +127,7 @@ class CanonicalByRuns(LazyParams):
                 self.blocks.setdefault(b, []).append(k)
         self.outer = [k for k in shapes if block_of(k) is None]
         self.vocab_sized = [k for k in self.outer if k in VOCAB_AXIS]
-        self.runs = _block_runs(cfg, self)
+        self.runs = block_runs(cfg, self)
         # the outer tensors as they were read (small: norm weights), and the vocabulary-sized ones
         # replaced by zero rows for the runs
         self.small0 = {k: params[k].to(torch.float64) for k in self.outer if k not in VOCAB_AXIS}
@@ -148,7 +148,7 @@ class CanonicalByRuns(LazyParams):
         self.keep = {ROTATION: self.rotation} if self.rotation is not None else None
 
     # ------------------------------------------------------------------ 1 the stream rotation
-    def _chunks(self) -> list[tuple[int, int]]:
+    def vocabulary_chunks(self) -> list[tuple[int, int]]:
         """(first row, rows) of the vocabulary's chunks (a row of W_E, a column of W_U: d_model
         entries each); none of a single row (a model needs two vocabulary entries)."""
         rows, v = max(2, CHUNK // self.cfg.d_model), self.cfg.vocab
@@ -172,14 +172,14 @@ class CanonicalByRuns(LazyParams):
             w = self.src["embed.W_E"]
             d = self.cfg.d_model
             gram, sumsq = torch.zeros(d, d, dtype=torch.float64), 0.0
-            for a, n in self._chunks():
+            for a, n in self.vocabulary_chunks():
                 c = w[a : a + n].to(torch.float64)
                 gram += matmul(c.T, c)
                 sumsq += float((c * c).sum())
             lam, vec = torch.linalg.eigh(gram)
             lam, vec = lam.flip(0), vec.flip(1)
             cube, scale = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
-            for a, n in self._chunks():
+            for a, n in self.vocabulary_chunks():
                 y = matmul(w[a : a + n].to(torch.float64), vec)
                 cube += (y**3).sum(0)
                 scale += (y.abs() ** 3).sum(0)
@@ -188,15 +188,15 @@ class CanonicalByRuns(LazyParams):
         return Element({"R": vec * s}, 1.0), (lam, sumsq, margin)
 
     # ------------------------------------------------------------------ 2 the runs of blocks
-    def _canonical_run(self, j: int) -> dict[str, torch.Tensor]:
+    def canonical_run(self, j: int) -> dict[str, torch.Tensor]:
         lo, n = self.runs[j]
         cfg_run = self.cfg.with_(n_layers=n, vocab=min(self.cfg.vocab, STAND_IN))
-        sub = {_moved(k, -lo): self.src[k].to(torch.float64) for b in range(lo, lo + n) for k in self.blocks[b]}
+        sub = {moved(k, -lo): self.src[k].to(torch.float64) for b in range(lo, lo + n) for k in self.blocks[b]}
         sub.update(self.stand_in)
         with wide_products():
             c = canonicalize_owned(cfg_run, sub, reference=None, storage_dtype=self.storage_dtype, keep=self.keep)
         del sub
-        blocks = {_moved(k, lo): v for k, v in c.params.items() if block_of(k) is not None}
+        blocks = {moved(k, lo): v for k, v in c.params.items() if block_of(k) is not None}
         if j not in self.records:
             self._record(j, lo, cfg_run, c)
         self._computed += 1
@@ -222,8 +222,7 @@ class CanonicalByRuns(LazyParams):
         params = c.params if j == 0 else {k: v for k, v in c.params.items() if block_of(k) is not None}
         self.stats = _join(self.stats, _stats(conditions(cfg_run, params, frozenset({ROTATION}))))
         if j == 0:  # the steps that act on the embeddings and head
-            steps = [(r.action, restrict(ACTIONS[r.action], cfg_run, r.element, None)) for r in c.records]
-            self.outer_steps = [(a, part) for a, part in steps if part is not None]
+            self.outer_steps = outer_steps(cfg_run, c.records)
             for k in self.small:  # canonical: the same elements applied to them below
                 self.small[k] = c.params[k]
 
@@ -233,7 +232,7 @@ class CanonicalByRuns(LazyParams):
         computed yet, and over the embedding for its Gram)."""
         for j in range(len(self.runs)):
             if j not in self.records:
-                self._canonical_run(j)
+                self.canonical_run(j)
         self._run = None
         merged = merge_runs(self.cfg, [self.records[j] for j in range(len(self.runs))], self.storage_dtype, True)
         if merged is None:
@@ -251,7 +250,14 @@ class CanonicalByRuns(LazyParams):
             lam, sumsq, margin = self._axes
             decisions = gram_decisions(decide, "stream rotation (embedding)", lam, sumsq, margin)
             records[i] = StepRecord(
-                ROTATION, ROTATION, records[i].element, _CONDITION, decisions, [], records[i].reads, records[i].writes
+                ROTATION,
+                ROTATION,
+                records[i].element,
+                ROTATION_CONDITION,
+                decisions,
+                [],
+                records[i].reads,
+                records[i].writes,
             )
             if self.embedding_gram is None:
                 self["embed.W_E"]  # forms the canonical embedding's Gram
@@ -273,7 +279,7 @@ class CanonicalByRuns(LazyParams):
     # ------------------------------------------------------------------ 3 the embeddings and head
     def _outer(self, name: str) -> torch.Tensor:
         if self.outer_steps is None:
-            self._canonical_run(0)
+            self.canonical_run(0)
         assert self.outer_steps is not None
         if name not in VOCAB_AXIS:
             return self.small[name]
@@ -285,13 +291,9 @@ class CanonicalByRuns(LazyParams):
                 if name == "embed.W_E" and self.rotation is not None and self.embedding_gram is None
                 else None
             )
-            for a, n in self._chunks():
+            for a, n in self.vocabulary_chunks():
                 piece = t.narrow(axis, a, n)
-                one = self.cfg.with_(n_layers=1, vocab=n)
-                state = {**self.small0, name: piece.contiguous()}
-                for action, part in self.outer_steps:
-                    state = dict(ACTIONS[action].apply(one, state, part))
-                piece.copy_(state[name])
+                piece.copy_(outer_applied(self.cfg, self.small0, name, piece.contiguous(), self.outer_steps)[name])
                 if gram is not None:
                     gram += matmul(piece.T, piece)
             if gram is not None:
@@ -307,5 +309,5 @@ class CanonicalByRuns(LazyParams):
         j = next(i for i, (lo, n) in enumerate(self.runs) if lo <= b < lo + n)
         if self._run is None or self._run[0] != j:
             self._run = None  # the previous run freed before the next is computed
-            self._run = (j, self._canonical_run(j))
+            self._run = (j, self.canonical_run(j))
         return self._run[1][name]

@@ -46,7 +46,7 @@ from ..models.families import FAMILIES
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import _block_runs, blockwise, group_of, probe_params, response_by_runs, sq_by_group, sq_distance
+from .response import block_runs, blockwise, grouped, probe_params, response_by_runs, sq_by_group, sq_distance
 from .streamed import SharedRuns, canonical_b_by_runs, helper_b_runs
 
 FAILURE_PROBABILITY = 1e-6
@@ -63,10 +63,10 @@ _sq_by_group = sq_by_group
 
 def relative_distances(a: Params, b: Params, den: dict[str, float] | None = None) -> tuple[float, dict[str, float]]:
     """‖b − a‖_F / ‖a‖_F overall and per tensor group (``den``: Σ‖a‖² per group, if known)."""
-    return _relative(_sq_by_group(b, a), _sq_by_group(a) if den is None else den)
+    return relative(_sq_by_group(b, a), _sq_by_group(a) if den is None else den)
 
 
-def _relative(num: dict[str, float], den: dict[str, float]) -> tuple[float, dict[str, float]]:
+def relative(num: dict[str, float], den: dict[str, float]) -> tuple[float, dict[str, float]]:
     per = {g: math.sqrt(num[g] / den[g]) if den[g] > 0 else math.sqrt(num[g]) for g in den}
     return math.sqrt(sum(num.values()) / sum(den.values())), per
 
@@ -203,11 +203,9 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
         while split > 1 and 2 * tail < total:
             split -= 1
             tail += sum(size[k] for k in runs[split][1])
-    helper = (
-        Forked(_block_terms, cfg, params_a, params_b, steps, runs[split:], fork=True) if split < len(runs) else None
-    )
+    helper = Forked(block_terms, cfg, params_a, params_b, steps, runs[split:], fork=True) if split < len(runs) else None
     try:
-        terms = _block_terms(cfg, params_a, params_b, steps, runs[:split])
+        terms = block_terms(cfg, params_a, params_b, steps, runs[:split])
         if helper is not None:
             terms += helper.result()
     finally:
@@ -220,7 +218,7 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def _block_terms(
+def block_terms(
     cfg: Config, params_a: Params, params_b: Params, steps: list, runs: list[tuple[int | None, list[str]]]
 ) -> list[tuple[float, float]]:
     """(‖(g·A)_k − B_k‖², ‖B_k‖²) for every parameter k of the blocks ``runs``, in their order, on
@@ -427,7 +425,7 @@ def compare(
             # helper shares its pages copy-on-write and only reads them, then takes B's last runs
             share = None
             if parallel and _streamable(cfg_b, params_b, ca):
-                share = SharedRuns(len(_block_runs(cfg_b, params_b)))
+                share = SharedRuns(len(block_runs(cfg_b, params_b)))
             storage_b = (storage_dtype_b or storage_dtype_of(params_b)) if share is not None else None
             job = Forked(_a_side, cfg_a, params_a, params_b, ca, probes, seed, share, storage_b, fork=parallel)
             if share is not None and not job.forked:
@@ -479,10 +477,7 @@ def _compare(
             streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1, share)
     if streamed is not None:
         cb, sq, resp_b = streamed
-        num: dict[str, float] = {}
-        for k in params_b:  # in parameter order, as sq_by_group adds them
-            num[group_of(k)] = num.get(group_of(k), 0.0) + sq[k]
-        inv, inv_groups = _relative(num, den)
+        inv, inv_groups = relative(grouped(sq, params_b), den)  # in parameter order, as sq_by_group adds them
     else:
         cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_b)
         inv, inv_groups = relative_distances(ca.params, cb.params, den)

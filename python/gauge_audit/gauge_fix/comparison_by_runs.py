@@ -26,7 +26,7 @@ tensor as a step asks), the chunks and d × d matrices.  Time: per run 2·(1 + p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,17 +36,29 @@ from ..actions.stream import remember_rotation, rotation_and_inverse
 from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..runtime import eps, generator, matmul, one_thread, wide_products
-from .base import Decision, Params, StepRecord, _moved, rounding_kappa
-from .by_runs import _CONDITION, STAND_IN, CanonicalByRuns, streamable
-from .comparison import EQUIVALENT, Comparison, _block_terms, _relative, element_a_to_b, judge, same_architecture
+from .base import Decision, Params, StepRecord, moved, rounding_kappa
+from .by_runs import ROTATION_CONDITION, STAND_IN, CanonicalByRuns, streamable
+from .comparison import EQUIVALENT, Comparison, block_terms, element_a_to_b, judge, relative, same_architecture
 from .pipeline import PERMUTATIONS, canonicalize_owned, validate
-from .response import ROTATION, VOCAB_AXIS, Spilled, group_of, perturb_with, perturbed, probe_seed, sq_distance
+from .response import (
+    OWN_ROTATION,
+    ROTATION,
+    VOCAB_AXIS,
+    RunProbes,
+    Spilled,
+    Steps,
+    grouped,
+    outer_applied,
+    outer_steps,
+    perturb_with,
+    probe_seed,
+    sq_distance,
+    worst,
+)
 from .streamed import merge_runs
 
 KEEP_LAST = 1 << 25  # entries: a spilled reference keeps its last read tensor up to this size
-Steps = list[tuple[str, Element]]  # (action, its part on the embeddings and head)
 _WHERE = "stream rotation (embedding) (Procrustes to the reference)"
-_IN_FILE = Element({}, 1.0)  # a probe's rotation among its steps on the embeddings and head, kept in a file
 
 
 def compare_by_runs(
@@ -80,23 +92,8 @@ def compare_by_runs(
         )
 
 
-def _outer_steps(cfg_run: Config, records: list[StepRecord]) -> Steps:
-    steps = [(r.action, restrict(ACTIONS[r.action], cfg_run, r.element, None)) for r in records]
-    return [(a, part) for a, part in steps if part is not None]
-
-
-def _applied(cfg: Config, small: Params, name: str, chunk: torch.Tensor, steps: Steps) -> dict:
-    """``steps`` on a chunk of vocabulary entries of ``name`` beside the small outer tensors
-    ``small`` (a model with as many vocabulary entries as the chunk): the new tensors."""
-    one = cfg.with_(n_layers=1, vocab=chunk.shape[VOCAB_AXIS[name]])
-    state: dict = {**small, name: chunk}
-    for action, part in steps:
-        state = dict(ACTIONS[action].apply(one, state, part))
-    return state
-
-
 def _apply(cfg: Config, small: Params, name: str, chunk: torch.Tensor, steps: Steps) -> torch.Tensor:
-    return _applied(cfg, small, name, chunk, steps)[name]
+    return outer_applied(cfg, small, name, chunk, steps)[name]
 
 
 def _draw(x: torch.Tensor, axis: int, u: float, g: torch.Generator) -> torch.Tensor:
@@ -122,6 +119,11 @@ def _procrustes(cross: torch.Tensor) -> tuple[Element, float]:
     (the ratio of the extreme singular values, the decision of :func:`.base.gram_axes`)."""
     u, s, vh = torch.linalg.svd(cross)
     return Element({"R": u @ vh}, 1.0), float(s[-1] / s[0]) if float(s[0]) > 0 else 0.0
+
+
+def _given(held: _HeldRotation) -> Callable[[], Element]:
+    """A probe's rotation as :class:`.response.RunProbes` takes one given: read back at each run."""
+    return lambda: Element({"R": held.tensor()}, 1.0)
 
 
 class _SpilledRun(Mapping[str, torch.Tensor]):
@@ -180,26 +182,23 @@ class _HeldRotation:
 
 @dataclass
 class _Side:
-    """One model's probes: what they are drawn from (its parameters, their seeds, its storage's
-    unit roundoff, their rotations) and what the runs leave for the embeddings and head."""
+    """One model's probes: its storage, their rotations (from the embeddings, held in files) and
+    the probe loop (:class:`.response.RunProbes`: per probe its response² per tensor, its
+    perturbed small outer tensors and its steps on the embeddings and head, for the chunks)."""
 
     params: Params
-    index: dict[str, int]  # a tensor's place in its checkpoint: part of its probes' seeds
-    u: float
     seed: int
     storage: torch.dtype
-    probes: int
-    rotations: list[_HeldRotation | None] = field(init=False)  # per probe (from the embeddings)
-    responses: list[dict[str, float]] = field(init=False)  # per probe: tensor → its response²
-    steps: list[Steps] = field(init=False)  # per probe: its elements on the embeddings and head
-    smalls: list[Params] = field(init=False)  # per probe: its small outer tensors
+    held: list[_HeldRotation | None]
+    probes: RunProbes
 
-    def __post_init__(self):
-        probes = self.probes
-        self.rotations = [None] * probes
-        self.responses = [{} for _ in range(probes)]
-        self.steps = [[] for _ in range(probes)]
-        self.smalls = [{} for _ in range(probes)]
+    @property
+    def u(self) -> float:
+        return self.probes.u
+
+    @property
+    def index(self) -> dict[str, int]:  # a tensor's place in its checkpoint: part of its probes' seeds
+        return self.probes.index
 
 
 class _ByRuns:
@@ -208,16 +207,31 @@ class _ByRuns:
 
     def __init__(self, cfg, pa, pb, probes, seed, storage_a, storage_b):
         self.cfg, self.pa, self.pb, self.probes = cfg, pa, pb, probes
-        self.sides = (
-            _Side(pa, {k: i for i, k in enumerate(pa)}, eps(storage_a) / 2, seed, storage_a, probes),
-            _Side(pb, {k: i for i, k in enumerate(pb)}, eps(storage_b) / 2, seed + 1, storage_b, probes),
-        )
         self.A = CanonicalByRuns(cfg, pa, storage_a)  # A's stream rotation from its embedding's Gram
         self.small = [k for k in self.A.outer if k not in VOCAB_AXIS]
         self.small_b = {k: pb[k].to(torch.float64) for k in self.small}
         # the embeddings and head in every run's input: a few zero rows (no block's element
         # depends on them; A's and B's rotations and the probes' are given)
         self.zero_rows = {k: v for k, v in self.A.stand_in.items() if k in VOCAB_AXIS}
+
+        def side(params: Params, seed: int, storage: torch.dtype) -> _Side:
+            # the probes perturb the small outer tensors; later runs take A's along as read
+            rp = RunProbes(
+                cfg,
+                params,
+                probes,
+                seed,
+                eps(storage) / 2,
+                storage,
+                self.A.small0,
+                outer=self.small,
+                stand_in=self.zero_rows,
+                vocab=min(cfg.vocab, STAND_IN),
+                record_outer=True,
+            )
+            return _Side(params, seed, storage, [None] * probes, rp)
+
+        self.sides = (side(pa, seed, storage_a), side(pb, seed + 1, storage_b))
         # per tensor: ‖B − A‖², ‖A‖², ‖canon B − canon A‖², ‖canon A‖² (each probe's response²: self.sides)
         self.raw: dict[str, float] = {}
         self.raw_den: dict[str, float] = {}
@@ -225,7 +239,9 @@ class _ByRuns:
         self.den: dict[str, float] = {}
         self.steps_b: Steps = []  # B's element on the embeddings and head (A's: self.A.outer_steps)
         self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
-        self.rot_b, self.fit_b, self.sides[0].rotations, self.sides[1].rotations = self._rotations()
+        self.rot_b, self.fit_b, self.sides[0].held, self.sides[1].held = self._rotations()
+        for s in self.sides:  # each probe's rotation read back from its file at each of its runs
+            s.probes.rotations = [None if h is None else _given(h) for h in s.held]
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
         self.held: list[_HeldRotation] = []
         for el in (self.A.rotation, self.rot_b):
@@ -245,7 +261,7 @@ class _ByRuns:
         ga = [generator(probe_seed(sa.seed, p, sa.index[name])) for p in range(probes)]
         gb = [generator(probe_seed(sb.seed, p, sb.index[name])) for p in range(probes)]
         cross = [torch.zeros(d, d, dtype=torch.float64) for _ in range(1 + 2 * probes)]
-        for a, n in self.A._chunks():
+        for a, n in self.A.vocabulary_chunks():
             xa = wa[a : a + n].to(torch.float64)
             cross[0] += matmul(wb[a : a + n].to(torch.float64).T, xa)
             for p in range(probes):
@@ -264,13 +280,10 @@ class _ByRuns:
     # ------------------------------------------------------------------ 2 the runs of blocks
     def _input(self, lo: int, blocks: Params, small: Params) -> dict[str, torch.Tensor]:
         """A run's input: its blocks renumbered from 0, the small outer tensors, the zero rows."""
-        sub = {_moved(k, -lo): v for k, v in blocks.items()}
+        sub = {moved(k, -lo): v for k, v in blocks.items()}
         sub.update(small)
         sub.update(self.zero_rows)
         return sub
-
-    def _probe_small(self, params: Params, index: dict, u: float, seed: int, p: int) -> dict[str, torch.Tensor]:
-        return {k: perturbed(params[k], u, probe_seed(seed, p, index[k])) for k in self.small}
 
     def _run(self, j: int) -> None:
         cfg, A = self.cfg, self.A
@@ -285,7 +298,7 @@ class _ByRuns:
             self.raw_den[k] = sq_distance(ta)
             del ta
         self._remember(0)
-        a_run = A._canonical_run(j)  # A's canonical run (its records kept by A)
+        a_run = A.canonical_run(j)  # A's canonical run (its records kept by A)
         for k in names:
             self.den[k] = sq_distance(a_run[k])
         # A's canonical run in a temporary file: the reference of B's run and of every probe, read
@@ -294,7 +307,7 @@ class _ByRuns:
         # against; B's canonical run likewise for B's probes
         base_a = {k: Spilled(a_run[k]) for k in names}
         del a_run
-        ref = _SpilledRun({_moved(k, -lo): base_a[k] for k in names}, {**A.small, **self.zero_rows})
+        ref = _SpilledRun({moved(k, -lo): base_a[k] for k in names}, {**A.small, **self.zero_rows})
 
         # B against A's canonical run
         sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
@@ -302,7 +315,7 @@ class _ByRuns:
         self._remember(1)
         c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sides[1].storage, keep=keep)
         for k in names:
-            self.inv[k] = sq_distance(c.params[_moved(k, -lo)], base_a[k])
+            self.inv[k] = sq_distance(c.params[moved(k, -lo)], base_a[k])
         records = list(c.records)
         base_small: dict[str, torch.Tensor] = {}
         if j == 0:
@@ -310,11 +323,11 @@ class _ByRuns:
                 self.inv[k] = sq_distance(c.params[k], A.small[k])
                 self.den[k] = sq_distance(A.small[k])
                 base_small[k] = c.params[k]
-            self.steps_b = _outer_steps(cfg_run, records)
+            self.steps_b = outer_steps(cfg_run, records)
             records = self._with_fit(records)
         self.records_b[j] = (lo, records)
         kept_b = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
-        base_b = {k: Spilled(c.params[_moved(k, -lo)]) for k in names}
+        base_b = {k: Spilled(c.params[moved(k, -lo)]) for k in names}
         del c, sub
 
         kept_a = {r.family: r.element for r in A.records[j][1] if r.family in PERMUTATIONS}
@@ -323,29 +336,7 @@ class _ByRuns:
             (self.sides[0], kept_a, base_a, A.small),
             (self.sides[1], kept_b, base_b, base_small),
         ):
-            for p in range(self.probes):
-                if j == 0:  # the steps on the head read the final norm: kept for the chunks
-                    s.smalls[p] = self._probe_small(s.params, s.index, s.u, s.seed, p)
-                small = dict(s.smalls[p]) if j == 0 else A.small0
-                keep_p = dict(kept)
-                rot = s.rotations[p]
-                if rot is not None:
-                    keep_p[ROTATION] = Element({"R": rot.tensor()}, 1.0)
-                # built into the run's input directly: the steps replace its tensors, and no other
-                # reference may keep the perturbed ones alive beside their results
-                sub = self._input(
-                    lo, {k: perturbed(s.params[k], s.u, probe_seed(s.seed, p, s.index[k])) for k in names}, small
-                )
-                c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=s.storage, keep=keep_p)
-                del sub
-                for k in names:
-                    s.responses[p][k] = sq_distance(c.params[_moved(k, -lo)], base[k])
-                if j == 0:
-                    for k in self.small:
-                        s.responses[p][k] = sq_distance(c.params[k], base_outer[k])
-                    # the rotation's part held as a placeholder: it is the probe's own, in its file
-                    s.steps[p] = [(a, _IN_FILE if a == ROTATION else el) for a, el in _outer_steps(cfg_run, c.records)]
-                del c
+            s.probes.run(j, lo, n, s.params, ref, {moved(k, -lo): base[k] for k in names}, base_outer, kept)
         for v in [*base_a.values(), *base_b.values()]:
             v.close()
 
@@ -359,7 +350,7 @@ class _ByRuns:
         assert self.fit_b is not None
         d = Decision.of("match", _WHERE, [self.fit_b], 2.0 * self.sides[1].u * kappa, 2.0)
         r = records[i]
-        records[i] = StepRecord(r.family, r.action, r.element, _CONDITION, [d], [], r.reads, r.writes)
+        records[i] = StepRecord(r.family, r.action, r.element, ROTATION_CONDITION, [d], [], r.reads, r.writes)
         return records
 
     # ------------------------------------------------------------------ 3 the embeddings and head
@@ -372,7 +363,7 @@ class _ByRuns:
         """A probe's steps on the embeddings and head with its rotation read back in its place."""
         if rotation is None:
             return steps
-        return [(a, Element({"R": rotation.tensor()}, 1.0) if el is _IN_FILE else el) for a, el in steps]
+        return [(a, Element({"R": rotation.tensor()}, 1.0) if el is OWN_ROTATION else el) for a, el in steps]
 
     def _vocabulary(self) -> None:
         """Every vocabulary-sized tensor chunk by chunk: canonical A and B, the probes; and the
@@ -385,7 +376,7 @@ class _ByRuns:
         cfg, A, probes = self.cfg, self.A, self.probes
         gram = torch.zeros(cfg.d_model, cfg.d_model, dtype=torch.float64) if A.rotation is not None else None
         assert A.outer_steps is not None
-        chunks = list(A._chunks())
+        chunks = list(A.vocabulary_chunks())
         for name in A.vocab_sized:
             axis = VOCAB_AXIS[name]
             ta, tb = _read_once(self.pa, name), _read_once(self.pb, name)
@@ -419,13 +410,14 @@ class _ByRuns:
                 for s, t, base in ((self.sides[0], ta, base_a), (self.sides[1], tb, base_b)):
                     for p in range(probes):
                         g = generator(probe_seed(s.seed, p, s.index[name]))
-                        steps = self._with_rotation(s.steps[p], s.rotations[p])
+                        steps = self._with_rotation(s.probes.outer_steps[p], s.held[p])
+                        small = s.probes.first_outer[p]
                         total = 0.0
                         for (a, n), c_file in zip(chunks, base):  # the probe's draw continues chunk by chunk
                             total += sq_distance(
-                                _apply(cfg, s.smalls[p], name, _draw(chunk(t, a, n), axis, s.u, g), steps), c_file
+                                _apply(cfg, small, name, _draw(chunk(t, a, n), axis, s.u, g), steps), c_file
                             )
-                        s.responses[p][name] = total
+                        s.probes.sq[p][name] = total
                         del steps
             finally:
                 for f in [*base_a, *base_b]:
@@ -447,7 +439,7 @@ class _ByRuns:
                     progress(j + 1, runs)
             self._vocabulary()
         finally:
-            for rot in [*self.sides[0].rotations, *self.sides[1].rotations, *self.held]:
+            for rot in [*self.sides[0].held, *self.sides[1].held, *self.held]:
                 if rot is not None:
                     rot.close()
         ca = self.A.canonical()  # every run recorded: no further pass
@@ -455,27 +447,14 @@ class _ByRuns:
         if cb is None:
             raise GaugeAuditError("B's runs of blocks took different steps: not compared one run at a time")
 
-        def grouped(sq: Mapping[str, float], order) -> dict[str, float]:
-            out: dict[str, float] = {}
-            for k in order:
-                out[group_of(k)] = out.get(group_of(k), 0.0) + sq[k]
-            return out
-
-        def worst(per_probe: list[dict[str, float]], order) -> dict[str, float]:
-            out: dict[str, float] = {}
-            for sq in per_probe:
-                for g, v in grouped(sq, order).items():
-                    out[g] = max(out.get(g, 0.0), v)
-            return out
-
         order_a, order_b = list(self.pa), list(self.pb)
         den = grouped(self.den, order_a)
         out = judge(
             den,
-            _relative(grouped(self.inv, order_b), den),
-            _relative(grouped(self.raw, order_b), grouped(self.raw_den, order_a)),
-            worst(self.sides[0].responses, order_a),
-            worst(self.sides[1].responses, order_b),
+            relative(grouped(self.inv, order_b), den),
+            relative(grouped(self.raw, order_b), grouped(self.raw_den, order_a)),
+            worst(self.sides[0].probes.sq, order_a),
+            worst(self.sides[1].probes.sq, order_b),
             self.probes,
             ca,
             cb,
@@ -488,22 +467,22 @@ class _ByRuns:
 
     # ------------------------------------------------------------------ 4 the element's residual
     def _residual(self, el: Element) -> float:
-        """‖g·A − B‖_F / ‖B‖_F: block by block (:func:`.comparison._block_terms`), the
+        """‖g·A − B‖_F / ‖B‖_F: block by block (:func:`.comparison.block_terms`), the
         embeddings and head chunk by chunk."""
         cfg, A = self.cfg, self.A
         steps = composite.steps(el)
         outer = [(a, restrict(ACTIONS[a], cfg, s, None)) for a, s in steps]
-        outer_steps = [(a, part) for a, part in outer if part is not None]
+        on_outer = [(a, part) for a, part in outer if part is not None]
         small_a = {k: self.pa[k].to(torch.float64) for k in self.small}
         num = den = 0.0
         small: dict = {}  # g applied to the small outer tensors: beside the first chunk
         for name in A.vocab_sized:
             axis = VOCAB_AXIS[name]
             ta, tb = _read_once(self.pa, name), _read_once(self.pb, name)
-            for a, n in A._chunks():
+            for a, n in A.vocabulary_chunks():
                 xa = ta.narrow(axis, a, n).to(torch.float64).contiguous()
                 xb = tb.narrow(axis, a, n)
-                state = _applied(cfg, small_a, name, xa, outer_steps)
+                state = outer_applied(cfg, small_a, name, xa, on_outer)
                 small = small or {k: state[k] for k in self.small}
                 num += sq_distance(xb, state[name])
                 den += sq_distance(xb)
@@ -513,7 +492,7 @@ class _ByRuns:
             num += sq_distance(self.pb[k], small[k])
             den += sq_distance(self.pb[k])
         runs: list[tuple[int | None, list[str]]] = [(b, A.blocks[b]) for b in range(cfg.n_layers)]
-        for n_, d_ in _block_terms(cfg, self.pa, self.pb, steps, runs):
+        for n_, d_ in block_terms(cfg, self.pa, self.pb, steps, runs):
             num += n_
             den += d_
         return (num / den) ** 0.5 if den > 0 else num**0.5

@@ -24,17 +24,17 @@ from its own seeded generator (:func:`probe_seed`), so a run can draw its tensor
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
 from ..actions import ACTIONS, Element
-from ..actions.blockwise import block_of
+from ..actions.blockwise import block_of, restrict
 from ..actions.offsets import segments
 from ..models.config import Config
 from ..models.lazy import LazyParams
 from ..runtime import generator
-from .base import Params, _moved, _span_element
+from .base import Params, moved, span_element
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
 
 CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
@@ -59,6 +59,46 @@ def group_of(name: str) -> str:
     if leaf == "W_router":
         return "router"
     return "ffn"
+
+
+def grouped(sq: Mapping[str, float], order: Iterable[str]) -> dict[str, float]:
+    """Per tensor group, the sum of the per-tensor squared distances ``sq``, added in ``order`` (the
+    parameter order): the same sums however the tensors were computed — whole, by runs of blocks,
+    some in a helper process."""
+    out: dict[str, float] = {}
+    for k in order:
+        out[group_of(k)] = out.get(group_of(k), 0.0) + sq[k]
+    return out
+
+
+def worst(per_probe: Iterable[Mapping[str, float]], order: Iterable[str]) -> dict[str, float]:
+    """Per group, the largest of the probes' :func:`grouped` sums (the rounding response)."""
+    order = list(order)
+    out: dict[str, float] = {}
+    for sq in per_probe:
+        for g, v in grouped(sq, order).items():
+            out[g] = max(out.get(g, 0.0), v)
+    return out
+
+
+Steps = list[tuple[str, Element]]  # (action, its part on the embeddings and head)
+OWN_ROTATION = Element({}, 1.0)  # in a probe's outer steps: the probe's own stream rotation, held apart
+
+
+def outer_steps(cfg_run: Config, records) -> Steps:
+    """The parts of a run's steps that act on the embeddings and head (the outer tensors)."""
+    steps = [(r.action, restrict(ACTIONS[r.action], cfg_run, r.element, None)) for r in records]
+    return [(a, part) for a, part in steps if part is not None]
+
+
+def outer_applied(cfg: Config, small: Params, name: str, chunk: torch.Tensor, steps: Steps) -> dict:
+    """``steps`` on a chunk of vocabulary entries of ``name`` beside the small outer tensors
+    ``small`` (a model with as many vocabulary entries as the chunk): the new tensors."""
+    one = cfg.with_(n_layers=1, vocab=chunk.shape[VOCAB_AXIS[name]])
+    state: dict = {**small, name: chunk}
+    for action, part in steps:
+        state = dict(ACTIONS[action].apply(one, state, part))
+    return state
 
 
 def sq_by_group(a: Params, b: Params | None = None, out: dict[str, float] | None = None) -> dict[str, float]:
@@ -166,7 +206,7 @@ def probe_params(params: Params, u: float, seed: int, probe: int) -> Params:
     return {k: perturbed_param(k, v, u, probe_seed(seed, probe, i)) for i, (k, v) in enumerate(params.items())}
 
 
-def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
+def block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
     """Consecutive runs (first block, count) of about RUN_ENTRIES parameters; parameters read on
     access are counted from their shapes, not read."""
     shapes = params.shapes if isinstance(params, LazyParams) else {k: tuple(v.shape) for k, v in params.items()}
@@ -186,15 +226,15 @@ def _block_runs(cfg: Config, params: Params) -> list[tuple[int, int]]:
     return runs
 
 
-def _sub(source: Params, names: list[str], lo: int) -> dict[str, torch.Tensor]:
-    return {_moved(k, -lo): source[k] for k in names}
+def run_slice(source: Params, names: list[str], lo: int) -> dict[str, torch.Tensor]:
+    return {moved(k, -lo): source[k] for k in names}
 
 
 def _kept(cfg: Config, canonical: Canonical, lo: int, n: int) -> dict[str, Element]:
     out = {}
     for r in canonical.records:
         if r.family in PERMUTATIONS:
-            part = _span_element(ACTIONS[r.action], cfg, r.element, lo, n)
+            part = span_element(ACTIONS[r.action], cfg, r.element, lo, n)
             if part is not None:
                 out[r.family] = part
     return out
@@ -207,10 +247,19 @@ def blockwise(cfg: Config, params: Params) -> bool:
 
 
 class RunProbes:
-    """The probes of one model, fed one run of blocks at a time (the first run, with the embeddings
-    and head, before the others; the others in any order, some maybe in another process: see
+    """The probes of one model, fed one run of blocks at a time (the first run, with the outer
+    tensors, before the others; the others in any order, some maybe in another process: see
     :mod:`.streamed`): per probe its squared response per tensor and the stream rotation its first
-    run computed."""
+    run computed.  The one probe loop of compare, whole, half-streamed (:mod:`.streamed`) or
+    fully streamed (:mod:`.comparison_by_runs`).
+
+    ``outer``: the outer tensors the first run perturbs and measures (default: every one of
+    ``params``'s); ``stand_in``: tensors added to every run's input as they are (zero rows in place
+    of the vocabulary-sized tensors, which are then measured chunk by chunk); ``vocab``: the runs'
+    vocabulary (that of the stand-in rows); ``rotations``: a rotation per probe given in advance
+    (a callable, read at each run) instead of the first run's; ``record_outer``: keep, per probe,
+    its perturbed outer tensors and its steps on the embeddings and head (the rotation's part as
+    :data:`OWN_ROTATION`) for the chunks."""
 
     def __init__(
         self,
@@ -221,21 +270,32 @@ class RunProbes:
         u: float,
         storage_dtype: torch.dtype,
         taken_along: Params | None = None,
+        *,
+        outer: list[str] | None = None,
+        stand_in: Params | None = None,
+        vocab: int | None = None,
+        rotations: list[Element | Callable[[], Element] | None] | None = None,
+        record_outer: bool = False,
     ):
         self.cfg, self.params, self.seed, self.u, self.storage_dtype = cfg, params, seed, u, storage_dtype
         self.index = {k: i for i, k in enumerate(params)}
         self.blocks: dict[int | None, list[str]] = {}
         for k in params:
             self.blocks.setdefault(block_of(k), []).append(k)
-        self.outer = self.blocks.get(None, [])
-        # the embeddings and head that runs after the first take along (float64, any values: the
-        # steps look them up, but no block's result depends on them): a canonical form's, which is
-        # in memory anyway, rather than a float64 copy of the model's own
+        self.outer = self.blocks.get(None, []) if outer is None else outer
+        # the outer tensors that runs after the first take along (float64, any values: the steps
+        # look them up, but no block's result depends on them): a canonical form's, which is in
+        # memory anyway, rather than a float64 copy of the model's own
         self.taken_along = {k: (taken_along or params)[k].detach().to("cpu", torch.float64) for k in self.outer}
+        self.stand_in = dict(stand_in or {})
+        self.run_changes = {} if vocab is None else {"vocab": vocab}
         # per probe ‖canon(θ + δ) − canon(θ)‖² per tensor, summed per group in parameter order
         # (outer tensors first, then the blocks) whatever order the runs were taken in
         self.sq: list[dict[str, float]] = [{} for _ in range(probes)]
-        self.rotations: list[Element | None] = [None] * probes
+        self.rotations: list[Element | Callable[[], Element] | None] = list(rotations or [None] * probes)
+        self.record_outer = record_outer
+        self.first_outer: list[Params] = [{} for _ in range(probes)]
+        self.outer_steps: list[Steps] = [[] for _ in range(probes)]
 
     def names(self, lo: int, n: int) -> list[str]:
         return [k for b in range(lo, lo + n) for k in self.blocks.get(b, [])]
@@ -247,7 +307,7 @@ class RunProbes:
         n: int,
         here: Params,
         ref: Params,
-        base: Params,
+        base: Mapping[str, torch.Tensor | Spilled],
         base_outer: Mapping[str, torch.Tensor | Spilled],
         kept: dict[str, Element],
     ) -> None:
@@ -256,49 +316,46 @@ class RunProbes:
         ``base_outer`` (the canonical outer tensors), with the ``kept`` permutations of the run."""
         cfg, u, seed, outer = self.cfg, self.u, self.seed, self.outer
         names = self.names(lo, n)
-        sub_names = [_moved(k, -lo) for k in names]
+        sub_names = [moved(k, -lo) for k in names]
+        cfg_run = cfg.with_(n_layers=n, **self.run_changes)
         for p in range(len(self.sq)):
-            sub = _sub({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
-            sub.update(
-                {k: perturbed_param(k, here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
-                if j == 0
-                else self.taken_along
-            )
+            sub = run_slice({k: perturbed(here[k], u, probe_seed(seed, p, self.index[k])) for k in names}, names, lo)
+            if j == 0:
+                first = {k: perturbed_param(k, here[k], u, probe_seed(seed, p, self.index[k])) for k in outer}
+                if self.record_outer:  # the steps on the head read the final norm: kept for the chunks
+                    self.first_outer[p] = first
+                sub.update(first)
+            else:
+                sub.update(self.taken_along)
+            sub.update(self.stand_in)
             keep = dict(kept)
-            rotation = self.rotations[p]
+            given = self.rotations[p]
+            rotation = given() if callable(given) else given
             if rotation is not None:
                 keep[ROTATION] = rotation
-            c = canonicalize_owned(
-                cfg.with_(n_layers=n), sub, reference=ref, storage_dtype=self.storage_dtype, keep=keep
-            )
+            c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.storage_dtype, keep=keep)
+            del sub
             sq = self.sq[p]
             if j == 0:
-                self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                if given is None:
+                    self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
                 for k in outer:
                     sq[k] = sq_distance(c.params[k], base_outer[k])
+                if self.record_outer:
+                    self.outer_steps[p] = [
+                        (a, OWN_ROTATION if a == ROTATION else el) for a, el in outer_steps(cfg_run, c.records)
+                    ]
             for k, s in zip(names, sub_names):
                 sq[k] = sq_distance(c.params[s], base[s])
-            del c, sub
+            del c
 
-    def totals(self) -> list[dict[str, float]]:
-        """Per probe, Σ‖canon(θ + δ) − canon(θ)‖² per group (added in the order the runs feed them:
-        the outer tensors, then the blocks in order)."""
-        order = self.outer + [k for b in range(self.cfg.n_layers) for k in self.blocks.get(b, [])]
-        out = []
-        for sq in self.sq:
-            total: dict[str, float] = {}
-            for k in order:
-                total[group_of(k)] = total.get(group_of(k), 0.0) + sq[k]
-            out.append(total)
-        return out
+    def order(self) -> list[str]:
+        """The parameter order the sums are taken in: the outer tensors, then the blocks."""
+        return self.outer + [k for b in range(self.cfg.n_layers) for k in self.blocks.get(b, [])]
 
     def worst(self) -> dict[str, float]:
         """Per group, the largest total over the probes."""
-        worst: dict[str, float] = {}
-        for total in self.totals():
-            for k, v in total.items():
-                worst[k] = max(worst.get(k, 0.0), v)
-        return worst
+        return worst(self.sq, self.order())
 
 
 def response_by_runs(
@@ -310,10 +367,10 @@ def response_by_runs(
     ref_outer = {k: reference[k] for k in rp.outer}
     base_outer = {k: canonical.params[k] for k in rp.outer}
     # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
-    for j, (lo, n) in enumerate(_block_runs(cfg, params)):
+    for j, (lo, n) in enumerate(block_runs(cfg, params)):
         names = rp.names(lo, n)
         here = {k: params[k] for k in names + (rp.outer if j == 0 else [])}
-        ref = {**_sub(reference, names, lo), **ref_outer}
-        rp.run(j, lo, n, here, ref, _sub(canonical.params, names, lo), base_outer, _kept(cfg, canonical, lo, n))
+        ref = {**run_slice(reference, names, lo), **ref_outer}
+        rp.run(j, lo, n, here, ref, run_slice(canonical.params, names, lo), base_outer, _kept(cfg, canonical, lo, n))
         del here
     return rp.worst()

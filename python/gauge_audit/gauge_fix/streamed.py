@@ -33,10 +33,10 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of
 from ..models.config import Config
 from ..runtime import eps
-from .base import Decision, Params, StepRecord, _moved, _renumbered, rounding_kappa
+from .base import Decision, Params, StepRecord, moved, renumbered, rounding_kappa
 from .ffn import scaling_kappa
 from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
-from .response import ROTATION, RunProbes, Spilled, _block_runs, _sub, sq_distance
+from .response import ROTATION, RunProbes, Spilled, block_runs, run_slice, sq_distance
 
 SPILL = 1 << 24  # outer tensors of at least this many entries (128 MiB in float64) wait in a file
 
@@ -48,7 +48,7 @@ def _outer(name: str) -> bool:
 
 
 def _renamed(name: str, lo: int) -> str:
-    return name if _outer(name) else _moved(name, lo)
+    return name if _outer(name) else moved(name, lo)
 
 
 def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | None:
@@ -76,7 +76,7 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
             for k, t in el.parts.items():
                 b = block_of(k + ".")
                 if b is not None:
-                    inner[_renumbered(k, b, b + lo)] = t
+                    inner[renumbered(k, b, b + lo)] = t
         parts = {**outer, **inner} if lead else {**inner, **outer}
         kappa = scaling_kappa(list(parts.values())) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
         return Element(parts, kappa, first.note)
@@ -130,7 +130,7 @@ def _every_block(names: frozenset, n_layers: int) -> frozenset:
     for k in names:
         b = block_of(k)
         if b is not None:
-            out |= {_renumbered(k, b, i) for i in range(n_layers)}
+            out |= {renumbered(k, b, i) for i in range(n_layers)}
     return frozenset(out)
 
 
@@ -236,7 +236,7 @@ class _BRuns:
         self.ref = reference.params
         self.rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, self.ref)
         self.ref_outer = {k: self.ref[k] for k in self.rp.outer}
-        self.runs = _block_runs(cfg, params_b)
+        self.runs = block_runs(cfg, params_b)
         self.rotation: Element | None = None
         self.sq: dict[str, float] = {}
         self.records: dict[int, tuple[int, list[StepRecord]]] = {}
@@ -246,8 +246,8 @@ class _BRuns:
         lo, n = self.runs[j]
         names = rp.names(lo, n)
         here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
-        ref_run = {**_sub(ref, names, lo), **self.ref_outer}
-        sub = {_moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
+        ref_run = {**run_slice(ref, names, lo), **self.ref_outer}
+        sub = {moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
         sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
         keep = {ROTATION: self.rotation} if self.rotation is not None else None
         c = canonicalize_owned(
@@ -261,9 +261,9 @@ class _BRuns:
             # the canonical embeddings and head in a temporary file while the probes run
             base_outer = {k: Spilled(v) if v.numel() >= SPILL else v for k, v in c.params.items() if k in rp.outer}
         for k in names:
-            self.sq[k] = sq_distance(c.params[_moved(k, -lo)], ref[k])
+            self.sq[k] = sq_distance(c.params[moved(k, -lo)], ref[k])
         kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
-        base = {_moved(k, -lo): c.params[_moved(k, -lo)] for k in names}
+        base = {moved(k, -lo): c.params[moved(k, -lo)] for k in names}
         records = c.records
         del c, sub  # the outer tensors: only in base_outer now
         rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
