@@ -96,25 +96,13 @@ def rounding_response(
     permutations; the signs, phases and rotations of the compact freedoms are aligned to
     ``reference`` by continuous fits, which a rounding moves continuously) and recomputes only
     the continuous elements: the norm scales, the stream rotation, the balanced factors and unit
-    scales.  One run of blocks at a time where no bias-chain stretch joins blocks
-    (:mod:`.response`: no float64 copy of the whole model, the same arithmetic), else the whole
-    perturbed model in place (its input finite by construction, not validated again)."""
+    scales.  The one probe loop of :mod:`.response`: one run of blocks at a time where no
+    bias-chain stretch joins blocks (no float64 copy of the whole model, the same arithmetic), else
+    one run of every block — the whole perturbed model in place (its input finite by construction,
+    not validated again)."""
     u = torch.finfo(canonical.storage_dtype).eps / 2
-    if blockwise(cfg, params):
-        return response_by_runs(cfg, params, canonical, reference, probes, seed, u)
-    worst: dict[str, float] = {}
-    for p in range(probes):
-        c = canonicalize_owned(
-            cfg,
-            probe_params(params, u, seed, p),
-            reference=reference,
-            storage_dtype=canonical.storage_dtype,
-            frozen=canonical,
-        )
-        for k, v in sq_by_group(c.params, canonical.params).items():
-            worst[k] = max(worst.get(k, 0.0), v)
-        del c
-    return worst
+    runs = None if blockwise(cfg, params) else [(0, cfg.n_layers)]  # a stretch joins blocks: one run of all
+    return response_by_runs(cfg, params, canonical, reference, probes, seed, u, runs)
 
 
 def rounding_response_recanonicalised(

@@ -359,15 +359,23 @@ class RunProbes:
 
 
 def response_by_runs(
-    cfg: Config, params: Params, canonical: Canonical, reference: Params, probes: int, seed: int, u: float
+    cfg: Config,
+    params: Params,
+    canonical: Canonical,
+    reference: Params,
+    probes: int,
+    seed: int,
+    u: float,
+    runs: list[tuple[int, int]] | None = None,
 ) -> dict[str, float]:
     """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
-    one run of blocks at a time (module docstring); ``blockwise(cfg, params)`` must hold."""
+    one run of blocks at a time (module docstring): the runs of :func:`block_runs`, which needs
+    ``blockwise(cfg, params)``, or ``runs`` given (one run of every block where a stretch joins them)."""
     rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
     ref_outer = {k: reference[k] for k in rp.outer}
     base_outer = {k: canonical.params[k] for k in rp.outer}
     # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
-    for j, (lo, n) in enumerate(block_runs(cfg, params)):
+    for j, (lo, n) in enumerate(block_runs(cfg, params) if runs is None else runs):
         names = rp.names(lo, n)
         here = {k: params[k] for k in names + (rp.outer if j == 0 else [])}
         ref = {**run_slice(reference, names, lo), **ref_outer}
