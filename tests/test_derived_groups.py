@@ -206,3 +206,30 @@ def test_fused_qkv_projection_is_split_by_rows(tmp_path, capsys):
     assert flat[("qk-gl", "layer 0 KV group 0")] == 2 * planes + (e - 2 * planes) ** 2
     assert flat[("vo-gl", "layer 0 KV group 0")] == e * e
     assert flat[("stream-gl", "stream")] == d * (d - 1) // 2
+
+
+def test_a_weightless_layernorm_stream_is_explained(tmp_path, capsys):
+    """OLMo's LayerNorm has neither weight nor bias and its ε is written into the forward (read
+    off the probe, then confirmed). Every reader of the stream reads it centred, so 1 is seen by
+    nobody: each vector a writer adds may gain a multiple of 1 (ln-writer-ones), each reader unit a
+    multiple of 1 along the stream (ln-reader-ones), and the stream keeps O(d−1) on 1⊥ and the
+    scale of its 1-component. Measured = explained, each ones family flat in full."""
+    path = tiny_checkpoint("OlmoForCausalLM", tmp_path / "olmo", 0)
+    assert main(["groups", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
+    desc = describe(load(path))
+    assert {n.kind for r in desc.readers if (n := r.norm) is not None} == {"layernorm-weightless"}
+    fams = [f for f in out["families"] if f["name"] in ("ln-writer-ones", "ln-reader-ones")]
+    assert len(fams) == 1 + len(desc.readers) and all(f["flat"] == f["generators"] for f in fams), fams
+    d = desc.d_model
+    stream = next(f for f in out["families"] if f["name"] == "stream-gl")
+    assert stream["flat"] == (d - 1) * (d - 2) // 2 + 1, stream
+
+
+def test_starcoder2_feed_forward_names_are_placed(tmp_path):
+    """Starcoder 2 names its FFN ``c_fc`` / ``c_proj``: every tensor is placed (the LayerNorm
+    shifts its biased readers absorb are reported as unexplained, with the tensors they move)."""
+    desc = describe(load(tiny_checkpoint("Starcoder2ForCausalLM", tmp_path / "sc2", 0)))
+    assert not desc.unplaced, desc.lines()
+    assert any(w.param.endswith("mlp.c_proj.weight") for w in desc.writers)

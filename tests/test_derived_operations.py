@@ -302,9 +302,10 @@ def _one_per_orbit_tolerance(ra: dict, rb: dict) -> float:
     return 4 * (ra["kappa"] + rb["kappa"]) * ra["length"] * torch.finfo(F64).eps / gap
 
 
-# beside the five: a LayerNorm stream (its rotations fix 1: so(1⊥), not a block of coordinates) and
+# beside the five: a LayerNorm stream (its rotations fix 1: so(1⊥), not a block of coordinates),
 # NoPE layers under a per-head QK-norm (quarter turns of both plane pairings: signed permutations)
-MORE = ("StableLmForCausalLM", "Exaone4ForCausalLM")
+# and a weightless LayerNorm stream (the ones shifts in closed form; the scale of 1 acts trivially)
+MORE = ("StableLmForCausalLM", "Exaone4ForCausalLM", "OlmoForCausalLM")
 
 
 @pytest.mark.parametrize("arch", list(DECODER_EXAMPLES) + list(MORE))

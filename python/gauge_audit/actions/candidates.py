@@ -418,6 +418,62 @@ def post_norm_diagonal(desc: Description, params) -> list[Family]:
     return out
 
 
+CENTRED = ("layernorm", "layernorm-weightless")  # norms that subtract the mean: blind to 1
+
+
+def _slices(t: torch.Tensor, axis: int) -> list[tuple]:
+    """Every index of ``t`` with ``axis`` left whole: the stream vectors a tensor holds."""
+    import itertools
+
+    ranges = [range(n) if ax != axis else [slice(None)] for ax, n in enumerate(t.shape)]
+    return list(itertools.product(*ranges))
+
+
+def ln_writer_ones(desc: Description, params) -> list[Family]:
+    """Where every reader of the stream reads it through a centring norm (a LayerNorm), the
+    stream's component along 1 is seen by nobody: each vector a writer adds (a row of the
+    embedding, a column of an output projection, a bias) may gain any multiple of 1."""
+    if desc.residual != "serial" or desc.post_norms or not desc.readers:
+        return []
+    if any(r.norm is None or r.norm.kind not in CENTRED for r in desc.readers):
+        return []
+    gens: list[list[Entry]] = []
+    for w in desc.writers:
+        gens += [[(w.param, idx, 1.0, "shift")] for idx in _slices(params[w.param], w.axis)]
+        if w.bias:
+            gens += [[(w.bias, idx, 1.0, "shift")] for idx in _slices(params[w.bias], params[w.bias].dim() - 1)]
+    return [_coordinatewise("ln-writer-ones", "stream", params, gens, f"R^{len(gens)}")]
+
+
+def ln_reader_ones(desc: Description, params) -> list[Family]:
+    """A reader of a centring norm's output γ⊙n(x) + β: n(x) ⊥ 1, so each of its output units may
+    gain any multiple of u = 1/γ along the stream (u·(γ⊙n) = Σ n = 0), the constant β·u it then
+    adds taken back by the unit's bias (where β ≠ 0 and the reader has none: not proposed)."""
+    out = []
+    for r in desc.readers:
+        n = r.norm
+        if n is None or n.kind not in CENTRED:
+            continue
+        g = n.gamma(params)
+        u = torch.ones(desc.d_model, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
+        beta = params[n.bias].to(torch.float64) if n.bias else None
+        if beta is not None and not r.bias:
+            continue
+        t = params[r.param]
+        gens: list[list[Entry]] = []
+        for idx in _slices(t, r.axis):
+            entries: list[Entry] = []
+            for i in range(desc.d_model):
+                at = tuple(i if v == slice(None) else v for v in idx)
+                entries.append((r.param, at, float(u[i]), "shift"))
+            if beta is not None and r.bias:
+                unit = tuple(v for ax, v in enumerate(idx) if ax != r.axis)
+                entries.append((r.bias, unit, -float(beta @ u), "shift"))
+            gens.append(entries)
+        out.append(_coordinatewise("ln-reader-ones", r.param, params, gens, f"R^{len(gens)}"))
+    return out
+
+
 def continuous(desc: Description, params) -> list[Family]:
     fams: list[Family] = []
     for op in desc.opaque:
@@ -427,7 +483,7 @@ def continuous(desc: Description, params) -> list[Family]:
     for hd in desc.hidden:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
-    return fams
+    return fams + ln_writer_ones(desc, params) + ln_reader_ones(desc, params)
 
 
 # ----------------------------------------------------------------------------- discrete

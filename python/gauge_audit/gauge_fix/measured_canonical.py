@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch.func import grad, hessian
+from torch.func import grad, hessian, jacfwd
 
 from ..actions.candidates import Discrete, Family, discrete, signed_permutation
 from ..measured import (
@@ -54,7 +54,7 @@ from ..measured import (
 from ..models.checkpoint.writer import refuse_existing
 from ..models.derived import Description, HFModel
 from ..runtime import eps, reproducible
-from .measured import block, logm, project
+from .measured import block, least_squares, logm, project
 
 STEPS = 60  # Gauss–Newton steps of the smallest norm
 BUDGET_S = 120.0
@@ -132,6 +132,45 @@ def _fold_norms(flat, cur: Params, kap: _Kappa, steps: list[str], conditions: di
     return cur, done
 
 
+def _affine_shifts(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]) -> tuple[Params, set]:
+    """The LayerNorm ones families (every entry a shift: constant tangents) at their smallest norm
+    in closed form — least squares over their flat directions — before the Newton steps.  Then no
+    direction of the stream's scaling of 1, which trades a writer's 1-component against a reader's,
+    is left to drift: both components are 0."""
+    done = set()
+    for i, (fam, _) in enumerate(flat):
+        basis = bases.get(i)
+        if not fam.name.startswith("ln-") or fam.spec is None or basis is None or not basis.shape[1]:
+            continue
+        if any(kind != "shift" for entries in fam.spec[1] for _, _, _, kind in entries):
+            continue
+        names = sorted({n for gen in fam.generators for n in gen})
+        T = torch.stack(
+            [
+                torch.cat([gen[n].reshape(-1) if n in gen else cur[n].new_zeros(cur[n].numel()) for n in names])
+                for gen in fam.generators
+            ],
+            1,
+        )
+        theta = torch.cat([cur[n].reshape(-1) for n in names])
+        c = basis @ least_squares(T @ basis, -theta[:, None])[:, 0]
+        cur = fam.act(cur, c)
+        kap.add(i, fam, c)
+        done.add(i)
+    if done:
+        steps.append(f"shifts: {len(done)} LayerNorm ones famil(ies) at their smallest norm (least squares)")
+    return cur, done
+
+
+def _acting(chain, cur: Params, n: int) -> torch.Tensor:
+    """An orthonormal basis of the coordinates that move the parameters at ``cur`` (the others
+    act trivially there: a scaling of a component that is 0 — no step may drift along them)."""
+    J = jacfwd(lambda v: chain(v, cur))(torch.zeros(n, dtype=torch.float64))
+    _, s, Vh = torch.linalg.svd(J, full_matrices=False)
+    keep = s > max(J.shape) * eps(torch.float64) * (float(s[0]) if s.numel() else 0.0)
+    return Vh[keep].T
+
+
 # ----------------------------------------------------------------------------- stage 2
 def _newton_terms(chain, cur: Params, zero: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
     """‖r‖², its gradient and its Hessian at v = 0, r(v) = chain(v, cur)."""
@@ -152,8 +191,10 @@ def _smallest_norm(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
     if not idx:
         return cur, 0.0
     sizes = [bases[i].shape[1] for i in idx]
+    within: torch.Tensor | None = None  # v = within·w: only directions that act (below)
 
     def chain(v: torch.Tensor, p: Params) -> torch.Tensor:
+        v = v if within is None else within @ v
         k = 0
         for i, s in zip(idx, sizes):
             p = flat[i][0].act(p, bases[i] @ v[k : k + s])
@@ -161,6 +202,7 @@ def _smallest_norm(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
         return torch.cat([p[n].reshape(-1) for n in moved])
 
     def apply(v: torch.Tensor, p: Params) -> Params:
+        v = v if within is None else within @ v
         k = 0
         for i, s in zip(idx, sizes):
             c = bases[i] @ v[k : k + s]
@@ -170,6 +212,10 @@ def _smallest_norm(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
         return p
 
     n = sum(sizes)
+    acting = _acting(chain, cur, n)
+    if acting.shape[1] < n:  # a direction that moves nothing here would let the steps drift along it
+        steps.append(f"smallest norm: {n - acting.shape[1]} flat direction(s) act trivially here and are left out")
+        within, n = acting, acting.shape[1]
     grad_rel, taken, lam, before = math.inf, 0, 1e-9, math.inf
     slack = 1 + 16 * eps(torch.float64)  # f is quadratic at the minimum: near it, rounding decides f's change
     while taken < STEPS and time.time() - t0 < budget_s:
@@ -535,7 +581,13 @@ def canonical_form(
     cur, folded = _fold_norms(flat, model.state, kap, steps, conditions)
     compact = {i: _compact(fam, b) for i, (fam, b) in enumerate(flat) if fam.spec and fam.spec[0] == "gl"}
     bases = {i: compact[i].rest if i in compact else b for i, (_, b) in enumerate(flat) if i not in folded}
-    cur, grad = _smallest_norm(flat, {i: b for i, b in bases.items() if b.shape[1]}, cur, kap, steps, t0, budget_s)
+    # where both sides of the stream are blind to 1 — a ones shift for every writer and every
+    # reader — the ones go first, in closed form; the stream's scale of 1 then acts trivially
+    shifted: set = set()
+    if sum(fam.name == "ln-reader-ones" for fam, _ in flat) == len(desc.readers):
+        cur, shifted = _affine_shifts(flat, bases, cur, kap, steps)
+    newton = {i: b for i, b in bases.items() if b.shape[1] and i not in shifted}
+    cur, grad = _smallest_norm(flat, newton, cur, kap, steps, t0, budget_s)
     for i, b in bases.items():  # the smallest norm fixes all but the rotations
         conditions[flat[i][0].name] = conditions.get(flat[i][0].name, 0) + b.shape[1]
     ids = certificate_inputs(model.vocab)

@@ -64,7 +64,7 @@ class Norm:
     module: str
     weight: str | None  # parameter name; None: a weightless norm
     bias: str | None
-    kind: str  # rms | rms1p (n(x)·(1 + w)) | layernorm | weightless
+    kind: str  # rms | rms1p (n(x)·(1 + w)) | layernorm | weightless | layernorm-weightless (centred)
     reads: str  # stream | mixer-out | ffn-out | heads
 
     def gamma(self, params: dict) -> torch.Tensor | None:
@@ -482,13 +482,19 @@ def _norm_kind(mod, x, y, params, prefix) -> Norm | None:
     b = params.get(prefix + ".bias")
     if x is None or y is None or x.shape[-1] != y.shape[-1]:
         return None
-    eps = next((float(getattr(mod, k)) for k in ("variance_epsilon", "eps") if hasattr(mod, k)), 1e-6)
-    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    eps = next((float(getattr(mod, k)) for k in ("variance_epsilon", "eps") if hasattr(mod, k)), None)
     xc = x - x.mean(-1, keepdim=True)
+    if eps is None and w is None:  # ε written into the forward (OLMo's LayerNorm): read off the probe,
+        # ‖x_c‖/‖y‖ = √(mean x_c² + ε) row by row; the comparisons below then confirm it or not
+        ms = xc.pow(2).mean(-1)
+        eps = max(0.0, float((xc.norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-300)).pow(2).sub(ms).median()))
+    eps = 1e-6 if eps is None else eps
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     ln = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
     cands = []
     if w is None:
         cands += [("weightless", rms), ("weightless", x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30))]
+        cands += [("layernorm-weightless", ln)]  # OLMo's non-parametric LayerNorm: centred, no γ or β
     else:
         cands += [("rms", rms * w), ("rms1p", rms * (1 + w)), ("layernorm", ln * w + (b if b is not None else 0))]
     for kind, z in cands:
@@ -717,18 +723,19 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
 
     def dense(pre: str, mod, name: str) -> None:
         ch = dict(mod.named_children())
-        if "down_proj" not in ch:
+        down = next((n for n in ("down_proj", "c_proj", "fc2") if n in ch), None)  # the writer's usual names
+        if down is None:
             return
-        readers = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "fc1") if n in ch]
+        readers = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc") if n in ch]
         rs: list[tuple[str, int]] = []
         for n in readers:
             desc.readers.append(Reader(f"{pre}.{n}.weight", 1, norm, _opt(params, f"{pre}.{n}.bias")))
             rs.append((f"{pre}.{n}.weight", 0))
             if f"{pre}.{n}.bias" in params:
                 rs.append((f"{pre}.{n}.bias", 0))
-        desc.writers.append(Writer(f"{pre}.down_proj.weight", 0, _opt(params, f"{pre}.down_proj.bias")))
-        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.down_proj.weight", 1),)))
-        desc.placed |= {p for p, _ in rs} | {f"{pre}.down_proj.weight", f"{pre}.down_proj.bias"}
+        desc.writers.append(Writer(f"{pre}.{down}.weight", 0, _opt(params, f"{pre}.{down}.bias")))
+        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.{down}.weight", 1),)))
+        desc.placed |= {p for p, _ in rs} | {f"{pre}.{down}.weight", f"{pre}.{down}.bias"}
 
     ch = dict(ffn.named_children())
     dense(prefix, ffn, f"layer {i} FFN")
