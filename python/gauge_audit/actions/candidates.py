@@ -470,7 +470,29 @@ def ln_reader_ones(desc: Description, params) -> list[Family]:
                 unit = tuple(v for ax, v in enumerate(idx) if ax != r.axis)
                 entries.append((r.bias, unit, -float(beta @ u), "shift"))
             gens.append(entries)
-        out.append(_coordinatewise("ln-reader-ones", r.param, params, gens, f"R^{len(gens)}"))
+        fam = _coordinatewise("ln-reader-ones", r.param, params, gens, f"R^{len(gens)}")
+        fam.act = partial(_reader_ones, r, desc.d_model, _slices(t, r.axis))
+        out.append(fam)
+    return out
+
+
+def _reader_ones(r, d: int, units: list[tuple], p: Params, c: torch.Tensor) -> Params:
+    """The element: unit j of the reader gains c_j·u along the stream, u = 1/γ read at ``p`` (after
+    a norm fold or any other element, the shift is along the current γ's u), and its bias −c_j·(β·u)."""
+    n = r.norm
+    g = n.gamma(p)
+    u = torch.ones(d, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
+    t = p[r.param]
+    shape = [1] * t.dim()
+    shape[r.axis] = d
+    delta = torch.stack([c[j] * u for j in range(len(units))])  # one stream vector per unit
+    rest = [ax for ax in range(t.dim()) if ax != r.axis]
+    moved = delta.reshape([t.shape[ax] for ax in rest] + [d]).movedim(-1, r.axis)
+    out = dict(p)
+    out[r.param] = t + moved
+    if n.bias and r.bias:
+        beta = p[n.bias].to(torch.float64)
+        out[r.bias] = p[r.bias] - (c * (beta @ u)).reshape(p[r.bias].shape)
     return out
 
 
