@@ -227,9 +227,28 @@ def test_a_weightless_layernorm_stream_is_explained(tmp_path, capsys):
     assert stream["flat"] == (d - 1) * (d - 2) // 2 + 1, stream
 
 
-def test_starcoder2_feed_forward_names_are_placed(tmp_path):
-    """Starcoder 2 names its FFN ``c_fc`` / ``c_proj``: every tensor is placed (the LayerNorm
-    shifts its biased readers absorb are reported as unexplained, with the tensors they move)."""
-    desc = describe(load(tiny_checkpoint("Starcoder2ForCausalLM", tmp_path / "sc2", 0)))
-    assert not desc.unplaced, desc.lines()
-    assert any(w.param.endswith("mlp.c_proj.weight") for w in desc.writers)
+@pytest.mark.parametrize("arch", ["Starcoder2ForCausalLM", "Glm4ForCausalLM"])
+def test_biased_readers_are_explained(arch, tmp_path, capsys):
+    """Biases beside the norms. Starcoder 2 (FFN named ``c_fc`` / ``c_proj``, affine LayerNorms,
+    every projection biased): a LayerNorm's shift β ↦ β + δ taken back by its readers' biases
+    (b ↦ b − W·δ, d per norm), each reader unit's ones shift along 1/γ with its bias taking back
+    β·u, a constant value folded into o_proj's bias (d_v per KV group). GLM-4 (partial rotary, key
+    bias): the key bias's unrotated coordinates shift. Measured = explained, each family in full."""
+    path = tiny_checkpoint(arch, tmp_path / arch, 0)
+    assert main(["groups", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
+    desc = describe(load(path))
+    d = desc.d_model
+    flat = {(f["name"], f["scope"]): (f["flat"], f["generators"]) for f in out["families"]}
+    for h in desc.heads:
+        kv = range(h.n_kv)
+        if arch.startswith("Starcoder2"):
+            assert all(flat[("value-bias-fold", f"layer {h.layer} KV group {g}")] == (h.head_dim,) * 2 for g in kv)
+        else:
+            free = h.head_dim - h.rotary
+            assert all(flat[("key-bias-shift", f"layer {h.layer} KV group {g}")] == (free, free) for g in kv)
+    if arch.startswith("Starcoder2"):
+        assert any(w.param.endswith("mlp.c_proj.weight") for w in desc.writers)
+        shifts = [v for (name, _), v in flat.items() if name == "ln-bias-shift"]
+        assert shifts and all(v == (d, d) for v in shifts), shifts

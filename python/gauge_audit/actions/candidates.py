@@ -496,16 +496,107 @@ def _reader_ones(r, d: int, units: list[tuple], p: Params, c: torch.Tensor) -> P
     return out
 
 
+def ln_bias_shift(desc: Description, params) -> list[Family]:
+    """A LayerNorm's shift β ↦ β + δ, every reader's bias taking back its weight's image of δ
+    (b ↦ b − W·δ): where each reader of that norm has a bias (not proposed otherwise)."""
+    by_norm: dict[str, list] = {}
+    norms: dict[str, Norm] = {}
+    for r in desc.readers:
+        if r.norm is not None and r.norm.kind in CENTRED and r.norm.bias:
+            by_norm.setdefault(r.norm.module, []).append(r)
+            norms[r.norm.module] = r.norm
+    out = []
+    for mod, readers in by_norm.items():
+        if any(not r.bias for r in readers):
+            continue
+        n = norms[mod]
+        assert n.bias is not None
+        gens: list[list[Entry]] = []
+        for j in range(desc.d_model):
+            entries: list[Entry] = [(n.bias, (j,), 1.0, "shift")]
+            for r in readers:
+                t = params[r.param]
+                for idx in _slices(t, r.axis):
+                    at = tuple(j if v == slice(None) else v for v in idx)
+                    unit = tuple(v for ax, v in enumerate(idx) if ax != r.axis)
+                    entries.append((r.bias, unit, -float(t[at]), "shift"))
+            gens.append(entries)
+        fam = _coordinatewise("ln-bias-shift", mod, params, gens, f"R^{len(gens)}")
+        fam.act = partial(_bias_shift, n, tuple(readers))
+        out.append(fam)
+    return out
+
+
+def _bias_shift(n: Norm, readers: tuple, p: Params, c: torch.Tensor) -> Params:
+    """The element: β ↦ β + c, each reader's bias b ↦ b − W·c with W read at ``p``."""
+    assert n.bias is not None
+    out = dict(p)
+    out[n.bias] = p[n.bias] + c
+    for r in readers:
+        t = p[r.param]
+        image = torch.tensordot(t.to(c.dtype), c, dims=([r.axis], [0]))
+        out[r.bias] = p[r.bias] - image.reshape(p[r.bias].shape)
+    return out
+
+
+def key_bias_shift(h: Heads, params) -> list[Family]:
+    """Per KV group: the key bias's coordinates RoPE leaves unrotated shifted — each query's scores
+    gain one constant over the keys, which the softmax does not see (a rotated coordinate turns
+    with the position, so its shift is not proposed)."""
+    if not h.kb or h.rotary >= h.head_dim:
+        return []
+    e = h.head_dim
+    out = []
+    for g in range(h.n_kv):
+        gens: list[list[Entry]] = [[(h.kb, (h.k_off + g * e + i,), 1.0, "shift")] for i in range(h.rotary, e)]
+        out.append(_coordinatewise("key-bias-shift", f"layer {h.layer} KV group {g}", params, gens, f"R^{len(gens)}"))
+    return out
+
+
+def value_bias_fold(h: Heads, params) -> list[Family]:
+    """Per KV group: b_V ↦ b_V + δ and o_proj's bias takes back Σ over the group's heads of
+    W_O·δ — values are averaged by weights that sum to 1, so a constant value passes unchanged."""
+    if not (h.vb and h.ob):
+        return []
+    e, out = h.head_dim, []
+    W = params[h.o]
+    for g in range(h.n_kv):
+        gens: list[list[Entry]] = []
+        for i in range(e):
+            entries: list[Entry] = [(h.vb, (h.v_off + g * e + i,), 1.0, "shift")]
+            col = sum(W[:, head * e + i] for head in range(g * h.group, (g + 1) * h.group))
+            entries += [(h.ob, (o,), -float(col[o]), "shift") for o in range(W.shape[0])]
+            gens.append(entries)
+        fam = _coordinatewise("value-bias-fold", f"layer {h.layer} KV group {g}", params, gens, f"R^{e}")
+        fam.act = partial(_value_fold, h, g)
+        out.append(fam)
+    return out
+
+
+def _value_fold(h: Heads, g: int, p: Params, c: torch.Tensor) -> Params:
+    """The element: the group's value bias + c, o_proj's bias − Σ_heads W_O·c with W_O read at ``p``."""
+    assert h.vb is not None and h.ob is not None
+    e, out = h.head_dim, dict(p)
+    lo = h.v_off + g * e
+    vb = p[h.vb]
+    out[h.vb] = torch.cat([vb[:lo], vb[lo : lo + e] + c, vb[lo + e :]])
+    W = p[h.o].to(c.dtype)
+    image = sum(W[:, head * e : (head + 1) * e] @ c for head in range(g * h.group, (g + 1) * h.group))
+    out[h.ob] = p[h.ob] - image
+    return out
+
+
 def continuous(desc: Description, params) -> list[Family]:
     fams: list[Family] = []
     for op in desc.opaque:
         fams += mixer_scale(op, params)
     for h in desc.heads:
         fams += qk_gl(h, params) + qk_norm_scale(h, params) + vo_gl(h, params)
+        fams += key_bias_shift(h, params) + value_bias_fold(h, params)
     for hd in desc.hidden:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
-    return fams + ln_writer_ones(desc, params) + ln_reader_ones(desc, params)
+    return fams + ln_writer_ones(desc, params) + ln_reader_ones(desc, params) + ln_bias_shift(desc, params)
 
 
 # ----------------------------------------------------------------------------- discrete

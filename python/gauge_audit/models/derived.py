@@ -692,8 +692,9 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             v_off=q_out + k_rows if fused else 0,
         )
         desc.heads.append(h)
+        biases = {h.v: h.vb, h.k: h.kb, h.q: h.qb}  # a fused projection: its one bias (the first key wins)
         for reads in dict.fromkeys((h.q, h.k, h.v)):  # a fused projection reads the stream once
-            desc.readers.append(Reader(reads, 1, norm))
+            desc.readers.append(Reader(reads, 1, norm, biases[reads]))
         desc.writers.append(Writer(h.o, 0, h.ob))
         desc.placed |= {x for x in (h.q, h.k, h.v, h.o, h.qb, h.kb, h.vb, h.ob, h.sinks) if x}
         desc.placed |= {x.weight for x in (qn, kn) if x is not None and x.weight}
