@@ -15,6 +15,7 @@ Each discrete candidate is a map on the parameters, tested by the forward.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from functools import partial
 
 import torch
 
-from ..models.derived import Description, Heads, Hidden, Norm, Opaque
+from ..models.derived import Description, Heads, Hidden, Norm, Opaque, Reader
 
 Tangent = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
@@ -423,8 +424,6 @@ CENTRED = ("layernorm", "layernorm-weightless")  # norms that subtract the mean:
 
 def _slices(t: torch.Tensor, axis: int) -> list[tuple]:
     """Every index of ``t`` with ``axis`` left whole: the stream vectors a tensor holds."""
-    import itertools
-
     ranges = [range(n) if ax != axis else [slice(None)] for ax, n in enumerate(t.shape)]
     return list(itertools.product(*ranges))
 
@@ -476,15 +475,14 @@ def ln_reader_ones(desc: Description, params) -> list[Family]:
     return out
 
 
-def _reader_ones(r, d: int, units: list[tuple], p: Params, c: torch.Tensor) -> Params:
+def _reader_ones(r: Reader, d: int, units: list[tuple], p: Params, c: torch.Tensor) -> Params:
     """The element: unit j of the reader gains c_j·u along the stream, u = 1/γ read at ``p`` (after
     a norm fold or any other element, the shift is along the current γ's u), and its bias −c_j·(β·u)."""
     n = r.norm
+    assert n is not None
     g = n.gamma(p)
     u = torch.ones(d, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
     t = p[r.param]
-    shape = [1] * t.dim()
-    shape[r.axis] = d
     delta = torch.stack([c[j] * u for j in range(len(units))])  # one stream vector per unit
     rest = [ax for ax in range(t.dim()) if ax != r.axis]
     moved = delta.reshape([t.shape[ax] for ax in rest] + [d]).movedim(-1, r.axis)
