@@ -129,6 +129,16 @@ class ArchConfig:
     out_bias: bool | None = None  # bias on the attention output projection (default: attn_bias)
     unembed_bias: bool = False
 
+    @property
+    def pre_norm(self) -> bool:
+        """x + f(n(x)): the norms read the stream before each sublayer."""
+        return self.norm_placement == "pre"
+
+    @property
+    def post_norm(self) -> bool:
+        """n(x + f(x)): the stream itself is normed after each add."""
+        return self.norm_placement == "post"
+
     @classmethod
     def from_model(cls, cfg) -> ArchConfig:
         """The count's view of a reference-model :class:`~gauge_audit.models.Config` (no MoE)."""
@@ -263,7 +273,7 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
     if cfg.norm in ("layernorm", "rmsnorm"):
         rot = (d - 1) * (d - 2) // 2 if cfg.norm == "layernorm" else d * (d - 1) // 2
         grp = "SO(d-1) fixing the all-ones vector" if cfg.norm == "layernorm" else "SO(d)"
-        if cfg.norm_placement == "post" and cfg.norm_affine:
+        if cfg.post_norm and cfg.norm_affine:
             add(
                 "stream_rotation",
                 0,
@@ -284,7 +294,7 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
                 ESTABLISHED,
                 f"{grp}; readers of affine norms use W·diag(γ)·gᵀ·diag(γ)^-1 (corrected rule)",
             )
-        if cfg.norm_affine and cfg.norm_placement == "pre":
+        if cfg.norm_affine and cfg.pre_norm:
             n_scale = n_norms_inner + (1 if cfg.final_norm and not cfg.tied_embeddings else 0)
             add("norm_scale", n_scale * d, ESTABLISHED, "γ→c⊙γ (and β→c⊙β), readers W→W·diag(c)^-1")
             if cfg.norm == "layernorm":
@@ -295,9 +305,9 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
                     "β→β+δ: a reader with a bias takes b→b−δ·W; without one it absorbs δ through its weights, "
                     "because the LN output lies in the hyperplane y·γ⁻¹ = β·γ⁻¹ (confirmed by the nullity audit)",
                 )
-        elif cfg.norm_affine and cfg.norm_placement == "post":
+        elif cfg.norm_affine and cfg.post_norm:
             add("norm_scale", 0, CONJECTURE, "post-norm: γ feeds the residual stream directly, no compensating reader")
-        if cfg.norm == "layernorm" and cfg.norm_placement == "pre":
+        if cfg.norm == "layernorm" and cfg.pre_norm:
             # LayerNorm removes the all-ones component of its input and its readers see only D·1^⊥ + β.
             # A reader column W→W+γ⁻¹·u sees the constant (β·γ⁻¹)·u: absorbed by its bias, free when β = 0,
             # free for a key column (softmax ignores a per-query constant; not under RoPE), and for a value
@@ -326,7 +336,7 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
                 "writers W_out→W_out+1·uᵀ: every reader is a LayerNorm, which ignores the all-ones component "
                 "(confirmed by the nullity audit)",
             )
-        if cfg.norm_placement == "pre" and cfg.n_positions and not cfg.tied_embeddings:
+        if cfg.pre_norm and cfg.n_positions and not cfg.tied_embeddings:
             add(
                 "embed_offset",
                 d - 1 if cfg.norm == "layernorm" else d,
@@ -334,7 +344,7 @@ def corrected_count(cfg: ArchConfig) -> CountBreakdown:
                 "c added to every row of W_E and subtracted from every row of W_pos (the all-ones part is a "
                 "writer direction already under LayerNorm); broken by tied embeddings (W_E is also read)",
             )
-        if cfg.norm_placement == "pre" and cfg.final_norm:
+        if cfg.pre_norm and cfg.final_norm:
             add(
                 "stream_scale",
                 1,
