@@ -31,7 +31,7 @@ from .actions import get_action
 from .actions.blockwise import transformed
 from .actions.elements import load_element
 from .errors import GaugeAuditError
-from .models import FAMILIES, Model
+from .models import Model, family_of
 from .models.checkpoint import open_checkpoint
 from .models.checkpoint.safetensors_file import SafetensorsFile
 from .models.checkpoint.writer import atomic_dir, refuse_existing, write_hf
@@ -220,7 +220,7 @@ def certify_written(
     after = Reference(ckpt.arch, out_hf, cfg).forward(lambda name: stored.get(name, torch.float64), inputs)
     err = float((after - before).abs().max() / before.abs().max())
     wdtype = getattr(torch, written["dtype"])
-    model = Model(ckpt.name, cfg, {}, FAMILIES[cfg.family])
+    model = Model(ckpt.name, cfg, {}, family_of(cfg))
     tol, formula = tolerance(model, kappa, wdtype, n)
     tol_stat, _ = statistical_tolerance(model, kappa, wdtype, n, before.numel())
     e = eps(wdtype)

@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import GaugeAuditError
-from ..models import FAMILIES
-from ..models import gpt2 as gpt2_family
+from ..models import plain_stack
 from ..models.config import Config
 from ..models.layers import attention, block, mlp, normalize
 
@@ -30,7 +29,7 @@ MAX_POSITIONS = 4096  # positions read (batch·seq); beyond it a seeded subset o
 
 
 def _supported(cfg: Config) -> str | None:
-    if FAMILIES[cfg.family].forward is not gpt2_family.forward:
+    if not plain_stack(cfg):
         return f"activation matching reads the plain stack of blocks; the {cfg.family} family's forward is its own"
     if cfg.experts:
         return "activation matching of MoE experts is not implemented (weight matching is)"

@@ -339,14 +339,14 @@ def nullity(claim: Claim, ctx) -> Evidence:
     if not any(e.continuous for e in _rule(claim).elements):
         return Evidence("nullity", NOT_APPLICABLE, "a finite group (permutations) has no generators")
     cands = [(n, c) for n, c in configs().items() if n in DEFAULT + (FULL_ONLY if ctx.full else ())]
-    from ..models import FAMILIES
+    from ..models import param_shapes
     from ..rules.torch_check import reason
 
     pick = next(
         (
             (n, c)
             for n, c in cands
-            if _matches(c, claim.params) and reason(_rule(claim), c, FAMILIES[c.family].param_shapes(c)) is None
+            if _matches(c, claim.params) and reason(_rule(claim), c, param_shapes(c)) is None
         ),
         None,
     )

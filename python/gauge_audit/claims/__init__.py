@@ -210,11 +210,11 @@ def _rule_line(text: str, block: tuple[int, int], *path: str) -> int:
 def available_rule_params() -> frozenset[str]:
     """Rule parameter names that at least one reference model has (a rule touching any other
     is refused when its file is loaded)."""
-    from ..models import FAMILIES, NAMED
+    from ..models import NAMED, param_shapes
 
     out = set()
     for cfg in NAMED.values():
-        keys = FAMILIES[cfg.family].param_shapes(cfg)
+        keys = param_shapes(cfg)
         out |= {name for name in RULE_PARAMS if present(cfg, name, keys)}
     return frozenset(out)
 

@@ -13,8 +13,8 @@ from ..actions.elements import save_element
 from ..align import GROUPS, VO_GROUPS, align
 from ..errors import GaugeAuditError
 from ..gauge_fix import function_check
-from ..gauge_fix.comparison import same_architecture
 from ..models.checkpoint.writer import atomic_dir, refuse_existing
+from ..models.config import same_architecture
 from ..models.derived import needs_derivation
 from ..progress import echo, enabled, ticker
 from ..training.corpus import load_tokens, token_rows

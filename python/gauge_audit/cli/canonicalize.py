@@ -158,9 +158,9 @@ class StoredParams(LazyParams):
     different dtypes reads them in the finest of them."""
 
     def __init__(self, ckpt: Checkpoint):
-        from ..models import FAMILIES
+        from ..models import param_shapes
 
-        shapes = {n: s for n, (s, _) in FAMILIES[ckpt.cfg.family].param_shapes(ckpt.cfg).items()}
+        shapes = {n: s for n, (s, _) in param_shapes(ckpt.cfg).items()}
         super().__init__(shapes, self._read, ckpt.storage_dtype)
         self.ckpt = ckpt
         self._last: tuple = (None, None)

@@ -34,7 +34,7 @@ import torch
 from ..actions import Element
 from ..actions.blockwise import block_of
 from ..errors import GaugeAuditError
-from ..models import FAMILIES, Config
+from ..models import Config, param_shapes
 from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
 from .base import Decision, StepRecord, gram_decisions, moved, rounding_kappa, signs_of_moments
@@ -116,7 +116,7 @@ class CanonicalByRuns(LazyParams):
         why = streamable(cfg)
         if why is not None:
             raise GaugeAuditError(f"gauge fixing one run of blocks at a time does not support {why}")
-        shapes = {n: tuple(s) for n, (s, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
+        shapes = {n: tuple(s) for n, (s, _) in param_shapes(cfg).items()}
         super().__init__(shapes, self._load)
         self.cfg, self.src, self.storage_dtype, self.progress = cfg, params, storage_dtype, progress
         self.owned = owned

@@ -41,8 +41,8 @@ from ..actions import ACTIONS, Element, composite
 from ..actions.algebra import compose, inverse
 from ..actions.blockwise import apply_block, block_of
 from ..errors import GaugeAuditError
-from ..models.config import Config
-from ..models.families import FAMILIES
+from ..models.config import Config, same_architecture
+from ..models.families import param_shapes
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
@@ -69,15 +69,6 @@ def relative_distances(a: Params, b: Params, den: dict[str, float] | None = None
 def relative(num: dict[str, float], den: dict[str, float]) -> tuple[float, dict[str, float]]:
     per = {g: math.sqrt(num[g] / den[g]) if den[g] > 0 else math.sqrt(num[g]) for g in den}
     return math.sqrt(sum(num.values()) / sum(den.values())), per
-
-
-def same_architecture(a: Config, b: Config) -> None:
-    if a.family != b.family:
-        raise GaugeAuditError(f"different architectures: {a.family} vs {b.family}")
-    for f in fields(a):
-        va, vb = getattr(a, f.name), getattr(b, f.name)
-        if va != vb:
-            raise GaugeAuditError(f"different architectures: {f.name} = {va} vs {vb}")
 
 
 # ----------------------------------------------------------------------------- tolerance
@@ -186,7 +177,7 @@ def element_residual(cfg: Config, params_a: Params, params_b: Params, el: Elemen
     split = len(runs)
     if parallel:  # the helper takes blocks from the last down until it holds half the parameters
         # sizes from the family's shapes: a checkpoint's tensors are read on access
-        size = {k: math.prod(shape) for k, (shape, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
+        size = {k: math.prod(shape) for k, (shape, _) in param_shapes(cfg).items()}
         total, tail = sum(size[k] for k in params_a), 0
         while split > 1 and 2 * tail < total:
             split -= 1

@@ -34,11 +34,11 @@ from ..actions import ACTIONS, Element, composite
 from ..actions.blockwise import restrict
 from ..actions.stream import remember_rotation, rotation_and_inverse
 from ..errors import GaugeAuditError
-from ..models.config import Config
+from ..models.config import Config, same_architecture
 from ..runtime import eps, generator, matmul, one_thread, wide_products
 from .base import Decision, Params, StepRecord, moved, rounding_kappa
 from .by_runs import ROTATION_CONDITION, STAND_IN, CanonicalByRuns, streamable
-from .comparison import EQUIVALENT, Comparison, block_terms, element_a_to_b, judge, relative, same_architecture
+from .comparison import EQUIVALENT, Comparison, block_terms, element_a_to_b, judge, relative
 from .pipeline import PERMUTATIONS, canonicalize_owned, validate
 from .response import (
     OWN_ROTATION,

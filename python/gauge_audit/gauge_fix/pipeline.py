@@ -29,7 +29,7 @@ import torch
 
 from ..actions import Element, composite
 from ..errors import GaugeAuditError
-from ..models import FAMILIES, Config, Model
+from ..models import Config, Model, family_of, param_shapes
 from ..models.deepseek import DeepseekConfig, as_latent
 from ..models.lazy import LazyParams
 from ..numeric import compare, reference_output
@@ -185,7 +185,7 @@ def _token_tables(cfg: Config) -> list[tuple[str, int, int]]:
     values of the first attention)."""
     if cfg.attention_only or cfg.pos == "learned" or cfg.experts or cfg.vocab > 4096:
         return []
-    shapes = {k: math.prod(shape) for k, (shape, _) in FAMILIES[cfg.family].param_shapes(cfg).items()}
+    shapes = {k: math.prod(shape) for k, (shape, _) in param_shapes(cfg).items()}
     if "embed.W_E" not in shapes:
         return []
 
@@ -302,7 +302,7 @@ class Canonical:
 
 def validate(cfg: Config, params: Params) -> None:
     """One-line errors for parameters that do not fit the architecture or are not finite."""
-    expected = FAMILIES[cfg.family].param_shapes(cfg)
+    expected = param_shapes(cfg)
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -402,7 +402,7 @@ def _before_model(cfg: Config, before: Params, dtype: torch.dtype) -> Model:
         before = before.cast(dtype)
     elif any(v.dtype != dtype for v in before.values()):
         before = LazyParams({k: tuple(v.shape) for k, v in before.items()}, before.__getitem__, dtype)
-    return Model("canonical", cfg, before, FAMILIES[cfg.family])
+    return Model("canonical", cfg, before, family_of(cfg))
 
 
 def original_output(

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import GaugeAuditError
 from ..models.config import Config
-from ..models.families import FAMILIES
+from ..models.families import family_of
 from ..training import corpus
 from .path import interpolate
 
@@ -45,7 +45,7 @@ def windows(ids: np.ndarray, context: int, count: int) -> torch.Tensor:
 
 def mean_loss(cfg: Config, params: Mapping[str, torch.Tensor], win: torch.Tensor, batch: int = 16) -> float:
     """Mean next-token cross-entropy (nats) of ``params`` on the windows, float64."""
-    family = FAMILIES[cfg.family]
+    family = family_of(cfg)
     total = 0.0
     with torch.no_grad():
         for i in range(0, len(win), batch):

@@ -5,7 +5,7 @@ Parameters are plain ``dict[str, Tensor]`` with per-head W_Q, W_K, W_V, W_O
 """
 
 from .config import ACTS, NORMS, Config, validate
-from .families import FAMILIES, parameter_count
+from .families import FAMILIES, family_of, param_shapes, parameter_count, plain_stack
 from .model import Model
 from .registry import NAMED, build, build_config, config_of, model_names
 
@@ -15,7 +15,10 @@ __all__ = [
     "Config",
     "validate",
     "FAMILIES",
+    "family_of",
+    "param_shapes",
     "parameter_count",
+    "plain_stack",
     "NAMED",
     "Model",
     "build",

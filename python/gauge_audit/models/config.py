@@ -117,6 +117,16 @@ class Config:
         return validate(replace(self, **changes))
 
 
+def same_architecture(a: Config, b: Config) -> None:
+    """Refuse two descriptions that differ: the family first, then the first field that differs."""
+    if a.family != b.family:
+        raise GaugeAuditError(f"different architectures: {a.family} vs {b.family}")
+    for f in fields(a):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            raise GaugeAuditError(f"different architectures: {f.name} = {va} vs {vb}")
+
+
 def generic_sizes(cfg: Config, planes: int = 2) -> dict:
     """The sizes at which no structure of ``cfg`` is special, as overrides: ``planes`` rotary planes
     per head (at one plane SO(2) commutes with every rotary rotation), a partial rotary keeping a

@@ -28,6 +28,22 @@ FAMILIES: dict[str, ModuleType] = {
 }
 
 
+def family_of(cfg) -> ModuleType:
+    """The module that computes a model of this configuration: its ``param_shapes``, ``forward``
+    and ``sample_inputs`` (the rooms ask it, never the family's name)."""
+    return FAMILIES[cfg.family]
+
+
+def param_shapes(cfg) -> dict:
+    """name → (shape, role) of every parameter of a model of this configuration."""
+    return family_of(cfg).param_shapes(cfg)
+
+
+def plain_stack(cfg) -> bool:
+    """The forward is the shared stack of blocks (models/gpt2.py's), not a family's own."""
+    return family_of(cfg).forward is gpt2.forward
+
+
 def parameter_count(cfg) -> int:
     """The number of parameters of a model of this configuration (from its family's shapes)."""
-    return sum(math.prod(shape) for shape, _ in FAMILIES[cfg.family].param_shapes(cfg).values())
+    return sum(math.prod(shape) for shape, _ in param_shapes(cfg).values())

@@ -65,13 +65,13 @@ class RulePrecision:
 
 def default_model(rule: Rule, names: list[str] | None = None) -> str:
     """The first named tiny model (table order, or among ``names``) the rule applies to."""
-    from ..models import FAMILIES
+    from ..models import param_shapes
 
     for name in names or list(NAMED):
         if name == "minilm":
             continue
         cfg = config_of(name)
-        if reason(rule, cfg, FAMILIES[cfg.family].param_shapes(cfg)) is None:
+        if reason(rule, cfg, param_shapes(cfg)) is None:
             return name
     raise NotApplicable("the rule applies to no tiny reference model")
 

@@ -108,11 +108,11 @@ def check_rule(
 def models_for(rule: Rule, names: list[str]) -> tuple[list[str], dict[str, str]]:
     """The named models the rule applies to, and the reason for each one it does not."""
     ok, skipped = [], {}
-    from ..models import FAMILIES
+    from ..models import param_shapes
 
     for name in names:
         cfg = config_of(name)
-        why = reason(rule, cfg, FAMILIES[cfg.family].param_shapes(cfg))
+        why = reason(rule, cfg, param_shapes(cfg))
         if why:
             skipped[name] = why
         else:

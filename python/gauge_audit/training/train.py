@@ -29,8 +29,6 @@ from transformers import PreTrainedModel
 
 from . import corpus
 
-ARCHS = ("gpt2", "llama")
-
 
 @dataclass(frozen=True)
 class Recipe:
@@ -47,47 +45,59 @@ class Recipe:
     weight_decay: float = 0.1
 
 
+def _gpt2(r: Recipe) -> PreTrainedModel:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gcfg = GPT2Config(
+        vocab_size=corpus.VOCAB,
+        n_positions=r.context,
+        n_embd=r.d_model,
+        n_layer=r.n_layer,
+        n_head=r.n_head,
+        n_inner=r.d_ff,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(gcfg)
+
+
+def _llama(r: Recipe) -> PreTrainedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    lcfg = LlamaConfig(
+        vocab_size=corpus.VOCAB,
+        hidden_size=r.d_model,
+        intermediate_size=r.d_ff,
+        num_hidden_layers=r.n_layer,
+        num_attention_heads=r.n_head,
+        num_key_value_heads=r.n_kv_head,
+        max_position_embeddings=r.context,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(lcfg)
+
+
+# per architecture: its transformers model, and the FFN width that makes the two about equal in size
+BUILDERS = {"gpt2": (_gpt2, 512), "llama": (_llama, 344)}
+ARCHS = tuple(BUILDERS)
+
+
 def build(arch: str, recipe: Recipe) -> PreTrainedModel:
     """A freshly initialised transformers model (the caller seeds torch first)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    r = recipe
-    if arch == "gpt2":
-        gcfg = GPT2Config(
-            vocab_size=corpus.VOCAB,
-            n_positions=r.context,
-            n_embd=r.d_model,
-            n_layer=r.n_layer,
-            n_head=r.n_head,
-            n_inner=r.d_ff,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        return GPT2LMHeadModel(gcfg)
-    if arch == "llama":
-        lcfg = LlamaConfig(
-            vocab_size=corpus.VOCAB,
-            hidden_size=r.d_model,
-            intermediate_size=r.d_ff,
-            num_hidden_layers=r.n_layer,
-            num_attention_heads=r.n_head,
-            num_key_value_heads=r.n_kv_head,
-            max_position_embeddings=r.context,
-            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-            tie_word_embeddings=False,
-            bos_token_id=0,
-            eos_token_id=0,
-            pad_token_id=None,
-        )
-        return LlamaForCausalLM(lcfg)
-    raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHS)})")
+    if arch not in BUILDERS:
+        raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHS)})")
+    return BUILDERS[arch][0](recipe)
 
 
 def default_recipe(arch: str) -> Recipe:
-    return Recipe(d_ff=512) if arch == "gpt2" else Recipe(d_ff=344)
+    return Recipe(d_ff=BUILDERS[arch][1] if arch in BUILDERS else 344)
 
 
 def _lr(step: int, r: Recipe) -> float:

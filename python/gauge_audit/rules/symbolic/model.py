@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from ...claims.rule import Element, Rule
-from ...models import FAMILIES
+from ...models import param_shapes
 from ...models.config import Config, generic_sizes
 from ...models.naming import PARAMS
 from ..algebra import SympyOps
@@ -166,7 +166,7 @@ def _short(key: str) -> str:
 
 def _symbolic_params(cfg: Config) -> dict:
     out = {}
-    for key, (shape, role) in FAMILIES[cfg.family].param_shapes(cfg).items():
+    for key, (shape, role) in param_shapes(cfg).items():
         base = _short(key)
         kw = {"positive": True} if role == "norm_w" else {"real": True}
 
