@@ -428,6 +428,22 @@ def _slices(t: torch.Tensor, axis: int) -> list[tuple]:
     return list(itertools.product(*ranges))
 
 
+def _at(idx: tuple, i: int) -> tuple:
+    """The entry of stream coordinate ``i`` in the stream vector ``idx`` (one of :func:`_slices`)."""
+    return tuple(i if v == slice(None) else v for v in idx)
+
+
+def _unit(idx: tuple) -> tuple:
+    """The index of that stream vector's unit among the tensor's other axes (its bias entry)."""
+    return tuple(v for v in idx if v != slice(None))
+
+
+def _ones_direction(n: Norm, p: Params, d: int) -> torch.Tensor:
+    """u = 1/γ of a centring norm at ``p`` (1 without a weight): u·(γ⊙n(x)) = Σ n(x) = 0."""
+    g = n.gamma(p)
+    return torch.ones(d, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
+
+
 def ln_writer_ones(desc: Description, params) -> list[Family]:
     """Where every reader of the stream reads it through a centring norm (a LayerNorm), the
     stream's component along 1 is seen by nobody: each vector a writer adds (a row of the
@@ -453,8 +469,7 @@ def ln_reader_ones(desc: Description, params) -> list[Family]:
         n = r.norm
         if n is None or n.kind not in CENTRED:
             continue
-        g = n.gamma(params)
-        u = torch.ones(desc.d_model, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
+        u = _ones_direction(n, params, desc.d_model)
         beta = params[n.bias].to(torch.float64) if n.bias else None
         if beta is not None and not r.bias:
             continue
@@ -462,12 +477,9 @@ def ln_reader_ones(desc: Description, params) -> list[Family]:
         gens: list[list[Entry]] = []
         for idx in _slices(t, r.axis):
             entries: list[Entry] = []
-            for i in range(desc.d_model):
-                at = tuple(i if v == slice(None) else v for v in idx)
-                entries.append((r.param, at, float(u[i]), "shift"))
+            entries += [(r.param, _at(idx, i), float(u[i]), "shift") for i in range(desc.d_model)]
             if beta is not None and r.bias:
-                unit = tuple(v for ax, v in enumerate(idx) if ax != r.axis)
-                entries.append((r.bias, unit, -float(beta @ u), "shift"))
+                entries.append((r.bias, _unit(idx), -float(beta @ u), "shift"))
             gens.append(entries)
         fam = _coordinatewise("ln-reader-ones", r.param, params, gens, f"R^{len(gens)}")
         fam.act = partial(_reader_ones, r, desc.d_model, _slices(t, r.axis))
@@ -480,8 +492,7 @@ def _reader_ones(r: Reader, d: int, units: list[tuple], p: Params, c: torch.Tens
     a norm fold or any other element, the shift is along the current γ's u), and its bias −c_j·(β·u)."""
     n = r.norm
     assert n is not None
-    g = n.gamma(p)
-    u = torch.ones(d, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
+    u = _ones_direction(n, p, d)
     t = p[r.param]
     delta = torch.stack([c[j] * u for j in range(len(units))])  # one stream vector per unit
     rest = [ax for ax in range(t.dim()) if ax != r.axis]
@@ -514,10 +525,7 @@ def ln_bias_shift(desc: Description, params) -> list[Family]:
             entries: list[Entry] = [(n.bias, (j,), 1.0, "shift")]
             for r in readers:
                 t = params[r.param]
-                for idx in _slices(t, r.axis):
-                    at = tuple(j if v == slice(None) else v for v in idx)
-                    unit = tuple(v for ax, v in enumerate(idx) if ax != r.axis)
-                    entries.append((r.bias, unit, -float(t[at]), "shift"))
+                entries += [(r.bias, _unit(idx), -float(t[_at(idx, j)]), "shift") for idx in _slices(t, r.axis)]
             gens.append(entries)
         fam = _coordinatewise("ln-bias-shift", mod, params, gens, f"R^{len(gens)}")
         fam.act = partial(_bias_shift, n, tuple(readers))

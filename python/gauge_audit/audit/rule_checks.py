@@ -343,11 +343,7 @@ def nullity(claim: Claim, ctx) -> Evidence:
     from ..rules.torch_check import reason
 
     pick = next(
-        (
-            (n, c)
-            for n, c in cands
-            if _matches(c, claim.params) and reason(_rule(claim), c, param_shapes(c)) is None
-        ),
+        ((n, c) for n, c in cands if _matches(c, claim.params) and reason(_rule(claim), c, param_shapes(c)) is None),
         None,
     )
     if pick is None:

@@ -89,11 +89,16 @@ def logm(M: torch.Tensor) -> torch.Tensor:
     return L if bool(torch.isfinite(L).all()) else torch.zeros_like(M)
 
 
+def above_rounding(A: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Which singular values ``s`` of ``A`` stand above its rounding, max(m, n)·ε·s₀: its numerical rank."""
+    return s > max(A.shape) * torch.finfo(A.dtype).eps * (float(s[0]) if s.numel() else 0.0)
+
+
 def least_squares(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """The minimum-norm X minimising ‖A·X − B‖, through the SVD: the same bits on every run and
     thread count (torch's ``lstsq`` differs in the last bits from call to call)."""
     U, s, Vh = torch.linalg.svd(A, full_matrices=False)
-    keep = s > max(A.shape) * torch.finfo(A.dtype).eps * (float(s[0]) if s.numel() else 0.0)
+    keep = above_rounding(A, s)
     return Vh[keep].T @ ((U[:, keep].T @ B) / s[keep, None])
 
 

@@ -54,7 +54,7 @@ from ..measured import (
 from ..models.checkpoint.writer import refuse_existing
 from ..models.derived import Description, HFModel
 from ..runtime import eps, reproducible
-from .measured import block, least_squares, logm, project
+from .measured import above_rounding, block, least_squares, logm, project
 
 STEPS = 60  # Gauss–Newton steps of the smallest norm
 BUDGET_S = 120.0
@@ -167,8 +167,7 @@ def _acting(chain, cur: Params, n: int) -> torch.Tensor:
     act trivially there: a scaling of a component that is 0 — no step may drift along them)."""
     J = jacfwd(lambda v: chain(v, cur))(torch.zeros(n, dtype=torch.float64))
     _, s, Vh = torch.linalg.svd(J, full_matrices=False)
-    keep = s > max(J.shape) * eps(torch.float64) * (float(s[0]) if s.numel() else 0.0)
-    return Vh[keep].T
+    return Vh[above_rounding(J, s)].T
 
 
 # ----------------------------------------------------------------------------- stage 2
