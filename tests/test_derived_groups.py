@@ -258,3 +258,36 @@ def test_biased_readers_are_explained(arch, tmp_path, capsys):
         assert any(w.param.endswith("mlp.c_proj.weight") for w in desc.writers)
         shifts = [v for (name, _), v in flat.items() if name == "ln-bias-shift"]
         assert shifts and all(v == (d, d) for v in shifts), shifts
+
+
+def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(tmp_path, capsys):
+    """Cohere's blocks are parallel: x + attn(n(x)) + ffn(n(x)), one LayerNorm (no bias) feeding
+    both. The stream's candidates act on readers and writers as in a serial block. In the first
+    block the FFN reads only n(W_E[t]): on a vocabulary of V tokens its output is a table, and
+    where its parameters outnumber the V·(d − 1) entries a centring norm sees, directions that
+    keep the table are flat beyond any group — recognised and named as a special size.  At a
+    vocabulary past it (what ``tiny_checkpoint`` picks) measured = explained; the writers' ones
+    shifts are flat except on the tied embedding's rows (the head reads them)."""
+    small = tiny_checkpoint("CohereForCausalLM", tmp_path / "small", 0, vocab_size=11)
+    desc = describe(load(small))
+    assert desc.residual == "parallel"
+    first = {r.norm for r in desc.readers if r.param.startswith("model.layers.0.")}
+    assert len(first) == 1 and next(iter(first)) is not None  # one norm feeds the mixer and the FFN
+    table = desc.table_vocabulary(load(small).params)
+    assert table is not None and 11 * (desc.d_model - 1) < table[0] <= table[1] * (desc.d_model - 1)
+    assert main(["groups", str(small), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["converged"] and out["unexplained"] and any("special size" in n for n in out["notes"]), out
+
+    path = tiny_checkpoint("CohereForCausalLM", tmp_path / "cohere", 0)
+    assert main(["groups", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
+    assert not any("special" in n for n in out["notes"]), out["notes"]
+    clear_of_threshold(out)
+    desc = describe(load(path))
+    assert desc.vocab == table[1] and desc.tied
+    ones = next(f for f in out["families"] if f["name"] == "ln-writer-ones")
+    assert ones["flat"] == ones["generators"] - desc.vocab, ones
+    ffn = [f for f in out["families"] if f["name"] == "ffn-scale"]
+    assert len(ffn) == desc.n_layers and all(f["flat"] == 6 for f in ffn), ffn  # one scale per unit, d_ff 6

@@ -31,7 +31,7 @@ from .actions.candidates import Family, discrete
 from .errors import GaugeAuditError
 from .models.checkpoint import HFDir
 from .models.checkpoint.writer import TOKENIZER_FILES, atomic_dir, refuse_existing
-from .models.derived import MAX_PARAMS_OWN, Description, HFModel, describe, load
+from .models.derived import MAX_PARAMS_OWN, OWN_WEIGHTS, Description, HFModel, describe, load
 from .nullity.found import Found, inputs, measure, path_length
 from .numeric import statistical_factor, verdict_for, worst_case_tolerance
 from .runtime import eps, generator
@@ -78,7 +78,7 @@ def described(path: Path, seed: int, what: str) -> tuple[HFModel, Description]:
     """The checkpoint's own weights and their description; a checkpoint measured only on a small
     copy is refused (a finite element must act on its own tensors), so is a tensor without a role."""
     model = load(path, seed)
-    if model.source != "the checkpoint's own weights":
+    if model.source != OWN_WEIGHTS:
         raise GaugeAuditError(
             f"{path}: {what} on an architecture without a family file needs the group measured on the "
             f"checkpoint's own weights, at most {MAX_PARAMS_OWN:,} parameters (`groups` measures a small copy)"

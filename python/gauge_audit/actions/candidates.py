@@ -297,7 +297,7 @@ def stream_gl(desc: Description, params) -> list[Family]:
     with factor Γ takes −Γ⁻¹AΓ on its input (a norm's shift β: β·Γ⁻¹AΓ), post-norm factors can
     follow only a diagonal A.  The element of coefficients C: writers X ↦ exp(C)ᵀX, readers
     X ↦ Γ⁻¹exp(−C)Γ·X, shifts β ↦ (Γ⁻¹exp(C)Γ)ᵀβ, post-norm factors γ ↦ γ·exp(diag C)."""
-    if desc.residual != "serial":
+    if not desc.stream_described:
         return []
     d = desc.d_model
     gammas = {r.norm.module: r.norm.gamma(params) for r in desc.readers if r.norm is not None}
@@ -448,7 +448,7 @@ def ln_writer_ones(desc: Description, params) -> list[Family]:
     """Where every reader of the stream reads it through a centring norm (a LayerNorm), the
     stream's component along 1 is seen by nobody: each vector a writer adds (a row of the
     embedding, a column of an output projection, a bias) may gain any multiple of 1."""
-    if desc.residual != "serial" or desc.post_norms or not desc.readers:
+    if not desc.stream_described or desc.post_norms or not desc.readers:
         return []
     if any(r.norm is None or r.norm.kind not in CENTRED for r in desc.readers):
         return []
@@ -844,7 +844,7 @@ def stream_reflection(desc: Description) -> list[Discrete]:
     (a tensor that is both, tied embeddings, once), writers' biases with them — the part of O(d)
     that exp(so(d)) does not reach.  A norm that centres (LayerNorm) is not odd in one coordinate:
     the forward decides."""
-    if desc.residual != "serial":
+    if not desc.stream_described:
         return []
     axes = {(w.param, w.axis) for w in desc.writers} | {(r.param, r.axis) for r in desc.readers}
     biases = {w.bias for w in desc.writers if w.bias}

@@ -58,11 +58,15 @@ def resolve(model: str):
 
 
 def run_derived(args) -> int:
-    from ..models.derived import describe, load
+    from ..models.derived import SMALL_COPY, describe, load
     from ..nullity.found import measure
 
     model = load(Path(args.model), args.seed)
     desc = describe(model, args.seed)
+    table = desc.table_vocabulary(model.params)
+    if table is not None and model.source == SMALL_COPY:  # a size of our choosing need not be special
+        model = load(Path(args.model), args.seed, vocab=table[1])
+        desc = describe(model, args.seed)
     found = measure(model, desc, args.seed, budget_s=args.budget, quiet=args.json)
     if args.json:
         print(json.dumps(found_json(args.model, desc, found), sort_keys=True))
@@ -148,7 +152,7 @@ def format_found(name: str, desc, found) -> str:
         lines.append("  unexplained direction moves: " + ", ".join(f"{k} {v:.0%}" for k, v in list(u.items())[:4]))
     if len(found.unexplained) > 10:
         lines.append(f"  … {len(found.unexplained) - 10} more")
-    if desc.residual != "serial":
+    if not desc.stream_described:
         lines.append(f"stream not described: {desc.residual}")
     lines.append(f"unplaced tensors: {'; '.join(desc.lines()) or 'none'}")
     lines.append(f"{found.seconds:.1f} s")

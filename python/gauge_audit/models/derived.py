@@ -10,7 +10,8 @@ off the module tree and one probing forward (:func:`describe`):
   (``embed_tokens``, ``lm_head``); the config gives the head counts, ``head_dim``, the rotary fraction and NoPE layers;
 * the probe settles what names cannot: each norm's kind (RMSNorm, ``1+w`` RMSNorm, LayerNorm,
   weightless) and what it reads (the stream before a mixer or an FFN, or a sublayer's output —
-  OLMo's and Gemma's post-norms), the serial residual, and which stream reader each norm feeds.
+  OLMo's and Gemma's post-norms), the residual (serial, or parallel blocks whose mixer and FFN
+  both read the block's input), and which stream reader each norm feeds.
 
 What cannot be placed is listed by name with the reason (:attr:`Description.unplaced`): a later
 stage refuses or reports it, never guesses.
@@ -41,6 +42,7 @@ _LOW = (torch.float32, torch.float16, torch.bfloat16)
 # factors a P × P triangle a few times (one dense SVD at P = 20 000 is 2·10¹³ flops, minutes on two
 # cores), so the limit is the dense limit of `nullity`.
 MAX_PARAMS_OWN = 6_000
+OWN_WEIGHTS, SMALL_COPY = "the checkpoint's own weights", "a small copy at a generic point"  # HFModel.source
 
 
 class Float64(TorchFunctionMode):
@@ -65,7 +67,7 @@ class Norm:
     weight: str | None  # parameter name; None: a weightless norm
     bias: str | None
     kind: str  # rms | rms1p (n(x)·(1 + w)) | layernorm | weightless | layernorm-weightless (centred)
-    reads: str  # stream | mixer-out | ffn-out | heads
+    reads: str  # stream-mixer | stream-ffn | stream (both, in a parallel block) | mixer-out | ffn-out | heads
 
     def gamma(self, params: dict) -> torch.Tensor | None:
         """The elementwise factor the normalised input is multiplied by."""
@@ -108,6 +110,7 @@ class Hidden:
     router: str | None = None  # the router's weight (E, d) and bias, when ``experts``
     router_bias: str | None = None
     per_expert: tuple[str, ...] = ()  # further tensors indexed by expert (the writer's bias, router buffers)
+    layer: int = -1
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,30 @@ class Description:
     opaque: list[Opaque] = field(default_factory=list)
     placed: set[str] = field(default_factory=set)
     unplaced: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why)
-    residual: str = "serial"  # serial, or why the stream structure was not recognised
+    residual: str = "serial"  # serial, parallel, or why the stream structure was not recognised
+
+    @property
+    def stream_described(self) -> bool:
+        """Every writer adds to one stream that every reader reads (in sequence or in parallel
+        blocks alike: the stream's own candidates act on readers and writers, not on the order)."""
+        return self.residual in ("serial", "parallel")
 
     def lines(self) -> list[str]:
         return [f"{p}: {why}" for p, why in self.unplaced]
+
+    def table_vocabulary(self, params: dict) -> tuple[int, int] | None:
+        """In a parallel first block the FFN reads only n(W_E[t]): on a vocabulary of V tokens its
+        output is a table of V·d numbers, V·(d − 1) of them seen where the readers centre (a
+        LayerNorm is blind to the table's 1-component).  Where the FFN's parameters outnumber
+        those, directions that keep the table are flat beyond any group (a special size, not a
+        symmetry): (their count, the smallest V with V·(d − 1) at least that); None where the size
+        is not special."""
+        if self.residual != "parallel":
+            return None
+        first = {p for h in self.hidden if h.layer == 0 for p, _ in (*h.readers, *h.writers)}
+        first |= {h.router for h in self.hidden if h.layer == 0 and h.router}
+        n = sum(params[p].numel() for p in first)
+        return (n, -(-n // (self.d_model - 1))) if self.vocab * (self.d_model - 1) < n else None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -290,7 +313,9 @@ _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when
 
 def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     """A checkpoint directory of transformers' ``arch`` at its config class's defaults made small
-    (:func:`small_copy`), with ``overrides``, at a generic point; written by ``save_pretrained``."""
+    (:func:`small_copy`), with ``overrides``, at a generic point; written by ``save_pretrained``.
+    Unless ``overrides`` name the vocabulary, it is widened where the small one is a special size
+    (:meth:`Description.table_vocabulary`)."""
     cls = _hf_class(arch)
     config = small_copy(cls.config_class())
     for k, v in overrides.items():
@@ -298,17 +323,23 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     config.architectures = [arch]
     module = build_module(arch, config, seed)
     module.load_state_dict(generic_point(module, seed), strict=False)
+    if "vocab_size" not in overrides:
+        model = HFModel(arch, module, dict(module.named_parameters()), config, SMALL_COPY)
+        table = describe(model, seed).table_vocabulary(model.params)
+        if table is not None:
+            return tiny_checkpoint(arch, out, seed, **overrides, vocab_size=table[1])
     out = Path(out)
     pretrained: Any = module  # a transformers PreTrainedModel
     pretrained.save_pretrained(out)
     return out
 
 
-def small_copy(config):
+def small_copy(config, vocab: int | None = None):
     """The same architecture at small sizes (d 8, two heads of 4 with one KV head when the
-    original groups them, d_ff 6, four experts, vocabulary 11), one layer of each layer type."""
+    original groups them, d_ff 6, four experts, vocabulary 11 or ``vocab``), one layer of each
+    layer type."""
     c = config.__class__.from_dict(config.to_dict())
-    for k, v in _SIZE_FIELDS.items():
+    for k, v in {**_SIZE_FIELDS, **({"vocab_size": vocab} if vocab else {})}.items():
         if getattr(c, k, None) is not None:
             setattr(c, k, v)
     if getattr(c, "num_key_value_heads", None) is not None:
@@ -356,10 +387,11 @@ def needs_derivation(path: Path) -> bool:
     return isinstance(names, list) and len(names) == 1 and names[0] not in ARCHS
 
 
-def load(path: Path, seed: int = 0) -> HFModel:
+def load(path: Path, seed: int = 0, vocab: int | None = None) -> HFModel:
     """The checkpoint's own float64 parameters when it has at most ``MAX_PARAMS_OWN``, otherwise a
-    small copy of its config at a generic point.  The config is checked against the weights'
-    shapes before anything of the config's size is built."""
+    small copy of its config at a generic point (with a vocabulary of ``vocab`` tokens, if given).
+    The config is checked against the weights' shapes before anything of the config's size is
+    built."""
     from .checkpoint import HFDir, layers_held
 
     T = require_transformers()
@@ -390,9 +422,9 @@ def load(path: Path, seed: int = 0) -> HFModel:
         )
     own = sum(math.prod(s) for _, s in files.entries.values()) <= MAX_PARAMS_OWN
     if not own:
-        config = small_copy(config)
+        config = small_copy(config, vocab)
         module = build_module(arch, config, seed)
-        return HFModel(arch, module, generic_point(module, seed), config, "a small copy at a generic point")
+        return HFModel(arch, module, generic_point(module, seed), config, SMALL_COPY)
     # transformers' own loader: it maps the file's layout (per-expert tensors, …) onto the modules
     try:
         module, info = _hf_class(arch).from_pretrained(
@@ -425,7 +457,7 @@ def load(path: Path, seed: int = 0) -> HFModel:
             b.copy_(files.get(name, torch.float64))
     params = {n: p.detach().clone() for n, p in module.named_parameters()}
     buffers = {n: b.detach().clone() for n, b in stored.items()}
-    return HFModel(arch, module, params, config, "the checkpoint's own weights", buffers)
+    return HFModel(arch, module, params, config, OWN_WEIGHTS, buffers)
 
 
 # ----------------------------------------------------------------------------- probing
@@ -588,29 +620,42 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer) -> None:
         if nk is None:
             desc.unplaced.append((f"{prefix}.{n}", "a norm whose kind was not recognised"))
             continue
-        reads = (
-            "stream-mixer"
-            if _same(x, x_in)
-            else "mixer-out"
-            if _same(x, mix_y)
-            else "ffn-out"
-            if _same(x, ffn_y)
-            else "stream-ffn"
-        )
-        placed_norms[reads] = Norm(nk.module, nk.weight, nk.bias, nk.kind, reads)
+        if _same(x, mix_y) or _same(x, ffn_y):  # a post-norm: it reads a sublayer's output
+            feeds = ["mixer-out" if _same(x, mix_y) else "ffn-out"]
+        else:  # a pre-norm: the sublayer(s) its output feeds (a parallel block: one norm may feed both)
+            feeds = [r for r, sx in (("stream-mixer", mix_x), ("stream-ffn", ffn_x)) if _same(y, sx)]
+            feeds = feeds or ["stream-mixer" if _same(x, x_in) else "stream-ffn"]
+        placed = Norm(nk.module, nk.weight, nk.bias, nk.kind, feeds[0] if len(feeds) == 1 else "stream")
+        for reads in feeds:  # one norm feeding both sublayers is one norm (one factor to fold)
+            placed_norms[reads] = placed
         desc.placed |= {nk.weight or "", nk.bias or ""}
     post_mix, post_ffn = placed_norms.get("mixer-out"), placed_norms.get("ffn-out")
     for p in (post_mix, post_ffn):
         if p is not None:
             desc.post_norms.append(p)
-    # the serial residual: x_mid = x_in + (post-norm of) mixer out; x_out = x_mid + (post-norm of) FFN out
+    # the serial residual: x_mid = x_in + (post-norm of) mixer out; x_out = x_mid + (post-norm of) FFN out;
+    # the parallel one (GPT-J, NeoX, Cohere): x_out = x_in + mixer out + FFN out, both reading x_in
     w_mix = (io[post_mix.module][1] if post_mix else mix_y).reshape(x_in.shape)
     x_mid = x_in + w_mix
     w_ffn = (io[post_ffn.module][1] if post_ffn else ffn_y).reshape(x_mid.shape)
     pre_mix, pre_ffn = placed_norms.get("stream-mixer"), placed_norms.get("stream-ffn")
-    feeds_ffn = io[pre_ffn.module][1] if pre_ffn else x_mid
-    if not (_same(x_out, x_mid + w_ffn) and _same(ffn_x, feeds_ffn)):
-        desc.residual = f"layer {i}: the output is not x + {mix_name}(…) then + {ffn_name}(…) in sequence"
+    # the stream the FFN reads (through its pre-norm, if any): x_mid in sequence, x_in in parallel
+    ffn_reads, ffn_fed = (io[pre_ffn.module][0], io[pre_ffn.module][1]) if pre_ffn else (ffn_x, ffn_x)
+    summed = _same(x_out, x_mid + w_ffn) and _same(ffn_x, ffn_fed)
+    if summed and _same(ffn_reads, x_mid):
+        layout = "serial"
+    elif summed and _same(ffn_reads, x_in):
+        layout = "parallel"
+    else:
+        desc.residual = (
+            f"layer {i}: the output is neither x + {mix_name}(…) then + {ffn_name}(…) in sequence nor "
+            f"x + {mix_name}(…) + {ffn_name}(…) in parallel"
+        )
+        return
+    if i == 0 or desc.residual == layout:
+        desc.residual = layout
+    elif desc.stream_described:
+        desc.residual = f"layer {i}: a {layout} block after {desc.residual} ones"
         return
     n0 = len(desc.writers)
     _mixer(desc, model, io, i, f"{prefix}.{mix_name}", mix, pre_mix)
@@ -735,7 +780,7 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
             if f"{pre}.{n}.bias" in params:
                 rs.append((f"{pre}.{n}.bias", 0))
         desc.writers.append(Writer(f"{pre}.{down}.weight", 0, _opt(params, f"{pre}.{down}.bias")))
-        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.{down}.weight", 1),)))
+        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.{down}.weight", 1),), layer=i))
         desc.placed |= {p for p, _ in rs} | {f"{pre}.{down}.weight", f"{pre}.{down}.bias"}
 
     ch = dict(ffn.named_children())
@@ -783,7 +828,7 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
                 else ()
             )
             per = ((bias,) if bias else ()) + extra
-            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, per))
+            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, per, layer=i))
     for sname in ("shared_expert", "shared_experts"):
         if sname in ch:
             dense(f"{prefix}.{sname}", ch[sname], f"layer {i} shared expert")

@@ -227,7 +227,8 @@ def measure(
 def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[str]:
     """Norm factors all equal (a fresh initialisation's 1) or biases all zero: a point where more
     maps may be flat than at a generic one (a QK-norm with equal weights commutes with every
-    rotation of a plane)."""
+    rotation of a plane); or a size where they may be (a parallel first block's FFN on a
+    vocabulary too small: :meth:`~..models.derived.Description.table_vocabulary`)."""
     norms = {r.norm for r in desc.readers if r.norm} | set(desc.post_norms)
     norms |= {n for h in desc.heads for n in (h.q_norm, h.k_norm) if n}
     out = []
@@ -238,6 +239,13 @@ def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[st
     biases = [b for h in desc.heads for b in (h.qb, h.kb, h.vb, h.ob) if b]
     biases += [hd.router_bias for hd in desc.hidden if hd.router_bias]
     out += [f"special point: {b} is zero" for b in biases if not bool(params[b].any())]
+    table = desc.table_vocabulary(params)
+    if table is not None:
+        out.append(
+            f"special size: the first block's FFN reads only the {desc.vocab} token vectors (a parallel block): "
+            f"a table of {desc.vocab}·{desc.d_model} numbers set by {table[0]} parameters; a vocabulary of at "
+            f"least {table[1]} tokens lifts it"
+        )
     if out:
         out.append("special point: the group measured here may exceed the one at a generic point")
     return out
@@ -271,6 +279,24 @@ def _opaque_length(op, params: dict) -> int:
     return fan_in + SEQ * width
 
 
+def forward_condition(model: HFModel, state: dict, ids: torch.Tensor, y0: torch.Tensor, seed: int) -> float:
+    """The logits' relative response, in ε, to one relative rounding of every parameter (each
+    entry times 1 ± ε, signs drawn from ``seed``; the largest of three draws): the forward's
+    condition number at this point, about 1 at a generic one and larger at a copy moved by a
+    badly conditioned element."""
+    g = generator(seed + 3)
+    e64 = eps(torch.float64)
+    worst = 0.0
+    with torch.no_grad():
+        for _ in range(3):
+            moved = {
+                n: v * (1 + e64 * (2 * torch.randint(0, 2, v.shape, generator=g) - 1).to(v.dtype))
+                for n, v in state.items()
+            }
+            worst = max(worst, float((model.logits(moved, ids) - y0).norm() / y0.norm()) / e64)
+    return worst
+
+
 def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResult]:
     cands = discrete(desc, model.params)
     state = model.state  # a permutation of experts moves the router's stored buffers too
@@ -280,9 +306,14 @@ def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResu
     with torch.no_grad():
         y0 = model.logits(state, ids)
     L, K = max(1, desc.n_layers), path_length(desc, model.params)
-    _, tol = statistical_factor(L, K, y0.numel())  # in ε, κ = 1: the element is a permutation with signs
+    # the element is a permutation with signs (κ = 1), exact on the parameters: what it changes is
+    # the order of the forward's roundings, which a badly conditioned point (a copy moved by a
+    # large element) amplifies — by the forward's own condition number, measured
+    kappa = max(1.0, forward_condition(model, state, ids, y0, seed))
+    _, factor = statistical_factor(L, K, y0.numel())
+    tol = kappa * factor  # in ε
     e64 = eps(torch.float64)
-    worst = worst_case_tolerance(1.0, L, K, torch.float64) / e64
+    worst = worst_case_tolerance(kappa, L, K, torch.float64) / e64
     out = []
     for c in cands:
         with torch.no_grad():
