@@ -56,6 +56,8 @@ ARCHITECTURES = (
     "Starcoder2ForCausalLM",
     "OlmoForCausalLM",
     "GPTNeoXForCausalLM",
+    "GPTJForCausalLM",
+    "PhiForCausalLM",
 )
 
 

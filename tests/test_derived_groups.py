@@ -56,6 +56,16 @@ def clear_of_threshold(out: dict) -> None:
             assert f["smallest_kept_out"] > MARGIN * out["threshold"], f
 
 
+def explained(path, capsys) -> dict:
+    """``groups DIR --json`` of a checkpoint whose measured nullity every candidate explains, with
+    every flatness decision clear of the threshold: its report."""
+    assert main(["groups", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
+    clear_of_threshold(out)
+    return out
+
+
 CASES = DECODER_EXAMPLES
 
 
@@ -219,10 +229,7 @@ def test_a_weightless_layernorm_stream_is_explained(tmp_path, capsys):
     multiple of 1 along the stream (ln-reader-ones), and the stream keeps O(d−1) on 1⊥ and the
     scale of its 1-component. Measured = explained, each ones family flat in full."""
     path = tiny_checkpoint("OlmoForCausalLM", tmp_path / "olmo", 0)
-    assert main(["groups", str(path), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
-    clear_of_threshold(out)
+    out = explained(path, capsys)
     desc = describe(load(path))
     assert {n.kind for r in desc.readers if (n := r.norm) is not None} == {"layernorm-weightless"}
     fams = [f for f in out["families"] if f["name"] in ("ln-writer-ones", "ln-reader-ones")]
@@ -240,10 +247,7 @@ def test_biased_readers_are_explained(arch, tmp_path, capsys):
     β·u, a constant value folded into o_proj's bias (d_v per KV group). GLM-4 (partial rotary, key
     bias): the key bias's unrotated coordinates shift. Measured = explained, each family in full."""
     path = tiny_checkpoint(arch, tmp_path / arch, 0)
-    assert main(["groups", str(path), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
-    clear_of_threshold(out)
+    out = explained(path, capsys)
     desc = describe(load(path))
     d = desc.d_model
     flat = {(f["name"], f["scope"]): (f["flat"], f["generators"]) for f in out["families"]}
@@ -266,7 +270,8 @@ def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(
     block the FFN reads only n(W_E[t]): on a vocabulary of V tokens its output is a table, and
     where its parameters outnumber the V·(d − 1) entries a centring norm sees, directions that
     keep the table are flat beyond any group — recognised and named as a special size.  At a
-    vocabulary past it (what ``tiny_checkpoint`` picks) measured = explained; the writers' ones
+    vocabulary whose entries seen are twice the FFN's parameters (what ``tiny_checkpoint``
+    picks) measured = explained; the writers' ones
     shifts are flat except on the tied embedding's rows (the head reads them)."""
     small = tiny_checkpoint("CohereForCausalLM", tmp_path / "small", 0, vocab_size=11)
     desc = describe(load(small))
@@ -274,7 +279,7 @@ def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(
     first = {r.norm for r in desc.readers if r.param.startswith("model.layers.0.")}
     assert len(first) == 1 and next(iter(first)) is not None  # one norm feeds the mixer and the FFN
     table = desc.table_vocabulary(load(small).params)
-    assert table is not None and 11 * (desc.d_model - 1) < table[0] <= table[1] * (desc.d_model - 1)
+    assert table is not None and 11 * (desc.d_model - 1) < table[0] and 2 * table[0] <= table[1] * (desc.d_model - 1)
     assert main(["groups", str(small), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["converged"] and out["unexplained"] and any("special size" in n for n in out["notes"]), out
@@ -291,3 +296,51 @@ def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(
     assert ones["flat"] == ones["generators"] - desc.vocab, ones
     ffn = [f for f in out["families"] if f["name"] == "ffn-scale"]
     assert len(ffn) == desc.n_layers and all(f["flat"] == 6 for f in ffn), ffn  # one scale per unit, d_ff 6
+
+
+def test_layernorm_shifts_without_reader_biases_are_explained(tmp_path, capsys):
+    """StableLM: affine LayerNorms whose readers have no biases. β ↦ β + δ is taken back along each
+    reader's ones direction (W ↦ W − u·(δW)/((β + δ)·u), u = 1/γ): d per norm, every one flat. A
+    key unit's ones shift adds the constant β·u to that key coordinate: flat exactly where RoPE
+    leaves the coordinate alone (transformers rotates int(head_dim · partial_rotary_factor) of them,
+    here 1 of 4). What is left is one direction per layer, derived: value units shifted along u by
+    c = (W_O)⁺·1, whose output is a multiple of 1 that every (centring) reader ignores — not a
+    candidate, since c follows W_O, which VO GL moves; it is reported with the value projection."""
+    path = tiny_checkpoint("StableLmForCausalLM", tmp_path / "stablelm", 0)
+    assert main(["groups", str(path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["converged"] and not out["unplaced"], out
+    clear_of_threshold(out)
+    model = load(path)
+    desc = describe(model)
+    d = desc.d_model
+    assert out["nullity"] - out["explained"] == len(out["unexplained"]) == desc.n_layers, out["unexplained"]
+    assert all(max(u, key=u.get).endswith("v_proj.weight") for u in out["unexplained"]), out["unexplained"]
+    affine = {r.norm.module for r in desc.readers if r.norm is not None and r.norm.bias}
+    flat = {(f["name"], f["scope"]): (f["flat"], f["generators"]) for f in out["families"]}
+    assert affine and all(flat[("ln-bias-into-ones", m)] == (d, d) for m in affine), flat
+    rp = model.config.rope_parameters
+    for h in desc.heads:
+        rotated = int(h.head_dim * rp["partial_rotary_factor"])
+        assert flat[("ln-reader-ones", h.k)][0] == h.n_kv * (h.head_dim - rotated)
+        assert ("ln-reader-ones", h.v) not in flat and ("ln-reader-ones", h.q) not in flat
+
+
+@pytest.mark.parametrize("arch", ["GPTJForCausalLM", "PhiForCausalLM"])
+def test_older_parallel_decoders_are_placed_and_explained(arch, tmp_path, capsys):
+    """GPT-J (``transformer.h``, ``wte``, ``out_proj``, ``fc_in``/``fc_out``, ``rotary_dim``) and Phi
+    (``dense``, ``fc1``/``fc2``, ``final_layernorm``), both parallel blocks with a biased head. In a
+    parallel block the mixer's and the FFN's outputs land together: only the sum of their biases is
+    seen (Phi: d per block traded), and a constant value — a value unit's ones shift without a
+    value bias (GPT-J) — is taken back by the FFN writer's bias (n_kv·head_dim per block)."""
+    path = tiny_checkpoint(arch, tmp_path / arch, 0)
+    out = explained(path, capsys)
+    desc = describe(load(path))
+    assert desc.residual == "parallel" and desc.readers[0].bias  # the head's bias is placed with it
+    flat = {(f["name"], f["scope"]): (f["flat"], f["generators"]) for f in out["families"]}
+    for h in desc.heads:
+        if arch.startswith("GPTJ"):
+            units = h.n_kv * h.head_dim
+            assert flat[("value-ones-into-bias", f"layer {h.layer}")] == (units, units)
+        else:
+            assert flat[("parallel-bias-trade", f"layer {h.layer}")] == (desc.d_model, desc.d_model)

@@ -305,7 +305,14 @@ def _one_per_orbit_tolerance(ra: dict, rb: dict) -> float:
 # beside the five: a LayerNorm stream (its rotations fix 1: so(1⊥), not a block of coordinates),
 # NoPE layers under a per-head QK-norm (quarter turns of both plane pairings: signed permutations)
 # and a weightless LayerNorm stream (the ones shifts in closed form; the scale of 1 acts trivially)
-MORE = ("StableLmForCausalLM", "Exaone4ForCausalLM", "OlmoForCausalLM", "CohereForCausalLM")
+MORE = (
+    "StableLmForCausalLM",
+    "Exaone4ForCausalLM",
+    "OlmoForCausalLM",
+    "CohereForCausalLM",
+    "GPTJForCausalLM",
+    "PhiForCausalLM",
+)
 
 
 @pytest.mark.parametrize("arch", list(DECODER_EXAMPLES) + list(MORE))

@@ -165,6 +165,36 @@ def stacked_lu_factor(a: torch.Tensor):
         return torch.linalg.lu_factor(a)
 
 
+# torch.linalg.matrix_exp of one matrix picks a Taylor degree by the norm, and its degree-8
+# polynomial has a wrong x⁷ coefficient (pytorch/pytorch#196592): in float64 a 1-norm between about
+# 0.01 and 0.05 loses up to 9·10⁴ ε (exp(Cᵀ)ᵀ·exp(−C) ≠ I by 10⁻¹¹), which a canonical form's Newton
+# step turns into a function change of 10³ ε.  Stacks of matrices take another path.  This one is
+# scaling and squaring with a Taylor degree that bounds its own truncation, tested against mpmath.
+def matrix_exp(a: torch.Tensor) -> torch.Tensor:
+    """exp(a) of a square matrix or a stack of them: b = a/2^s with ‖b‖₁ ≤ 1/2, its Taylor series
+    to degree m + 2, m the first degree whose remainder bound ‖b‖^(m+1)/(m+1)!·e^‖b‖ is below ε/8
+    (m ≤ 15 at ‖b‖₁ = 1/2), by Horner, squared s times.  The two degrees more keep the first and
+    second derivatives as accurate as the value (at a = 0 the value needs degree 0, its derivative
+    degree 1 and a Newton step's Hessian degree 2).  Products and sums only, so forward- and
+    reverse-mode derivatives pass through it."""
+    norm = float(a.detach().abs().sum(-2).amax()) if a.numel() else 0.0
+    s = math.ceil(math.log2(norm / 0.5)) if norm > 0.5 else 0
+    b = a / 2**s
+    nb, m, term = norm / 2**s, 0, 1.0
+    while True:  # term = ‖b‖^(m+1)/(m+1)!
+        term *= nb / (m + 1)
+        if term * math.exp(nb) <= eps(a.dtype) / 8:
+            break
+        m += 1
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
+    e = eye
+    for k in range(m + 2, 0, -1):
+        e = eye + (b @ e) / k
+    for _ in range(s):
+        e = e @ e
+    return e
+
+
 # A product a·b formed on the way by one step and needed again by the next (one slot; see
 # :func:`remember_product`).
 _KNOWN_PRODUCT: list[tuple] = []

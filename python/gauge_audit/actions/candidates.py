@@ -24,6 +24,7 @@ from functools import partial
 import torch
 
 from ..models.derived import Description, Heads, Hidden, Norm, Opaque, Reader
+from ..runtime import matrix_exp
 
 Tangent = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
@@ -42,6 +43,9 @@ class Family:
     spec: tuple | None = None
     # a GL family's element given as its matrix F (exp(C) for coefficients C; also F outside exp's image)
     by_matrix: Callable[[Params, torch.Tensor], Params] | None = None
+    # a family that names its own representative: params ↦ the coefficients that take them there
+    # (a closed form the canonical form uses instead of a search)
+    canonical: Callable[[Params], torch.Tensor] | None = None
 
 
 @dataclass
@@ -109,7 +113,7 @@ def _gl(name: str, scope: str, params, e: int, sides: list[Side]) -> Family:
 
     def mats(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         C = c.reshape(e, e).to(torch.float64)
-        return torch.linalg.matrix_exp(C.T), torch.linalg.matrix_exp(-C)
+        return matrix_exp(C.T), matrix_exp(-C)
 
     def by_matrix(p: Params, F: torch.Tensor) -> Params:
         """The element F itself (any invertible F, exp(C) or not): X ↦ Fᵀ·X and X ↦ F⁻¹·X."""
@@ -330,12 +334,12 @@ def stream_gl(desc: Description, params) -> list[Family]:
             gens.append(t)
 
     def conj(C: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-        M = torch.linalg.matrix_exp(C)
+        M = matrix_exp(C)
         return M if g is None else (M * g[None, :]) / g[:, None]  # Γ⁻¹·exp(C)·Γ
 
     def act(p: Params, c: torch.Tensor) -> Params:
         C = c.reshape(d, d).to(torch.float64)
-        fwd = torch.linalg.matrix_exp(C.T)
+        fwd = matrix_exp(C.T)
         out = dict(p)
         for w in desc.writers:
             out[w.param] = _on_axis(out[w.param], w.axis, fwd)
@@ -359,7 +363,7 @@ def stream_gl(desc: Description, params) -> list[Family]:
 
     def kappa(c: torch.Tensor) -> float:
         C = c.reshape(d, d).to(torch.float64)
-        return _cond(torch.linalg.matrix_exp(C), *(conj(-C, g) for g in gammas.values() if g is not None))
+        return _cond(matrix_exp(C), *(conj(-C, g) for g in gammas.values() if g is not None))
 
     embed = desc.writers[0]  # the embedding: nothing but the stream moves it
     return [Family("stream-gl", "stream", gens, f"GL({d})", act, kappa, ("gl", d, embed.param, embed.axis, [0]))]
@@ -463,7 +467,11 @@ def ln_writer_ones(desc: Description, params) -> list[Family]:
 def ln_reader_ones(desc: Description, params) -> list[Family]:
     """A reader of a centring norm's output γ⊙n(x) + β: n(x) ⊥ 1, so each of its output units may
     gain any multiple of u = 1/γ along the stream (u·(γ⊙n) = Σ n = 0), the constant β·u it then
-    adds taken back by the unit's bias (where β ≠ 0 and the reader has none: not proposed)."""
+    adds taken back by the unit's bias.  Where β ≠ 0 and a key projection has no bias the constant
+    stays, and the forward decides: a key coordinate RoPE leaves unrotated shifts every score of a
+    query by one constant, which the softmax does not see (other readers without a bias: not
+    proposed — where such a constant is unseen, it is through a tensor another family moves)."""
+    keys = {h.k for h in desc.heads if h.k not in (h.q, h.v)}  # a key projection of its own
     out = []
     for r in desc.readers:
         n = r.norm
@@ -471,7 +479,7 @@ def ln_reader_ones(desc: Description, params) -> list[Family]:
             continue
         u = _ones_direction(n, params, desc.d_model)
         beta = params[n.bias].to(torch.float64) if n.bias else None
-        if beta is not None and not r.bias:
+        if beta is not None and not r.bias and r.param not in keys:
             continue
         t = params[r.param]
         gens: list[list[Entry]] = []
@@ -505,27 +513,30 @@ def _reader_ones(r: Reader, d: int, units: list[tuple], p: Params, c: torch.Tens
     return out
 
 
+def _affine_norms(desc: Description) -> dict[str, tuple[Norm, list[Reader]]]:
+    """Each centring norm with a shift β, by module, with the readers of its output."""
+    out: dict[str, tuple[Norm, list[Reader]]] = {}
+    for r in desc.readers:
+        if r.norm is not None and r.norm.kind in CENTRED and r.norm.bias:
+            out.setdefault(r.norm.module, (r.norm, []))[1].append(r)
+    return out
+
+
 def ln_bias_shift(desc: Description, params) -> list[Family]:
     """A LayerNorm's shift β ↦ β + δ, every reader's bias taking back its weight's image of δ
     (b ↦ b − W·δ): where each reader of that norm has a bias (not proposed otherwise)."""
-    by_norm: dict[str, list] = {}
-    norms: dict[str, Norm] = {}
-    for r in desc.readers:
-        if r.norm is not None and r.norm.kind in CENTRED and r.norm.bias:
-            by_norm.setdefault(r.norm.module, []).append(r)
-            norms[r.norm.module] = r.norm
     out = []
-    for mod, readers in by_norm.items():
+    for mod, (n, readers) in _affine_norms(desc).items():
         if any(not r.bias for r in readers):
             continue
-        n = norms[mod]
         assert n.bias is not None
         gens: list[list[Entry]] = []
         for j in range(desc.d_model):
             entries: list[Entry] = [(n.bias, (j,), 1.0, "shift")]
             for r in readers:
-                t = params[r.param]
-                entries += [(r.bias, _unit(idx), -float(t[_at(idx, j)]), "shift") for idx in _slices(t, r.axis)]
+                t, bias = params[r.param], r.bias
+                assert bias is not None
+                entries += [(bias, _unit(idx), -float(t[_at(idx, j)]), "shift") for idx in _slices(t, r.axis)]
             gens.append(entries)
         fam = _coordinatewise("ln-bias-shift", mod, params, gens, f"R^{len(gens)}")
         fam.act = partial(_bias_shift, n, tuple(readers))
@@ -542,6 +553,145 @@ def _bias_shift(n: Norm, readers: tuple, p: Params, c: torch.Tensor) -> Params:
         t = p[r.param]
         image = torch.tensordot(t.to(c.dtype), c, dims=([r.axis], [0]))
         out[r.bias] = p[r.bias] - image.reshape(p[r.bias].shape)
+    return out
+
+
+def ln_bias_into_ones(desc: Description, params) -> list[Family]:
+    """A LayerNorm's shift β ↦ β + δ where its readers have no bias to take W·δ back: each reader
+    takes it back along its ones direction instead, W ↦ W − u·(δW)/((β + δ)·u) with u = 1/γ
+    (u·(γ⊙n) = 0, so the reader's image of n is unchanged and the new constant (β + δ)·W′ equals
+    β·W).  A flow in δ — two shifts compose to their sum — defined where (β + δ)·u ≠ 0; at a point
+    with β·u = 0 it is not proposed."""
+    out = []
+    d = desc.d_model
+    for mod, (n, readers) in _affine_norms(desc).items():
+        if all(r.bias for r in readers):  # ln-bias-shift takes it back by the biases
+            continue
+        assert n.bias is not None
+        u = _ones_direction(n, params, d)
+        a = float(params[n.bias].to(torch.float64) @ u)
+        if abs(a) <= 1e-8 * float(params[n.bias].abs().max()) * float(u.abs().max()) * d:
+            continue
+        gens: list[list[Entry]] = []
+        for j in range(d):
+            entries: list[Entry] = [(n.bias, (j,), 1.0, "shift")]
+            for r in readers:
+                t = params[r.param]
+                for idx in _slices(t, r.axis):
+                    w = float(t[_at(idx, j)]) / a
+                    entries += [(r.param, _at(idx, i), -float(u[i]) * w, "shift") for i in range(d)]
+            gens.append(entries)
+        fam = _coordinatewise("ln-bias-into-ones", mod, params, gens, f"R^{d}")
+        fam.act = partial(_bias_into_ones, n, tuple(readers), d)
+        fam.kappa = partial(_bias_into_ones_kappa, params[n.bias].to(torch.float64), u)
+        fam.canonical = partial(_bias_into_ones_representative, n, d)
+        out.append(fam)
+    return out
+
+
+def _bias_into_ones_kappa(beta: torch.Tensor, u: torch.Tensor, c: torch.Tensor) -> float:
+    """The condition number of the readers' map W ↦ (I − u·cᵀ/((β + c)·u))·W."""
+    M = torch.eye(u.numel(), dtype=torch.float64) - torch.outer(u, c.to(torch.float64)) / float((beta + c) @ u)
+    return _cond(M)
+
+
+def _bias_into_ones_representative(n: Norm, d: int, p: Params) -> torch.Tensor:
+    """Every β′ with β′·u ≠ 0 is on the orbit, its readers following (the two signs of β′·u alike:
+    the action is defined across them).  The representative is β′ = u/‖u‖, reached by δ = β′ − β: u
+    is the norm's own (1/γ, ±1 after a norm fold), so the choice reads nothing another family
+    moves."""
+    assert n.bias is not None
+    u = _ones_direction(n, p, d)
+    return u / u.norm() - p[n.bias].to(torch.float64)
+
+
+def _bias_into_ones(n: Norm, readers: tuple, d: int, p: Params, c: torch.Tensor) -> Params:
+    """The element: β ↦ β + c, each reader W ↦ W − u ⊗ (c·W)/((β + c)·u), γ, β and W read at ``p``."""
+    assert n.bias is not None
+    u = _ones_direction(n, p, d)
+    beta = p[n.bias].to(c.dtype) + c
+    out = dict(p)
+    out[n.bias] = beta
+    for r in readers:
+        t = p[r.param]
+        image = torch.tensordot(t.to(c.dtype), c, dims=([r.axis], [0]))  # c·W per unit
+        moved = (image.unsqueeze(-1) * u / (beta @ u)).movedim(-1, r.axis)
+        out[r.param] = t - moved
+    return out
+
+
+def _ffn_writer_biases(desc: Description) -> dict[int, list[str]]:
+    """Per block of a parallel residual, the biases its dense FFN writers add to the stream (where
+    the mixer's output lands too); nothing for a serial one."""
+    if desc.residual != "parallel":
+        return {}
+    writer_bias = {w.param: w.bias for w in desc.writers if w.bias}
+    out: dict[int, list[str]] = {}
+    for hd in desc.hidden:
+        for name, _ in hd.writers:
+            if name in writer_bias and not hd.experts:
+                out.setdefault(hd.layer, []).append(writer_bias[name])
+    return out
+
+
+def value_ones_into_bias(desc: Description, params) -> list[Family]:
+    """A value projection without a bias reading an affine LayerNorm: its unit j gaining c_j·u along
+    the stream (u = 1/γ) adds the constant c_j·(β·u) to every value, which the softmax's weights
+    (summing to 1) pass on and o_proj maps to (β·u)·W_O·E·c (E: each KV head's values to its query
+    heads); a bias added at the same point of the stream takes it back — o_proj's own, or in a
+    parallel block the FFN writer's.  W_O, β and u are read where the element acts."""
+    partner = {layer: biases[0] for layer, biases in _ffn_writer_biases(desc).items()}
+    out = []
+    for h in desc.heads:
+        r = next((r for r in desc.readers if r.param == h.v), None)
+        bias = h.ob or partner.get(h.layer)
+        if r is None or r.bias or h.v in (h.q, h.k) or r.norm is None or not r.norm.bias or bias is None:
+            continue
+        units = h.n_kv * h.head_dim
+        gens: list[Tangent] = []
+        for j in range(units):
+            c = torch.zeros(units, dtype=torch.float64)
+            c[j] = 1.0
+            moved = _value_into_bias(h, r.norm, bias, desc.d_model, params, c)
+            gens.append({n: moved[n] - params[n] for n in (h.v, bias)})
+        act = partial(_value_into_bias, h, r.norm, bias, desc.d_model)
+        out.append(Family("value-ones-into-bias", f"layer {h.layer}", gens, f"R^{units}", act, lambda c: 1.0))
+    return out
+
+
+def _value_into_bias(h: Heads, n: Norm, bias: str, d: int, p: Params, c: torch.Tensor) -> Params:
+    """The element: value unit j's row gains c_j·u, ``bias`` loses (β·u)·W_O·E·c (u, β, W_O read at ``p``)."""
+    assert n.bias is not None
+    u = _ones_direction(n, p, d)
+    e, out = h.head_dim, dict(p)
+    c = c.to(torch.float64)
+    rows = torch.zeros(p[h.v].shape[0], dtype=torch.float64)
+    rows = torch.cat([rows[: h.v_off], c, rows[h.v_off + c.numel() :]])
+    out[h.v] = p[h.v] + torch.outer(rows, u).to(p[h.v].dtype)
+    W = p[h.o].to(torch.float64)
+    image = sum(
+        W[:, head * e : (head + 1) * e] @ c[(head // h.group) * e : (head // h.group + 1) * e]
+        for head in range(h.n_heads)
+    )
+    out[bias] = p[bias] - (p[n.bias].to(torch.float64) @ u) * image
+    return out
+
+
+def parallel_bias_trade(desc: Description, params) -> list[Family]:
+    """In a parallel block the mixer's and the FFN's outputs are added to the stream together, so
+    only the sum of their writers' biases is seen: per block, δ added to one writer's bias and
+    taken from another's (d per extra biased writer)."""
+    by_layer: dict[int, list[str]] = {h.layer: [h.ob] for h in desc.heads if h.ob}
+    for layer, biases in _ffn_writer_biases(desc).items():
+        by_layer.setdefault(layer, []).extend(biases)
+    out = []
+    for layer, biases in sorted(by_layer.items()):
+        first, *rest = biases
+        gens: list[list[Entry]] = [
+            [(first, (j,), 1.0, "shift"), (b, (j,), -1.0, "shift")] for b in rest for j in range(desc.d_model)
+        ]
+        if gens:
+            out.append(_coordinatewise("parallel-bias-trade", f"layer {layer}", params, gens, f"R^{len(gens)}"))
     return out
 
 
@@ -602,7 +752,9 @@ def continuous(desc: Description, params) -> list[Family]:
     for hd in desc.hidden:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
-    return fams + ln_writer_ones(desc, params) + ln_reader_ones(desc, params) + ln_bias_shift(desc, params)
+    fams += ln_writer_ones(desc, params) + ln_reader_ones(desc, params) + ln_bias_shift(desc, params)
+    fams += ln_bias_into_ones(desc, params) + value_ones_into_bias(desc, params)
+    return fams + parallel_bias_trade(desc, params)
 
 
 # ----------------------------------------------------------------------------- discrete

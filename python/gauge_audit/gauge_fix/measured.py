@@ -46,7 +46,7 @@ from ..measured import Measured, action_length, described, held_maps, stored_dty
 from ..models.derived import HFModel, load
 from ..nullity.found import measure, path_length
 from ..numeric import worst_case_tolerance
-from ..runtime import eps, generator
+from ..runtime import eps, generator, matrix_exp
 
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
 KAPPA_MAX = 1e6  # DIFFERENT: the float64 rounding of no element of condition number up to this explains it
@@ -146,7 +146,7 @@ def _different(dist: float, f_tol: float, dtype_b: torch.dtype, t0: float) -> Fi
 
 
 def _is_log(L: torch.Tensor, M: torch.Tensor, rel: float = 1e-6) -> bool:
-    return bool(torch.allclose(torch.linalg.matrix_exp(L), M, rtol=0, atol=rel * float(M.abs().max())))
+    return bool(torch.allclose(matrix_exp(L), M, rtol=0, atol=rel * float(M.abs().max())))
 
 
 def _gl_map(spec: tuple, pa: Params, pb: Params) -> torch.Tensor:

@@ -53,7 +53,7 @@ from ..measured import (
 )
 from ..models.checkpoint.writer import refuse_existing
 from ..models.derived import Description, HFModel
-from ..runtime import eps, reproducible
+from ..runtime import eps, matrix_exp, reproducible
 from .measured import above_rounding, block, least_squares, logm, project
 
 STEPS = 60  # Gauss–Newton steps of the smallest norm
@@ -92,7 +92,7 @@ class _Kappa:
     def add(self, i: int, fam: Family, c: torch.Tensor) -> None:
         if fam.spec is not None and fam.spec[0] == "gl":
             e = fam.spec[1]
-            self.matrix(i, torch.linalg.matrix_exp(c.reshape(e, e).to(torch.float64)))
+            self.matrix(i, matrix_exp(c.reshape(e, e).to(torch.float64)))
         else:
             self.coeffs[i] = self.coeffs.get(i, torch.zeros_like(c)) + c
 
@@ -129,6 +129,24 @@ def _fold_norms(flat, cur: Params, kap: _Kappa, steps: list[str], conditions: di
         done.add(i)
     if done:
         steps.append(f"norm-fold: {len(done)} norm(s) folded into their readers")
+    return cur, done
+
+
+def _own_representatives(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]) -> tuple[Params, set]:
+    """Families that name their own representative (``Family.canonical``: a LayerNorm's shift taken
+    back along its readers' ones directions, whose orbit may hold several minima of the norm) taken
+    there in closed form, where their whole candidate is flat; the Newton steps leave them out."""
+    done = set()
+    for i, (fam, _) in enumerate(flat):
+        basis = bases.get(i)
+        if fam.canonical is None or basis is None or basis.shape[1] != len(fam.generators):
+            continue
+        c = fam.canonical(cur)
+        cur = fam.act(cur, c)
+        kap.add(i, fam, c)
+        done.add(i)
+    if done:
+        steps.append(f"representatives: {len(done)} famil(ies) at the representative they name (closed form)")
     return cur, done
 
 
@@ -413,7 +431,7 @@ def _fix_compact(
             kap.matrix(i, F)
         else:
             C = logm(F)
-            if not torch.allclose(torch.linalg.matrix_exp(C), F, rtol=0, atol=1e-10):
+            if not torch.allclose(matrix_exp(C), F, rtol=0, atol=1e-10):
                 not_fixed.append(f"{fam.name} {fam.scope}: its canonical rotation has no real logarithm")
                 continue
             cur = fam.act(cur, C.reshape(-1))
@@ -582,10 +600,13 @@ def canonical_form(
     bases = {i: compact[i].rest if i in compact else b for i, (_, b) in enumerate(flat) if i not in folded}
     # where both sides of the stream are blind to 1 — a ones shift for every writer and every
     # reader — the ones go first, in closed form; the stream's scale of 1 then acts trivially
-    shifted: set = set()
+    cur, named = _own_representatives(flat, bases, cur, kap, steps)
     if sum(fam.name == "ln-reader-ones" for fam, _ in flat) == len(desc.readers):
-        cur, shifted = _affine_shifts(flat, bases, cur, kap, steps)
-    newton = {i: b for i, b in bases.items() if b.shape[1] and i not in shifted}
+        # a start, not the end: where the shifts touch one tensor together (a reader's bias taking
+        # back both its ones shift and a β shift; a tied embedding, writer and reader), one family
+        # at a time is not their joint minimum, so the steps below move them too
+        cur, _ = _affine_shifts(flat, {i: b for i, b in bases.items() if i not in named}, cur, kap, steps)
+    newton = {i: b for i, b in bases.items() if b.shape[1] and i not in named}
     cur, grad = _smallest_norm(flat, newton, cur, kap, steps, t0, budget_s)
     for i, b in bases.items():  # the smallest norm fixes all but the rotations
         conditions[flat[i][0].name] = conditions.get(flat[i][0].name, 0) + b.shape[1]

@@ -43,6 +43,12 @@ _LOW = (torch.float32, torch.float16, torch.bfloat16)
 # cores), so the limit is the dense limit of `nullity`.
 MAX_PARAMS_OWN = 6_000
 OWN_WEIGHTS, SMALL_COPY = "the checkpoint's own weights", "a small copy at a generic point"  # HFModel.source
+# the usual names of a decoder's parts (Llama's first; GPT-J's, Phi's and NeoX's after)
+STACKS = ("layers", "h", "blocks")  # the list of decoder layers
+EMBEDDINGS = ("embed_tokens", "wte", "embed_in", "word_embeddings")
+OUTPUTS = ("o_proj", "out_proj", "dense")  # attention's stream writer
+FFN_WRITERS = ("down_proj", "c_proj", "fc2", "fc_out", "dense_4h_to_h")
+FFN_READERS = ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "fc_in", "dense_h_to_4h")
 
 
 class Float64(TorchFunctionMode):
@@ -193,16 +199,18 @@ class Description:
     def table_vocabulary(self, params: dict) -> tuple[int, int] | None:
         """In a parallel first block the FFN reads only n(W_E[t]): on a vocabulary of V tokens its
         output is a table of V·d numbers, V·(d − 1) of them seen where the readers centre (a
-        LayerNorm is blind to the table's 1-component).  Where the FFN's parameters outnumber
+        LayerNorm is blind to the table's 1-component).  Where the FFN's n parameters outnumber
         those, directions that keep the table are flat beyond any group (a special size, not a
-        symmetry): (their count, the smallest V with V·(d − 1) at least that); None where the size
-        is not special."""
+        symmetry); the block's other per-token parameters raise the need (measured: Cohere's
+        SwiGLU needs V·(d − 1) ≥ n − d_ff, Phi's GELU FFN with biases 1.5·n), so a vocabulary is
+        taken as safe from V·(d − 1) ≥ 2n.  (n, the smallest safe V) where V is below it; else None."""
         if self.residual != "parallel":
             return None
         first = {p for h in self.hidden if h.layer == 0 for p, _ in (*h.readers, *h.writers)}
         first |= {h.router for h in self.hidden if h.layer == 0 and h.router}
         n = sum(params[p].numel() for p in first)
-        return (n, -(-n // (self.d_model - 1))) if self.vocab * (self.d_model - 1) < n else None
+        safe = -(-2 * n // (self.d_model - 1))
+        return (n, safe) if self.vocab < safe else None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -292,6 +300,7 @@ def generic_point(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]
 
 _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when the config has them)
     "hidden_size": 8,
+    "rotary_dim": 2,
     "intermediate_size": 6,
     "intermediate_size_mlp": 6,
     "moe_intermediate_size": 3,  # 2·3 ≠ 8: the stream axis of fused expert tensors stays unique
@@ -342,6 +351,8 @@ def small_copy(config, vocab: int | None = None):
     for k, v in {**_SIZE_FIELDS, **({"vocab_size": vocab} if vocab else {})}.items():
         if getattr(c, k, None) is not None:
             setattr(c, k, v)
+    if hasattr(c, "n_inner"):  # GPT-J's FFN width: None means 4·d
+        c.n_inner = _SIZE_FIELDS["intermediate_size"]
     if getattr(c, "num_key_value_heads", None) is not None:
         c.num_key_value_heads = 1 if config.num_key_value_heads < config.num_attention_heads else 2
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):  # token ids past the small vocabulary
@@ -407,13 +418,14 @@ def load(path: Path, seed: int = 0, vocab: int | None = None) -> HFModel:
     except Exception as exc:  # transformers' own validators raise their own classes
         raise GaugeAuditError(f"{path}: transformers cannot read this config: {_first_line(exc)}") from None
     files = HFDir(path)
-    n_file = layers_held("model.layers.{i}.", files.entries)
+    n_file = max(layers_held(f"{stack}.{{i}}.", files.entries) for stack in STACKS)
     n_cfg = getattr(config, "num_hidden_layers", None)
     if not isinstance(n_cfg, int) or n_cfg != n_file:
         raise GaugeAuditError(f"{path}: config.json says {n_cfg} layers, the weights hold {n_file}")
-    embed = [n for n in files.entries if n.endswith("embed_tokens.weight")]
+    embed = [n for n in files.entries if n.endswith(".weight") and n.split(".")[-2] in EMBEDDINGS]
     if len(embed) != 1:
-        raise GaugeAuditError(f"{path}: no single embed_tokens.weight among the weights ({len(embed)} found)")
+        names = " or ".join(f"{e}.weight" for e in EMBEDDINGS)
+        raise GaugeAuditError(f"{path}: no single token embedding ({names}) among the weights ({len(embed)} found)")
     shape = tuple(files.entries[embed[0]][1])
     if shape != (config.vocab_size, config.hidden_size):
         raise GaugeAuditError(
@@ -548,6 +560,8 @@ def _is_norm(mod) -> bool:
 def _rotary(config, attn, head_dim: int) -> int:
     if getattr(attn, "use_rope", True) in (0, False):
         return 0
+    if isinstance(getattr(config, "rotary_dim", None), int):  # GPT-J, CodeGen: the rotated width itself
+        return min(int(config.rotary_dim), head_dim)
     rp = getattr(config, "rope_parameters", None) or {}
     if rp and all(isinstance(v, dict) for v in rp.values()):
         rp = next(iter(rp.values()))
@@ -556,33 +570,53 @@ def _rotary(config, attn, head_dim: int) -> int:
     return 2 * math.ceil(int(head_dim * factor) / 2)
 
 
+def _stack(m: torch.nn.Module, n_layers: int) -> tuple[str, torch.nn.Module, str] | None:
+    """(the name of the module holding the decoder layers, that module, the layers' list name):
+    a list of ``n_layers`` modules under one of the usual names, at the top or one level below."""
+    for base_name, base in [("", m), *m.named_children()]:
+        for stack in STACKS:
+            layers = getattr(base, stack, None)
+            if isinstance(layers, torch.nn.ModuleList) and len(layers) == n_layers:
+                return base_name, base, stack
+    return None
+
+
 def describe(model: HFModel, seed: int = 0) -> Description:
     m, cfg, params = model.module, model.config, model.params
-    base = getattr(m, "model", None)
-    layers = getattr(base, "layers", None)
-    embed_mod = getattr(base, "embed_tokens", None)
-    if layers is None or embed_mod is None or not hasattr(m, "lm_head"):
+    found = _stack(m, int(cfg.num_hidden_layers))
+    pretrained: Any = m  # a transformers PreTrainedModel: its own embeddings' accessors
+    embed_mod, head_mod = pretrained.get_input_embeddings(), pretrained.get_output_embeddings()
+    if found is None or embed_mod is None or head_mod is None:
         raise GaugeAuditError(
-            f"{model.name}: not a decoder of the usual shape (model.embed_tokens, model.layers, lm_head)"
+            f"{model.name}: not a decoder of the usual shape (a token embedding, a list of layers named "
+            f"{' or '.join(STACKS)}, an output head)"
         )
+    base_name, base, stack = found
+    pre = f"{base_name}." if base_name else ""
+    names = {id(mod): n for n, mod in m.named_modules()}
     ids = torch.randint(0, model.vocab, (2, 6), generator=generator(seed))
     io = probe(model, ids)
     d = int(cfg.hidden_size)
-    embed = "model.embed_tokens.weight"
-    head = "lm_head.weight" if "lm_head.weight" in params else embed
-    desc = Description(model.name, d, len(layers), model.vocab, embed, head, head == embed, None)
+    embed = f"{names[id(embed_mod)]}.weight"
+    head_name = names[id(head_mod)]
+    head = f"{head_name}.weight" if f"{head_name}.weight" in params else embed
+    head_bias = _opt(params, f"{head_name}.bias")
+    desc = Description(model.name, d, int(cfg.num_hidden_layers), model.vocab, embed, head, head == embed, None)
     desc.writers.append(Writer(embed, 1))
-    desc.placed |= {embed, head}
-    fn = io.get("model.norm")
-    if fn is not None and base is not None and hasattr(base, "norm"):
-        desc.final_norm = _norm_kind(base.norm, fn[0], fn[1], params, "model.norm")
+    desc.placed |= {embed, head, head_bias or ""}
+    # the final norm: the one norm beside the layers
+    finals = [(f"{pre}{n}", mod) for n, mod in base.named_children() if _is_norm(mod)]
+    fname = finals[0][0] if len(finals) == 1 else f"{pre}norm"
+    fn = io.get(fname)
+    if fn is not None and len(finals) == 1:
+        desc.final_norm = _norm_kind(finals[0][1], fn[0], fn[1], params, fname)
     if desc.final_norm is None:
-        desc.unplaced.append(("model.norm", "the final norm's kind was not recognised"))
+        desc.unplaced.append((fname, "the final norm's kind was not recognised"))
     else:
         desc.placed |= {desc.final_norm.weight or "", desc.final_norm.bias or ""}
-    desc.readers.append(Reader(head, 1, desc.final_norm))
-    for i, layer in enumerate(layers):
-        _layer(desc, model, io, i, layer)
+    desc.readers.append(Reader(head, 1, desc.final_norm, head_bias))
+    for i, layer in enumerate(getattr(base, stack)):
+        _layer(desc, model, io, i, layer, f"{pre}{stack}.{i}")
     for name in params:
         if name not in desc.placed and not any(name == p for p, _ in desc.unplaced):
             desc.unplaced.append((name, "no role derived from its module name"))
@@ -600,9 +634,8 @@ def _children(io, prefix, layer):
     return [t[1:] for t in sorted(out, key=lambda t: t[0])]
 
 
-def _layer(desc: Description, model: HFModel, io, i: int, layer) -> None:
+def _layer(desc: Description, model: HFModel, io, i: int, layer, prefix: str) -> None:
     params = model.params
-    prefix = f"model.layers.{i}"
     x_in = io[prefix][0]
     x_out = io[prefix][1]
     # children that pass their input through (dropout at evaluation) are no sublayers
@@ -673,8 +706,12 @@ def _linear(mod, name) -> bool:
 def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm: Norm | None) -> None:
     params, cfg = model.params, model.config
     kids = {n for n, _ in mix.named_children()}
-    fused = {"qkv_proj", "o_proj"} <= kids  # one projection: [queries | keys | values] rows (Phi-3)
-    if {"q_proj", "k_proj", "v_proj", "o_proj"} <= kids or fused:
+    out = next((n for n in OUTPUTS if n in kids), None)  # the writer: o_proj, out_proj (GPT-J), dense (Phi)
+    fused = "qkv_proj" in kids and out is not None  # one projection: [queries | keys | values] rows (Phi-3)
+    if "query_key_value" in kids:  # NeoX, Falcon: rows interleaved per head, a layout not described
+        desc.unplaced.append((f"{prefix}.query_key_value.weight", "a fused projection with per-head [q | k | v] rows"))
+        return
+    if ({"q_proj", "k_proj", "v_proj"} <= kids and out is not None) or fused:
         n_heads = int(cfg.num_attention_heads)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
         e = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
@@ -719,11 +756,11 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             q=f"{proj['q']}.weight",
             k=f"{proj['k']}.weight",
             v=f"{proj['v']}.weight",
-            o=f"{prefix}.o_proj.weight",
+            o=f"{prefix}.{out}.weight",
             qb=_opt(params, f"{proj['q']}.bias"),
             kb=_opt(params, f"{proj['k']}.bias"),
             vb=_opt(params, f"{proj['v']}.bias"),
-            ob=_opt(params, f"{prefix}.o_proj.bias"),
+            ob=_opt(params, f"{prefix}.{out}.bias"),
             n_heads=n_heads,
             n_kv=n_kv,
             head_dim=e,
@@ -750,7 +787,7 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
     writer: str | None = None
     for n, mod in lins:
         wname = f"{prefix}.{n}.weight"
-        if n.startswith("out_proj") or n.startswith("o_proj"):
+        if n.split(".")[0] in OUTPUTS:
             desc.writers.append(Writer(wname, 0))
             writer = wname
         elif mod.in_features == desc.d_model:
@@ -769,10 +806,10 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
 
     def dense(pre: str, mod, name: str) -> None:
         ch = dict(mod.named_children())
-        down = next((n for n in ("down_proj", "c_proj", "fc2") if n in ch), None)  # the writer's usual names
+        down = next((n for n in FFN_WRITERS if n in ch), None)
         if down is None:
             return
-        readers = [n for n in ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc") if n in ch]
+        readers = [n for n in FFN_READERS if n in ch]
         rs: list[tuple[str, int]] = []
         for n in readers:
             desc.readers.append(Reader(f"{pre}.{n}.weight", 1, norm, _opt(params, f"{pre}.{n}.bias")))

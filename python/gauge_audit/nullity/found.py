@@ -243,8 +243,9 @@ def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[st
     if table is not None:
         out.append(
             f"special size: the first block's FFN reads only the {desc.vocab} token vectors (a parallel block): "
-            f"a table of {desc.vocab}·{desc.d_model} numbers set by {table[0]} parameters; a vocabulary of at "
-            f"least {table[1]} tokens lifts it"
+            f"a table of {desc.vocab}·{desc.d_model} numbers set by {table[0]} parameters, which may leave "
+            f"directions flat beyond any group; from {table[1]} tokens on (entries seen twice the parameters) the "
+            f"size is taken as generic"
         )
     if out:
         out.append("special point: the group measured here may exceed the one at a generic point")
