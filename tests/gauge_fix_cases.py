@@ -4,10 +4,12 @@ rounding level, an independently drawn model is DIFFERENT by a wide margin."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
-from gauge_audit.actions import composite
-from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, compare
+from gauge_audit.actions import ACTIONS, composite
+from gauge_audit.gauge_fix import DIFFERENT, EQUIVALENT, canonicalize, compare
 from gauge_audit.nullity.measure import EPS64
 from gauge_audit.numeric import HOLDS, check
 from gauge_audit.runtime import generator
@@ -45,3 +47,38 @@ def assert_independent_model_is_different(name: str, a, b) -> None:
     r = compare(a.cfg, a.params, b.cfg, b.params, with_element=False)
     print(f"{name}: invariant {r.invariant_distance:.3g} = {r.invariant_distance / r.tolerance:.3g}× the tolerance")
     assert r.verdict == DIFFERENT and r.invariant_distance >= 1e6 * r.tolerance
+
+
+def assert_b_by_runs_is_b_whole(m, stored, monkeypatch, runs: int) -> None:
+    """compare of ``stored`` against ``m`` with B canonicalised in ``runs`` runs of blocks gives the
+    report of B as one run of every block, number for number — verdict, distances, tolerances,
+    decisions and notes — and the same element mapping A to B; and one run of every block is the
+    public canonical form of B against A's."""
+    from gauge_audit.gauge_fix import streamed
+
+    merged, b_runs = [], streamed.b_runs
+
+    def spy(cfg, params):
+        out = b_runs(cfg, params)
+        merged.append(len(out))
+        return out
+
+    monkeypatch.setattr(streamed, "b_runs", spy)
+    fast = compare(m.cfg, m.params, m.cfg, stored)
+    assert merged == [runs]  # and merged: no second pass as one run
+    monkeypatch.setattr(streamed, "b_runs", lambda cfg, params: [(0, cfg.n_layers)])
+    whole = compare(m.cfg, m.params, m.cfg, stored)
+    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
+    assert fast.canonical_b is not None and whole.canonical_b is not None and whole.canonical_a is not None
+    plain = canonicalize(m.cfg, stored, reference=whole.canonical_a.params)
+    for rf, rw in zip(whole.canonical_b.records, plain.records, strict=True):
+        assert (rf.family, rf.reads, rf.writes, rf.notes) == (rw.family, rw.reads, rw.writes, rw.notes)
+        assert rf.element.kappa == rw.element.kappa and rf.element.parts.keys() == rw.element.parts.keys()
+        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
+    # the runs' records merged (a step taken block by block is one record of every block): g_B
+    # applied to B is B's canonical form, to the last bit
+    stored64 = {k: v.to(torch.float64) for k, v in stored.items()}
+    mapped = ACTIONS["composite"].apply(m.cfg, stored64, fast.canonical_b.element())
+    assert all(torch.equal(mapped[k], plain.params[k]) for k in plain.params)
+    assert fast.element is not None and whole.element is not None
+    assert all(torch.equal(fast.element.parts[k], whole.element.parts[k]) for k in whole.element.parts)

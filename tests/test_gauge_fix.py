@@ -37,6 +37,7 @@ from gauge_audit.nullity.families import families
 from gauge_audit.nullity.measure import EPS64, genericity, make_problem
 from gauge_audit.numeric import HOLDS, check, tolerance
 from gauge_audit.runtime import generator
+from gauge_fix_cases import assert_b_by_runs_is_b_whole
 from test_nullity import CONFIGS
 
 # the gemma family's tiny models are tested with the other newer architectures
@@ -452,35 +453,13 @@ def test_compare_error_in_b_first_run_leaves_no_helper_waiting(model, monkeypatc
 @pytest.mark.parametrize("name", SURVIVORS)
 def test_compare_with_b_by_runs_equals_b_whole(model, name, dtype, monkeypatch):
     """compare canonicalises B one run of blocks at a time (here one block per run: the runs'
-    records merged into the whole model's) where that is exact, and whole otherwise: the same
-    report, number for number — verdict, distances, tolerances, decisions and notes — and the same
-    element mapping A to B, as B canonicalised whole.  The LayerNorm models (gpt2-tiny, bert-tiny)
-    take the whole path: their writer/reader-ones steps couple blocks."""
+    records merged into the whole model's, the LayerNorm ones families of gpt2-tiny keyed by
+    tensor), and as one run of every block where a bias chain joins the blocks (bert-tiny)."""
     monkeypatch.setattr(response, "RUN_ENTRIES", 1)
     m = model(name)
     b, _ = _transformed(m, seed=11)
     stored = {k: v.to(dtype) for k, v in b.items()}
-    calls = []
-    by_runs = comparison.canonical_b_by_runs
-
-    def spy(*args):
-        out = by_runs(*args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(comparison, "canonical_b_by_runs", spy)
-    fast = compare(m.cfg, m.params, m.cfg, stored)
-    assert calls == ([] if name in ("gpt2-tiny", "bert-tiny") else [True])
-    monkeypatch.setattr(comparison, "canonical_b_by_runs", lambda *args: None)
-    whole = compare(m.cfg, m.params, m.cfg, stored)
-    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
-    assert [r.family for r in fast.canonical_b.records] == [r.family for r in whole.canonical_b.records]
-    for rf, rw in zip(fast.canonical_b.records, whole.canonical_b.records):
-        assert (rf.reads, rf.writes, rf.notes, rf.element.kappa) == (rw.reads, rw.writes, rw.notes, rw.element.kappa)
-        assert rf.element.parts.keys() == rw.element.parts.keys()
-        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
-    assert fast.element is not None and whole.element is not None
-    assert all(torch.equal(fast.element.parts[k], whole.element.parts[k]) for k in whole.element.parts)
+    assert_b_by_runs_is_b_whole(m, stored, monkeypatch, 1 if name == "bert-tiny" else m.cfg.n_layers)
 
 
 @pytest.mark.parametrize("name", SURVIVORS)

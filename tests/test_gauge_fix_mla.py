@@ -28,6 +28,7 @@ from gauge_audit.nullity.measure import EPS64, genericity, make_problem
 from gauge_audit.numeric import HOLDS, check, tolerance
 from gauge_audit.runtime import generator
 from gauge_fix_cases import (
+    assert_b_by_runs_is_b_whole,
     assert_independent_model_is_different,
     assert_transformed_copy_survives_storage,
     transformed,
@@ -161,32 +162,15 @@ def test_compare_transformed_copy_survives_storage(name, dtype):
 def test_compare_with_b_by_runs_equals_b_whole(name, dtype, monkeypatch):
     """compare canonicalises B one block at a time (a dense block and an MoE block: the same steps,
     the elements keyed by FFN merged) and measures the rounding response by runs: the same report,
-    number for number, and the same element as B canonicalised whole."""
-    from gauge_audit.gauge_fix import comparison, response
+    number for number, and the same element as B as one run of every block."""
+    from gauge_audit.gauge_fix import response
 
     monkeypatch.setattr(response, "RUN_ENTRIES", 1)
     m = tiny(name)
     b, _ = transformed(m, seed=11)
     stored = {k: v.to(dtype) for k, v in b.items()}
-    calls = []
-    by_runs = comparison.canonical_b_by_runs
-
-    def spy(*args):
-        out = by_runs(*args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(comparison, "canonical_b_by_runs", spy)
-    fast = compare(m.cfg, m.params, m.cfg, stored)
-    assert calls == [True]
-    monkeypatch.setattr(comparison, "canonical_b_by_runs", lambda *args: None)
-    whole = compare(m.cfg, m.params, m.cfg, stored)
-    assert json.dumps(fast.to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
-    for rf, rw in zip(fast.canonical_b.records, whole.canonical_b.records, strict=True):
-        assert (rf.family, rf.notes, rf.element.kappa) == (rw.family, rw.notes, rw.element.kappa)
-        assert rf.element.parts.keys() == rw.element.parts.keys()
-        assert all(torch.equal(rf.element.parts[k], rw.element.parts[k]) for k in rf.element.parts)
-    assert fast.verdict == EQUIVALENT
+    assert_b_by_runs_is_b_whole(m, stored, monkeypatch, m.cfg.n_layers)
+    assert compare(m.cfg, m.params, m.cfg, stored).verdict == EQUIVALENT
 
 
 @pytest.mark.parametrize("name", sorted(TINY))

@@ -69,6 +69,21 @@ OUTER_ACTIONS = frozenset({"norm-scale", ROTATION})
 ROTATION_CONDITION = "embedding Gram diagonal, descending, axes signed by their third moment"
 
 
+def with_rotation_decided(
+    records: list[StepRecord], u: float, decisions: Callable[[Callable[[float], float]], list[Decision]]
+) -> None:
+    """The stream rotation's record among a merged model's ``records`` replaced by the one the
+    whole model's canonicalisation makes: its condition, and ``decisions(threshold)`` — the
+    rotation decided apart from the runs (from the embedding's Gram or a Procrustes fit), each
+    decision's threshold ``threshold(sensitivity)`` at the κ of the dense steps before it, as
+    :meth:`.base.Context.threshold` counts it."""
+    i = next(i for i, r in enumerate(records) if r.family == ROTATION)
+    kappa = rounding_kappa(records[:i])
+    r = records[i]
+    found = decisions(lambda sensitivity: sensitivity * u * kappa)
+    records[i] = StepRecord(r.family, r.action, r.element, ROTATION_CONDITION, found, [], r.reads, r.writes)
+
+
 def streamable(cfg: Config) -> str | None:
     """None where :class:`CanonicalByRuns` applies to ``cfg``, else why not (the steps that then
     choose elements from the embeddings or couple blocks)."""
@@ -240,25 +255,15 @@ class CanonicalByRuns(LazyParams):
         records = merged.records
         stats = dict(self.stats)
         if self._axes is not None:
-            i = next(i for i, r in enumerate(records) if r.family == ROTATION)
-            kappa = rounding_kappa(records[:i])  # as Context.threshold counts it
-            u = eps(self.storage_dtype) / 2
-
-            def decide(kind: str, where: str, margins, sensitivity: float) -> Decision:
-                return Decision.of(kind, where, margins, sensitivity * u * kappa, sensitivity)
-
             lam, sumsq, margin = self._axes
-            decisions = gram_decisions(decide, "stream rotation (embedding)", lam, sumsq, margin)
-            records[i] = StepRecord(
-                ROTATION,
-                ROTATION,
-                records[i].element,
-                ROTATION_CONDITION,
-                decisions,
-                [],
-                records[i].reads,
-                records[i].writes,
-            )
+
+            def decisions(threshold: Callable[[float], float]) -> list[Decision]:
+                def decide(kind: str, where: str, margins, sensitivity: float) -> Decision:
+                    return Decision.of(kind, where, margins, threshold(sensitivity), sensitivity)
+
+                return gram_decisions(decide, "stream rotation (embedding)", lam, sumsq, margin)
+
+            with_rotation_decided(records, eps(self.storage_dtype) / 2, decisions)
             if self.embedding_gram is None:
                 self["embed.W_E"]  # forms the canonical embedding's Gram
             assert self.embedding_gram is not None

@@ -46,8 +46,8 @@ from ..models.families import param_shapes
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import block_runs, blockwise, grouped, probe_params, response_by_runs, sq_by_group, sq_distance
-from .streamed import SharedRuns, canonical_b_by_runs, helper_b_runs
+from .response import blockwise, grouped, probe_params, response_by_runs, sq_by_group, sq_distance
+from .streamed import SharedRuns, b_runs, canonical_b_by_runs, helper_b_runs
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
@@ -365,11 +365,6 @@ class _Once:
         return self._value
 
 
-def _streamable(cfg: Config, params_b: Params, ca: Canonical) -> bool:
-    """B one run of blocks at a time (:mod:`.streamed`), where its records can merge exactly."""
-    return blockwise(cfg, params_b) and not any(ACTIONS[r.action].element_layout == "whole" for r in ca.records)
-
-
 def compare(
     cfg_a: Config,
     params_a: Params,
@@ -403,8 +398,8 @@ def compare(
             # forked once A's canonical form exists (the probes are measured against it); the
             # helper shares its pages copy-on-write and only reads them, then takes B's last runs
             share = None
-            if parallel and _streamable(cfg_b, params_b, ca):
-                share = SharedRuns(len(block_runs(cfg_b, params_b)))
+            if parallel and blockwise(cfg_b, params_b):
+                share = SharedRuns(len(b_runs(cfg_b, params_b)))
             storage_b = (storage_dtype_b or storage_dtype_of(params_b)) if share is not None else None
             job = Forked(_a_side, cfg_a, params_a, params_b, ca, probes, seed, share, storage_b, fork=parallel)
             if share is not None and not job.forked:
@@ -445,22 +440,13 @@ def _compare(
     cfg, params_a, ca = prep.cfg, prep.params, prep.canonical
     storage_b = storage_dtype_b or storage_dtype_of(params_b)
     den = _sq_by_group(ca.params)
-    # B one run of blocks at a time where its records merge exactly (:mod:`.streamed`), else whole
-    streamed = None
-    if _streamable(cfg, params_b, ca):
-        if share is None:
-            streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1)
-        else:  # the runs from the last down are the helper's, once A's probes are done
-            assert a_side is not None
-            share.collect = lambda: a_side()[1]
-            streamed = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1, share)
-    if streamed is not None:
-        cb, sq, resp_b = streamed
-        inv, inv_groups = relative(grouped(sq, params_b), den)  # in parameter order, as sq_by_group adds them
-    else:
-        cb = canonicalize_owned(cfg, _float64(params_b), reference=ca.params, storage_dtype=storage_b)
-        inv, inv_groups = relative_distances(ca.params, cb.params, den)
-        resp_b = rounding_response(cfg, params_b, cb, ca.params, probes, seed + 1)
+    # B one run of blocks at a time (:mod:`.streamed`; one run of every block where they cannot be
+    # taken apart), the runs from the last down the helper's once A's probes are done
+    if share is not None:
+        assert a_side is not None
+        share.collect = lambda: a_side()[1]
+    cb, sq, resp_b = canonical_b_by_runs(cfg, params_b, ca, storage_b, probes, seed + 1, share)
+    inv, inv_groups = relative(grouped(sq, params_b), den)  # in parameter order, as sq_by_group adds them
     if a_side is not None:  # A's probes, done meanwhile (or now, where nothing was forked)
         prep.response = a_side()[0]
     if raw_side is not None:

@@ -36,13 +36,12 @@ from ..actions.stream import remember_rotation, rotation_and_inverse
 from ..errors import GaugeAuditError
 from ..models.config import Config, same_architecture
 from ..runtime import eps, generator, matmul, one_thread, wide_products
-from .base import Decision, Params, StepRecord, moved, rounding_kappa
-from .by_runs import ROTATION_CONDITION, STAND_IN, CanonicalByRuns, streamable
+from .base import Decision, Params, StepRecord, moved
+from .by_runs import STAND_IN, CanonicalByRuns, streamable, with_rotation_decided
 from .comparison import EQUIVALENT, Comparison, block_terms, element_a_to_b, judge, relative
-from .pipeline import PERMUTATIONS, canonicalize_owned, validate
+from .pipeline import kept_permutations, validate
 from .response import (
     OWN_ROTATION,
-    ROTATION,
     VOCAB_AXIS,
     RunProbes,
     Spilled,
@@ -55,7 +54,7 @@ from .response import (
     sq_distance,
     worst,
 )
-from .streamed import merge_runs
+from .streamed import against_reference, merge_runs
 
 KEEP_LAST = 1 << 25  # entries: a spilled reference keeps its last read tensor up to this size
 _WHERE = "stream rotation (embedding) (Procrustes to the reference)"
@@ -311,9 +310,8 @@ class _ByRuns:
 
         # B against A's canonical run
         sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
-        keep = {ROTATION: self.rot_b} if self.rot_b is not None else None
         self._remember(1)
-        c = canonicalize_owned(cfg_run, sub, reference=ref, storage_dtype=self.sides[1].storage, keep=keep)
+        c = against_reference(cfg_run, sub, ref, self.sides[1].storage, self.rot_b)
         for k in names:
             self.inv[k] = sq_distance(c.params[moved(k, -lo)], base_a[k])
         records = list(c.records)
@@ -326,11 +324,11 @@ class _ByRuns:
             self.steps_b = outer_steps(cfg_run, records)
             records = self._with_fit(records)
         self.records_b[j] = (lo, records)
-        kept_b = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
+        kept_b = kept_permutations(c.records)
         base_b = {k: Spilled(c.params[moved(k, -lo)]) for k in names}
         del c, sub
 
-        kept_a = {r.family: r.element for r in A.records[j][1] if r.family in PERMUTATIONS}
+        kept_a = kept_permutations(A.records[j][1])
         # each side's probes against its own canonical run (A's probes against A's, B's against B's)
         for s, kept, base, base_outer in (
             (self.sides[0], kept_a, base_a, A.small),
@@ -345,12 +343,9 @@ class _ByRuns:
         its condition, and the Procrustes fit's decision at the threshold of that point."""
         if self.rot_b is None:
             return records
-        i = next(i for i, r in enumerate(records) if r.family == ROTATION)
-        kappa = rounding_kappa(records[:i])  # as Context.threshold counts it
-        assert self.fit_b is not None
-        d = Decision.of("match", _WHERE, [self.fit_b], 2.0 * self.sides[1].u * kappa, 2.0)
-        r = records[i]
-        records[i] = StepRecord(r.family, r.action, r.element, ROTATION_CONDITION, [d], [], r.reads, r.writes)
+        fit = self.fit_b
+        assert fit is not None
+        with_rotation_decided(records, self.sides[1].u, lambda at: [Decision.of("match", _WHERE, [fit], at(2.0), 2.0)])
         return records
 
     # ------------------------------------------------------------------ 3 the embeddings and head

@@ -343,6 +343,17 @@ PERMUTATIONS = (
     "deepseek-ffn-perm",
     "qk-plane-turn",
 )
+ROTATION = "stream-rotation"  # the family of the one step whose element is shared by every block
+
+
+def kept_permutations(records: list[StepRecord]) -> dict[str, Element]:
+    """The permutations among ``records``, by family: what a probe or a run given them reuses."""
+    return {r.family: r.element for r in records if r.family in PERMUTATIONS}
+
+
+def stream_rotation(records: list[StepRecord]) -> Element | None:
+    """The stream rotation's element among ``records`` (None where there is none)."""
+    return next((r.element for r in records if r.family == ROTATION), None)
 
 
 def canonicalize(
@@ -388,7 +399,7 @@ def canonicalize_owned(
     stream rotation of a run of blocks: :mod:`.response`)."""
     with one_thread():
         if frozen is not None:
-            keep = {r.family: r.element for r in frozen.records if r.family in PERMUTATIONS}
+            keep = kept_permutations(frozen.records)
         ctx = Context(cfg, p64, reference, eps(storage_dtype) / 2, keep, whole)
         for _, fix, _ in STEPS:
             fix(ctx)

@@ -35,11 +35,10 @@ from ..models.config import Config
 from ..models.lazy import LazyParams
 from ..runtime import generator
 from .base import Params, moved, span_element
-from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned
+from .pipeline import PERMUTATIONS, ROTATION, Canonical, canonicalize_owned, stream_rotation
 
 CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
-ROTATION = "stream-rotation"
 # the vocabulary-sized tensors and their vocabulary axis
 VOCAB_AXIS = {"embed.W_E": 0, "unembed.W_U": 1, "unembed.b_U": 0}
 
@@ -338,7 +337,7 @@ class RunProbes:
             sq = self.sq[p]
             if j == 0:
                 if given is None:
-                    self.rotations[p] = next((r.element for r in c.records if r.family == ROTATION), None)
+                    self.rotations[p] = stream_rotation(c.records)
                 for k in outer:
                     sq[k] = sq_distance(c.params[k], base_outer[k])
                 if self.record_outer:

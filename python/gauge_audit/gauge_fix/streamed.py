@@ -1,4 +1,4 @@
-"""compare's model B canonicalised one run of blocks at a time, never whole in float64.
+"""compare's model B canonicalised one run of blocks at a time: the one way compare canonicalises B.
 
 With a reference (compare aligns B to A's canonical form) every gauge-fixing step but the stream
 rotation acts inside one block, and every decision it takes is judged against a threshold that
@@ -14,10 +14,11 @@ rounding probes are taken, then the run is dropped: memory holds A's canonical f
 (B's canonical embeddings wait in a temporary file while the first run's probes run).  In
 parallel the runs after the first are shared with a forked helper (:class:`SharedRuns`).
 
-:func:`merge_runs` refuses (returns None) whatever it cannot merge exactly — a step whose element
-couples blocks (layout "whole"), runs with different steps or decisions, decisions whose
-thresholds differ between runs — and compare then canonicalises B whole.
-``tests/test_gauge_fix.py`` checks the two give the same report.
+:func:`merge_runs` refuses (returns None) whatever it cannot merge exactly — runs with different
+steps or decisions, decisions whose thresholds differ between runs, an element that is not keyed
+by the tensors it acts on — and B is then one run of every block: the whole model through the same
+code.  So is a model whose bias chain joins blocks (:func:`.response.blockwise`).
+``tests/test_gauge_fix.py`` checks that runs of one block give the report of one run of every block.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ from ..models.config import Config
 from ..runtime import eps
 from .base import Decision, Params, StepRecord, moved, renumbered, rounding_kappa
 from .ffn import scaling_kappa
-from .pipeline import PERMUTATIONS, Canonical, canonicalize_owned, unfixed
-from .response import ROTATION, RunProbes, Spilled, block_runs, run_slice, sq_distance
+from .pipeline import ROTATION, Canonical, canonicalize_owned, kept_permutations, stream_rotation, unfixed
+from .response import RunProbes, Spilled, block_runs, blockwise, run_slice, sq_distance
 
 SPILL = 1 << 24  # outer tensors of at least this many entries (128 MiB in float64) wait in a file
+
+# actions applied to the whole model at once (layout "whole") whose element is keyed by the tensors
+# and norms it acts on, each part acting on its own: merged like a "norms" element
+KEYED_BY_TENSOR = frozenset({"writer-ones", "reader-ones", "norm-shift-absorbed", "embed-offset"})
 
 _BLOCK_NOTE = re.compile(r"\b(blocks?)([ .])(\d+)\b")
 
@@ -49,6 +54,28 @@ def _outer(name: str) -> bool:
 
 def _renamed(name: str, lo: int) -> str:
     return name if _outer(name) else moved(name, lo)
+
+
+def _merge_keyed(runs: list[tuple[int, Element]]) -> dict[str, torch.Tensor]:
+    """The parts of elements keyed by tensor or norm name, one per run: each run's block parts
+    renamed to their blocks, the outer parts as the first run has them (later runs take the outer
+    tensors along, not canonicalised), in the first run's order — the outer parts before its
+    blocks', the blocks', the outer parts after."""
+    before: dict[str, torch.Tensor] = {}
+    after: dict[str, torch.Tensor] = {}
+    inner: dict[str, torch.Tensor] = {}
+    seen = False  # a block's part, in the first run's order
+    for k, t in runs[0][1].parts.items():
+        if block_of(k + ".") is not None:
+            seen = True
+        else:
+            (after if seen else before)[k] = t
+    for lo, el in runs:
+        for k, t in el.parts.items():
+            b = block_of(k + ".")
+            if b is not None:
+                inner[renumbered(k, b, b + lo)] = t
+    return {**before, **inner, **after}
 
 
 def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | None:
@@ -67,20 +94,11 @@ def _merge_element(action: str, runs: list[tuple[int, Element]]) -> Element | No
         else:
             kappa = max(el.kappa for _, el in runs)
         return Element(parts, kappa, first.note)
-    if layout == "norms":  # keyed by the norm's name; the outer norms as the first run has them
-        keys = list(first.parts)
-        lead = bool(keys) and _outer(keys[0])
-        outer = {k: t for k, t in first.parts.items() if _outer(k)}
-        inner = {}
-        for lo, el in runs:
-            for k, t in el.parts.items():
-                b = block_of(k + ".")
-                if b is not None:
-                    inner[renumbered(k, b, b + lo)] = t
-        parts = {**outer, **inner} if lead else {**inner, **outer}
+    if layout == "norms" or action in KEYED_BY_TENSOR:
+        parts = _merge_keyed(runs)
         kappa = scaling_kappa(list(parts.values())) if action.endswith("-scaling") else max(el.kappa for _, el in runs)
         return Element(parts, kappa, first.note)
-    return None  # "whole": couples blocks
+    return None  # coupling blocks through parts that name no tensor (a composite, a segment's shift)
 
 
 def _merge_decisions(
@@ -142,6 +160,8 @@ def merge_runs(
     canonicalised without a reference, each at its own κ — every decision is judged again at the
     whole model's (the κ of the merged dense elements before its step, as
     :meth:`.base.Context.threshold` counts it)."""
+    if len(runs) == 1 and runs[0][0] == 0 and not rethreshold:  # one run of every block: the model's own
+        return Canonical(cfg, {}, list(runs[0][1]), unfixed(cfg), storage_dtype)
     steps = [(r.family, r.action) for r in runs[0][1]]
     if any([(r.family, r.action) for r in recs] != steps for _, recs in runs):
         return None
@@ -227,16 +247,36 @@ class SharedRuns:
         return pickle.loads(self._recv.recv_bytes())
 
 
+def b_runs(cfg: Config, params_b: Params) -> list[tuple[int, int]]:
+    """B's runs of blocks (first block, count): those of :func:`.response.block_runs`, or one run of
+    every block where a bias chain joins them."""
+    return block_runs(cfg, params_b) if blockwise(cfg, params_b) else [(0, cfg.n_layers)]
+
+
+def against_reference(
+    cfg_run: Config,
+    sub: dict[str, torch.Tensor],
+    reference: Params,
+    storage_dtype: torch.dtype,
+    rotation: Element | None,
+) -> Canonical:
+    """One run of B's blocks (``sub``: renumbered from 0, with the outer tensors; a dict handed
+    over, changed in place) canonicalised against the reference's same run, B's stream rotation
+    given where its first run computed it."""
+    keep = {ROTATION: rotation} if rotation is not None else None
+    return canonicalize_owned(cfg_run, sub, reference=reference, storage_dtype=storage_dtype, keep=keep)
+
+
 class _BRuns:
     """B canonicalised against the reference run by run, with its probes (see
     :func:`canonical_b_by_runs`); the runs in any order after the first."""
 
-    def __init__(self, cfg, params_b, reference, storage_dtype, probes, seed):
+    def __init__(self, cfg, params_b, reference, storage_dtype, probes, seed, whole=False):
         self.cfg, self.params_b, self.storage_dtype = cfg, params_b, storage_dtype
         self.ref = reference.params
         self.rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, self.ref)
         self.ref_outer = {k: self.ref[k] for k in self.rp.outer}
-        self.runs = block_runs(cfg, params_b)
+        self.runs = b_runs(cfg, params_b) if not whole else [(0, cfg.n_layers)]
         self.rotation: Element | None = None
         self.sq: dict[str, float] = {}
         self.records: dict[int, tuple[int, list[StepRecord]]] = {}
@@ -249,20 +289,17 @@ class _BRuns:
         ref_run = {**run_slice(ref, names, lo), **self.ref_outer}
         sub = {moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
         sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
-        keep = {ROTATION: self.rotation} if self.rotation is not None else None
-        c = canonicalize_owned(
-            cfg.with_(n_layers=n), sub, reference=ref_run, storage_dtype=self.storage_dtype, keep=keep
-        )
+        c = against_reference(cfg.with_(n_layers=n), sub, ref_run, self.storage_dtype, self.rotation)
         base_outer: dict[str, torch.Tensor | Spilled] = {}  # the probes need it in the first run only
         if j == 0:
-            self.rotation = next((r.element for r in c.records if r.family == ROTATION), None)
+            self.rotation = stream_rotation(c.records)
             for k in rp.outer:
                 self.sq[k] = sq_distance(c.params[k], ref[k])
             # the canonical embeddings and head in a temporary file while the probes run
             base_outer = {k: Spilled(v) if v.numel() >= SPILL else v for k, v in c.params.items() if k in rp.outer}
         for k in names:
             self.sq[k] = sq_distance(c.params[moved(k, -lo)], ref[k])
-        kept = {r.family: r.element for r in c.records if r.family in PERMUTATIONS}
+        kept = kept_permutations(c.records)
         base = {moved(k, -lo): c.params[moved(k, -lo)] for k in names}
         records = c.records
         del c, sub  # the outer tensors: only in base_outer now
@@ -301,13 +338,15 @@ def canonical_b_by_runs(
     probes: int,
     seed: int,
     share: SharedRuns | None = None,
-) -> tuple[Canonical, dict[str, float], dict[str, float]] | None:
-    """B canonicalised against ``reference`` (A's canonical form) one run of blocks at a time:
-    (its records merged into a :class:`Canonical` without parameters, ‖canon(B) − canon(A)‖² per
-    tensor, B's rounding response per group as :func:`.response.response_by_runs` measures it);
-    None where the runs' records cannot be merged exactly (then B is canonicalised whole).
-    ``share``: the runs from the last down are a helper's (:func:`helper_b_runs`), collected here."""
-    b = _BRuns(cfg, params_b, reference, storage_dtype, probes, seed)
+    whole: bool = False,
+) -> tuple[Canonical, dict[str, float], dict[str, float]]:
+    """B canonicalised against ``reference`` (A's canonical form) one run of blocks at a time
+    (:func:`b_runs`; ``whole``: one run of every block): its records merged into a
+    :class:`Canonical` without parameters, ‖canon(B) − canon(A)‖² per tensor, B's rounding response
+    per group as :func:`.response.response_by_runs` measures it.  Where the runs' records cannot be
+    merged exactly, B again as one run of every block.  ``share``: the runs from the last down are a
+    helper's (:func:`helper_b_runs`), collected here."""
+    b = _BRuns(cfg, params_b, reference, storage_dtype, probes, seed, whole)
     if share is None or not share.active:
         for i in range(len(b.runs)):
             b.run(i)
@@ -326,7 +365,8 @@ def canonical_b_by_runs(
         b.add(share.collect())
     merged = merge_runs(cfg, [b.records[j] for j in range(len(b.runs))], storage_dtype)
     if merged is None:
-        return None
+        assert len(b.runs) > 1  # one run of every block is the model's own records
+        return canonical_b_by_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole=True)
     return merged, b.sq, b.rp.worst()
 
 
