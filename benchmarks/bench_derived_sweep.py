@@ -58,6 +58,7 @@ ARCHITECTURES = (
     "GPTNeoXForCausalLM",
     "GPTJForCausalLM",
     "PhiForCausalLM",
+    "FalconForCausalLM",
 )
 
 

@@ -175,6 +175,23 @@ def test_bad_checkpoints_one_line_exit_2(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_what_the_measurement_cannot_take_is_one_line(tmp_path, capsys, monkeypatch):
+    """A forward ``torch.func`` cannot differentiate (BLOOM's GELU is an ``autograd.Function``), and
+    a model beyond the dense measurement's size (here the limit lowered under the checkpoint's
+    1 356 parameters): one line, exit 2, before any Jacobian row."""
+    from gauge_audit.nullity import found
+
+    bloom = tiny_checkpoint("BloomForCausalLM", tmp_path / "bloom", 0)
+    assert main(["groups", str(bloom)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "torch.func cannot differentiate" in err, err
+    neox = tiny_checkpoint("GPTNeoXForCausalLM", tmp_path / "neox", 0)
+    monkeypatch.setattr(found, "MAX_PARAMS_MEASURED", 1000)
+    assert main(["groups", str(neox), "--derive"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than the 1,000 a dense measurement takes" in err, err
+
+
 def test_a_fresh_initialisation_is_recognised_as_a_special_point(tmp_path):
     """At transformers' own initialisation (every QK-norm weight 1) OLMo 3's QK-norm commutes with
     a rotation of each rotary plane: the group measured there is larger than the generic one, and
@@ -344,3 +361,57 @@ def test_older_parallel_decoders_are_placed_and_explained(arch, tmp_path, capsys
             assert flat[("value-ones-into-bias", f"layer {h.layer}")] == (units, units)
         else:
             assert flat[("parallel-bias-trade", f"layer {h.layer}")] == (desc.d_model, desc.d_model)
+
+
+@pytest.mark.parametrize("arch", ["GPTNeoXForCausalLM", "FalconForCausalLM"])
+def test_fused_query_key_value_is_placed_and_explained(arch, tmp_path, capsys):
+    """NeoX's and Falcon's ``query_key_value`` fuse the projections per KV group, [its queries |
+    its key | its value] (NeoX: one head per group; Falcon's default: one group for all heads).
+    Through the derived path (NeoX has a family file too: ``--derive``), the measured nullity is
+    what the candidates explain, every decision clear of the threshold."""
+    path = tiny_checkpoint(arch, tmp_path / arch, 0)
+    desc = describe(load(path))
+    h = desc.heads[0]
+    G, e = h.group, h.head_dim
+    assert h.q == h.k == h.v and h.q.endswith("query_key_value.weight")
+    assert h.k_starts == tuple(g * (G + 2) * e + G * e for g in range(h.n_kv))
+    assert main(["groups", str(path), "--derive", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
+    clear_of_threshold(out)
+
+
+def test_query_key_value_rows_per_kv_group(tmp_path):
+    """Falcon's new decoder layout with two KV groups of two heads: group g's rows are
+    [queries of heads 2g, 2g + 1 | key | value].  A VO GL element of group 0 and the swap of the
+    two groups leave transformers' logits unchanged within the derived tolerance; the same elements
+    with the rows read as [all queries | all keys | all values] (Phi-3's layout) change them by
+    orders of magnitude more."""
+    import dataclasses
+
+    from gauge_audit.actions.candidates import permute_kv_groups, vo_gl
+    from gauge_audit.measured import tolerances
+    from gauge_audit.runtime import generator
+
+    over = dict(new_decoder_architecture=True, num_attention_heads=4, num_kv_heads=2, num_key_value_heads=2)
+    model = load(tiny_checkpoint("FalconForCausalLM", tmp_path / "falcon", 0, hidden_size=16, **over))
+    desc = describe(model)
+    h = desc.heads[0]
+    assert (h.q_starts, h.k_starts, h.v_starts) == ((0, 4, 16, 20), (8, 24), (12, 28))
+    split = dataclasses.replace(h, q_starts=(0, 4, 8, 12), k_starts=(16, 20), v_starts=(24, 28))
+    ids = torch.randint(0, model.vocab, (2, 12), generator=generator(3))
+    p = model.params
+    with torch.no_grad():
+        y = model.logits(p, ids)
+    tol, _ = tolerances(desc, p, 10.0, y.numel(), torch.float64)  # κ of the drawn element: below 10
+    errors = {}
+    for name, heads in (("per group", h), ("split", split)):
+        fam = vo_gl(heads, p)[0]
+        c = 0.2 * torch.randn(len(fam.generators), generator=generator(5), dtype=torch.float64)
+        assert fam.kappa(c) < 10.0
+        for what, moved in (("vo-gl", fam.act(p, c)), ("swap", permute_kv_groups(heads, p, torch.tensor([1, 0])))):
+            with torch.no_grad():
+                errors[name, what] = float((model.logits(moved, ids) - y).abs().max() / y.abs().max())
+    print({k: f"{v:.2e}" for k, v in errors.items()}, f"tolerance {tol:.2e}")
+    assert errors["per group", "vo-gl"] < tol and errors["per group", "swap"] < tol
+    assert errors["split", "vo-gl"] > 1e6 * tol and errors["split", "swap"] > 1e6 * tol

@@ -312,6 +312,7 @@ MORE = (
     "CohereForCausalLM",
     "GPTJForCausalLM",
     "PhiForCausalLM",
+    "FalconForCausalLM",  # q, k and v fused per KV group: [queries | key | value]
 )
 
 

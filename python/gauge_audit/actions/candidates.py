@@ -210,7 +210,7 @@ def _index(t: torch.Tensor, axis: int, j: int, expert: int | None = None) -> tup
 
 # ----------------------------------------------------------------------------- heads
 def _q_rows(h: Heads, head: int, i: int) -> int:
-    return head * h.q_stride + i
+    return h.q_starts[head] + i
 
 
 def qk_gl(h: Heads, params) -> list[Family]:
@@ -218,7 +218,7 @@ def qk_gl(h: Heads, params) -> list[Family]:
     e, out = h.head_dim, []
     for g in range(h.n_kv):
         q_rows = [_q_rows(h, head, 0) for head in range(g * h.group, (g + 1) * h.group)]
-        k_rows = [h.k_off + g * e]
+        k_rows = [h.k_starts[g]]
         sides = [(h.q, 0, q_rows, True), (h.qb, 0, q_rows, True), (h.k, 0, k_rows, False), (h.kb, 0, k_rows, False)]
         out.append(_gl("qk-gl", f"layer {h.layer} KV group {g}", params, e, sides))
     return out
@@ -229,7 +229,7 @@ def vo_gl(h: Heads, params) -> list[Family]:
     e, out = h.head_dim, []
     for g in range(h.n_kv):
         o_cols = [head * e for head in range(g * h.group, (g + 1) * h.group)]
-        v_rows = [h.v_off + g * e]
+        v_rows = [h.v_starts[g]]
         sides = [(h.v, 0, v_rows, True), (h.vb, 0, v_rows, True), (h.o, 1, o_cols, False)]
         out.append(_gl("vo-gl", f"layer {h.layer} KV group {g}", params, e, sides))
     return out
@@ -666,7 +666,8 @@ def _value_into_bias(h: Heads, n: Norm, bias: str, d: int, p: Params, c: torch.T
     e, out = h.head_dim, dict(p)
     c = c.to(torch.float64)
     rows = torch.zeros(p[h.v].shape[0], dtype=torch.float64)
-    rows = torch.cat([rows[: h.v_off], c, rows[h.v_off + c.numel() :]])
+    for g, start in enumerate(h.v_starts):
+        rows[start : start + e] = c[g * e : (g + 1) * e]
     out[h.v] = p[h.v] + torch.outer(rows, u).to(p[h.v].dtype)
     W = p[h.o].to(torch.float64)
     image = sum(
@@ -704,7 +705,7 @@ def key_bias_shift(h: Heads, params) -> list[Family]:
     e = h.head_dim
     out = []
     for g in range(h.n_kv):
-        gens: list[list[Entry]] = [[(h.kb, (h.k_off + g * e + i,), 1.0, "shift")] for i in range(h.rotary, e)]
+        gens: list[list[Entry]] = [[(h.kb, (h.k_starts[g] + i,), 1.0, "shift")] for i in range(h.rotary, e)]
         out.append(_coordinatewise("key-bias-shift", f"layer {h.layer} KV group {g}", params, gens, f"R^{len(gens)}"))
     return out
 
@@ -719,7 +720,7 @@ def value_bias_fold(h: Heads, params) -> list[Family]:
     for g in range(h.n_kv):
         gens: list[list[Entry]] = []
         for i in range(e):
-            entries: list[Entry] = [(h.vb, (h.v_off + g * e + i,), 1.0, "shift")]
+            entries: list[Entry] = [(h.vb, (h.v_starts[g] + i,), 1.0, "shift")]
             col = sum(W[:, head * e + i] for head in range(g * h.group, (g + 1) * h.group))
             entries += [(h.ob, (o,), -float(col[o]), "shift") for o in range(W.shape[0])]
             gens.append(entries)
@@ -733,7 +734,7 @@ def _value_fold(h: Heads, g: int, p: Params, c: torch.Tensor) -> Params:
     """The element: the group's value bias + c, o_proj's bias − Σ_heads W_O·c with W_O read at ``p``."""
     assert h.vb is not None and h.ob is not None
     e, out = h.head_dim, dict(p)
-    lo = h.v_off + g * e
+    lo = h.v_starts[g]
     vb = p[h.vb]
     out[h.vb] = torch.cat([vb[:lo], vb[lo : lo + e] + c, vb[lo + e :]])
     W = p[h.o].to(c.dtype)
@@ -763,9 +764,10 @@ def permute_heads(h: Heads, g: int, p: Params, pi: torch.Tensor) -> Params:
     query rows, output columns and sink)."""
     e, G = h.head_dim, h.group
     heads = g * G + pi
-    rows = (heads[:, None] * h.q_stride + torch.arange(h.q_stride)).reshape(-1)
     all_rows = torch.arange(p[h.q].shape[0])
-    all_rows[g * G * h.q_stride : (g + 1) * G * h.q_stride] = rows
+    for j, old in enumerate(heads.tolist()):
+        new = h.q_starts[g * G + j]
+        all_rows[new : new + h.q_stride] = torch.arange(h.q_starts[old], h.q_starts[old] + h.q_stride)
     cols = torch.arange(p[h.o].shape[1])
     cols[g * G * e : (g + 1) * G * e] = (heads[:, None] * e + torch.arange(e)).reshape(-1)
     p = dict(p)
@@ -785,14 +787,17 @@ def permute_kv_groups(h: Heads, p: Params, pi: torch.Tensor) -> Params:
     columns and sinks) and, for a norm over all heads, their QK-norm entries."""
     e, G = h.head_dim, h.group
     heads = (pi[:, None] * G + torch.arange(G)).reshape(-1)  # the query heads in their new order
-    q_rows = (heads[:, None] * h.q_stride + torch.arange(h.q_stride)).reshape(-1)
-    kv_rows = (pi[:, None] * e + torch.arange(e)).reshape(-1)
     index: dict[str, torch.Tensor] = {}
-    for w, b, start, rows in ((h.q, h.qb, 0, q_rows), (h.k, h.kb, h.k_off, kv_rows), (h.v, h.vb, h.v_off, kv_rows)):
+    for w, b, starts, order, size in (
+        (h.q, h.qb, h.q_starts, heads, h.q_stride),
+        (h.k, h.kb, h.k_starts, pi, e),
+        (h.v, h.vb, h.v_starts, pi, e),
+    ):
         for name in (w, b):
             if name:
                 idx = index.setdefault(name, torch.arange(p[name].shape[0]))
-                idx[start : start + rows.numel()] = start + rows
+                for new, old in enumerate(order.tolist()):  # slot ``new`` takes the rows of ``old``
+                    idx[starts[new] : starts[new] + size] = torch.arange(starts[old], starts[old] + size)
     p = dict(p)
     for name, idx in index.items():
         p[name] = p[name].index_select(0, idx)
@@ -877,7 +882,7 @@ def signed_permutation(h: Heads, p: Params, perm: torch.Tensor, signs: torch.Ten
     for g in groups:
         for w, bias, rows in (
             (h.q, h.qb, [_q_rows(h, hd, 0) for hd in range(g * h.group, (g + 1) * h.group)]),
-            (h.k, h.kb, [h.k_off + g * e]),
+            (h.k, h.kb, [h.k_starts[g]]),
         ):
             for name in (w, bias):
                 if not name:

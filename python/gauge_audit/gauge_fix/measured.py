@@ -280,7 +280,7 @@ def match_kv_groups(h, pa: Params, pb: Params) -> tuple[torch.Tensor, float]:
 
     def spaces(p: Params) -> list[list[torch.Tensor]]:
         return [
-            [torch.linalg.qr(p[w][off + g * e : off + (g + 1) * e].T).Q for w, off in ((h.k, h.k_off), (h.v, h.v_off))]
+            [torch.linalg.qr(p[w][st[g] : st[g] + e].T).Q for w, st in ((h.k, h.k_starts), (h.v, h.v_starts))]
             for g in range(h.n_kv)
         ]
 
@@ -295,7 +295,7 @@ def match_heads(h, g: int, pa: Params, pb: Params) -> tuple[torch.Tensor, float]
     """The order of KV group ``g``'s query heads whose query rows B maps best by one shared map
     (every order up to ``MAX_ORDERS``); 1 − the relative residual of that map."""
     e, G = h.head_dim, h.group
-    starts = [(g * G + i) * h.q_stride for i in range(G)]
+    starts = [h.q_starts[g * G + i] for i in range(G)]
     xb = block(pb[h.q], 0, starts, e)
     best, best_res = torch.arange(G), math.inf
     for order in itertools.islice(itertools.permutations(range(G)), MAX_ORDERS):

@@ -485,8 +485,8 @@ def _fix_discrete(desc: Description, held: list[Discrete], cur: Params, steps, m
         e = h.head_dim
         keys = torch.stack(
             [
-                (cur[h.k][h.k_off + g * e : h.k_off + (g + 1) * e] ** 2).sum()
-                + (cur[h.v][h.v_off + g * e : h.v_off + (g + 1) * e] ** 2).sum()
+                (cur[h.k][h.k_starts[g] : h.k_starts[g] + e] ** 2).sum()
+                + (cur[h.v][h.v_starts[g] : h.v_starts[g] + e] ** 2).sum()
                 for g in range(h.n_kv)
             ]
         )
@@ -500,7 +500,7 @@ def _fix_discrete(desc: Description, held: list[Discrete], cur: Params, steps, m
         for g in range(h.n_kv):
             sums = []
             for head in range(g * h.group, (g + 1) * h.group):
-                q0 = head * h.q_stride
+                q0 = h.q_starts[head]
                 sums.append((cur[h.q][q0 : q0 + e] ** 2).sum() + (cur[h.o][:, head * e : (head + 1) * e] ** 2).sum())
             orders.append(_sorted(torch.stack(sums), margins, "head order"))
         cur = _permuted(d, cur, torch.stack(orders))
@@ -516,13 +516,12 @@ def _first_cubes(d: Discrete, h, p: Params, plane: int, g: int, k: int) -> float
     assert d.turn is not None
     q = d.turn(p, plane, g, k)
     a = plane if "half-split" in d.what else 2 * plane
-    e = h.head_dim
     groups = range(h.n_kv) if h.qk_norm == "head" else [g]
     total = 0.0
     for gg in groups:
         for hd in range(gg * h.group, (gg + 1) * h.group):
-            total += float((q[h.q][hd * h.q_stride + a] ** 3).sum())
-        total += float((q[h.k][h.k_off + gg * e + a] ** 3).sum())
+            total += float((q[h.q][h.q_starts[hd] + a] ** 3).sum())
+        total += float((q[h.k][h.k_starts[gg] + a] ** 3).sum())
     return total
 
 
@@ -534,9 +533,9 @@ def _fix_coordinates(h, cur: Params, margins) -> Params:
     e, n = h.head_dim, h.rotary
     for g in [0] if h.qk_norm == "head" else range(h.n_kv):
         groups = range(h.n_kv) if h.qk_norm == "head" else [g]
-        q = torch.cat([cur[h.q][hd * h.q_stride : hd * h.q_stride + e] for gg in groups
+        q = torch.cat([cur[h.q][h.q_starts[hd] : h.q_starts[hd] + e] for gg in groups
                        for hd in range(gg * h.group, (gg + 1) * h.group)], dim=1)  # fmt: skip
-        k = torch.cat([cur[h.k][h.k_off + gg * e : h.k_off + (gg + 1) * e] for gg in groups], dim=1)
+        k = torch.cat([cur[h.k][h.k_starts[gg] : h.k_starts[gg] + e] for gg in groups], dim=1)
         head = _sorted((q[:n] ** 2).sum(1) + (k[:n] ** 2).sum(1), margins, "head coordinate order")
         cubes = (q[head] ** 3).sum(1)
         ref = (q[head].abs() ** 3).sum(1).clamp_min(1e-300)

@@ -4,10 +4,12 @@ For a checkpoint whose class has no hand-written description, the model is trans
 forward in float64 (:class:`HFModel`), and its description — what every tensor *is* — is read
 off the module tree and one probing forward (:func:`describe`):
 
-* the usual decoder names place the heads (``q_proj`` … ``o_proj`` or a fused ``qkv_proj`` split by
-  rows, ``q_norm``/``k_norm``, ``sinks``), the feed-forward (``gate_proj``/``up_proj``/``down_proj``,
-  ``gate_up_proj``, ``experts``, ``router``/``gate``, ``shared_expert(s)``) and the stream ends
-  (``embed_tokens``, ``lm_head``); the config gives the head counts, ``head_dim``, the rotary fraction and NoPE layers;
+* the usual decoder names place the heads (``q_proj`` … ``o_proj``, or a fused ``qkv_proj`` or
+  ``query_key_value`` split by rows, ``q_norm``/``k_norm``, ``sinks``) and the feed-forward
+  (``gate_proj``/``up_proj``/``down_proj``, ``gate_up_proj``, ``experts``, ``router``/``gate``,
+  ``shared_expert(s)``); the stream's ends are transformers' own ``get_input_embeddings()`` and
+  ``get_output_embeddings()``; the config gives the head counts, ``head_dim``, the rotary
+  fraction and NoPE layers;
 * the probe settles what names cannot: each norm's kind (RMSNorm, ``1+w`` RMSNorm, LayerNorm,
   weightless) and what it reads (the stream before a mixer or an FFN, or a sublayer's output —
   OLMo's and Gemma's post-norms), the residual (serial, or parallel blocks whose mixer and FFN
@@ -42,6 +44,8 @@ _LOW = (torch.float32, torch.float16, torch.bfloat16)
 # factors a P × P triangle a few times (one dense SVD at P = 20 000 is 2·10¹³ flops, minutes on two
 # cores), so the limit is the dense limit of `nullity`.
 MAX_PARAMS_OWN = 6_000
+# and never on more: the Jacobian's blocks of P/2 rows are P²/2 numbers (1.6 GB at this size)
+MAX_PARAMS_MEASURED = 20_000
 OWN_WEIGHTS, SMALL_COPY = "the checkpoint's own weights", "a small copy at a generic point"  # HFModel.source
 # the usual names of a decoder's parts (Llama's first; GPT-J's, Phi's and NeoX's after)
 STACKS = ("layers", "h", "blocks")  # the list of decoder layers
@@ -122,7 +126,11 @@ class Hidden:
 @dataclass(frozen=True)
 class Heads:
     """Softmax attention: per head query/key/value rows of the projections (nn.Linear: rows are
-    outputs), ``q_stride`` rows per query head (2·head_dim with an output gate: [query | gate])."""
+    outputs), ``q_stride`` rows per query head (2·head_dim with an output gate: [query | gate]).
+    Each head's rows are consecutive; where they start is the projection's layout: ``q_starts``
+    per query head, ``k_starts`` / ``v_starts`` per KV group (separate projections; one fused
+    [queries | keys | values], Phi-3's ``qkv_proj``; or fused per KV group, [its queries | its key |
+    its value], the ``query_key_value`` of NeoX, Falcon and BLOOM)."""
 
     layer: int
     q: str
@@ -142,8 +150,9 @@ class Heads:
     k_norm: Norm | None
     qk_norm: str  # none | head | full | weightless
     sinks: str | None
-    k_off: int = 0  # the first key row of ``k`` (the query rows' count when q, k and v are one fused tensor)
-    v_off: int = 0
+    q_starts: tuple[int, ...]
+    k_starts: tuple[int, ...]
+    v_starts: tuple[int, ...]
 
     @property
     def group(self) -> int:
@@ -302,6 +311,7 @@ _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when
     "hidden_size": 8,
     "rotary_dim": 2,
     "intermediate_size": 6,
+    "ffn_hidden_size": 6,  # Falcon's
     "intermediate_size_mlp": 6,
     "moe_intermediate_size": 3,  # 2·3 ≠ 8: the stream axis of fused expert tensors stays unique
     "shared_expert_intermediate_size": 3,
@@ -349,12 +359,15 @@ def small_copy(config, vocab: int | None = None):
     layer type."""
     c = config.__class__.from_dict(config.to_dict())
     for k, v in {**_SIZE_FIELDS, **({"vocab_size": vocab} if vocab else {})}.items():
-        if getattr(c, k, None) is not None:
+        derived = isinstance(getattr(type(c), k, None), property)  # Falcon's head_dim: d / heads
+        if getattr(c, k, None) is not None and not derived:
             setattr(c, k, v)
     if hasattr(c, "n_inner"):  # GPT-J's FFN width: None means 4·d
         c.n_inner = _SIZE_FIELDS["intermediate_size"]
     if getattr(c, "num_key_value_heads", None) is not None:
         c.num_key_value_heads = 1 if config.num_key_value_heads < config.num_attention_heads else 2
+        if getattr(c, "num_kv_heads", None) is not None:  # Falcon's own name for it
+            c.num_kv_heads = c.num_key_value_heads
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):  # token ids past the small vocabulary
         ids = getattr(c, k, None)
         if (
@@ -490,6 +503,10 @@ def _out_tensor(out):
     return getattr(out, "last_hidden_state", None)
 
 
+def _copy(t):
+    return t.clone() if isinstance(t, torch.Tensor) else t
+
+
 def probe(model: HFModel, ids: torch.Tensor) -> dict[str, tuple]:
     """Every module's (input, output, call order) over one forward (first call of each)."""
     io: dict[str, tuple] = {}
@@ -497,8 +514,9 @@ def probe(model: HFModel, ids: torch.Tensor) -> dict[str, tuple]:
     for name, mod in model.module.named_modules():
 
         def hook(m, args, kwargs, out, name=name):
-            if name not in io:
-                io[name] = (_first_tensor(args, kwargs), _out_tensor(out), len(io))
+            if name not in io:  # copies: a forward may add to a module's output in place (Falcon's mlp)
+                x, y = _first_tensor(args, kwargs), _out_tensor(out)
+                io[name] = (_copy(x), _copy(y), len(io))
 
         handles.append(mod.register_forward_hook(hook, with_kwargs=True))
     try:
@@ -703,26 +721,42 @@ def _linear(mod, name) -> bool:
     return isinstance(mod, torch.nn.Linear) and getattr(mod, "weight", None) is not None
 
 
+def _starts(fused: str | None, n_heads: int, n_kv: int, e: int, q_stride: int) -> dict[str, tuple[int, ...]]:
+    """Where each query head's rows and each KV group's key and value rows start (:class:`Heads`)."""
+    G = n_heads // n_kv
+    if fused == "query_key_value":  # per KV group: G query heads, its key, its value
+        block = (G + 2) * e
+        return {
+            "q_starts": tuple((h // G) * block + (h % G) * e for h in range(n_heads)),
+            "k_starts": tuple(g * block + G * e for g in range(n_kv)),
+            "v_starts": tuple(g * block + (G + 1) * e for g in range(n_kv)),
+        }
+    k0, v0 = (n_heads * q_stride, n_heads * q_stride + n_kv * e) if fused else (0, 0)
+    return {
+        "q_starts": tuple(h * q_stride for h in range(n_heads)),
+        "k_starts": tuple(k0 + g * e for g in range(n_kv)),
+        "v_starts": tuple(v0 + g * e for g in range(n_kv)),
+    }
+
+
 def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm: Norm | None) -> None:
     params, cfg = model.params, model.config
     kids = {n for n, _ in mix.named_children()}
     out = next((n for n in OUTPUTS if n in kids), None)  # the writer: o_proj, out_proj (GPT-J), dense (Phi)
-    fused = "qkv_proj" in kids and out is not None  # one projection: [queries | keys | values] rows (Phi-3)
-    if "query_key_value" in kids:  # NeoX, Falcon: rows interleaved per head, a layout not described
-        desc.unplaced.append((f"{prefix}.query_key_value.weight", "a fused projection with per-head [q | k | v] rows"))
-        return
+    # one projection for q, k and v: [queries | keys | values] (Phi-3's qkv_proj), or per KV group
+    # [its queries | its key | its value] (query_key_value: NeoX and BLOOM one head per group,
+    # Falcon one group or several)
+    fused = next((n for n in ("qkv_proj", "query_key_value") if n in kids), None) if out is not None else None
     if ({"q_proj", "k_proj", "v_proj"} <= kids and out is not None) or fused:
         n_heads = int(cfg.num_attention_heads)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
         e = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
         if fused:
             q_out, k_rows = n_heads * e, n_kv * e
-            proj = {x: f"{prefix}.qkv_proj" for x in "qkv"}
-            if mix.qkv_proj.weight.shape[0] != q_out + 2 * k_rows:
-                rows = mix.qkv_proj.weight.shape[0]
-                desc.unplaced.append(
-                    (f"{prefix}.qkv_proj.weight", f"{rows} rows for {n_heads} + 2·{n_kv} heads of {e}")
-                )
+            proj = {x: f"{prefix}.{fused}" for x in "qkv"}
+            rows = getattr(mix, fused).weight.shape[0]
+            if rows != q_out + 2 * k_rows or n_heads % n_kv:
+                desc.unplaced.append((f"{prefix}.{fused}.weight", f"{rows} rows for {n_heads} + 2·{n_kv} heads of {e}"))
                 return
         else:
             q_out, k_rows = mix.q_proj.weight.shape[0], mix.k_proj.weight.shape[0]
@@ -770,8 +804,7 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             k_norm=kn,
             qk_norm=kind,
             sinks=sinks,
-            k_off=q_out if fused else 0,
-            v_off=q_out + k_rows if fused else 0,
+            **_starts(fused, n_heads, n_kv, e, q_out // n_heads),
         )
         desc.heads.append(h)
         biases = {h.v: h.vb, h.k: h.kb, h.q: h.qb}  # a fused projection: its one bias (the first key wins)

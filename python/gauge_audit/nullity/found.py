@@ -26,7 +26,7 @@ from torch.func import jacrev
 
 from ..actions.candidates import Family, continuous, discrete
 from ..errors import GaugeAuditError
-from ..models.derived import Description, HFModel
+from ..models.derived import MAX_PARAMS_MEASURED, Description, HFModel
 from ..numeric import statistical_factor, worst_case_tolerance
 from ..progress import bar
 from ..runtime import eps, generator
@@ -112,7 +112,11 @@ def converged_factor(
     with bar(total=None, desc="Jacobian rows", unit="row", disable=quiet) as pb:
         while True:
             ids = inputs(model.vocab, batch, g, cover=rows == 0)
-            J = jac(model.params, ids)
+            try:
+                J = jac(model.params, ids)
+            except RuntimeError as exc:  # e.g. a custom autograd.Function torch.func cannot transform (BLOOM's GELU)
+                line = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
+                raise GaugeAuditError(f"{model.name}: torch.func cannot differentiate its forward: {line}") from None
             block = torch.cat([J[n].reshape(J[n].shape[0], -1) for n in names], dim=1)
             R = torch.linalg.qr(torch.cat([R, block]), mode="r").R[:P]
             rows += block.shape[0]
@@ -160,6 +164,12 @@ def measure(
     params = model.params
     layout = Layout.of(params)
     P = layout.size
+    if P > MAX_PARAMS_MEASURED:  # a size the small copy does not know to shrink
+        big = max(params, key=lambda n: params[n].numel())
+        raise GaugeAuditError(
+            f"{model.name}: {model.source} has {P:,} parameters, more than the {MAX_PARAMS_MEASURED:,} a dense "
+            f"measurement takes (largest: {big}, {tuple(params[big].shape)})"
+        )
     R, history, converged, spec = converged_factor(model, layout, seed, budget_s, max_factor, quiet)
     thr = spec.threshold
     results: list[FamilyResult] = []
