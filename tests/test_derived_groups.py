@@ -320,19 +320,15 @@ def test_layernorm_shifts_without_reader_biases_are_explained(tmp_path, capsys):
     reader's ones direction (W ↦ W − u·(δW)/((β + δ)·u), u = 1/γ): d per norm, every one flat. A
     key unit's ones shift adds the constant β·u to that key coordinate: flat exactly where RoPE
     leaves the coordinate alone (transformers rotates int(head_dim · partial_rotary_factor) of them,
-    here 1 of 4). What is left is one direction per layer, derived: value units shifted along u by
-    c = (W_O)⁺·1, whose output is a multiple of 1 that every (centring) reader ignores — not a
-    candidate, since c follows W_O, which VO GL moves; it is reported with the value projection."""
+    here 1 of 4). And one direction per layer: value units shifted along u by c/(β·u), which adds
+    the constant c to every value and W_O·E·c to the stream; without a bias to take it back it is
+    still unseen where W_O·E·c is a multiple of 1, which every (centring) reader ignores — the null
+    space of the centred W_O·E, n_kv·e − d + 1 = 1 wide here (c follows W_O: read where it acts)."""
     path = tiny_checkpoint("StableLmForCausalLM", tmp_path / "stablelm", 0)
-    assert main(["groups", str(path), "--json"]) == 1
-    out = json.loads(capsys.readouterr().out)
-    assert out["converged"] and not out["unplaced"], out
-    clear_of_threshold(out)
+    out = explained(path, capsys)
     model = load(path)
     desc = describe(model)
     d = desc.d_model
-    assert out["nullity"] - out["explained"] == len(out["unexplained"]) == desc.n_layers, out["unexplained"]
-    assert all(max(u, key=u.get).endswith("v_proj.weight") for u in out["unexplained"]), out["unexplained"]
     affine = {r.norm.module for r in desc.readers if r.norm is not None and r.norm.bias}
     flat = {(f["name"], f["scope"]): (f["flat"], f["generators"]) for f in out["families"]}
     assert affine and all(flat[("ln-bias-into-ones", m)] == (d, d) for m in affine), flat
@@ -341,6 +337,7 @@ def test_layernorm_shifts_without_reader_biases_are_explained(tmp_path, capsys):
         rotated = int(h.head_dim * rp["partial_rotary_factor"])
         assert flat[("ln-reader-ones", h.k)][0] == h.n_kv * (h.head_dim - rotated)
         assert ("ln-reader-ones", h.v) not in flat and ("ln-reader-ones", h.q) not in flat
+        assert h.n_kv * h.head_dim - d + 1 == 1 and flat[("value-constant-unseen", f"layer {h.layer}")] == (1, 1)
 
 
 @pytest.mark.parametrize("arch", ["GPTJForCausalLM", "PhiForCausalLM"])
@@ -363,13 +360,20 @@ def test_older_parallel_decoders_are_placed_and_explained(arch, tmp_path, capsys
             assert flat[("parallel-bias-trade", f"layer {h.layer}")] == (desc.d_model, desc.d_model)
 
 
-@pytest.mark.parametrize("arch", ["GPTNeoXForCausalLM", "FalconForCausalLM"])
-def test_fused_query_key_value_is_placed_and_explained(arch, tmp_path, capsys):
+FALCON_PER_HEAD = {"multi_query": False, "num_kv_heads": 2, "num_key_value_heads": 2}
+
+
+@pytest.mark.parametrize(
+    "arch, over", [("GPTNeoXForCausalLM", {}), ("FalconForCausalLM", {}), ("FalconForCausalLM", FALCON_PER_HEAD)]
+)
+def test_fused_query_key_value_is_placed_and_explained(arch, over, tmp_path, capsys):
     """NeoX's and Falcon's ``query_key_value`` fuse the projections per KV group, [its queries |
-    its key | its value] (NeoX: one head per group; Falcon's default: one group for all heads).
-    Through the derived path (NeoX has a family file too: ``--derive``), the measured nullity is
-    what the candidates explain, every decision clear of the threshold."""
-    path = tiny_checkpoint(arch, tmp_path / arch, 0)
+    its key | its value] (NeoX: one head per group; Falcon's default: one group for all heads; with
+    ``multi_query`` off, one per head). Through the derived path (NeoX has a family file too:
+    ``--derive``), the measured nullity is what the candidates explain, every decision clear of the
+    threshold. Falcon without biases, per head: a constant value c·(β·u) with W_O·E·c a multiple of 1
+    (the null space of the centred W_O·E: n_kv·e − d + 1 = 1 per layer)."""
+    path = tiny_checkpoint(arch, tmp_path / arch, 0, **over)
     desc = describe(load(path))
     h = desc.heads[0]
     G, e = h.group, h.head_dim
@@ -379,6 +383,9 @@ def test_fused_query_key_value_is_placed_and_explained(arch, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["nullity"] == out["explained"] and not out["unexplained"] and not out["unplaced"], out
     clear_of_threshold(out)
+    unseen = {f["scope"]: f["flat"] for f in out["families"] if f["name"] == "value-constant-unseen"}
+    wide = h.n_kv * e - desc.d_model + 1
+    assert unseen == ({f"layer {i}": wide for i in range(desc.n_layers)} if over else {}), unseen
 
 
 def test_query_key_value_rows_per_kv_group(tmp_path):

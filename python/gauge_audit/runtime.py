@@ -170,6 +170,11 @@ def stacked_lu_factor(a: torch.Tensor):
 # 0.01 and 0.05 loses up to 9·10⁴ ε (exp(Cᵀ)ᵀ·exp(−C) ≠ I by 10⁻¹¹), which a canonical form's Newton
 # step turns into a function change of 10³ ε.  Stacks of matrices take another path.  This one is
 # scaling and squaring with a Taylor degree that bounds its own truncation, tested against mpmath.
+def above_rounding(A: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Which singular values ``s`` of ``A`` stand above its rounding, max(m, n)·ε·s₀: its numerical rank."""
+    return s > max(A.shape) * torch.finfo(A.dtype).eps * (float(s[0]) if s.numel() else 0.0)
+
+
 def matrix_exp(a: torch.Tensor) -> torch.Tensor:
     """exp(a) of a square matrix or a stack of them: b = a/2^s with ‖b‖₁ ≤ 1/2, its Taylor series
     to degree m + 2, m the first degree whose remainder bound ‖b‖^(m+1)/(m+1)!·e^‖b‖ is below ε/8

@@ -24,7 +24,7 @@ from functools import partial
 import torch
 
 from ..models.derived import Description, Heads, Hidden, Norm, Opaque, Reader
-from ..runtime import matrix_exp
+from ..runtime import above_rounding, matrix_exp
 
 Tangent = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
@@ -448,13 +448,19 @@ def _ones_direction(n: Norm, p: Params, d: int) -> torch.Tensor:
     return torch.ones(d, dtype=torch.float64) if g is None else 1.0 / g.to(torch.float64)
 
 
+def _blind_to_ones(desc: Description) -> bool:
+    """Every reader of the stream reads it through a centring norm (a LayerNorm): the stream's
+    component along 1 is seen by nobody."""
+    if not desc.stream_described or desc.post_norms or not desc.readers:
+        return False
+    return all(r.norm is not None and r.norm.kind in CENTRED for r in desc.readers)
+
+
 def ln_writer_ones(desc: Description, params) -> list[Family]:
     """Where every reader of the stream reads it through a centring norm (a LayerNorm), the
     stream's component along 1 is seen by nobody: each vector a writer adds (a row of the
     embedding, a column of an output projection, a bias) may gain any multiple of 1."""
-    if not desc.stream_described or desc.post_norms or not desc.readers:
-        return []
-    if any(r.norm is None or r.norm.kind not in CENTRED for r in desc.readers):
+    if not _blind_to_ones(desc):
         return []
     gens: list[list[Entry]] = []
     for w in desc.writers:
@@ -678,6 +684,77 @@ def _value_into_bias(h: Heads, n: Norm, bias: str, d: int, p: Params, c: torch.T
     return out
 
 
+def _unseen_values(h: Heads, p: Params, d: int, blind: bool) -> torch.Tensor:
+    """Orthonormal columns spanning the constant values c (one entry per KV unit) whose image
+    W_O·E·c (E: each KV head's values to its query heads) nobody sees: 0, or a multiple of 1 on a
+    stream ``blind`` to 1.  W_O is read at ``p``."""
+    W = p[h.o].detach().to(torch.float64)  # d × (n_heads·e): a KV group's query heads are consecutive
+    A = W.reshape(d, h.n_kv, h.group, h.head_dim).sum(2).reshape(d, -1)  # W_O·E: d × (n_kv·e)
+    if blind:
+        A = A - A.mean(0, keepdim=True)  # (I − 11ᵀ/d)·W_O·E
+    _, s, vh = torch.linalg.svd(A, full_matrices=True)
+    rank = int(above_rounding(A, s).sum())
+    return vh[rank:].T
+
+
+def value_constant_unseen(desc: Description, params) -> list[Family]:
+    """A constant added to every value of a KV group passes the softmax's weights (they sum to 1)
+    and reaches the stream as W_O·E·c, the same for every token.  Where no bias at that point can
+    take it back (value-bias-fold and value-ones-into-bias cover those), c is still unseen when
+    W_O·E·c = 0 or, on a stream every reader centres, a multiple of 1: a null space of W_O·E
+    (or of its centred rows), generically n_kv·e − d (+ 1) wide.  The constant comes from the
+    value bias, or, without one, from each unit's ones shift behind an affine LayerNorm (c·u with
+    u = 1/γ adds c·(β·u)).  Its directions follow W_O: they are read where the element acts."""
+    partner = {layer: biases[0] for layer, biases in _ffn_writer_biases(desc).items()}
+    blind = _blind_to_ones(desc)
+    readers = {r.param: r for r in desc.readers}
+    out = []
+    for h in desc.heads:
+        if h.ob or partner.get(h.layer):
+            continue
+        r = readers.get(h.v)
+        norm: Norm | None = None  # the constant from the value bias, or from the ones shifts behind it
+        if not h.vb:
+            norm = r.norm if r is not None and r.bias is None else None
+            if norm is None or norm.kind not in CENTRED or not norm.bias:
+                continue
+            if float(params[norm.bias].to(torch.float64) @ _ones_direction(norm, params, desc.d_model)) == 0.0:
+                continue
+        C = _unseen_values(h, params, desc.d_model, blind)
+        if C.shape[1] == 0:
+            continue
+        act = partial(_unseen_value, h, norm, desc.d_model, blind)
+        moves = h.vb if norm is None else h.v
+        assert moves is not None
+        gens = []
+        for j in range(C.shape[1]):
+            coef = torch.zeros(C.shape[1], dtype=torch.float64)
+            coef[j] = 1.0
+            gens.append({moves: act(params, coef)[moves] - params[moves]})
+        out.append(Family("value-constant-unseen", f"layer {h.layer}", gens, f"R^{C.shape[1]}", act, lambda c: 1.0))
+    return out
+
+
+def _unseen_value(h: Heads, n: Norm | None, d: int, blind: bool, p: Params, coef: torch.Tensor) -> Params:
+    """The element: the constant values C·coef (C: :func:`_unseen_values` at ``p``) added through
+    the value bias (``n`` None) or the value units' ones shifts behind the norm ``n``."""
+    C = _unseen_values(h, p, d, blind)
+    c = C @ coef.to(torch.float64)
+    e, out = h.head_dim, dict(p)
+    rows = torch.zeros(p[h.v].shape[0], dtype=torch.float64)
+    for g, start in enumerate(h.v_starts):
+        rows[start : start + e] = c[g * e : (g + 1) * e]
+    if n is None:
+        assert h.vb is not None
+        out[h.vb] = p[h.vb] + rows.to(p[h.vb].dtype)
+    else:
+        assert n.bias is not None
+        u = _ones_direction(n, p, d)
+        kappa = float(p[n.bias].to(torch.float64) @ u)
+        out[h.v] = p[h.v] + torch.outer(rows / kappa, u).to(p[h.v].dtype)
+    return out
+
+
 def parallel_bias_trade(desc: Description, params) -> list[Family]:
     """In a parallel block the mixer's and the FFN's outputs are added to the stream together, so
     only the sum of their writers' biases is seen: per block, δ added to one writer's bias and
@@ -754,7 +831,7 @@ def continuous(desc: Description, params) -> list[Family]:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
     fams += ln_writer_ones(desc, params) + ln_reader_ones(desc, params) + ln_bias_shift(desc, params)
-    fams += ln_bias_into_ones(desc, params) + value_ones_into_bias(desc, params)
+    fams += ln_bias_into_ones(desc, params) + value_ones_into_bias(desc, params) + value_constant_unseen(desc, params)
     return fams + parallel_bias_trade(desc, params)
 
 

@@ -46,7 +46,7 @@ from ..measured import Measured, action_length, described, held_maps, stored_dty
 from ..models.derived import HFModel, load
 from ..nullity.found import measure, path_length
 from ..numeric import worst_case_tolerance
-from ..runtime import eps, generator, matrix_exp
+from ..runtime import above_rounding, eps, generator, matrix_exp
 
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"
 KAPPA_MAX = 1e6  # DIFFERENT: the float64 rounding of no element of condition number up to this explains it
@@ -87,11 +87,6 @@ def logm(M: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         return torch.zeros_like(M)
     return L if bool(torch.isfinite(L).all()) else torch.zeros_like(M)
-
-
-def above_rounding(A: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Which singular values ``s`` of ``A`` stand above its rounding, max(m, n)·ε·s₀: its numerical rank."""
-    return s > max(A.shape) * torch.finfo(A.dtype).eps * (float(s[0]) if s.numel() else 0.0)
 
 
 def least_squares(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:

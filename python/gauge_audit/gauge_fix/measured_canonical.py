@@ -53,8 +53,8 @@ from ..measured import (
 )
 from ..models.checkpoint.writer import refuse_existing
 from ..models.derived import Description, HFModel
-from ..runtime import eps, matrix_exp, reproducible
-from .measured import above_rounding, block, least_squares, logm, project
+from ..runtime import above_rounding, eps, matrix_exp, reproducible
+from .measured import block, least_squares, logm, project
 
 STEPS = 60  # Gauss–Newton steps of the smallest norm
 BUDGET_S = 120.0
