@@ -46,6 +46,10 @@ class Family:
     # a family that names its own representative: params ↦ the coefficients that take them there
     # (a closed form the canonical form uses instead of a search)
     canonical: Callable[[Params], torch.Tensor] | None = None
+    # its element is read off the point it acts at without derivatives (a null space): a chain of
+    # elements differentiated by torch.func applies it first, at the chain's own start, where that
+    # point is a constant — its derivatives are then exact
+    read_off: bool = False
 
 
 @dataclass
@@ -731,13 +735,16 @@ def value_constant_unseen(desc: Description, params) -> list[Family]:
             coef = torch.zeros(C.shape[1], dtype=torch.float64)
             coef[j] = 1.0
             gens.append({moves: act(params, coef)[moves] - params[moves]})
-        out.append(Family("value-constant-unseen", f"layer {h.layer}", gens, f"R^{C.shape[1]}", act, lambda c: 1.0))
+        what = f"R^{C.shape[1]}"
+        out.append(Family("value-constant-unseen", f"layer {h.layer}", gens, what, act, lambda c: 1.0, read_off=True))
     return out
 
 
 def _unseen_value(h: Heads, n: Norm | None, d: int, blind: bool, p: Params, coef: torch.Tensor) -> Params:
     """The element: the constant values C·coef (C: :func:`_unseen_values` at ``p``) added through
-    the value bias (``n`` None) or the value units' ones shifts behind the norm ``n``."""
+    the value bias (``n`` None) or the value units' ones shifts behind the norm ``n``.  C and β·u
+    are read without their derivatives in ``p`` (C is a null space from an SVD): the family is
+    ``read_off``."""
     C = _unseen_values(h, p, d, blind)
     c = C @ coef.to(torch.float64)
     e, out = h.head_dim, dict(p)
@@ -750,7 +757,7 @@ def _unseen_value(h: Heads, n: Norm | None, d: int, blind: bool, p: Params, coef
     else:
         assert n.bias is not None
         u = _ones_direction(n, p, d)
-        kappa = float(p[n.bias].to(torch.float64) @ u)
+        kappa = float(p[n.bias].detach().to(torch.float64) @ u.detach())  # the constant a ones shift adds
         out[h.v] = p[h.v] + torch.outer(rows / kappa, u).to(p[h.v].dtype)
     return out
 

@@ -419,6 +419,9 @@ def fit(
 
     def chain(zs: dict[int, torch.Tensor]) -> Params:
         q = reflect[0].apply(pa) if reflect else pa
+        for i, (fam, basis) in enumerate(flat):  # a read-off family where the chain starts
+            if fam.read_off:
+                q = fam.act(q, basis @ zs[i])
         for i, (fam, basis) in enumerate(flat):
             if i in first:
                 q = fam.act(q, basis @ zs[i])
@@ -430,7 +433,7 @@ def fit(
             assert fam.by_matrix is not None
             q = fam.by_matrix(q, F)
         for i, (fam, basis) in enumerate(flat):
-            if i not in first:
+            if i not in first and not fam.read_off:
                 q = fam.act(q, basis @ zs[i])
         return q
 

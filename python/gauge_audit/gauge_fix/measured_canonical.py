@@ -203,7 +203,7 @@ def _smallest_norm(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
     """Damped Newton on ‖g(v)·θ‖² over every moved entry, v the coordinates of ``bases`` (family
     index → the flat directions other than rotations), recentred each step.  Returns the point and
     ‖∇‖/‖θ‖² (the moment map, 0 at the minimum)."""
-    idx = sorted(bases)
+    idx = sorted(bases, key=lambda i: (not flat[i][0].read_off, i))  # a read-off family at the chain's start
     moved = sorted({n for i in idx for gen in flat[i][0].generators for n in gen})
     if not idx:
         return cur, 0.0
