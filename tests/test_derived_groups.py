@@ -176,9 +176,10 @@ def test_bad_checkpoints_one_line_exit_2(tmp_path, capsys):
 
 
 def test_what_the_measurement_cannot_take_is_one_line(tmp_path, capsys, monkeypatch):
-    """A forward ``torch.func`` cannot differentiate (BLOOM's GELU is an ``autograd.Function``), and
-    a model beyond the dense measurement's size (here the limit lowered under the checkpoint's
-    1 356 parameters): one line, exit 2, before any Jacobian row."""
+    """A forward ``torch.func`` cannot differentiate (BLOOM's GELU is an ``autograd.Function``), a
+    model beyond the dense measurement's size (here the limit lowered under the checkpoint's 1 356
+    parameters: before any Jacobian row), and a budget that ends before the rows reach the
+    parameters: one line, exit 2."""
     from gauge_audit.nullity import found
 
     bloom = tiny_checkpoint("BloomForCausalLM", tmp_path / "bloom", 0)
@@ -190,6 +191,10 @@ def test_what_the_measurement_cannot_take_is_one_line(tmp_path, capsys, monkeypa
     assert main(["groups", str(neox), "--derive"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "more than the 1,000 a dense measurement takes" in err, err
+    monkeypatch.undo()
+    assert main(["groups", str(neox), "--derive", "--budget", "0"]) == 2  # the budget ends before P rows
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "of a 0 s budget" in err, err
 
 
 def test_a_fresh_initialisation_is_recognised_as_a_special_point(tmp_path):

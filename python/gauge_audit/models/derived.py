@@ -356,7 +356,16 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
 def small_copy(config, vocab: int | None = None):
     """The same architecture at small sizes (d 8, two heads of 4 with one KV head when the
     original groups them, d_ff 6, four experts, vocabulary 11 or ``vocab``), one layer of each
-    layer type."""
+    layer type.  A config class that refuses these values is named in one line."""
+    try:
+        return _small_copy(config, vocab)
+    except GaugeAuditError:
+        raise
+    except Exception as exc:  # the config class's own validators (layer-type counts, token ids, …)
+        raise GaugeAuditError(f"{type(config).__name__}: no small copy of this config: {_first_line(exc)}") from None
+
+
+def _small_copy(config, vocab: int | None):
     c = config.__class__.from_dict(config.to_dict())
     for k, v in {**_SIZE_FIELDS, **({"vocab_size": vocab} if vocab else {})}.items():
         derived = isinstance(getattr(type(c), k, None), property)  # Falcon's head_dim: d / heads

@@ -122,6 +122,8 @@ def converged_factor(
             rows += block.shape[0]
             pb.update(block.shape[0])
             if rows < P:  # the nullity is at least P − rows: nothing to read yet
+                if time.time() - t0 > budget_s:
+                    break
                 continue
             s = torch.linalg.svdvals(R)
             try:
@@ -137,7 +139,10 @@ def converged_factor(
             if rows >= max_factor * P or time.time() - t0 > budget_s:
                 break
     if spec is None:
-        raise GaugeAuditError(f"{model.name}: no clear gap in the Jacobian's spectrum after {rows} rows")
+        raise GaugeAuditError(
+            f"{model.name}: no clear gap in the Jacobian's spectrum after {rows:,} rows for {P:,} parameters "
+            f"({time.time() - t0:.0f} s of a {budget_s:.0f} s budget)"
+        )
     return R, history, converged, spec
 
 
