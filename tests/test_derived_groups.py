@@ -427,3 +427,22 @@ def test_query_key_value_rows_per_kv_group(tmp_path):
     print({k: f"{v:.2e}" for k, v in errors.items()}, f"tolerance {tol:.2e}")
     assert errors["per group", "vo-gl"] < tol and errors["per group", "swap"] < tol
     assert errors["split", "vo-gl"] > 1e6 * tol and errors["split", "swap"] > 1e6 * tol
+
+
+def test_small_copy_keeps_one_layer_of_each_kind():
+    """A config with two per-layer lists of type names (attention: sliding or full; FFN: dense or
+    sparse): the small copy keeps the first layer of each combination that occurs, in order, and
+    cuts every such list to those layers (a list left at the original depth fails the class's own
+    validation)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "ExaoneMoeConfig"):
+        pytest.skip("this transformers has no ExaoneMoeConfig")
+    from gauge_audit.models.derived import small_copy
+
+    full = transformers.ExaoneMoeConfig()
+    kinds = list(zip(full.layer_types, full.mlp_layer_types))
+    firsts = sorted({k: i for i, k in reversed(list(enumerate(kinds)))}.values())
+    small = small_copy(full)
+    assert small.num_hidden_layers == len(firsts) >= 2
+    assert list(zip(small.layer_types, small.mlp_layer_types)) == [kinds[i] for i in firsts]
+    small.__class__.from_dict(small.to_dict())  # valid: the class's validators accept it

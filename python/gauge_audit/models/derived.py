@@ -353,6 +353,9 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     return out
 
 
+PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers")  # lists a small copy cuts to its layers
+
+
 def small_copy(config, vocab: int | None = None):
     """The same architecture at small sizes (d 8, two heads of 4 with one KV head when the
     original groups them, d_ff 6, four experts, vocabulary 11 or ``vocab``), one layer of each
@@ -391,14 +394,23 @@ def _small_copy(config, vocab: int | None):
     for k in ("n_group", "topk_group"):
         if getattr(c, k, None) is not None:
             setattr(c, k, 1)
-    types = getattr(c, "layer_types", None)
-    keep = list(range(min(2, config.num_hidden_layers)))
+    n = config.num_hidden_layers
+    # per-layer lists: the named ones, and every list of one type name per layer (layer_types,
+    # mlp_layer_types, …); a layer's type is its entry in each of the latter
+    named = [k for k in PER_LAYER if isinstance(getattr(c, k, None), list)]
+    typed = [
+        k
+        for k, v in vars(c).items()
+        if isinstance(v, list) and len(v) == n and v and all(isinstance(x, str) for x in v)
+    ]
+    types = list(zip(*(getattr(c, k) for k in typed))) if typed else None
+    keep = list(range(min(2, n)))
     if types:  # one layer of each type, in the original order
         firsts = sorted({t: i for i, t in reversed(list(enumerate(types)))}.values())
         keep = firsts if len(firsts) > 1 else keep
-    for k in ("layer_types", "no_rope_layers", "mlp_only_layers"):
+    for k in dict.fromkeys(named + typed):
         listed = getattr(c, k, None)
-        if isinstance(listed, list) and len(listed) == config.num_hidden_layers:
+        if isinstance(listed, list) and len(listed) == n:
             setattr(c, k, [listed[i] for i in keep])
     if getattr(c, "first_k_dense_replace", None):
         c.first_k_dense_replace = 1
