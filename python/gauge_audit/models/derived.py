@@ -410,7 +410,8 @@ def _small_copy(config, vocab: int | None):
         keep = firsts if len(firsts) > 1 else keep
     for k in dict.fromkeys(named + typed):
         listed = getattr(c, k, None)
-        if isinstance(listed, list) and len(listed) == n:
+        derived = isinstance(getattr(type(c), k, None), property)  # Mamba's layer_types: read from others
+        if isinstance(listed, list) and len(listed) == n and not derived:
             setattr(c, k, [listed[i] for i in keep])
     if getattr(c, "first_k_dense_replace", None):
         c.first_k_dense_replace = 1
