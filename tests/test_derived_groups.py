@@ -446,3 +446,24 @@ def test_small_copy_keeps_one_layer_of_each_kind():
     assert small.num_hidden_layers == len(firsts) >= 2
     assert list(zip(small.layer_types, small.mlp_layer_types)) == [kinds[i] for i in firsts]
     small.__class__.from_dict(small.to_dict())  # valid: the class's validators accept it
+
+
+def test_a_fused_layout_read_off_a_name_is_checked_on_the_forward(tmp_path):
+    """CodeGen's ``qkv_proj`` is not Phi-3's [queries | keys | values] (its rows come in four
+    interleaved blocks): a value map of KV group 0 read in Phi-3's layout changes the logits by
+    ~10⁻¹, so its heads are not described and every fused tensor is named with the reason, while
+    Phi-3's, NeoX's and Falcon's layouts hold to rounding (the same map: below 10⁻¹²)."""
+    from gauge_audit.models.derived import LAYOUT_CHECK, _value_map_change
+
+    codegen = describe(load(tiny_checkpoint("CodeGenForCausalLM", tmp_path / "codegen", 0)))
+    assert not codegen.heads
+    fused = [(t, why) for t, why in codegen.unplaced if t.endswith("qkv_proj.weight")]
+    assert len(fused) == codegen.n_layers and all("another layout" in why for _, why in fused), codegen.unplaced
+    changes = [float(why.split("logits by ")[1].rstrip(")")) for _, why in fused]
+    assert min(changes) > 1e4 * LAYOUT_CHECK, changes
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(0))
+    for arch in ("Phi3ForCausalLM", "GPTNeoXForCausalLM", "FalconForCausalLM"):
+        model = load(tiny_checkpoint(arch, tmp_path / arch, 0))
+        desc = describe(model)
+        assert len(desc.heads) == desc.n_layers
+        assert max(_value_map_change(model, h, ids % model.vocab, 0) for h in desc.heads) < 1e-12

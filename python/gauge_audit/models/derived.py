@@ -657,10 +657,52 @@ def describe(model: HFModel, seed: int = 0) -> Description:
     desc.readers.append(Reader(head, 1, desc.final_norm, head_bias))
     for i, layer in enumerate(getattr(base, stack)):
         _layer(desc, model, io, i, layer, f"{pre}{stack}.{i}")
+    for h in [h for h in desc.heads if h.q == h.v]:  # a fused layout is read off a name: the forward checks it
+        change = _value_map_change(model, h, ids, seed)
+        if not change < LAYOUT_CHECK:
+            read = "per KV group" if h.q.endswith("query_key_value.weight") else "[queries | keys | values]"
+            why = f"q, k and v fused in rows of another layout (a value map of KV group 0 read {read} "
+            _drop_heads(desc, h, why + f"changed the logits by {change:.1e})")
     for name in params:
         if name not in desc.placed and not any(name == p for p, _ in desc.unplaced):
             desc.unplaced.append((name, "no role derived from its module name"))
     return desc
+
+
+# a fused projection's layout holds when a value map of KV group 0 read in it leaves the logits
+# within this (relative): rounding moves them ~10⁻¹⁵, a map in the wrong rows ~1 (√ε halfway in log)
+LAYOUT_CHECK = math.sqrt(torch.finfo(torch.float64).eps)
+
+
+def _value_map_change(model: HFModel, h: Heads, ids: torch.Tensor, seed: int) -> float:
+    """The logits' relative change under v ↦ N·v on KV group 0's value rows (and bias) with the
+    group's o_proj columns ↦ ·N⁻¹ — an exact symmetry of softmax attention where the rows are right."""
+    e, p = h.head_dim, dict(model.params)
+    N = torch.eye(e, dtype=torch.float64) + 0.3 * torch.randn(e, e, generator=generator(seed + 7), dtype=torch.float64)
+    rows = slice(h.v_starts[0], h.v_starts[0] + e)
+    for name in (h.v, h.vb):
+        if name:
+            t = p[name].detach().clone()
+            t[rows] = N @ t[rows]
+            p[name] = t
+    o = p[h.o].detach().clone()
+    for head in range(h.group):
+        cols = slice(head * e, (head + 1) * e)
+        o[:, cols] = o[:, cols] @ torch.linalg.inv(N)
+    p[h.o] = o
+    with torch.no_grad():
+        y, y2 = model.logits(model.params, ids), model.logits(p, ids)
+    return float((y2 - y).abs().max() / y.abs().max())
+
+
+def _drop_heads(desc: Description, h: Heads, why: str) -> None:
+    """``h`` not described after all: its tensors unplaced with ``why``."""
+    desc.heads.remove(h)
+    desc.readers = [r for r in desc.readers if r.param != h.q]
+    desc.writers = [w for w in desc.writers if w.param != h.o]
+    for name in dict.fromkeys(x for x in (h.q, h.qb, h.o, h.ob) if x):
+        desc.placed.discard(name)
+        desc.unplaced.append((name, why))
 
 
 def _children(io, prefix, layer):
