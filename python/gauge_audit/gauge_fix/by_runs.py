@@ -38,7 +38,7 @@ from ..models import Config, param_shapes
 from ..models.lazy import LazyParams
 from ..runtime import eps, matmul, one_thread, wide_products
 from .base import Decision, StepRecord, gram_decisions, moved, rounding_kappa, signs_of_moments
-from .pipeline import STEPS, Canonical, canonicalize_owned, conditions, unfixed
+from .pipeline import STEPS, Canonical, canonicalize_owned, conditions, rotation_index, unfixed
 from .response import ROTATION, VOCAB_AXIS, block_runs, outer_applied, outer_steps
 from .stream import rotates
 from .streamed import merge_runs
@@ -77,7 +77,8 @@ def with_rotation_decided(
     rotation decided apart from the runs (from the embedding's Gram or a Procrustes fit), each
     decision's threshold ``threshold(sensitivity)`` at the κ of the dense steps before it, as
     :meth:`.base.Context.threshold` counts it."""
-    i = next(i for i, r in enumerate(records) if r.family == ROTATION)
+    i = rotation_index(records)
+    assert i is not None  # called where the rotation was decided apart from the runs
     kappa = rounding_kappa(records[:i])
     r = records[i]
     found = decisions(lambda sensitivity: sensitivity * u * kappa)

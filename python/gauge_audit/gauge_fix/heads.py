@@ -195,7 +195,7 @@ def fix_qk(ctx: Context) -> None:
     ⊕ GL(d_k − R) on the unrotated coordinates, fixed as without RoPE: R + (d_k − R)² conditions.
     A QK-norm leaves no qk-gl (its weights' rescaling is fixed by :mod:`.qk_norm`)."""
     if ctx.cfg.qk_norm == "none" and _applies("qk-gl", ctx.cfg):
-        _fix_gl(ctx, "qk-gl", "qk-gl", qk_pair, rope=ctx.cfg.pos == "rope")
+        _fix_gl(ctx, "qk-gl", "qk-gl", "M", qk_pair, rope=ctx.cfg.pos == "rope")
 
 
 def fix_vo(ctx: Context) -> None:
@@ -204,7 +204,7 @@ def fix_vo(ctx: Context) -> None:
     each value column with a positive third moment: d_v² conditions.  Reachable and unique as
     for qk-gl without RoPE."""
     if _applies("vo-gl", ctx.cfg):
-        _fix_gl(ctx, "vo-gl", "vo-gl", vo_pair, rope=False)
+        _fix_gl(ctx, "vo-gl", "vo-gl", "N", vo_pair, rope=False)
 
 
 def _rest(cfg: Config, rope: bool) -> int:
@@ -264,7 +264,8 @@ def gl_decisions(ctx: Context, family: str, gaps: list, phase: list, sgn: list) 
     return decisions
 
 
-def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
+def _fix_gl(ctx: Context, family: str, action: str, key: str, pair, rope: bool) -> None:
+    """``key``: the action's name for its element's matrices (qk-gl's M, vo-gl's N)."""
     cfg, p = ctx.cfg, ctx.params
     e = cfg.d_head
     ms = torch.zeros(cfg.n_layers, cfg.n_kv_heads, e, e, dtype=torch.float64)
@@ -294,7 +295,7 @@ def _fix_gl(ctx: Context, family: str, action: str, pair, rope: bool) -> None:
     ctx.apply(
         family,
         action,
-        Element({"M" if family == "qk-gl" else "N": ms}, cond(ms)),
+        Element({key: ms}, cond(ms)),
         text,
         decisions=decisions,
         notes=notes,

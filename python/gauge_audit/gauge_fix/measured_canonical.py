@@ -132,22 +132,35 @@ def _fold_norms(flat, cur: Params, kap: _Kappa, steps: list[str], conditions: di
     return cur, done
 
 
-def _own_representatives(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]) -> tuple[Params, set]:
-    """Families that name their own representative (``Family.canonical``: a LayerNorm's shift taken
-    back along its readers' ones directions, whose orbit may hold several minima of the norm) taken
-    there in closed form, where their whole candidate is flat; the Newton steps leave them out."""
+def _closed_form(flat, cur: Params, kap: _Kappa, steps: list[str], line: str, coefficients) -> tuple[Params, set]:
+    """Each family for which ``coefficients(i, family, cur)`` gives coefficients (None: not this
+    stage's) taken there at once, in order; ``line``: the step's report, ``{}`` the count."""
     done = set()
     for i, (fam, _) in enumerate(flat):
-        basis = bases.get(i)
-        if fam.canonical is None or basis is None or basis.shape[1] != len(fam.generators):
+        c = coefficients(i, fam, cur)
+        if c is None:
             continue
-        c = fam.canonical(cur)
         cur = fam.act(cur, c)
         kap.add(i, fam, c)
         done.add(i)
     if done:
-        steps.append(f"representatives: {len(done)} famil(ies) at the representative they name (closed form)")
+        steps.append(line.format(len(done)))
     return cur, done
+
+
+def _own_representatives(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]) -> tuple[Params, set]:
+    """Families that name their own representative (``Family.canonical``: a LayerNorm's shift taken
+    back along its readers' ones directions, whose orbit may hold several minima of the norm) taken
+    there in closed form, where their whole candidate is flat; the Newton steps leave them out."""
+
+    def named(i: int, fam, cur: Params) -> torch.Tensor | None:
+        basis = bases.get(i)
+        if fam.canonical is None or basis is None or basis.shape[1] != len(fam.generators):
+            return None
+        return fam.canonical(cur)
+
+    line = "representatives: {} famil(ies) at the representative they name (closed form)"
+    return _closed_form(flat, cur, kap, steps, line, named)
 
 
 def _affine_shifts(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]) -> tuple[Params, set]:
@@ -155,13 +168,13 @@ def _affine_shifts(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
     in closed form — least squares over their flat directions — before the Newton steps.  Then no
     direction of the stream's scaling of 1, which trades a writer's 1-component against a reader's,
     is left to drift: both components are 0."""
-    done = set()
-    for i, (fam, _) in enumerate(flat):
+
+    def smallest(i: int, fam, cur: Params) -> torch.Tensor | None:
         basis = bases.get(i)
         if not fam.name.startswith("ln-") or fam.spec is None or basis is None or not basis.shape[1]:
-            continue
+            return None
         if any(kind != "shift" for entries in fam.spec[1] for _, _, _, kind in entries):
-            continue
+            return None
         names = sorted({n for gen in fam.generators for n in gen})
         T = torch.stack(
             [
@@ -171,13 +184,10 @@ def _affine_shifts(flat, bases: dict, cur: Params, kap: _Kappa, steps: list[str]
             1,
         )
         theta = torch.cat([cur[n].reshape(-1) for n in names])
-        c = basis @ least_squares(T @ basis, -theta[:, None])[:, 0]
-        cur = fam.act(cur, c)
-        kap.add(i, fam, c)
-        done.add(i)
-    if done:
-        steps.append(f"shifts: {len(done)} LayerNorm ones famil(ies) at their smallest norm (least squares)")
-    return cur, done
+        return basis @ least_squares(T @ basis, -theta[:, None])[:, 0]
+
+    line = "shifts: {} LayerNorm ones famil(ies) at their smallest norm (least squares)"
+    return _closed_form(flat, cur, kap, steps, line, smallest)
 
 
 def _acting(chain, cur: Params, n: int) -> torch.Tensor:

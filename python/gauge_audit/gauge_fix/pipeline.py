@@ -346,14 +346,25 @@ PERMUTATIONS = (
 ROTATION = "stream-rotation"  # the family of the one step whose element is shared by every block
 
 
+def permutations(records: list[StepRecord]) -> list[StepRecord]:
+    """The permutations among ``records``: the discrete choices a probe or a run given them reuses."""
+    return [r for r in records if r.family in PERMUTATIONS]
+
+
 def kept_permutations(records: list[StepRecord]) -> dict[str, Element]:
-    """The permutations among ``records``, by family: what a probe or a run given them reuses."""
-    return {r.family: r.element for r in records if r.family in PERMUTATIONS}
+    """The permutations among ``records``, by family."""
+    return {r.family: r.element for r in permutations(records)}
+
+
+def rotation_index(records: list[StepRecord]) -> int | None:
+    """Where the stream rotation is among ``records`` (None where there is none)."""
+    return next((i for i, r in enumerate(records) if r.family == ROTATION), None)
 
 
 def stream_rotation(records: list[StepRecord]) -> Element | None:
     """The stream rotation's element among ``records`` (None where there is none)."""
-    return next((r.element for r in records if r.family == ROTATION), None)
+    i = rotation_index(records)
+    return None if i is None else records[i].element
 
 
 def canonicalize(

@@ -35,7 +35,7 @@ from ..models.config import Config
 from ..models.lazy import LazyParams
 from ..runtime import generator
 from .base import Params, moved, span_element
-from .pipeline import PERMUTATIONS, ROTATION, Canonical, canonicalize_owned, stream_rotation
+from .pipeline import ROTATION, Canonical, canonicalize_owned, permutations, stream_rotation
 
 CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
@@ -231,11 +231,10 @@ def run_slice(source: Params, names: list[str], lo: int) -> dict[str, torch.Tens
 
 def _kept(cfg: Config, canonical: Canonical, lo: int, n: int) -> dict[str, Element]:
     out = {}
-    for r in canonical.records:
-        if r.family in PERMUTATIONS:
-            part = span_element(ACTIONS[r.action], cfg, r.element, lo, n)
-            if part is not None:
-                out[r.family] = part
+    for r in permutations(canonical.records):
+        part = span_element(ACTIONS[r.action], cfg, r.element, lo, n)
+        if part is not None:
+            out[r.family] = part
     return out
 
 

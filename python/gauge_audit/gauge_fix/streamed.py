@@ -36,7 +36,15 @@ from ..models.config import Config
 from ..runtime import eps
 from .base import Decision, Params, StepRecord, moved, renumbered, rounding_kappa
 from .ffn import scaling_kappa
-from .pipeline import ROTATION, Canonical, canonicalize_owned, kept_permutations, stream_rotation, unfixed
+from .pipeline import (
+    ROTATION,
+    Canonical,
+    canonicalize_owned,
+    kept_permutations,
+    rotation_index,
+    stream_rotation,
+    unfixed,
+)
 from .response import RunProbes, Spilled, block_runs, blockwise, run_slice, sq_distance
 
 SPILL = 1 << 24  # outer tensors of at least this many entries (128 MiB in float64) wait in a file
@@ -318,12 +326,13 @@ class _BRuns:
         """The helper's runs: its records hold a copy of the first run's rotation, replaced by the
         element itself (runs merge a shared element when every run holds that one)."""
         for j, (lo, recs) in other["records"].items():
-            for i, r in enumerate(recs):
-                if r.family == ROTATION:
-                    assert self.rotation is not None and all(
-                        torch.equal(r.element.parts[k], self.rotation.parts[k]) for k in self.rotation.parts
-                    )
-                    recs[i] = dataclasses.replace(r, element=self.rotation)
+            i = rotation_index(recs)
+            if i is not None:
+                r = recs[i]
+                assert self.rotation is not None and all(
+                    torch.equal(r.element.parts[k], self.rotation.parts[k]) for k in self.rotation.parts
+                )
+                recs[i] = dataclasses.replace(r, element=self.rotation)
             self.records[j] = (lo, recs)
         self.sq.update(other["sq"])
         for mine, theirs in zip(self.rp.sq, other["probes"]):
