@@ -644,17 +644,25 @@ def _ffn_writer_biases(desc: Description) -> dict[int, list[str]]:
     return out
 
 
+def _landing_biases(desc: Description) -> dict[int, str]:
+    """Per layer, a bias added where the attention's output lands in the stream — o_proj's own, or
+    in a parallel block the FFN writer's: it can take back a constant the attention adds."""
+    out = {layer: biases[0] for layer, biases in _ffn_writer_biases(desc).items()}
+    out.update({h.layer: h.ob for h in desc.heads if h.ob})
+    return out
+
+
 def value_ones_into_bias(desc: Description, params) -> list[Family]:
     """A value projection without a bias reading an affine LayerNorm: its unit j gaining c_j·u along
     the stream (u = 1/γ) adds the constant c_j·(β·u) to every value, which the softmax's weights
     (summing to 1) pass on and o_proj maps to (β·u)·W_O·E·c (E: each KV head's values to its query
     heads); a bias added at the same point of the stream takes it back — o_proj's own, or in a
     parallel block the FFN writer's.  W_O, β and u are read where the element acts."""
-    partner = {layer: biases[0] for layer, biases in _ffn_writer_biases(desc).items()}
+    landing = _landing_biases(desc)
     out = []
     for h in desc.heads:
         r = next((r for r in desc.readers if r.param == h.v), None)
-        bias = h.ob or partner.get(h.layer)
+        bias = landing.get(h.layer)
         if r is None or r.bias or h.v in (h.q, h.k) or r.norm is None or not r.norm.bias or bias is None:
             continue
         units = h.n_kv * h.head_dim
@@ -709,12 +717,12 @@ def value_constant_unseen(desc: Description, params) -> list[Family]:
     (or of its centred rows), generically n_kv·e − d (+ 1) wide.  The constant comes from the
     value bias, or, without one, from each unit's ones shift behind an affine LayerNorm (c·u with
     u = 1/γ adds c·(β·u)).  Its directions follow W_O: they are read where the element acts."""
-    partner = {layer: biases[0] for layer, biases in _ffn_writer_biases(desc).items()}
+    landing = _landing_biases(desc)
     blind = _blind_to_ones(desc)
     readers = {r.param: r for r in desc.readers}
     out = []
     for h in desc.heads:
-        if h.ob or partner.get(h.layer):
+        if h.layer in landing:
             continue
         r = readers.get(h.v)
         norm: Norm | None = None  # the constant from the value bias, or from the ones shifts behind it

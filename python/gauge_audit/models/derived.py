@@ -368,11 +368,15 @@ def small_copy(config, vocab: int | None = None):
         raise GaugeAuditError(f"{type(config).__name__}: no small copy of this config: {_first_line(exc)}") from None
 
 
+def _read_only(c, name: str) -> bool:
+    """A config attribute its class computes from others (a property): not set on a small copy."""
+    return isinstance(getattr(type(c), name, None), property)
+
+
 def _small_copy(config, vocab: int | None):
     c = config.__class__.from_dict(config.to_dict())
     for k, v in {**_SIZE_FIELDS, **({"vocab_size": vocab} if vocab else {})}.items():
-        derived = isinstance(getattr(type(c), k, None), property)  # Falcon's head_dim: d / heads
-        if getattr(c, k, None) is not None and not derived:
+        if getattr(c, k, None) is not None and not _read_only(c, k):  # Falcon's head_dim: d / heads
             setattr(c, k, v)
     if hasattr(c, "n_inner"):  # GPT-J's FFN width: None means 4·d
         c.n_inner = _SIZE_FIELDS["intermediate_size"]
@@ -410,8 +414,7 @@ def _small_copy(config, vocab: int | None):
         keep = firsts if len(firsts) > 1 else keep
     for k in dict.fromkeys(named + typed):
         listed = getattr(c, k, None)
-        derived = isinstance(getattr(type(c), k, None), property)  # Mamba's layer_types: read from others
-        if isinstance(listed, list) and len(listed) == n and not derived:
+        if isinstance(listed, list) and len(listed) == n and not _read_only(c, k):  # Mamba's layer_types
             setattr(c, k, [listed[i] for i in keep])
     if getattr(c, "first_k_dense_replace", None):
         c.first_k_dense_replace = 1
