@@ -372,12 +372,12 @@ def test_compare_with_b_runs_shared_with_the_helper_gives_the_serial_report(mode
     def first_run_only(self, last):  # this process takes the first run, the helper all the others
         return claim(self, last) if last or self._next[0] == 0 else None
 
-    def add(self, other, add=streamed._BRuns.add):
+    def add(self, other, add=streamed.BRuns.add):
         helper_runs.extend(other["records"])
         add(self, other)
 
     monkeypatch.setattr(streamed.SharedRuns, "claim", first_run_only)
-    monkeypatch.setattr(streamed._BRuns, "add", add)
+    monkeypatch.setattr(streamed.BRuns, "add", add)
     m = model(name)
     b, _ = _transformed(m, seed=11)
     stored = {k: v.to(torch.float32) for k, v in b.items()}
@@ -424,14 +424,14 @@ def test_compare_error_in_b_first_run_leaves_no_helper_waiting(model, monkeypatc
     from gauge_audit.gauge_fix import streamed
 
     monkeypatch.setattr(response, "RUN_ENTRIES", 1)
-    run = streamed._BRuns.run
+    run = streamed.BRuns.run
 
     def failing(self, j):
         if j == 0:
             raise GaugeAuditError("injected failure in B's first run")
         run(self, j)
 
-    monkeypatch.setattr(streamed._BRuns, "run", failing)
+    monkeypatch.setattr(streamed.BRuns, "run", failing)
     m = model("llama-tiny-gqa")
     b, _ = _transformed(m, seed=11)
 

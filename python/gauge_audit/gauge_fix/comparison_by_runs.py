@@ -48,13 +48,12 @@ from .response import (
     Steps,
     grouped,
     outer_applied,
-    outer_steps,
     perturb_with,
     probe_seed,
     sq_distance,
     worst,
 )
-from .streamed import against_reference, merge_runs
+from .streamed import BRuns, merge_runs
 
 KEEP_LAST = 1 << 25  # entries: a spilled reference keeps its last read tensor up to this size
 _WHERE = "stream rotation (embedding) (Procrustes to the reference)"
@@ -234,11 +233,14 @@ class _ByRuns:
         # per tensor: ‖B − A‖², ‖A‖², ‖canon B − canon A‖², ‖canon A‖² (each probe's response²: self.sides)
         self.raw: dict[str, float] = {}
         self.raw_den: dict[str, float] = {}
-        self.inv: dict[str, float] = {}
         self.den: dict[str, float] = {}
-        self.steps_b: Steps = []  # B's element on the embeddings and head (A's: self.A.outer_steps)
-        self.records_b: dict[int, tuple[int, list[StepRecord]]] = {}
         self.rot_b, self.fit_b, self.sides[0].held, self.sides[1].held = self._rotations()
+        # B's runs against A's (:class:`.streamed.BRuns`, as the whole comparison's), B's rotation
+        # given, its canonical runs in temporary files while its probes run
+        self.b = BRuns(
+            cfg, pb, storage_b, self.sides[1].probes, self.A.runs, along=self.small_b, rotation=self.rot_b, spill=True
+        )
+        self.inv = self.b.sq  # ‖canon B − canon A‖² per tensor: the blocks' from B's runs, then the chunks'
         for s in self.sides:  # each probe's rotation read back from its file at each of its runs
             s.probes.rotations = [None if h is None else _given(h) for h in s.held]
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
@@ -277,18 +279,10 @@ class _ByRuns:
         return rot_b, fit_b, rots[:probes], rots[probes:]
 
     # ------------------------------------------------------------------ 2 the runs of blocks
-    def _input(self, lo: int, blocks: Params, small: Params) -> dict[str, torch.Tensor]:
-        """A run's input: its blocks renumbered from 0, the small outer tensors, the zero rows."""
-        sub = {moved(k, -lo): v for k, v in blocks.items()}
-        sub.update(small)
-        sub.update(self.zero_rows)
-        return sub
-
     def _run(self, j: int) -> None:
-        cfg, A = self.cfg, self.A
+        A = self.A
         lo, n = A.runs[j]
         names = [k for b in range(lo, lo + n) for k in A.blocks[b]]
-        cfg_run = cfg.with_(n_layers=n, vocab=min(cfg.vocab, STAND_IN))
         # the raw distances first: the models' tensors read when used, not held beside a run in
         # float64 (and a checkpoint's last read, held for its next, is then a block's)
         for k in names:
@@ -308,34 +302,17 @@ class _ByRuns:
         del a_run
         ref = _SpilledRun({moved(k, -lo): base_a[k] for k in names}, {**A.small, **self.zero_rows})
 
-        # B against A's canonical run
-        sub = self._input(lo, {k: self.pb[k].detach().to("cpu", torch.float64) for k in names}, self.small_b)
+        # B against A's canonical run, then each side's probes against its own canonical run (A's
+        # probes against A's, B's against B's: in :meth:`.streamed.BRuns.run`)
         self._remember(1)
-        c = against_reference(cfg_run, sub, ref, self.sides[1].storage, self.rot_b)
-        for k in names:
-            self.inv[k] = sq_distance(c.params[moved(k, -lo)], base_a[k])
-        records = list(c.records)
-        base_small: dict[str, torch.Tensor] = {}
+        self.b.run(j, ref, base_a)
         if j == 0:
             for k in self.small:
-                self.inv[k] = sq_distance(c.params[k], A.small[k])
                 self.den[k] = sq_distance(A.small[k])
-                base_small[k] = c.params[k]
-            self.steps_b = outer_steps(cfg_run, records)
-            records = self._with_fit(records)
-        self.records_b[j] = (lo, records)
-        kept_b = kept_permutations(c.records)
-        base_b = {k: Spilled(c.params[moved(k, -lo)]) for k in names}
-        del c, sub
-
+            self._with_fit(self.b.records[0][1])
         kept_a = kept_permutations(A.records[j][1])
-        # each side's probes against its own canonical run (A's probes against A's, B's against B's)
-        for s, kept, base, base_outer in (
-            (self.sides[0], kept_a, base_a, A.small),
-            (self.sides[1], kept_b, base_b, base_small),
-        ):
-            s.probes.run(j, lo, n, s.params, ref, {moved(k, -lo): base[k] for k in names}, base_outer, kept)
-        for v in [*base_a.values(), *base_b.values()]:
+        self.sides[0].probes.run(j, lo, n, self.pa, ref, {moved(k, -lo): base_a[k] for k in names}, A.small, kept_a)
+        for v in base_a.values():
             v.close()
 
     def _with_fit(self, records: list[StepRecord]) -> list[StepRecord]:
@@ -396,7 +373,7 @@ class _ByRuns:
                     xa, xb = chunk(ta, a, n), chunk(tb, a, n)
                     sums["raw"] += sq_distance(xb, xa)
                     sums["raw_den"] += sq_distance(xa)
-                    cb = _apply(cfg, self.small_b, name, xb, self.steps_b)
+                    cb = _apply(cfg, self.small_b, name, xb, self.b.outer_steps)
                     sums["inv"] += sq_distance(cb, ca_file)
                     base_b.append(Spilled(cb))
                     del xa, xb, cb
@@ -438,7 +415,7 @@ class _ByRuns:
                 if rot is not None:
                     rot.close()
         ca = self.A.canonical()  # every run recorded: no further pass
-        cb = merge_runs(self.cfg, [self.records_b[j] for j in range(runs)], self.sides[1].storage)
+        cb = merge_runs(self.cfg, [self.b.records[j] for j in range(runs)], self.sides[1].storage)
         if cb is None:
             raise GaugeAuditError("B's runs of blocks took different steps: not compared one run at a time")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import torch
@@ -45,7 +45,7 @@ from .pipeline import (
     stream_rotation,
     unfixed,
 )
-from .response import RunProbes, Spilled, block_runs, blockwise, run_slice, sq_distance
+from .response import RunProbes, Spilled, Steps, block_runs, blockwise, outer_steps, run_slice, sq_distance
 
 SPILL = 1 << 24  # outer tensors of at least this many entries (128 MiB in float64) wait in a file
 
@@ -275,47 +275,84 @@ def against_reference(
     return canonicalize_owned(cfg_run, sub, reference=reference, storage_dtype=storage_dtype, keep=keep)
 
 
-class _BRuns:
-    """B canonicalised against the reference run by run, with its probes (see
-    :func:`canonical_b_by_runs`); the runs in any order after the first."""
+class BRuns:
+    """B canonicalised against the reference run by run, with its probes: compare's one
+    implementation of B, whole (:func:`canonical_b_by_runs`) or fully streamed
+    (:mod:`.comparison_by_runs`).  The runs in any order after the first.
 
-    def __init__(self, cfg, params_b, reference, storage_dtype, probes, seed, whole=False):
-        self.cfg, self.params_b, self.storage_dtype = cfg, params_b, storage_dtype
-        self.ref = reference.params
-        self.rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, self.ref)
-        self.ref_outer = {k: self.ref[k] for k in self.rp.outer}
-        self.runs = b_runs(cfg, params_b) if not whole else [(0, cfg.n_layers)]
-        self.rotation: Element | None = None
+    ``rp``: B's probes (:class:`.response.RunProbes`), whose options say how a run is fed: the
+    outer tensors the first run canonicalises and measures (``rp.outer``), the stand-in rows every
+    run takes along (``rp.stand_in``) and the runs' vocabulary.  ``along``: the outer tensors the
+    runs after the first take along (default: the probes'); ``rotation``: B's stream rotation where
+    it is given (else the first run computes it); ``spill``: B's canonical runs wait for their
+    probes in temporary files (else in memory).  Per tensor, ``sq`` holds ‖canon B − canon A‖²;
+    per run, ``records`` its steps; ``outer_steps`` the first run's steps on the embeddings and head
+    (where the probes record theirs)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        params_b: Params,
+        storage_dtype: torch.dtype,
+        rp: RunProbes,
+        runs: list[tuple[int, int]],
+        *,
+        reference: Params | None = None,
+        along: Params | None = None,
+        rotation: Element | None = None,
+        spill: bool = False,
+    ):
+        self.cfg, self.params_b, self.storage_dtype, self.rp, self.runs = cfg, params_b, storage_dtype, rp, runs
+        self.ref = reference  # the reference whole, in memory; else each run's given to :meth:`run`
+        self.ref_outer = {} if reference is None else {k: reference[k] for k in rp.outer}
+        self.along = rp.taken_along if along is None else along
+        self.rotation, self.spill = rotation, spill
         self.sq: dict[str, float] = {}
         self.records: dict[int, tuple[int, list[StepRecord]]] = {}
+        self.outer_steps: Steps = []
 
-    def run(self, j: int) -> None:
-        cfg, params_b, rp, ref = self.cfg, self.params_b, self.rp, self.ref
+    def run(
+        self, j: int, ref_run: Params | None = None, a_base: Mapping[str, torch.Tensor | Spilled] | None = None
+    ) -> None:
+        """Run ``j`` against ``ref_run`` (the reference's run renumbered from 0, with its outer
+        tensors) and ``a_base`` (its canonical tensors by name, the distances' other side); by
+        default the reference's run in memory."""
+        cfg, params_b, rp = self.cfg, self.params_b, self.rp
         lo, n = self.runs[j]
         names = rp.names(lo, n)
+        if ref_run is None:
+            assert self.ref is not None
+            ref_run, a_base = {**run_slice(self.ref, names, lo), **self.ref_outer}, self.ref
+        assert a_base is not None
         here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
-        ref_run = {**run_slice(ref, names, lo), **self.ref_outer}
         sub = {moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
-        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else rp.taken_along)
-        c = against_reference(cfg.with_(n_layers=n), sub, ref_run, self.storage_dtype, self.rotation)
+        sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else self.along)
+        sub.update(rp.stand_in)
+        cfg_run = cfg.with_(n_layers=n, **rp.run_changes)
+        c = against_reference(cfg_run, sub, ref_run, self.storage_dtype, self.rotation)
         base_outer: dict[str, torch.Tensor | Spilled] = {}  # the probes need it in the first run only
         if j == 0:
-            self.rotation = stream_rotation(c.records)
+            if self.rotation is None:
+                self.rotation = stream_rotation(c.records)
             for k in rp.outer:
-                self.sq[k] = sq_distance(c.params[k], ref[k])
+                self.sq[k] = sq_distance(c.params[k], ref_run[k])
             # the canonical embeddings and head in a temporary file while the probes run
             base_outer = {k: Spilled(v) if v.numel() >= SPILL else v for k, v in c.params.items() if k in rp.outer}
+            if rp.record_outer:
+                self.outer_steps = outer_steps(cfg_run, c.records)
         for k in names:
-            self.sq[k] = sq_distance(c.params[moved(k, -lo)], ref[k])
+            self.sq[k] = sq_distance(c.params[moved(k, -lo)], a_base[k])
         kept = kept_permutations(c.records)
-        base = {moved(k, -lo): c.params[moved(k, -lo)] for k in names}
-        records = c.records
+        base: dict[str, torch.Tensor | Spilled] = {}
+        for k in names:
+            v = c.params[moved(k, -lo)]
+            base[moved(k, -lo)] = Spilled(v) if self.spill else v
+        self.records[j] = (lo, list(c.records))
         del c, sub  # the outer tensors: only in base_outer now
         rp.run(j, lo, n, here, ref_run, base, base_outer, kept)
-        self.records[j] = (lo, records)
-        for v in base_outer.values():
-            if isinstance(v, Spilled):
-                v.close()
+        for f in [*base.values(), *base_outer.values()]:
+            if isinstance(f, Spilled):
+                f.close()
         del here, base, base_outer
 
     def result(self) -> dict:
@@ -339,6 +376,15 @@ class _BRuns:
             mine.update(theirs)
 
 
+def _b_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole=False) -> BRuns:
+    """The whole comparison's B (:func:`canonical_b_by_runs`): its probes against A's canonical
+    form in memory, every outer tensor in the first run."""
+    ref = reference.params
+    rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, ref)
+    runs = b_runs(cfg, params_b) if not whole else [(0, cfg.n_layers)]
+    return BRuns(cfg, params_b, storage_dtype, rp, runs, reference=ref)
+
+
 def canonical_b_by_runs(
     cfg: Config,
     params_b: Params,
@@ -355,7 +401,7 @@ def canonical_b_by_runs(
     per group as :func:`.response.response_by_runs` measures it.  Where the runs' records cannot be
     merged exactly, B again as one run of every block.  ``share``: the runs from the last down are a
     helper's (:func:`helper_b_runs`), collected here."""
-    b = _BRuns(cfg, params_b, reference, storage_dtype, probes, seed, whole)
+    b = _b_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole)
     if share is None or not share.active:
         for i in range(len(b.runs)):
             b.run(i)
@@ -383,7 +429,7 @@ def helper_b_runs(share: SharedRuns, *b_side) -> dict:
     """The helper's share of :func:`canonical_b_by_runs` (``b_side``: its arguments before
     ``share``): the runs not taken yet, from the last down, with the first run's rotations from the
     other process (none where that process gave up: then none of B's runs here)."""
-    b = _BRuns(*b_side)
+    b = _b_runs(*b_side)
     first = share.first() if share.active else None
     if first is None:
         return b.result()
