@@ -426,10 +426,10 @@ def test_compare_error_in_b_first_run_leaves_no_helper_waiting(model, monkeypatc
     monkeypatch.setattr(response, "RUN_ENTRIES", 1)
     run = streamed.BRuns.run
 
-    def failing(self, j):
+    def failing(self, j, *args):
         if j == 0:
             raise GaugeAuditError("injected failure in B's first run")
-        run(self, j)
+        run(self, j, *args)
 
     monkeypatch.setattr(streamed.BRuns, "run", failing)
     m = model("llama-tiny-gqa")

@@ -46,8 +46,8 @@ from ..models.families import param_shapes
 from ..runtime import Forked, one_thread, release_freed_memory
 from .base import Params, StepRecord, apply_in_place
 from .pipeline import Canonical, canonicalize_owned, storage_dtype_of, validate
-from .response import blockwise, grouped, probe_params, response_by_runs, sq_by_group, sq_distance
-from .streamed import SharedRuns, b_runs, canonical_b_by_runs, helper_b_runs
+from .response import blockwise, grouped, probe_params, sq_by_group, sq_distance
+from .streamed import SharedRuns, b_runs, canonical_b_by_runs, helper_b_runs, response_by_runs
 
 FAILURE_PROBABILITY = 1e-6
 EQUIVALENT, DIFFERENT, UNDECIDED = "EQUIVALENT", "DIFFERENT", "UNDECIDED"

@@ -26,6 +26,7 @@ tensor as a step asks), the chunks and d × d matrices.  Time: per run 2·(1 + p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,7 @@ from .response import (
     sq_distance,
     worst,
 )
-from .streamed import BRuns, merge_runs
+from .streamed import ARun, BRuns, Runs, merge_runs
 
 KEEP_LAST = 1 << 25  # entries: a spilled reference keeps its last read tensor up to this size
 _WHERE = "stream rotation (embedding) (Procrustes to the reference)"
@@ -237,10 +238,9 @@ class _ByRuns:
         self.rot_b, self.fit_b, self.sides[0].held, self.sides[1].held = self._rotations()
         # B's runs against A's (:class:`.streamed.BRuns`, as the whole comparison's), B's rotation
         # given, its canonical runs in temporary files while its probes run
-        self.b = BRuns(
-            cfg, pb, storage_b, self.sides[1].probes, self.A.runs, along=self.small_b, rotation=self.rot_b, spill=True
-        )
+        self.b = BRuns(cfg, pb, storage_b, self.sides[1].probes, along=self.small_b, rotation=self.rot_b, spill=True)
         self.inv = self.b.sq  # ‖canon B − canon A‖² per tensor: the blocks' from B's runs, then the chunks'
+        self.loop = Runs(self, self.A.runs, self.b, self.sides[0].probes, pa)
         for s in self.sides:  # each probe's rotation read back from its file at each of its runs
             s.probes.rotations = [None if h is None else _given(h) for h in s.held]
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)
@@ -279,10 +279,12 @@ class _ByRuns:
         return rot_b, fit_b, rots[:probes], rots[probes:]
 
     # ------------------------------------------------------------------ 2 the runs of blocks
-    def _run(self, j: int) -> None:
+    @contextmanager
+    def run(self, j: int, lo: int, n: int, names: list[str]) -> Iterator[ARun]:
+        """A's side of run ``j`` for :class:`.streamed.Runs` (this comparison is its source of
+        runs): A's canonical run computed, its raw and canonical norms taken, and the run held in
+        temporary files while B's run and both sides' probes use it."""
         A = self.A
-        lo, n = A.runs[j]
-        names = [k for b in range(lo, lo + n) for k in A.blocks[b]]
         # the raw distances first: the models' tensors read when used, not held beside a run in
         # float64 (and a checkpoint's last read, held for its next, is then a block's)
         for k in names:
@@ -301,19 +303,12 @@ class _ByRuns:
         base_a = {k: Spilled(a_run[k]) for k in names}
         del a_run
         ref = _SpilledRun({moved(k, -lo): base_a[k] for k in names}, {**A.small, **self.zero_rows})
-
-        # B against A's canonical run, then each side's probes against its own canonical run (A's
-        # probes against A's, B's against B's: in :meth:`.streamed.BRuns.run`)
-        self._remember(1)
-        self.b.run(j, ref, base_a)
-        if j == 0:
-            for k in self.small:
-                self.den[k] = sq_distance(A.small[k])
-            self._with_fit(self.b.records[0][1])
-        kept_a = kept_permutations(A.records[j][1])
-        self.sides[0].probes.run(j, lo, n, self.pa, ref, {moved(k, -lo): base_a[k] for k in names}, A.small, kept_a)
-        for v in base_a.values():
-            v.close()
+        try:
+            self._remember(1)  # B's rotation, for B's run
+            yield ARun(ref, base_a, A.small, kept_permutations(A.records[j][1]))
+        finally:
+            for v in base_a.values():
+                v.close()
 
     def _with_fit(self, records: list[StepRecord]) -> list[StepRecord]:
         """B's first run's records with the rotation's record as the whole comparison makes it:
@@ -406,9 +401,12 @@ class _ByRuns:
         runs = len(self.A.runs)
         try:
             for j in range(runs):
-                self._run(j)
+                self.loop.run(j)
                 if progress is not None:
                     progress(j + 1, runs)
+            for k in self.small:  # A's canonical small outer tensors, from its first run
+                self.den[k] = sq_distance(self.A.small[k])
+            self._with_fit(self.b.records[0][1])
             self._vocabulary()
         finally:
             for rot in [*self.sides[0].held, *self.sides[1].held, *self.held]:

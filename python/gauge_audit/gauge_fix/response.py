@@ -34,8 +34,8 @@ from ..actions.offsets import segments
 from ..models.config import Config
 from ..models.lazy import LazyParams
 from ..runtime import generator
-from .base import Params, moved, span_element
-from .pipeline import ROTATION, Canonical, canonicalize_owned, permutations, stream_rotation
+from .base import Params, moved
+from .pipeline import ROTATION, canonicalize_owned, stream_rotation
 
 CHUNK = 1 << 20  # entries drawn, perturbed and summed at a time (8 MiB in float64)
 RUN_ENTRIES = 1 << 23  # a run holds about this many parameters (64 MiB in float64), at least one block
@@ -229,15 +229,6 @@ def run_slice(source: Params, names: list[str], lo: int) -> dict[str, torch.Tens
     return {moved(k, -lo): source[k] for k in names}
 
 
-def _kept(cfg: Config, canonical: Canonical, lo: int, n: int) -> dict[str, Element]:
-    out = {}
-    for r in permutations(canonical.records):
-        part = span_element(ACTIONS[r.action], cfg, r.element, lo, n)
-        if part is not None:
-            out[r.family] = part
-    return out
-
-
 def blockwise(cfg: Config, params: Params) -> bool:
     """Can the response be computed one run of blocks at a time (no bias-chain stretch joins two
     blocks)?"""
@@ -354,29 +345,3 @@ class RunProbes:
     def worst(self) -> dict[str, float]:
         """Per group, the largest total over the probes."""
         return worst(self.sq, self.order())
-
-
-def response_by_runs(
-    cfg: Config,
-    params: Params,
-    canonical: Canonical,
-    reference: Params,
-    probes: int,
-    seed: int,
-    u: float,
-    runs: list[tuple[int, int]] | None = None,
-) -> dict[str, float]:
-    """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
-    one run of blocks at a time (module docstring): the runs of :func:`block_runs`, which needs
-    ``blockwise(cfg, params)``, or ``runs`` given (one run of every block where a stretch joins them)."""
-    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
-    ref_outer = {k: reference[k] for k in rp.outer}
-    base_outer = {k: canonical.params[k] for k in rp.outer}
-    # runs outside, probes inside: a checkpoint read on access is read once per run, not per probe
-    for j, (lo, n) in enumerate(block_runs(cfg, params) if runs is None else runs):
-        names = rp.names(lo, n)
-        here = {k: params[k] for k in names + (rp.outer if j == 0 else [])}
-        ref = {**run_slice(reference, names, lo), **ref_outer}
-        rp.run(j, lo, n, here, ref, run_slice(canonical.params, names, lo), base_outer, _kept(cfg, canonical, lo, n))
-        del here
-    return rp.worst()

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -34,13 +36,14 @@ from ..actions import ACTIONS, Element
 from ..actions.blockwise import block_of
 from ..models.config import Config
 from ..runtime import eps
-from .base import Decision, Params, StepRecord, moved, renumbered, rounding_kappa
+from .base import Decision, Params, StepRecord, moved, renumbered, rounding_kappa, span_element
 from .ffn import scaling_kappa
 from .pipeline import (
     ROTATION,
     Canonical,
     canonicalize_owned,
     kept_permutations,
+    permutations,
     rotation_index,
     stream_rotation,
     unfixed,
@@ -275,10 +278,107 @@ def against_reference(
     return canonicalize_owned(cfg_run, sub, reference=reference, storage_dtype=storage_dtype, keep=keep)
 
 
+# ----------------------------------------------------------------------------- the runs of a comparison
+@dataclass
+class ARun:
+    """A's side of one run of blocks, as a source of runs gives it: the reference run the steps
+    align to (renumbered from 0, with the outer tensors or their stand-ins), A's canonical tensors
+    by name (B's distances and A's probes are measured against them), A's canonical outer tensors
+    (its probes' first run), the permutations A's probes keep."""
+
+    ref: Params
+    canonical: Mapping[str, torch.Tensor | Spilled]
+    outer: Mapping[str, torch.Tensor | Spilled]
+    kept: dict[str, Element]
+
+
+class WholeA:
+    """A source of runs holding A's canonical form whole, in memory: each run a slice of it (the
+    whole comparison, and a model's rounding response); ``reference``: what the steps align to
+    (A's own canonical form in compare)."""
+
+    def __init__(self, cfg: Config, canonical: Canonical, reference: Params, outer: list[str]):
+        self.cfg, self.canonical, self.reference = cfg, canonical, reference
+        self.ref_outer = {k: reference[k] for k in outer}
+        self.outer: dict[str, torch.Tensor | Spilled] = {k: canonical.params[k] for k in outer}
+
+    @contextmanager
+    def run(self, j: int, lo: int, n: int, names: list[str]) -> Iterator[ARun]:
+        kept = {}
+        for r in permutations(self.canonical.records):  # the whole model's, on these blocks
+            part = span_element(ACTIONS[r.action], self.cfg, r.element, lo, n)
+            if part is not None:
+                kept[r.family] = part
+        yield ARun({**run_slice(self.reference, names, lo), **self.ref_outer}, self.canonical.params, self.outer, kept)
+
+
+class Runs:
+    """compare's one loop over runs of blocks, whole or fully streamed: per run, A's side from a
+    source of runs (:class:`WholeA`, or :mod:`.comparison_by_runs`'s A canonicalised run by run),
+    then B canonicalised against it with B's probes (:class:`BRuns`) and A's probes (a
+    :class:`.response.RunProbes`); either side may be absent (A's response alone; B alone where a
+    helper process takes A's probes).  ``params_a``: A's parameters as its probes perturb them."""
+
+    def __init__(self, source, runs: list[tuple[int, int]], b: BRuns | None, a_probes: RunProbes | None, params_a=None):
+        self.source, self.runs, self.b, self.a_probes, self.params_a = source, runs, b, a_probes, params_a
+
+    def run(self, j: int, a: bool = True, b: bool = True) -> None:
+        """Run ``j``: B's side (``b``) and A's probes (``a``)."""
+        lo, n = self.runs[j]
+        rp = self.a_probes if self.b is None else self.b.rp
+        assert rp is not None
+        names = rp.names(lo, n)
+        with self.source.run(j, lo, n, names) as ar:
+            if b and self.b is not None:
+                self.b.run(j, lo, n, ar.ref, ar.canonical)
+            if a and self.a_probes is not None:
+                pa = self.a_probes
+                # runs outside, probes inside: a checkpoint read on access is read once per run
+                here = {k: self.params_a[k] for k in names + (pa.outer if j == 0 else [])}
+                pa.run(j, lo, n, here, ar.ref, {moved(k, -lo): ar.canonical[k] for k in names}, ar.outer, ar.kept)
+                del here
+
+    def every(self, a: bool = True, b: bool = True) -> None:
+        for j in range(len(self.runs)):
+            self.run(j, a, b)
+
+    def shared(self, share: SharedRuns | None) -> None:
+        """B's runs, those from the last down a helper's (:meth:`helper`) where ``share`` is
+        active, collected here."""
+        if share is None or not share.active:
+            self.every(a=False)
+            return
+        assert self.b is not None
+        posted = False
+        try:
+            while (j := share.claim(last=False)) is not None:
+                self.run(j, a=False)
+                if j == 0:
+                    share.post_first(self.b.rotation, self.b.rp.rotations)
+                    posted = True
+        finally:
+            if not posted:  # an error before the helper could start: it must not wait for run 0
+                share.abandon()
+        assert share.collect is not None
+        self.b.add(share.collect())
+
+    def helper(self, share: SharedRuns) -> dict:
+        """The helper's share of :meth:`shared`: B's runs not taken yet, from the last down, with
+        the first run's rotations from the other process (none where that process gave up)."""
+        assert self.b is not None
+        first = share.first() if share.active else None
+        if first is None:
+            return self.b.result()
+        self.b.rotation, self.b.rp.rotations = first
+        while (j := share.claim(last=True)) is not None:
+            self.run(j, a=False)
+        return self.b.result()
+
+
 class BRuns:
     """B canonicalised against the reference run by run, with its probes: compare's one
-    implementation of B, whole (:func:`canonical_b_by_runs`) or fully streamed
-    (:mod:`.comparison_by_runs`).  The runs in any order after the first.
+    implementation of B, whole or fully streamed (fed by :class:`Runs`).  The runs in any order
+    after the first.
 
     ``rp``: B's probes (:class:`.response.RunProbes`), whose options say how a run is fed: the
     outer tensors the first run canonicalises and measures (``rp.outer``), the stand-in rows every
@@ -295,35 +395,24 @@ class BRuns:
         params_b: Params,
         storage_dtype: torch.dtype,
         rp: RunProbes,
-        runs: list[tuple[int, int]],
         *,
-        reference: Params | None = None,
         along: Params | None = None,
         rotation: Element | None = None,
         spill: bool = False,
     ):
-        self.cfg, self.params_b, self.storage_dtype, self.rp, self.runs = cfg, params_b, storage_dtype, rp, runs
-        self.ref = reference  # the reference whole, in memory; else each run's given to :meth:`run`
-        self.ref_outer = {} if reference is None else {k: reference[k] for k in rp.outer}
+        self.cfg, self.params_b, self.storage_dtype, self.rp = cfg, params_b, storage_dtype, rp
         self.along = rp.taken_along if along is None else along
         self.rotation, self.spill = rotation, spill
         self.sq: dict[str, float] = {}
         self.records: dict[int, tuple[int, list[StepRecord]]] = {}
         self.outer_steps: Steps = []
 
-    def run(
-        self, j: int, ref_run: Params | None = None, a_base: Mapping[str, torch.Tensor | Spilled] | None = None
-    ) -> None:
-        """Run ``j`` against ``ref_run`` (the reference's run renumbered from 0, with its outer
-        tensors) and ``a_base`` (its canonical tensors by name, the distances' other side); by
-        default the reference's run in memory."""
+    def run(self, j: int, lo: int, n: int, ref_run: Params, a_base: Mapping[str, torch.Tensor | Spilled]) -> None:
+        """Run ``j`` (blocks lo … lo+n−1) against ``ref_run`` (the reference's run renumbered from
+        0, with its outer tensors) and ``a_base`` (A's canonical tensors by name, the distances'
+        other side)."""
         cfg, params_b, rp = self.cfg, self.params_b, self.rp
-        lo, n = self.runs[j]
         names = rp.names(lo, n)
-        if ref_run is None:
-            assert self.ref is not None
-            ref_run, a_base = {**run_slice(self.ref, names, lo), **self.ref_outer}, self.ref
-        assert a_base is not None
         here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
         sub = {moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
         sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else self.along)
@@ -376,13 +465,33 @@ class BRuns:
             mine.update(theirs)
 
 
-def _b_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole=False) -> BRuns:
+def response_by_runs(
+    cfg: Config,
+    params: Params,
+    canonical: Canonical,
+    reference: Params,
+    probes: int,
+    seed: int,
+    u: float,
+    runs: list[tuple[int, int]] | None = None,
+) -> dict[str, float]:
+    """Per group, the largest ‖canon(θ + δ) − canon(θ)‖² over ``probes`` simulated roundings,
+    one run of blocks at a time (:mod:`.response`): the runs of :func:`.response.block_runs`, which
+    needs ``blockwise(cfg, params)``, or ``runs`` given (one run of every block where a stretch
+    joins them)."""
+    rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
+    source = WholeA(cfg, canonical, reference, rp.outer)
+    Runs(source, block_runs(cfg, params) if runs is None else runs, None, rp, params).every()
+    return rp.worst()
+
+
+def _b_side(cfg, params_b, reference: Canonical, storage_dtype, probes, seed, whole=False) -> Runs:
     """The whole comparison's B (:func:`canonical_b_by_runs`): its probes against A's canonical
     form in memory, every outer tensor in the first run."""
-    ref = reference.params
-    rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, ref)
+    rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, reference.params)
     runs = b_runs(cfg, params_b) if not whole else [(0, cfg.n_layers)]
-    return BRuns(cfg, params_b, storage_dtype, rp, runs, reference=ref)
+    source = WholeA(cfg, reference, reference.params, rp.outer)
+    return Runs(source, runs, BRuns(cfg, params_b, storage_dtype, rp), None)
 
 
 def canonical_b_by_runs(
@@ -398,42 +507,21 @@ def canonical_b_by_runs(
     """B canonicalised against ``reference`` (A's canonical form) one run of blocks at a time
     (:func:`b_runs`; ``whole``: one run of every block): its records merged into a
     :class:`Canonical` without parameters, ‖canon(B) − canon(A)‖² per tensor, B's rounding response
-    per group as :func:`.response.response_by_runs` measures it.  Where the runs' records cannot be
-    merged exactly, B again as one run of every block.  ``share``: the runs from the last down are a
+    per group as :func:`response_by_runs` measures it.  Where the runs' records cannot be merged
+    exactly, B again as one run of every block.  ``share``: the runs from the last down are a
     helper's (:func:`helper_b_runs`), collected here."""
-    b = _b_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole)
-    if share is None or not share.active:
-        for i in range(len(b.runs)):
-            b.run(i)
-    else:
-        posted = False
-        try:
-            while (j := share.claim(last=False)) is not None:
-                b.run(j)
-                if j == 0:
-                    share.post_first(b.rotation, b.rp.rotations)
-                    posted = True
-        finally:
-            if not posted:  # an error before the helper could start: it must not wait for run 0
-                share.abandon()
-        assert share.collect is not None
-        b.add(share.collect())
-    merged = merge_runs(cfg, [b.records[j] for j in range(len(b.runs))], storage_dtype)
+    side = _b_side(cfg, params_b, reference, storage_dtype, probes, seed, whole)
+    side.shared(share)
+    b = side.b
+    assert b is not None
+    merged = merge_runs(cfg, [b.records[j] for j in range(len(side.runs))], storage_dtype)
     if merged is None:
-        assert len(b.runs) > 1  # one run of every block is the model's own records
+        assert len(side.runs) > 1  # one run of every block is the model's own records
         return canonical_b_by_runs(cfg, params_b, reference, storage_dtype, probes, seed, whole=True)
     return merged, b.sq, b.rp.worst()
 
 
 def helper_b_runs(share: SharedRuns, *b_side) -> dict:
     """The helper's share of :func:`canonical_b_by_runs` (``b_side``: its arguments before
-    ``share``): the runs not taken yet, from the last down, with the first run's rotations from the
-    other process (none where that process gave up: then none of B's runs here)."""
-    b = _b_runs(*b_side)
-    first = share.first() if share.active else None
-    if first is None:
-        return b.result()
-    b.rotation, b.rp.rotations = first
-    while (j := share.claim(last=True)) is not None:
-        b.run(j)
-    return b.result()
+    ``share``)."""
+    return _b_side(*b_side).helper(share)
