@@ -33,6 +33,7 @@ what is left.  It is a composite element (:mod:`gauge_audit.actions.composite`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -291,6 +292,18 @@ def judge(
     )
 
 
+def with_element_found(out: Comparison, residual: Callable[[Element], float]) -> None:
+    """For EQUIVALENT, the element mapping A to B (module docstring) into ``out``, with its κ, its
+    steps and ``residual(element)``: ‖g·A − B‖_F / ‖B‖_F as the comparison can afford to map A."""
+    if out.verdict != EQUIVALENT:
+        return
+    assert out.canonical_a is not None and out.canonical_b is not None
+    el, _ = element_a_to_b(out.canonical_a, out.canonical_b)
+    out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
+    release_freed_memory()  # the runs' temporaries, before A is mapped once more
+    out.element_residual = residual(el)
+
+
 @dataclass
 class Prepared:
     """A's side of a comparison, computed once for many B: its canonical form and its rounding
@@ -454,9 +467,6 @@ def _compare(
     else:
         raw, raw_groups = relative_distances(params_a, params_b)
     out = judge(den, (inv, inv_groups), (raw, raw_groups), prep.response, resp_b, probes, ca, cb)
-    if out.verdict == EQUIVALENT and with_element:
-        el, _ = element_a_to_b(ca, cb)
-        out.element, out.kappa, out.element_steps = el, el.kappa, len(composite.steps(el))
-        release_freed_memory()  # B's runs' temporaries, before the embeddings are mapped once more
-        out.element_residual = element_residual(cfg, params_a, params_b, el, parallel)
+    if with_element:
+        with_element_found(out, lambda el: element_residual(cfg, params_a, params_b, el, parallel))
     return out

@@ -39,7 +39,7 @@ from ..models.config import Config, same_architecture
 from ..runtime import eps, generator, matmul, one_thread, wide_products
 from .base import Decision, Params, StepRecord, moved
 from .by_runs import STAND_IN, CanonicalByRuns, streamable, with_rotation_decided
-from .comparison import EQUIVALENT, Comparison, block_terms, element_a_to_b, judge, relative
+from .comparison import Comparison, block_terms, judge, relative, with_element_found
 from .pipeline import kept_permutations, validate
 from .response import (
     OWN_ROTATION,
@@ -429,10 +429,8 @@ class _ByRuns:
             ca,
             cb,
         )
-        if out.verdict == EQUIVALENT and with_element:
-            out.element, _ = element_a_to_b(ca, cb)
-            out.kappa, out.element_steps = out.element.kappa, len(composite.steps(out.element))
-            out.element_residual = self._residual(out.element)
+        if with_element:
+            with_element_found(out, self._residual)
         return out
 
     # ------------------------------------------------------------------ 4 the element's residual

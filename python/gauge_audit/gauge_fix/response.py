@@ -239,8 +239,8 @@ class RunProbes:
     """The probes of one model, fed one run of blocks at a time (the first run, with the outer
     tensors, before the others; the others in any order, some maybe in another process: see
     :mod:`.streamed`): per probe its squared response per tensor and the stream rotation its first
-    run computed.  The one probe loop of compare, whole, half-streamed (:mod:`.streamed`) or
-    fully streamed (:mod:`.comparison_by_runs`).
+    run computed.  The one probe loop of compare, whole or fully streamed, fed by
+    :class:`.streamed.Runs`.
 
     ``outer``: the outer tensors the first run perturbs and measures (default: every one of
     ``params``'s); ``stand_in``: tensors added to every run's input as they are (zero rows in place

@@ -1,4 +1,12 @@
-"""compare's model B canonicalised one run of blocks at a time: the one way compare canonicalises B.
+"""compare's one loop over runs of blocks, and model B canonicalised in it: the one way compare
+canonicalises B and probes either model, whole or fully streamed.
+
+:class:`Runs` takes each run's A side from a source of runs — A's canonical form held whole
+(:class:`WholeA`: the whole comparison, a model's rounding response) or A canonicalised run by run
+(:mod:`.comparison_by_runs`) — and runs B against it (:class:`BRuns`, with B's probes) and A's
+probes (:class:`.response.RunProbes`).  What differs between the whole and the streamed comparison
+is only that source, and where the vocabulary-sized tensors go: into the first run, or chunk by
+chunk after the runs.
 
 With a reference (compare aligns B to A's canonical form) every gauge-fixing step but the stream
 rotation acts inside one block, and every decision it takes is judged against a threshold that
