@@ -4,16 +4,18 @@ For a checkpoint whose class has no hand-written description, the model is trans
 forward in float64 (:class:`HFModel`), and its description — what every tensor *is* — is read
 off the module tree and one probing forward (:func:`describe`):
 
-* the usual decoder names place the heads (``q_proj`` … ``o_proj``, or a fused ``qkv_proj`` or
-  ``query_key_value`` split by rows, ``q_norm``/``k_norm``, ``sinks``) and the feed-forward
-  (``gate_proj``/``up_proj``/``down_proj``, ``gate_up_proj``, ``experts``, ``router``/``gate``,
-  ``shared_expert(s)``); the stream's ends are transformers' own ``get_input_embeddings()`` and
+* the usual decoder names place the heads (``q_proj`` … ``o_proj``, or a fused ``qkv_proj``,
+  ``Wqkv`` or ``query_key_value`` split by rows, ``q_norm``/``k_norm``, ``sinks``; any other
+  projection of the attention's input is a stream reader) and the feed-forward
+  (``gate_proj``/``up_proj``/``down_proj``, ``gate_up_proj``, ``w1``/``w3``/``w2``, ``experts``,
+  ``router``/``gate``, ``shared_expert(s)``); the stream's ends are transformers' own ``get_input_embeddings()`` and
   ``get_output_embeddings()``; the config gives the head counts, ``head_dim``, the rotary
   fraction and NoPE layers;
 * the probe settles what names cannot: each norm's kind (RMSNorm, ``1+w`` RMSNorm, LayerNorm,
   weightless) and what it reads (the stream before a mixer or an FFN, or a sublayer's output —
   OLMo's and Gemma's post-norms), the residual (serial, or parallel blocks whose mixer and FFN
-  both read the block's input), and which stream reader each norm feeds.
+  both read the block's input; added outside a sublayer or inside it, as MPT's FFN does), and
+  which stream reader each norm feeds.
 
 What cannot be placed is listed by name with the reason (:attr:`Description.unplaced`): a later
 stage refuses or reports it, never guesses.
@@ -51,8 +53,8 @@ OWN_WEIGHTS, SMALL_COPY = "the checkpoint's own weights", "a small copy at a gen
 STACKS = ("layers", "h", "blocks")  # the list of decoder layers
 EMBEDDINGS = ("embed_tokens", "wte", "embed_in", "word_embeddings")
 OUTPUTS = ("o_proj", "out_proj", "dense")  # attention's stream writer
-FFN_WRITERS = ("down_proj", "c_proj", "fc2", "fc_out", "dense_4h_to_h")
-FFN_READERS = ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "fc_in", "dense_h_to_4h")
+FFN_WRITERS = ("down_proj", "c_proj", "fc2", "fc_out", "dense_4h_to_h", "w2")
+FFN_READERS = ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "fc_in", "dense_h_to_4h", "w1", "w3")
 
 
 class Float64(TorchFunctionMode):
@@ -677,11 +679,18 @@ def describe(model: HFModel, seed: int = 0) -> Description:
 LAYOUT_CHECK = math.sqrt(torch.finfo(torch.float64).eps)
 
 
+def value_map(e: int, seed: int) -> torch.Tensor:
+    """The e × e map the layout check applies to KV group 0's values: I plus a seeded draw."""
+    return torch.eye(e, dtype=torch.float64) + 0.3 * torch.randn(
+        e, e, generator=generator(seed + 7), dtype=torch.float64
+    )
+
+
 def _value_map_change(model: HFModel, h: Heads, ids: torch.Tensor, seed: int) -> float:
     """The logits' relative change under v ↦ N·v on KV group 0's value rows (and bias) with the
     group's o_proj columns ↦ ·N⁻¹ — an exact symmetry of softmax attention where the rows are right."""
     e, p = h.head_dim, dict(model.params)
-    N = torch.eye(e, dtype=torch.float64) + 0.3 * torch.randn(e, e, generator=generator(seed + 7), dtype=torch.float64)
+    N = value_map(e, seed)
     rows = slice(h.v_starts[0], h.v_starts[0] + e)
     for name in (h.v, h.vb):
         if name:
@@ -754,8 +763,12 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer, prefix: str) ->
     # the serial residual: x_mid = x_in + (post-norm of) mixer out; x_out = x_mid + (post-norm of) FFN out;
     # the parallel one (GPT-J, NeoX, Cohere): x_out = x_in + mixer out + FFN out, both reading x_in
     w_mix = (io[post_mix.module][1] if post_mix else mix_y).reshape(x_in.shape)
+    if post_mix is None and _adds_residual(io, f"{prefix}.{mix_name}", mix, x_in):
+        w_mix = w_mix - x_in
     x_mid = x_in + w_mix
     w_ffn = (io[post_ffn.module][1] if post_ffn else ffn_y).reshape(x_mid.shape)
+    if post_ffn is None and _adds_residual(io, f"{prefix}.{ffn_name}", ffn, x_mid):
+        w_ffn = w_ffn - x_mid
     pre_mix, pre_ffn = placed_norms.get("stream-mixer"), placed_norms.get("stream-ffn")
     # the stream the FFN reads (through its pre-norm, if any): x_mid in sequence, x_in in parallel
     ffn_reads, ffn_fed = (io[pre_ffn.module][0], io[pre_ffn.module][1]) if pre_ffn else (ffn_x, ffn_x)
@@ -782,6 +795,18 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer, prefix: str) ->
     for post, ws in ((post_mix, desc.writers[n0:n1]), (post_ffn, desc.writers[n1:])):
         if post is not None:
             desc.post_writers[post.module] = list(ws)
+
+
+def _adds_residual(io, name: str, mod, stream: torch.Tensor) -> bool:
+    """Does the sublayer add the residual itself (MPT's FFN, BLOOM's attention and MLP take it as an
+    argument)?  Its output is then the stream plus what its writer (a child named as a stream
+    writer) wrote."""
+    kids = {n for n, _ in mod.named_children()}
+    writer = next((n for n in OUTPUTS + FFN_WRITERS if n in kids), None)
+    wrote = io.get(f"{name}.{writer}") if writer else None
+    if wrote is None or not isinstance(wrote[1], torch.Tensor) or wrote[1].numel() != stream.numel():
+        return False
+    return _same(io[name][1], stream + wrote[1].reshape(stream.shape))
 
 
 def _linear(mod, name) -> bool:
@@ -813,7 +838,7 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
     # one projection for q, k and v: [queries | keys | values] (Phi-3's qkv_proj), or per KV group
     # [its queries | its key | its value] (query_key_value: NeoX and BLOOM one head per group,
     # Falcon one group or several)
-    fused = next((n for n in ("qkv_proj", "query_key_value") if n in kids), None) if out is not None else None
+    fused = next((n for n in ("qkv_proj", "Wqkv", "query_key_value") if n in kids), None) if out is not None else None
     if ({"q_proj", "k_proj", "v_proj"} <= kids and out is not None) or fused:
         n_heads = int(cfg.num_attention_heads)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
@@ -880,6 +905,16 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
         desc.writers.append(Writer(h.o, 0, h.ob))
         desc.placed |= {x for x in (h.q, h.k, h.v, h.o, h.qb, h.kb, h.vb, h.ob, h.sinks) if x}
         desc.placed |= {x.weight for x in (qn, kn) if x is not None and x.weight}
+        # another projection of the attention's input (an output gate of its own, Lfm3's g_proj,
+        # AFMoE's gate_proj): a stream reader, whatever it computes — the stream's candidates act on
+        # it as on q, k and v; nothing else is assumed of its rows
+        for n, mod in mix.named_children():
+            wname = f"{prefix}.{n}.weight"
+            seen = io.get(f"{prefix}.{n}")
+            if wname in desc.placed or not _linear(mod, n) or seen is None or not _same(seen[0], io[prefix][0]):
+                continue
+            desc.readers.append(Reader(wname, 1, norm, _opt(params, f"{prefix}.{n}.bias")))
+            desc.placed |= {wname, f"{prefix}.{n}.bias"}
         return
     # another mixer (linear attention, …): its stream readers and writer by the module tree
     lins = [(n, mod) for n, mod in mix.named_modules() if _linear(mod, n)]

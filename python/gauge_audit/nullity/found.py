@@ -157,6 +157,23 @@ def _basis(layout: Layout, fam: Family) -> tuple[torch.Tensor, torch.Tensor]:
     return u[:, keep], vh[keep].T / s[keep]
 
 
+def _left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left singular vectors and values of a tall ``a``, descending.  LAPACK's divide and
+    conquer can fail to converge on a matrix whose singular values are nearly all equal (the
+    directions left over once every flat one is explained: all at rounding level); the same
+    vectors then come from the eigendecomposition of aᵀa, whose eigenvalues are the s², the
+    vectors a·v/s where s > 0."""
+    try:
+        u, s, _ = torch.linalg.svd(a, full_matrices=False)
+        return u, s
+    except torch.linalg.LinAlgError:
+        lam, v = torch.linalg.eigh(a.T @ a)
+        lam, v = lam.flip(0).clamp(min=0.0), v.flip(1)
+        s = lam.sqrt()
+        u = a @ v / torch.where(s > 0, s, torch.ones_like(s))
+        return u, s
+
+
 def measure(
     model: HFModel,
     desc: Description,
@@ -207,14 +224,14 @@ def measure(
     N = null_basis(R, spec.rank)
     if flat_dirs:
         F = torch.cat(flat_dirs, dim=1)
-        u, s, _ = torch.linalg.svd(F, full_matrices=False)
+        u, s = _left_singular(F)
         E = u[:, s > 1e-8 * float(s[0])]
         explained = E.shape[1]
         rest = N - E @ (E.T @ N)
     else:
         rest = N
     if rest.numel():
-        u, s, _ = torch.linalg.svd(rest, full_matrices=False)
+        u, s = _left_singular(rest)
         for j in range(int((s > 0.5).sum())):
             shares = layout.block_norms(u[:, j])
             unexplained.append({k: v for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v > 0.01})
