@@ -59,6 +59,11 @@ ARCHITECTURES = (
     "GPTJForCausalLM",
     "PhiForCausalLM",
     "FalconForCausalLM",
+    "MptForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "Mistral4ForCausalLM",
 )
 
 

@@ -300,8 +300,11 @@ def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(
     assert desc.residual == "parallel"
     first = {r.norm for r in desc.readers if r.param.startswith("model.layers.0.")}
     assert len(first) == 1 and next(iter(first)) is not None  # one norm feeds the mixer and the FFN
-    table = desc.table_vocabulary(load(small).params)
-    assert table is not None and 11 * (desc.d_model - 1) < table[0] and 2 * table[0] <= table[1] * (desc.d_model - 1)
+    params = load(small).params
+    table = desc.special_vocabulary(params)
+    n = sum(params[p].numel() for h in desc.hidden if h.layer == 0 for p, _ in (*h.readers, *h.writers))
+    assert table is not None and "parallel block" in table.what
+    assert 11 * (desc.d_model - 1) < n and 2 * n <= table.safe * (desc.d_model - 1)
     assert main(["groups", str(small), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["converged"] and out["unexplained"] and any("special size" in n for n in out["notes"]), out
@@ -313,7 +316,7 @@ def test_a_parallel_block_is_explained_and_a_small_vocabulary_is_a_special_size(
     assert not any("special" in n for n in out["notes"]), out["notes"]
     clear_of_threshold(out)
     desc = describe(load(path))
-    assert desc.vocab == table[1] and desc.tied
+    assert desc.vocab == table.safe and desc.tied
     ones = next(f for f in out["families"] if f["name"] == "ln-writer-ones")
     assert ones["flat"] == ones["generators"] - desc.vocab, ones
     ffn = [f for f in out["families"] if f["name"] == "ffn-scale"]
@@ -539,3 +542,35 @@ def test_left_singular_vectors_without_divide_and_conquer(monkeypatch):
     assert torch.allclose(s1, s0, atol=tol * float(s0[0]))
     k = 5  # the nonzero ones: the same projector
     assert torch.allclose(u1[:, :k] @ u1[:, :k].T, u0[:, :k] @ u0[:, :k].T, atol=tol)
+
+
+def test_latent_attention_is_described_and_explained(tmp_path, capsys):
+    """Multi-head latent attention (GLM-4.7-Flash's ``Glm4MoeLiteForCausalLM``): the query and the
+    key-value latents are small streams of their own — each written by its down-projection's rows,
+    normed by an RMSNorm, read by the up-projection's columns — so a latent keeps its rotations
+    (r(r − 1)/2) and its norm folds; per head GL(nope) on the unrotated query and key rows and GL(v)
+    on the values; the rotary key shared by the heads keeps the rotary commutant (2 per plane); the
+    heads may be exchanged.  On 11 tokens the first block's latents read only 11 vectors: more maps
+    keep their rms than rotations — named as a special size; at the vocabulary tiny_checkpoint picks
+    the measured nullity is what the candidates explain."""
+    small = tiny_checkpoint("Glm4MoeLiteForCausalLM", tmp_path / "small", 0, vocab_size=11)
+    assert main(["groups", str(small), "--derive", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert any("special size" in n and "latent" in n for n in out["notes"]), out["notes"]
+
+    path = tiny_checkpoint("Glm4MoeLiteForCausalLM", tmp_path / "glm", 0)
+    desc = describe(load(path))
+    assert len(desc.latent_heads) == desc.n_layers and len(desc.latents) == 2 * desc.n_layers and not desc.unplaced
+    assert desc.vocab >= max(lt.rank * (lt.rank + 1) for lt in desc.latents)
+    out = explained(path, capsys)
+    flat = {(f["name"], f["scope"]): f["flat"] for f in out["families"]}
+    for lt in desc.latents:
+        assert flat[("latent-gl", f"layer {lt.layer} {lt.name} latent")] == lt.rank * (lt.rank - 1) // 2
+        assert flat[("norm-fold", lt.norm.module)] == lt.rank
+    for mh in desc.latent_heads:
+        assert flat[("mla-rope-gl", f"layer {mh.layer}")] == mh.rope  # a·I + b·J per plane
+        for h in range(mh.n_heads):
+            assert flat[("mla-nope-gl", f"layer {mh.layer} head {h}")] == mh.nope**2
+            assert flat[("mla-vo-gl", f"layer {mh.layer} head {h}")] == mh.v**2
+    swaps = [d for d in out["discrete"] if d["name"] == "latent-head-swap"]
+    assert len(swaps) == desc.n_layers and all(d["holds"] for d in swaps), swaps

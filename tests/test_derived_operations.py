@@ -247,6 +247,70 @@ def test_compare_an_independent_seed_and_a_near_copy_are_different(dirs, tmp_pat
     assert not math.isnan(r["function_distance"])
 
 
+MLA = "Glm4MoeLiteForCausalLM"
+
+
+def mla_gauge_copy(src: Path, dst: Path, seed: int) -> None:
+    """A copy of a multi-head latent attention checkpoint moved on its files, by hand: each latent
+    rotated (its rows of the down-projection by Q, the readers' columns by Γ⁻¹·Q·Γ with Γ its
+    RMSNorm's factor), each head's unrotated query and key rows mixed by M and M⁻ᵀ, its values
+    and output columns by N and N⁻¹, and the heads of every layer exchanged."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((src / "config.json").read_text())
+    H, nope, rope, v = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    g = torch.Generator().manual_seed(seed)
+
+    def gl(n: int) -> torch.Tensor:
+        return torch.eye(n, dtype=F64) + 0.3 * torch.randn(n, n, generator=g, dtype=F64)
+
+    t = {k: x.to(F64) for k, x in load_file(str(dst / "model.safetensors")).items()}
+    for i in range(cfg["num_hidden_layers"]):
+        a = f"model.layers.{i}.self_attn"
+        for down, norm, reader in (
+            ("q_a_proj", "q_a_layernorm", "q_b_proj"),
+            ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj"),
+        ):
+            w, gamma = t[f"{a}.{down}.weight"], t[f"{a}.{norm}.weight"]
+            r = gamma.numel()
+            Q = torch.linalg.qr(torch.randn(r, r, generator=g, dtype=F64))[0]
+            w[:r] = Q.T @ w[:r]  # the latent y ↦ y·Q
+            t[f"{a}.{reader}.weight"] = t[f"{a}.{reader}.weight"] @ (torch.diag(gamma) @ Q @ torch.diag(1 / gamma))
+        q = t[f"{a}.q_b_proj.weight"].reshape(H, nope + rope, -1)
+        kv = t[f"{a}.kv_b_proj.weight"].reshape(H, nope + v, -1)
+        o = t[f"{a}.o_proj.weight"].reshape(-1, H, v)
+        for h in range(H):
+            M, N = gl(nope), gl(v)
+            q[h, :nope] = M.T @ q[h, :nope]
+            kv[h, :nope] = torch.linalg.inv(M) @ kv[h, :nope]
+            kv[h, nope:] = N.T @ kv[h, nope:]
+            o[:, h] = o[:, h] @ torch.linalg.inv(N).T
+        pi = torch.arange(H).roll(1)
+        t[f"{a}.q_b_proj.weight"] = q[pi].reshape(H * (nope + rope), -1)
+        t[f"{a}.kv_b_proj.weight"] = kv[pi].reshape(H * (nope + v), -1)
+        t[f"{a}.o_proj.weight"] = o[:, pi].reshape(o.shape[0], H * v)
+    save_file({k: x.contiguous() for k, x in t.items()}, str(dst / "model.safetensors"))
+
+
+def test_compare_sees_through_latent_attention_moved_on_the_files(tmp_path):
+    """GLM-4.7-Flash's decoder (``Glm4MoeLiteForCausalLM``: multi-head latent attention, experts):
+    a copy moved by hand (the latents rotated, per-head maps, the heads exchanged) is EQUIVALENT,
+    every head found its partner; another seed is DIFFERENT by orders of magnitude."""
+    a = tiny_checkpoint(MLA, tmp_path / "a", 0)
+    copy = tmp_path / "copy"
+    mla_gauge_copy(a, copy, seed=5)
+    rc, text = run("compare", str(a), str(copy), "--json")
+    r = json.loads(text)
+    assert rc == 0 and r["verdict"] == "EQUIVALENT", r["why"]
+    assert r["function_distance"] < r["function_tolerance"] / 100 and r["residual"] < r["residual_tolerance"]
+    heads = {k: x for k, x in r["matches"].items() if k.startswith("latent-head-swap")}
+    assert len(heads) == 2 and min(heads.values()) > 1 - 1e-9, r["matches"]
+    rc, text = run("compare", str(a), str(tiny_checkpoint(MLA, tmp_path / "seed1", 1)), "--json")
+    r = json.loads(text)
+    assert rc == 1 and r["verdict"] == "DIFFERENT" and r["function_distance"] > 1e5 * r["function_tolerance"]
+
+
 def test_bad_input_is_one_line(dirs, tmp_path, capsys):
     assert main(["compare", str(dirs[GLM]), str(dirs[GPT_OSS])]) == 2
     assert main(["check", "--checkpoint", str(dirs[GLM]), "--text", "hello"]) == 2
@@ -313,6 +377,8 @@ MORE = (
     "GPTJForCausalLM",
     "PhiForCausalLM",
     "FalconForCausalLM",  # q, k and v fused per KV group: [queries | key | value]
+    "Glm4MoeLiteForCausalLM",  # multi-head latent attention: the latents' rotations, heads permuted
+    "MptForCausalLM",  # the FFN adds the residual itself
 )
 
 

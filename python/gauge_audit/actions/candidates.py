@@ -23,7 +23,7 @@ from functools import partial
 
 import torch
 
-from ..models.derived import Description, Heads, Hidden, Norm, Opaque, Reader
+from ..models.derived import Description, Heads, Hidden, Latent, LatentHeads, Norm, Opaque, Reader
 from ..runtime import above_rounding, matrix_exp
 
 Tangent = dict[str, torch.Tensor]
@@ -374,10 +374,11 @@ def stream_gl(desc: Description, params) -> list[Family]:
 
 
 def norm_fold(desc: Description, params) -> list[Family]:
-    """Each coordinate of a norm's factor scaled, its readers' inputs scaled back."""
+    """Each coordinate of a norm's factor scaled, its readers' inputs scaled back (the stream's
+    norms and the latents')."""
     by_norm: dict[str, list] = {}
     norms: dict[str, Norm] = {}
-    for r in desc.readers:
+    for r in desc.readers + desc.latent_readers:
         if r.norm is not None and r.norm.weight:
             by_norm.setdefault(r.norm.module, []).append(r)
             norms[r.norm.module] = r.norm
@@ -390,6 +391,76 @@ def norm_fold(desc: Description, params) -> list[Family]:
             entries += [(r.param, _index(params[r.param], r.axis, c), -1.0, "scale") for r in readers]
             gens.append(entries)
         out.append(_coordinatewise("norm-fold", mod, params, gens))
+    return out
+
+
+def latent_gl(lt: Latent, params) -> list[Family]:
+    """y ↦ y·(I + tA) on a latent, A ∈ gl(rank): its rows of the down-projection (and bias)
+    follow, its readers behind the RMSNorm with factor Γ take −Γ⁻¹AΓ on their input columns — the
+    stream's rule on a stream of its own (flat where A is skew: the norm keeps only rotations).
+    The element F: the latent's rows X ↦ Fᵀ·X, the readers' columns X ↦ Γ⁻¹F⁻¹Γ·X."""
+    r, g0 = lt.rank, _factor(lt.norm, params)
+    gens = []
+    for a in range(r):
+        for b in range(r):
+            t: Tangent = {}
+            for w in (lt.down, lt.down_bias):
+                if w:
+                    t.setdefault(w, _zero_like(params, w)).select(0, lt.start + b).add_(
+                        params[w].select(0, lt.start + a)
+                    )
+            for rd in lt.readers:
+                z = t.setdefault(rd, _zero_like(params, rd))
+                z.select(1, a).sub_(float(g0[b] / g0[a]) * params[rd].select(1, b))
+            gens.append(t)
+
+    def by_matrix(p: Params, F: torch.Tensor) -> Params:
+        g = _factor(lt.norm, p)
+        out = dict(p)
+        for w in (lt.down, lt.down_bias):
+            if w:
+                out[w] = _on_axis(out[w], 0, F.T, lt.start)
+        back = (torch.linalg.inv(F) * g[None, :]) / g[:, None]  # Γ⁻¹·F⁻¹·Γ
+        for rd in lt.readers:
+            out[rd] = _on_axis(out[rd], 1, back)
+        return out
+
+    def act(p: Params, c: torch.Tensor) -> Params:
+        C = c.reshape(r, r).to(torch.float64)
+        g = _factor(lt.norm, p)
+        out = dict(p)
+        for w in (lt.down, lt.down_bias):
+            if w:
+                out[w] = _on_axis(out[w], 0, matrix_exp(C.T), lt.start)
+        back = (matrix_exp(-C) * g[None, :]) / g[:, None]
+        for rd in lt.readers:
+            out[rd] = _on_axis(out[rd], 1, back)
+        return out
+
+    def kappa(c: torch.Tensor) -> float:
+        C = c.reshape(r, r).to(torch.float64)
+        return _cond(matrix_exp(C), (matrix_exp(-C) * g0[None, :]) / g0[:, None])
+
+    spec = ("gl", r, lt.down, 0, [lt.start])
+    scope = f"layer {lt.layer} {lt.name} latent"
+    return [Family("latent-gl", scope, gens, f"GL({r})", act, kappa, spec, by_matrix)]
+
+
+def latent_heads_gl(mh: LatentHeads, params) -> list[Family]:
+    """Multi-head latent attention's per-head maps: GL(nope) on each head's unrotated query and key
+    rows (q·M, k·M⁻ᵀ), GL(rope) on every head's rotated query rows and the shared rotary key (flat
+    where it commutes with the rotations: the rotary commutant), GL(v) on each head's value rows
+    and its output columns."""
+    qs, kvs = mh.nope + mh.rope, mh.nope + mh.v
+    out = []
+    for head in range(mh.n_heads):
+        sides: list[Side] = [(mh.q, 0, [head * qs], True), (mh.kv_b, 0, [head * kvs], False)]
+        out.append(_gl("mla-nope-gl", f"layer {mh.layer} head {head}", params, mh.nope, sides))
+    sides = [(mh.q, 0, [head * qs + mh.nope for head in range(mh.n_heads)], True), (mh.kv_a, 0, [mh.rope_start], False)]
+    out.append(_gl("mla-rope-gl", f"layer {mh.layer}", params, mh.rope, sides))
+    for head in range(mh.n_heads):
+        sides = [(mh.kv_b, 0, [head * kvs + mh.nope], True), (mh.o, 1, [head * mh.v], False)]
+        out.append(_gl("mla-vo-gl", f"layer {mh.layer} head {head}", params, mh.v, sides))
     return out
 
 
@@ -842,6 +913,10 @@ def continuous(desc: Description, params) -> list[Family]:
     for h in desc.heads:
         fams += qk_gl(h, params) + qk_norm_scale(h, params) + vo_gl(h, params)
         fams += key_bias_shift(h, params) + value_bias_fold(h, params)
+    for lt in desc.latents:
+        fams += latent_gl(lt, params)
+    for mh in desc.latent_heads:
+        fams += latent_heads_gl(mh, params)
     for hd in desc.hidden:
         fams += hidden_scale(hd, params) + router_shift(hd, params, desc.d_model)
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
@@ -1113,10 +1188,35 @@ def stream_reflection(desc: Description) -> list[Discrete]:
     return [Discrete("stream-reflection", "stream", apply, "stream coordinate 0 negated in every writer and reader")]
 
 
+def permute_latent_heads(mh: LatentHeads, p: Params, pi: torch.Tensor) -> Params:
+    """Multi-head latent attention's heads reordered: head i takes old head π[i] (its query rows
+    [nope | rope], its key and value rows of kv_b, its output columns); the shared rotary key stays."""
+
+    def rows(n: int) -> torch.Tensor:
+        return (pi[:, None] * n + torch.arange(n)).reshape(-1)
+
+    p = dict(p)
+    p[mh.q] = p[mh.q].index_select(0, rows(mh.nope + mh.rope))
+    p[mh.kv_b] = p[mh.kv_b].index_select(0, rows(mh.nope + mh.v))
+    p[mh.o] = p[mh.o].index_select(1, rows(mh.v))
+    return p
+
+
+def latent_head_swap(mh: LatentHeads) -> list[Discrete]:
+    if mh.n_heads < 2:
+        return []
+    what = "heads 0 ↔ 1 (query, key and value rows, output columns)"
+    return [
+        _transposition("latent-head-swap", f"layer {mh.layer}", what, partial(permute_latent_heads, mh), mh.n_heads)
+    ]
+
+
 def discrete(desc: Description, params) -> list[Discrete]:
     out: list[Discrete] = stream_reflection(desc)
     for h in desc.heads:
         out += head_swap(h) + kv_group_swap(h) + rotary_pair_flips(h)
+    for mh in desc.latent_heads:
+        out += latent_head_swap(mh)
     for hd in desc.hidden:
         out += unit_swap(hd, params) + expert_swap(hd)
     return out

@@ -63,9 +63,9 @@ def run_derived(args) -> int:
 
     model = load(Path(args.model), args.seed)
     desc = describe(model, args.seed)
-    table = desc.table_vocabulary(model.params)
+    table = desc.special_vocabulary(model.params)
     if table is not None and model.source == SMALL_COPY:  # a size of our choosing need not be special
-        model = load(Path(args.model), args.seed, vocab=table[1])
+        model = load(Path(args.model), args.seed, vocab=table.safe)
         desc = describe(model, args.seed)
     found = measure(model, desc, args.seed, budget_s=args.budget, quiet=args.json)
     if args.json:
@@ -115,6 +115,12 @@ def format_found(name: str, desc, found) -> str:
         extra += ["biases"] if h.qb else []
         lines.append(
             f"  layer {h.layer}: {desc.mixers[h.layer]}, {h.n_heads} heads / {h.n_kv} KV of {h.head_dim} ({', '.join(extra)})"
+        )
+    for mh in desc.latent_heads:
+        ranks = ", ".join(f"{lt.name} latent of {lt.rank}" for lt in desc.latents if lt.layer == mh.layer)
+        lines.append(
+            f"  layer {mh.layer}: {desc.mixers[mh.layer]}, latent attention, {mh.n_heads} heads (nope {mh.nope}, "
+            f"rotary {mh.rope} shared by the keys, values {mh.v}; {ranks})"
         )
     for op in desc.opaque:
         lines.append(f"  layer {op.layer}: {desc.mixers[op.layer]} (its inner tensors: coordinate scalings only)")

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from torch.func import jacfwd
 
-from ..actions.candidates import Discrete, Family, discrete, permute_heads
+from ..actions.candidates import Discrete, Family, discrete, permute_heads, permute_latent_heads
 from ..errors import GaugeAuditError
 from ..measured import Measured, action_length, described, held_maps, stored_dtype
 from ..models.derived import HFModel, load
@@ -303,6 +303,37 @@ def match_heads(h, g: int, pa: Params, pb: Params) -> tuple[torch.Tensor, float]
     return best, 1.0 - best_res
 
 
+def match_latent_heads(mh, pa: Params, pb: Params) -> tuple[torch.Tensor, float]:
+    """The order of multi-head latent attention's heads whose rotated query rows B maps best by
+    one shared map (the rotary part's map is one per layer; every order up to ``MAX_ORDERS``);
+    1 − the relative residual of that map."""
+    qs, H = mh.nope + mh.rope, mh.n_heads
+    starts = [i * qs + mh.nope for i in range(H)]
+    xb = block(pb[mh.q], 0, starts, mh.rope)
+    best, best_res = torch.arange(H), math.inf
+    for order in itertools.islice(itertools.permutations(range(H)), MAX_ORDERS):
+        pi = torch.tensor(order)
+        xa = block(permute_latent_heads(mh, pa, pi)[mh.q], 0, starts, mh.rope)
+        sol = least_squares(xa.T, xb.T)
+        res = float((xa.T @ sol - xb.T).norm() / xb.norm())
+        if res < best_res:
+            best, best_res = pi, res
+    return best, 1.0 - best_res
+
+
+def _fixed_matrix(model, desc, fam: Family, cur: Params, pb: Params, ya, fixed: list, steps: list[str]) -> Params:
+    """``fam``'s element as the matrix read off ``cur`` and ``pb`` where the forward at A confirms
+    it (then recorded in ``fixed`` and applied); else ``cur`` unchanged."""
+    if fam.by_matrix is None or fam.spec is None:
+        return cur
+    F = _matrix(fam.spec, cur, pb)
+    if F is None or not _preserves(model, desc, fam, F, ya):
+        return cur
+    fixed.append((fam, F))
+    steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
+    return fam.by_matrix(cur, F)
+
+
 # ----------------------------------------------------------------------------- the search
 def fit(
     model: HFModel,
@@ -329,8 +360,14 @@ def fit(
     matches: dict[str, float] = {}
 
     # the stream first, then the norms: the embeddings and the norm factors hold them alone.  A
-    # stream map of determinant < 0 is a reflection times exp(so(d)): the reflection goes first
-    first = {i for i, (fam, _) in enumerate(flat) if fam.name in ("stream-gl", "norm-fold")}
+    # stream map of determinant < 0 is a reflection times exp(so(d)): the reflection goes first.
+    # Then the latents (multi-head latent attention): their down-projections' rows hold them once
+    # the stream is in place, and the heads reading them are matched in their coordinates
+    first = {i for i, (fam, _) in enumerate(flat) if fam.name in ("stream-gl", "norm-fold", "latent-gl")}
+    first_order = sorted(first, key=lambda i: (flat[i][0].name == "latent-gl", i))
+    # a GL element that exp does not reach (a determinant < 0, a single negative eigenvalue) is
+    # applied as the matrix read off the tensors, once the forward has confirmed it at A
+    fixed: list[tuple[Family, torch.Tensor]] = []
     z: dict[int, torch.Tensor] = {}
     cur = pa
     reflect = [d for d in held if d.name == "stream-reflection"]
@@ -346,16 +383,22 @@ def fit(
             steps.append("stream-reflection: the stream's orientation differs")
         else:
             reflect = []
-    for i, (fam, basis) in enumerate(flat):
-        if i in first:
-            c = estimate(fam, cur, pb)
-            z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
-            cur = fam.act(cur, basis @ z[i])
-            steps.append(f"{fam.name} {fam.scope}: estimated")
+    for i in first_order:
+        fam, basis = flat[i]
+        c = estimate(fam, cur, pb)
+        if c is None and fam.name == "latent-gl":  # a reflection of the latent: its matrix (it
+            # commutes with the permutations, before which the chain applies it)
+            cur = _fixed_matrix(model, desc, fam, cur, pb, ya, fixed, steps)
+            z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
+            continue
+        z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+        cur = fam.act(cur, basis @ z[i])
+        steps.append(f"{fam.name} {fam.scope}: estimated")
     # the permutations, on A moved by the stream and the norms
     perms: list[tuple[Discrete, torch.Tensor]] = []
     by_scope = {(hd.name): hd for hd in desc.hidden}
     heads = {f"layer {h.layer}": h for h in desc.heads}
+    latent = {f"layer {mh.layer}": mh for mh in desc.latent_heads}
     for d in held:
         if d.permute is None:
             continue
@@ -389,6 +432,8 @@ def fit(
                 rows.append(row)
                 worst = min(worst, w)
             pi = torch.stack(rows)
+        elif d.name == "latent-head-swap":
+            pi, worst = match_latent_heads(latent[d.scope], cur, pb)
         else:
             continue
         perms.append((d, pi))
@@ -422,9 +467,9 @@ def fit(
         for i, (fam, basis) in enumerate(flat):  # a read-off family where the chain starts
             if fam.read_off:
                 q = fam.act(q, basis @ zs[i])
-        for i, (fam, basis) in enumerate(flat):
-            if i in first:
-                q = fam.act(q, basis @ zs[i])
+        for i in first_order:
+            fam, basis = flat[i]
+            q = fam.act(q, basis @ zs[i])
         for d, pi in perms:
             q = _permuted(d, q, pi)
         for d, plane, g, k in turns:
@@ -437,20 +482,15 @@ def fit(
                 q = fam.act(q, basis @ zs[i])
         return q
 
-    # a GL element that exp does not reach (a determinant < 0, a single negative eigenvalue) is
-    # applied as the matrix read off the tensors, once the forward has confirmed it at A
-    fixed: list[tuple[Family, torch.Tensor]] = []
     cur = base
     for i, (fam, basis) in enumerate(flat):
         if i in first:
             continue
         c = estimate(fam, cur, pb)
         if c is None and fam.by_matrix is not None and fam.spec is not None:
-            F = _matrix(fam.spec, cur, pb)
-            if F is not None and _preserves(model, desc, fam, F, ya):
-                fixed.append((fam, F))
-                cur = fam.by_matrix(cur, F)
-                steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
+            n_fixed = len(fixed)
+            cur = _fixed_matrix(model, desc, fam, cur, pb, ya, fixed, steps)
+            if len(fixed) > n_fixed:
                 z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
                 continue
         z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))

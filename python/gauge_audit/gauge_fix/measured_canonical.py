@@ -515,6 +515,18 @@ def _fix_discrete(desc: Description, held: list[Discrete], cur: Params, steps, m
             orders.append(_sorted(torch.stack(sums), margins, "head order"))
         cur = _permuted(d, cur, torch.stack(orders))
         conditions["head-swap"] = conditions.get("head-swap", 0) + 1
+    latent = {f"layer {mh.layer}": mh for mh in desc.latent_heads}
+    for d in held:
+        if d.name != "latent-head-swap":
+            continue
+        mh = latent[d.scope]
+        qs, v = mh.nope + mh.rope, mh.v
+        sums = [
+            (cur[mh.q][i * qs : (i + 1) * qs] ** 2).sum() + (cur[mh.o][:, i * v : (i + 1) * v] ** 2).sum()
+            for i in range(mh.n_heads)
+        ]
+        cur = _permuted(d, cur, _sorted(torch.stack(sums), margins, "head order"))
+        conditions[d.name] = conditions.get(d.name, 0) + 1
     cur = _fix_turns(desc, held, cur, margins, conditions)
     if held:
         steps.append("discrete: " + ", ".join(sorted({d.name for d in held})))

@@ -166,6 +166,41 @@ class Heads:
 
 
 @dataclass(frozen=True)
+class Latent:
+    """A low-rank latent of multi-head latent attention: rows [start, start + rank) of ``down``
+    (and of its bias) write it, an RMSNorm ``norm`` normalises it, the input columns of
+    ``readers`` read it — a small stream of its own."""
+
+    layer: int
+    name: str  # query | key-value
+    down: str
+    down_bias: str | None
+    start: int
+    rank: int
+    norm: Norm
+    readers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LatentHeads:
+    """Multi-head latent attention (DeepSeek V2/V3): per head the rows of ``q`` are [nope | rope]
+    and those of ``kv_b`` [key nope | value]; the rotary key, ``rope`` rows of ``kv_a`` from
+    ``rope_start`` (after the key-value latent's), is shared by every head; ``o``'s input columns
+    come ``v`` per head."""
+
+    layer: int
+    q: str
+    kv_a: str
+    kv_b: str
+    o: str
+    n_heads: int
+    nope: int
+    rope: int
+    v: int
+    rope_start: int
+
+
+@dataclass(frozen=True)
 class Opaque:
     """A mixer other than softmax attention (linear attention, …): its stream readers' and writer's
     weights and the tensors inside it; only coordinatewise scalings are tried on it."""
@@ -174,6 +209,14 @@ class Opaque:
     readers: tuple[str, ...]
     writer: str | None
     inner: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SpecialSize:
+    """A vocabulary where more directions may be flat than at a generic size."""
+
+    what: str  # why, and from which vocabulary on the size is taken as generic
+    safe: int  # that vocabulary
 
 
 @dataclass
@@ -194,6 +237,8 @@ class Description:
     hidden: list[Hidden] = field(default_factory=list)
     mixers: list[str] = field(default_factory=list)  # per layer: the mixer's class
     opaque: list[Opaque] = field(default_factory=list)
+    latents: list[Latent] = field(default_factory=list)
+    latent_heads: list[LatentHeads] = field(default_factory=list)
     placed: set[str] = field(default_factory=set)
     unplaced: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why)
     residual: str = "serial"  # serial, parallel, or why the stream structure was not recognised
@@ -207,21 +252,53 @@ class Description:
     def lines(self) -> list[str]:
         return [f"{p}: {why}" for p, why in self.unplaced]
 
-    def table_vocabulary(self, params: dict) -> tuple[int, int] | None:
-        """In a parallel first block the FFN reads only n(W_E[t]): on a vocabulary of V tokens its
-        output is a table of V·d numbers, V·(d − 1) of them seen where the readers centre (a
-        LayerNorm is blind to the table's 1-component).  Where the FFN's n parameters outnumber
-        those, directions that keep the table are flat beyond any group (a special size, not a
-        symmetry); the block's other per-token parameters raise the need (measured: Cohere's
-        SwiGLU needs V·(d − 1) ≥ n − d_ff, Phi's GELU FFN with biases 1.5·n), so a vocabulary is
-        taken as safe from V·(d − 1) ≥ 2n.  (n, the smallest safe V) where V is below it; else None."""
-        if self.residual != "parallel":
-            return None
-        first = {p for h in self.hidden if h.layer == 0 for p, _ in (*h.readers, *h.writers)}
-        first |= {h.router for h in self.hidden if h.layer == 0 and h.router}
-        n = sum(params[p].numel() for p in first)
-        safe = -(-2 * n // (self.d_model - 1))
-        return (n, safe) if self.vocab < safe else None
+    @property
+    def latent_readers(self) -> list[Reader]:
+        """The readers of the latents (each behind its latent's norm): not readers of the stream."""
+        return [Reader(r, 1, lt.norm) for lt in self.latents for r in lt.readers]
+
+    def special_vocabulary(self, params: dict) -> SpecialSize | None:
+        """A vocabulary too small for the first block, which reads only the V token vectors.
+
+        * In a parallel first block the FFN reads only n(W_E[t]): its output is a table of V·d
+          numbers, V·(d − 1) of them seen where the readers centre (a LayerNorm is blind to the
+          table's 1-component).  Where the FFN's n parameters outnumber those, directions that keep
+          the table are flat beyond any group; the block's other per-token parameters raise the need
+          (measured: Cohere's SwiGLU needs V·(d − 1) ≥ n − d_ff, Phi's GELU FFN with biases 1.5·n),
+          so a vocabulary is taken as safe from V·(d − 1) ≥ 2n.
+        * A latent of the first block (multi-head latent attention) reads one vector per token: a
+          map A of the latent is flat where rms(y·A) = rms(y) on those V vectors, r(r + 1)/2
+          conditions for rank r (DeepSeek V3 at rank 6: 25 flat at 11 tokens, the 15 rotations
+          from 40 on), taken as safe from twice that.
+
+        The size with the largest safe vocabulary, or None where V reaches every one."""
+        found: list[SpecialSize] = []
+        V, d = self.vocab, self.d_model
+        if self.residual == "parallel":
+            first = {p for h in self.hidden if h.layer == 0 for p, _ in (*h.readers, *h.writers)}
+            first |= {h.router for h in self.hidden if h.layer == 0 and h.router}
+            n = sum(params[p].numel() for p in first)
+            found.append(
+                SpecialSize(
+                    f"the first block's FFN reads only the {V} token vectors (a parallel block): a table of {V}·{d} "
+                    f"numbers set by {n} parameters, which may leave directions flat beyond any group; from "
+                    f"{-(-2 * n // (d - 1))} tokens on (entries seen twice the parameters)",
+                    -(-2 * n // (d - 1)),
+                )
+            )
+        for lt in self.latents:
+            if lt.layer == 0:
+                k = lt.rank * (lt.rank + 1) // 2
+                found.append(
+                    SpecialSize(
+                        f"the first block's {lt.name} latent reads only the {V} token vectors: a map of it is flat "
+                        f"where it keeps their rms, {k} conditions at rank {lt.rank}; from {2 * k} tokens on "
+                        f"(twice the conditions)",
+                        2 * k,
+                    )
+                )
+        worst = max(found, key=lambda x: x.safe, default=None)
+        return worst if worst is not None and V < worst.safe else None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -329,6 +406,13 @@ _SIZE_FIELDS = {  # a small copy of a config: these fields at these values (when
     "linear_value_head_dim": 4,
     "sliding_window": 3,
     "attention_chunk_size": 3,
+    # multi-head latent attention (DeepSeek V2/V3, …): the latents' ranks and the per-head query/key
+    # split — a rotary part of two planes (its rotary tables are built for head_dim = the rotary part)
+    "kv_lora_rank": 6,
+    "q_lora_rank": 6,
+    "qk_rope_head_dim": 4,
+    "qk_nope_head_dim": 2,
+    "v_head_dim": 4,
 }
 
 
@@ -336,7 +420,7 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     """A checkpoint directory of transformers' ``arch`` at its config class's defaults made small
     (:func:`small_copy`), with ``overrides``, at a generic point; written by ``save_pretrained``.
     Unless ``overrides`` name the vocabulary, it is widened where the small one is a special size
-    (:meth:`Description.table_vocabulary`)."""
+    (:meth:`Description.special_vocabulary`)."""
     cls = _hf_class(arch)
     config = small_copy(cls.config_class())
     for k, v in overrides.items():
@@ -346,15 +430,16 @@ def tiny_checkpoint(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     module.load_state_dict(generic_point(module, seed), strict=False)
     if "vocab_size" not in overrides:
         model = HFModel(arch, module, dict(module.named_parameters()), config, SMALL_COPY)
-        table = describe(model, seed).table_vocabulary(model.params)
+        table = describe(model, seed).special_vocabulary(model.params)
         if table is not None:
-            return tiny_checkpoint(arch, out, seed, **overrides, vocab_size=table[1])
+            return tiny_checkpoint(arch, out, seed, **overrides, vocab_size=table.safe)
     out = Path(out)
     pretrained: Any = module  # a transformers PreTrainedModel
     pretrained.save_pretrained(out)
     return out
 
 
+_EXPERT_COUNTS = ("num_local_experts", "n_routed_experts", "num_experts")
 PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers")  # lists a small copy cuts to its layers
 
 
@@ -397,6 +482,8 @@ def _small_copy(config, vocab: int | None):
             setattr(c, k, None)
     if getattr(c, "num_experts_per_tok", None):
         c.num_experts_per_tok = min(2, c.num_experts_per_tok)
+    elif hasattr(c, "num_experts_per_tok") and any(getattr(c, k, None) for k in _EXPERT_COUNTS):
+        c.num_experts_per_tok = 2  # left unset by the class's defaults (DeepSeek V2's): routing needs a count
     for k in ("n_group", "topk_group"):
         if getattr(c, k, None) is not None:
             setattr(c, k, 1)
@@ -916,6 +1003,9 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             desc.readers.append(Reader(wname, 1, norm, _opt(params, f"{prefix}.{n}.bias")))
             desc.placed |= {wname, f"{prefix}.{n}.bias"}
         return
+    if out is not None and {"kv_a_proj_with_mqa", "kv_b_proj"} <= kids:
+        _latent_attention(desc, model, io, i, prefix, mix, norm, out)
+        return
     # another mixer (linear attention, …): its stream readers and writer by the module tree
     lins = [(n, mod) for n, mod in mix.named_modules() if _linear(mod, n)]
     readers: list[str] = []
@@ -934,6 +1024,49 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
     inner = tuple(n for n in params if n.startswith(prefix + ".") and n not in desc.placed)
     desc.opaque.append(Opaque(i, tuple(readers), writer, inner))
     desc.placed |= set(inner)
+
+
+def _latent_attention(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm, out: str) -> None:
+    """Multi-head latent attention: the query read from the stream directly (``q_proj``) or through
+    a latent (``q_a_proj`` → ``q_a_layernorm`` → ``q_b_proj``); the keys' and values' latent and the
+    shared rotary key from ``kv_a_proj_with_mqa`` ([latent | rotary key] rows), its norm
+    ``kv_a_layernorm``, the per-head keys and values from ``kv_b_proj``."""
+    params, cfg = model.params, model.config
+    kids = {n for n, _ in mix.named_children()}
+    H = int(cfg.num_attention_heads)
+    nope, rope, v = int(cfg.qk_nope_head_dim), int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
+    r_kv = int(cfg.kv_lora_rank)
+    latent_q = "q_a_proj" in kids and "q_b_proj" in kids
+    q = f"{prefix}.{'q_b_proj' if latent_q else 'q_proj'}.weight"
+    kv_a, kv_b, o = (f"{prefix}.{n}.weight" for n in ("kv_a_proj_with_mqa", "kv_b_proj", out))
+    want = {q: H * (nope + rope), kv_a: r_kv + rope, kv_b: H * (nope + v)}
+    for name, rows in want.items():
+        if name not in params or params[name].shape[0] != rows:
+            got = tuple(params[name].shape) if name in params else "absent"
+            desc.unplaced.append((name, f"{got} for {H} heads of nope {nope} + rope {rope}, values {v}, latent {r_kv}"))
+            return
+    latents: list[Latent] = []
+    for name, down, nrm, rank, reader in (
+        ("query", "q_a_proj", "q_a_layernorm", int(cfg.q_lora_rank or 0), q),
+        ("key-value", "kv_a_proj_with_mqa", "kv_a_layernorm", r_kv, kv_b),
+    ):
+        if name == "query" and not latent_q:
+            continue
+        probed = io.get(f"{prefix}.{nrm}")
+        nk = None if probed is None else _norm_kind(getattr(mix, nrm), probed[0], probed[1], params, f"{prefix}.{nrm}")
+        if nk is None or nk.kind not in ("rms", "rms1p") or nk.weight is None:
+            desc.unplaced.append((f"{prefix}.{nrm}", "a latent's norm that is not an RMSNorm with a weight"))
+            return
+        w = f"{prefix}.{down}.weight"
+        latent_norm = Norm(nk.module, nk.weight, None, nk.kind, "latent")
+        latents.append(Latent(i, name, w, _opt(params, f"{prefix}.{down}.bias"), 0, rank, latent_norm, (reader,)))
+    for r in [f"{prefix}.q_a_proj" if latent_q else f"{prefix}.q_proj", f"{prefix}.kv_a_proj_with_mqa"]:
+        desc.readers.append(Reader(f"{r}.weight", 1, norm, _opt(params, f"{r}.bias")))
+        desc.placed |= {f"{r}.weight", f"{r}.bias"}
+    desc.writers.append(Writer(o, 0, _opt(params, f"{prefix}.{out}.bias")))
+    desc.latents += latents
+    desc.latent_heads.append(LatentHeads(i, q, kv_a, kv_b, o, H, nope, rope, v, r_kv))
+    desc.placed |= {q, kv_b, o, f"{prefix}.{out}.bias"} | {lt.norm.weight or "" for lt in latents}
 
 
 def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm | None) -> None:

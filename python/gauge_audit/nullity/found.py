@@ -260,7 +260,7 @@ def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[st
     """Norm factors all equal (a fresh initialisation's 1) or biases all zero: a point where more
     maps may be flat than at a generic one (a QK-norm with equal weights commutes with every
     rotation of a plane); or a size where they may be (a parallel first block's FFN on a
-    vocabulary too small: :meth:`~..models.derived.Description.table_vocabulary`)."""
+    vocabulary too small: :meth:`~..models.derived.Description.special_vocabulary`)."""
     norms = {r.norm for r in desc.readers if r.norm} | set(desc.post_norms)
     norms |= {n for h in desc.heads for n in (h.q_norm, h.k_norm) if n}
     out = []
@@ -271,14 +271,9 @@ def special_point(desc: Description, params: dict[str, torch.Tensor]) -> list[st
     biases = [b for h in desc.heads for b in (h.qb, h.kb, h.vb, h.ob) if b]
     biases += [hd.router_bias for hd in desc.hidden if hd.router_bias]
     out += [f"special point: {b} is zero" for b in biases if not bool(params[b].any())]
-    table = desc.table_vocabulary(params)
+    table = desc.special_vocabulary(params)
     if table is not None:
-        out.append(
-            f"special size: the first block's FFN reads only the {desc.vocab} token vectors (a parallel block): "
-            f"a table of {desc.vocab}·{desc.d_model} numbers set by {table[0]} parameters, which may leave "
-            f"directions flat beyond any group; from {table[1]} tokens on (entries seen twice the parameters) the "
-            f"size is taken as generic"
-        )
+        out.append(f"special size: {table.what} the size is taken as generic")
     if out:
         out.append("special point: the group measured here may exceed the one at a generic point")
     return out
@@ -293,6 +288,9 @@ def path_length(desc: Description, params: dict) -> int:
     if desc.heads:
         h = desc.heads[0]
         k += h.head_dim + h.n_heads * h.head_dim + (h.head_dim if h.qk_norm != "none" else 0)
+    if desc.latent_heads:  # down to the latents, their norms, up to the heads, the scores, the output
+        mh = desc.latent_heads[0]
+        k += 2 * max((lt.rank for lt in desc.latents), default=0) + mh.nope + mh.rope + mh.n_heads * mh.v
     if desc.hidden:
         name, axis = desc.hidden[0].writers[0]
         k += params[name].shape[axis]
