@@ -34,9 +34,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 
@@ -300,6 +300,13 @@ class ARun:
     kept: dict[str, Element]
 
 
+class RunSource(Protocol):
+    """Where a comparison's runs take A's side from: ``run(j, lo, n, names)`` enters run ``j``
+    (blocks lo … lo+n−1, their tensors ``names``) and gives its :class:`ARun`, released on exit."""
+
+    def run(self, j: int, lo: int, n: int, names: list[str]) -> AbstractContextManager[ARun]: ...
+
+
 class WholeA:
     """A source of runs holding A's canonical form whole, in memory: each run a slice of it (the
     whole comparison, and a model's rounding response); ``reference``: what the steps align to
@@ -327,7 +334,14 @@ class Runs:
     :class:`.response.RunProbes`); either side may be absent (A's response alone; B alone where a
     helper process takes A's probes).  ``params_a``: A's parameters as its probes perturb them."""
 
-    def __init__(self, source, runs: list[tuple[int, int]], b: BRuns | None, a_probes: RunProbes | None, params_a=None):
+    def __init__(
+        self,
+        source: RunSource,
+        runs: list[tuple[int, int]],
+        b: BRuns | None,
+        a_probes: RunProbes | None,
+        params_a: Params | None = None,
+    ):
         self.source, self.runs, self.b, self.a_probes, self.params_a = source, runs, b, a_probes, params_a
 
     def run(self, j: int, a: bool = True, b: bool = True) -> None:
@@ -342,6 +356,7 @@ class Runs:
             if a and self.a_probes is not None:
                 pa = self.a_probes
                 # runs outside, probes inside: a checkpoint read on access is read once per run
+                assert self.params_a is not None
                 here = {k: self.params_a[k] for k in names + (pa.outer if j == 0 else [])}
                 pa.run(j, lo, n, here, ar.ref, {moved(k, -lo): ar.canonical[k] for k in names}, ar.outer, ar.kept)
                 del here
