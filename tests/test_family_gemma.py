@@ -47,7 +47,7 @@ def _reference(path, arch):
     """transformers' loader and model, float64, its float32 steps (Gemma's norms, Gemma 3's RoPE
     tables, Gemma 2's eager softmax) evaluated in float64."""
     cls = getattr(transformers, arch)
-    m = cls.from_pretrained(str(path), dtype=torch.float64, attn_implementation=exact_attention(arch)).eval()
+    m = cls.from_pretrained(str(path), dtype=torch.float64, attn_implementation=exact_attention(ARCHS[arch])).eval()
     assert float64_internals(m) > 0
     return m
 

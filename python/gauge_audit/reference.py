@@ -195,12 +195,12 @@ def _eager_attention64(module, query, key, value, attention_mask, dropout=0.0, s
 
 
 EAGER64 = "gauge_audit_eager64"
-NO_SDPA = ("Gemma2ForCausalLM",)  # soft-capped scores: transformers refuses sdpa
 
 
-def exact_attention(arch_name: str) -> str:
-    """The attention implementation that keeps every step in the model's dtype."""
-    if arch_name not in NO_SDPA:
+def exact_attention(arch: Arch) -> str:
+    """The attention implementation that keeps every step in the model's dtype (soft-capped
+    scores: transformers refuses sdpa)."""
+    if not arch.soft_capped:
         return "sdpa"
     T = require_transformers()
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -340,15 +340,9 @@ def _module_state(arch: Arch, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     (Mixtral's per-expert w1/w3/w2, Qwen3-MoE's per-expert gate/up/down_proj), whose experts
     become the fused ``experts.gate_up_proj = [gate | up]`` and ``experts.down_proj`` parameters
     (what transformers' own loader does)."""
-    names = {
-        "MixtralForCausalLM": ("block_sparse_moe.", "w1", "w3", "w2"),
-        "Qwen3MoeForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
-        "DeepseekV3ForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
-        "DeepseekV2ForCausalLM": ("mlp.", "gate_proj", "up_proj", "down_proj"),
-    }
-    if arch.name not in names:
+    if arch.expert_files is None:
         return sd
-    pre, gate, up, down = names[arch.name]
+    pre, gate, up, down = arch.expert_files
     out: dict = {}
     w: dict = {}
     for k, t in sd.items():
@@ -378,7 +372,7 @@ class Reference:
         small_dict.pop("layer_types", None)
         small_dict["num_hidden_layers" if "num_hidden_layers" in hf else "n_layer"] = 0
         small = hf_config(small_dict)
-        impl = exact_attention(arch.name) if exact else None
+        impl = exact_attention(arch) if exact else None
         cls = getattr(T, arch.name)
         kw = {"dtype": torch.float64, **({"attn_implementation": impl} if impl else {}), **hf_kwargs(cfg)}
         with torch.device("meta"):

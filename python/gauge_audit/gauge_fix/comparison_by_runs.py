@@ -238,9 +238,9 @@ class _ByRuns:
         self.rot_b, self.fit_b, self.sides[0].held, self.sides[1].held = self._rotations()
         # B's runs against A's (:class:`.streamed.BRuns`, as the whole comparison's), B's rotation
         # given, its canonical runs in temporary files while its probes run
-        self.b = BRuns(cfg, pb, storage_b, self.sides[1].probes, along=self.small_b, rotation=self.rot_b, spill=True)
+        self.b = BRuns(self.sides[1].probes, along=self.small_b, rotation=self.rot_b, spill=True)
         self.inv = self.b.sq  # ‖canon B − canon A‖² per tensor: the blocks' from B's runs, then the chunks'
-        self.loop = Runs(self, self.A.runs, self.b, self.sides[0].probes, pa)
+        self.loop = Runs(self, self.A.runs, self.b, self.sides[0].probes)
         for s in self.sides:  # each probe's rotation read back from its file at each of its runs
             s.probes.rotations = [None if h is None else _given(h) for h in s.held]
         # A's and B's rotations, validated and inverted here once (the probes' in _rotations)

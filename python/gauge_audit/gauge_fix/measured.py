@@ -321,17 +321,24 @@ def match_latent_heads(mh, pa: Params, pb: Params) -> tuple[torch.Tensor, float]
     return best, 1.0 - best_res
 
 
-def _fixed_matrix(model, desc, fam: Family, cur: Params, pb: Params, ya, fixed: list, steps: list[str]) -> Params:
-    """``fam``'s element as the matrix read off ``cur`` and ``pb`` where the forward at A confirms
-    it (then recorded in ``fixed`` and applied); else ``cur`` unchanged."""
-    if fam.by_matrix is None or fam.spec is None:
-        return cur
-    F = _matrix(fam.spec, cur, pb)
-    if F is None or not _preserves(model, desc, fam, F, ya):
-        return cur
-    fixed.append((fam, F))
-    steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
-    return fam.by_matrix(cur, F)
+def _estimated(
+    model, desc, member: tuple[Family, torch.Tensor], cur: Params, pb: Params, ya, fixed: list, steps: list[str]
+) -> tuple[Params, torch.Tensor]:
+    """``cur`` moved by the estimate of one flat family's element towards ``pb``, and its
+    coefficients in the flat basis.  A GL element that exp does not reach (a determinant < 0, a
+    single negative eigenvalue) is applied as the matrix read off the tensors where the forward
+    at A confirms it (recorded in ``fixed``; its coefficients 0)."""
+    fam, basis = member
+    c = estimate(fam, cur, pb)
+    if c is None and fam.by_matrix is not None and fam.spec is not None:
+        F = _matrix(fam.spec, cur, pb)
+        if F is not None and _preserves(model, desc, fam, F, ya):
+            fixed.append((fam, F))
+            steps.append(f"{fam.name} {fam.scope}: its matrix (outside exp's image), checked on the forward")
+            return fam.by_matrix(cur, F), torch.zeros(basis.shape[1], dtype=torch.float64)
+    z = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
+    steps.append(f"{fam.name} {fam.scope}: estimated")
+    return fam.act(cur, basis @ z), z
 
 
 # ----------------------------------------------------------------------------- the search
@@ -383,17 +390,9 @@ def fit(
             steps.append("stream-reflection: the stream's orientation differs")
         else:
             reflect = []
-    for i in first_order:
-        fam, basis = flat[i]
-        c = estimate(fam, cur, pb)
-        if c is None and fam.name == "latent-gl":  # a reflection of the latent: its matrix (it
-            # commutes with the permutations, before which the chain applies it)
-            cur = _fixed_matrix(model, desc, fam, cur, pb, ya, fixed, steps)
-            z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
-            continue
-        z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
-        cur = fam.act(cur, basis @ z[i])
-        steps.append(f"{fam.name} {fam.scope}: estimated")
+    for i in first_order:  # a latent's reflection goes as its matrix: it commutes with the
+        # permutations, after which the chain applies it
+        cur, z[i] = _estimated(model, desc, flat[i], cur, pb, ya, fixed, steps)
     # the permutations, on A moved by the stream and the norms
     perms: list[tuple[Discrete, torch.Tensor]] = []
     by_scope = {(hd.name): hd for hd in desc.hidden}
@@ -483,19 +482,9 @@ def fit(
         return q
 
     cur = base
-    for i, (fam, basis) in enumerate(flat):
-        if i in first:
-            continue
-        c = estimate(fam, cur, pb)
-        if c is None and fam.by_matrix is not None and fam.spec is not None:
-            n_fixed = len(fixed)
-            cur = _fixed_matrix(model, desc, fam, cur, pb, ya, fixed, steps)
-            if len(fixed) > n_fixed:
-                z[i] = torch.zeros(basis.shape[1], dtype=torch.float64)
-                continue
-        z[i] = project(basis, c if c is not None else torch.zeros(len(fam.generators), dtype=torch.float64))
-        cur = fam.act(cur, basis @ z[i])
-        steps.append(f"{fam.name} {fam.scope}: estimated")
+    for i in range(len(flat)):
+        if i not in first:
+            cur, z[i] = _estimated(model, desc, flat[i], cur, pb, ya, fixed, steps)
     scale = {n: float(pb[n].norm()) or 1.0 for n in names}
     sizes = [flat[i][1].shape[1] for i in range(len(flat))]
 

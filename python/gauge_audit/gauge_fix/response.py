@@ -289,6 +289,11 @@ class RunProbes:
     def names(self, lo: int, n: int) -> list[str]:
         return [k for b in range(lo, lo + n) for k in self.blocks.get(b, [])]
 
+    def held(self, j: int, lo: int, n: int) -> dict:
+        """Run ``j``'s tensors as stored, and the outer ones for the first run: read once per run
+        (a checkpoint read on access), not once per probe."""
+        return {k: self.params[k] for k in self.names(lo, n) + (self.outer if j == 0 else [])}
+
     def run(
         self,
         j: int,

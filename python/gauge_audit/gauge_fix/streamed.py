@@ -332,17 +332,10 @@ class Runs:
     source of runs (:class:`WholeA`, or :mod:`.comparison_by_runs`'s A canonicalised run by run),
     then B canonicalised against it with B's probes (:class:`BRuns`) and A's probes (a
     :class:`.response.RunProbes`); either side may be absent (A's response alone; B alone where a
-    helper process takes A's probes).  ``params_a``: A's parameters as its probes perturb them."""
+    helper process takes A's probes)."""
 
-    def __init__(
-        self,
-        source: RunSource,
-        runs: list[tuple[int, int]],
-        b: BRuns | None,
-        a_probes: RunProbes | None,
-        params_a: Params | None = None,
-    ):
-        self.source, self.runs, self.b, self.a_probes, self.params_a = source, runs, b, a_probes, params_a
+    def __init__(self, source: RunSource, runs: list[tuple[int, int]], b: BRuns | None, a_probes: RunProbes | None):
+        self.source, self.runs, self.b, self.a_probes = source, runs, b, a_probes
 
     def run(self, j: int, a: bool = True, b: bool = True) -> None:
         """Run ``j``: B's side (``b``) and A's probes (``a``)."""
@@ -355,9 +348,7 @@ class Runs:
                 self.b.run(j, lo, n, ar.ref, ar.canonical)
             if a and self.a_probes is not None:
                 pa = self.a_probes
-                # runs outside, probes inside: a checkpoint read on access is read once per run
-                assert self.params_a is not None
-                here = {k: self.params_a[k] for k in names + (pa.outer if j == 0 else [])}
+                here = pa.held(j, lo, n)
                 pa.run(j, lo, n, here, ar.ref, {moved(k, -lo): ar.canonical[k] for k in names}, ar.outer, ar.kept)
                 del here
 
@@ -413,17 +404,9 @@ class BRuns:
     (where the probes record theirs)."""
 
     def __init__(
-        self,
-        cfg: Config,
-        params_b: Params,
-        storage_dtype: torch.dtype,
-        rp: RunProbes,
-        *,
-        along: Params | None = None,
-        rotation: Element | None = None,
-        spill: bool = False,
+        self, rp: RunProbes, *, along: Params | None = None, rotation: Element | None = None, spill: bool = False
     ):
-        self.cfg, self.params_b, self.storage_dtype, self.rp = cfg, params_b, storage_dtype, rp
+        self.rp = rp  # B's probes hold B's configuration, parameters and storage precision
         self.along = rp.taken_along if along is None else along
         self.rotation, self.spill = rotation, spill
         self.sq: dict[str, float] = {}
@@ -434,14 +417,14 @@ class BRuns:
         """Run ``j`` (blocks lo … lo+n−1) against ``ref_run`` (the reference's run renumbered from
         0, with its outer tensors) and ``a_base`` (A's canonical tensors by name, the distances'
         other side)."""
-        cfg, params_b, rp = self.cfg, self.params_b, self.rp
+        rp = self.rp
         names = rp.names(lo, n)
-        here = {k: params_b[k] for k in names + (rp.outer if j == 0 else [])}
+        here = rp.held(j, lo, n)
         sub = {moved(k, -lo): here[k].detach().to("cpu", torch.float64) for k in names}
         sub.update({k: here[k].detach().to("cpu", torch.float64) for k in rp.outer} if j == 0 else self.along)
         sub.update(rp.stand_in)
-        cfg_run = cfg.with_(n_layers=n, **rp.run_changes)
-        c = against_reference(cfg_run, sub, ref_run, self.storage_dtype, self.rotation)
+        cfg_run = rp.cfg.with_(n_layers=n, **rp.run_changes)
+        c = against_reference(cfg_run, sub, ref_run, rp.storage_dtype, self.rotation)
         base_outer: dict[str, torch.Tensor | Spilled] = {}  # the probes need it in the first run only
         if j == 0:
             if self.rotation is None:
@@ -504,7 +487,7 @@ def response_by_runs(
     joins them)."""
     rp = RunProbes(cfg, params, probes, seed, u, canonical.storage_dtype, canonical.params)
     source = WholeA(cfg, canonical, reference, rp.outer)
-    Runs(source, block_runs(cfg, params) if runs is None else runs, None, rp, params).every()
+    Runs(source, block_runs(cfg, params) if runs is None else runs, None, rp).every()
     return rp.worst()
 
 
@@ -514,7 +497,7 @@ def _b_side(cfg, params_b, reference: Canonical, storage_dtype, probes, seed, wh
     rp = RunProbes(cfg, params_b, probes, seed, torch.finfo(storage_dtype).eps / 2, storage_dtype, reference.params)
     runs = b_runs(cfg, params_b) if not whole else [(0, cfg.n_layers)]
     source = WholeA(cfg, reference, reference.params, rp.outer)
-    return Runs(source, runs, BRuns(cfg, params_b, storage_dtype, rp), None)
+    return Runs(source, runs, BRuns(rp), None)
 
 
 def canonical_b_by_runs(

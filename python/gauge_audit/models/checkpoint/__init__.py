@@ -54,6 +54,7 @@ for _name in (*gemma_io.CAUSAL, gemma_io.MULTIMODAL):
         "language_model.model.layers.{i}." if _mm else "model.layers.{i}.",
         "AutoModelForCausalLM",
         ignore=r".*rotary_emb\..*inv_freq$",
+        soft_capped=_name == gemma_io.SOFT_CAPPED,
         passthrough=r"(model\.)?(vision_tower|multi_modal_projector)\..*",
         notes=(
             ("the vision tower and projector are copied unchanged and not checked",)

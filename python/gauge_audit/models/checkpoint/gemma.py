@@ -22,6 +22,7 @@ from ..config import Config
 from .hf import Link, _act, _common, _float, _heads, _int, linear, linear_heads, linear_out_heads, refuse, same
 
 CAUSAL = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+SOFT_CAPPED = "Gemma2ForCausalLM"  # attention scores soft-capped (Gemma 3 dropped it)
 MULTIMODAL = "Gemma3ForConditionalGeneration"
 
 

@@ -476,6 +476,11 @@ class Arch:
     ignore: str = r"$^"  # tensors without function (old buffers), dropped
     passthrough: str = r"$^"  # tensors outside the checked function, copied unchanged
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # its scores are soft-capped: transformers has no sdpa path, the reference registers an exact eager one
+    soft_capped: bool = False
+    # a mixture's experts stored one file tensor per expert, which transformers' loader fuses:
+    # (the MoE block's prefix, the gate, up and down projections' names)
+    expert_files: tuple[str, str, str, str] | None = None
 
 
 _LLAMA_IGNORE = r".*rotary_emb\.inv_freq$"
@@ -538,6 +543,7 @@ ARCHS: dict[str, Arch] = {
             "model.layers.{i}.",
             "AutoModelForCausalLM",
             ignore=_LLAMA_IGNORE,
+            expert_files=("block_sparse_moe.", "w1", "w3", "w2"),
         ),
     )
 }

@@ -218,6 +218,7 @@ DEEPSEEK_ARCHS: dict[str, Arch] = {
         "AutoModelForCausalLM",
         ignore=_LLAMA_IGNORE,
         notes=("multi-token-prediction layers, if any, are outside the causal LM's forward and not read",),
+        expert_files=("mlp.", "gate_proj", "up_proj", "down_proj"),
     )
     for name in (ARCH, ARCH_V2)
 }

@@ -130,6 +130,7 @@ QK_NORM_ARCHS: dict[str, Arch] = {
             "model.layers.{i}.",
             "AutoModelForCausalLM",
             ignore=_LLAMA_IGNORE,
+            expert_files=("mlp.", "gate_proj", "up_proj", "down_proj"),
         ),
         Arch(
             "Olmo2ForCausalLM",
