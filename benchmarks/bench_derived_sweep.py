@@ -60,6 +60,7 @@ ARCHITECTURES = (
     "PhiForCausalLM",
     "FalconForCausalLM",
     "MptForCausalLM",
+    "BloomForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",

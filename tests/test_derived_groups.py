@@ -176,16 +176,20 @@ def test_bad_checkpoints_one_line_exit_2(tmp_path, capsys):
 
 
 def test_what_the_measurement_cannot_take_is_one_line(tmp_path, capsys, monkeypatch):
-    """A forward ``torch.func`` cannot differentiate (BLOOM's GELU is an ``autograd.Function``), a
-    model beyond the dense measurement's size (here the limit lowered under the checkpoint's 1 356
-    parameters: before any Jacobian row), and a budget that ends before the rows reach the
-    parameters: one line, exit 2."""
+    """A forward ``torch.func`` cannot differentiate (BLOOM's GELU, an ``autograd.Function``, as it
+    would be were it not called through its forward — a Function from outside the model's own
+    source stays one), a model beyond the dense measurement's size (here the limit lowered under
+    the checkpoint's 1 356 parameters: before any Jacobian row), and a budget that ends before the
+    rows reach the parameters: one line, exit 2."""
+    from gauge_audit.models import derived
     from gauge_audit.nullity import found
 
     bloom = tiny_checkpoint("BloomForCausalLM", tmp_path / "bloom", 0)
+    monkeypatch.setattr(derived, "plain_functions", lambda module: contextlib.nullcontext())
     assert main(["groups", str(bloom)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "torch.func cannot differentiate" in err, err
+    monkeypatch.undo()
     neox = tiny_checkpoint("GPTNeoXForCausalLM", tmp_path / "neox", 0)
     monkeypatch.setattr(found, "MAX_PARAMS_MEASURED", 1000)
     assert main(["groups", str(neox), "--derive"]) == 2
@@ -574,3 +578,82 @@ def test_latent_attention_is_described_and_explained(tmp_path, capsys):
             assert flat[("mla-vo-gl", f"layer {mh.layer} head {h}")] == mh.v**2
     swaps = [d for d in out["discrete"] if d["name"] == "latent-head-swap"]
     assert len(swaps) == desc.n_layers and all(d["holds"] for d in swaps), swaps
+
+
+class _Cube(torch.autograd.Function):
+    """x³ with a hand-written backward and no setup_context: torch.func refuses it as it stands."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+class _Cubed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.5, -1.5], dtype=torch.float64))
+
+    def forward(self, x):
+        return _Cube.apply(self.w * x)
+
+
+def test_a_custom_autograd_function_is_differentiated_through_its_forward():
+    """BLOOM's GELU is such a Function: inside ``plain_functions`` torch.func differentiates its
+    forward (the derivative exact: 3·(w·x)²·x), outside it refuses, and the class is restored."""
+    from torch.func import functional_call, jacrev
+
+    from gauge_audit.models.derived import plain_functions
+
+    m, x = _Cubed(), torch.tensor([2.0, 3.0], dtype=torch.float64)
+
+    def f(w):
+        return functional_call(m, {"w": w}, (x,))
+
+    w = m.w.detach()
+    with plain_functions(m):
+        J = jacrev(f)(w)
+    # a product of four float64 numbers: a few ulps each
+    assert torch.allclose(J, torch.diag(3 * (w * x) ** 2 * x), rtol=8 * torch.finfo(torch.float64).eps, atol=0)
+    with pytest.raises(RuntimeError):
+        jacrev(f)(w)
+
+
+def test_alibi_and_an_embedding_norm_are_placed_and_explained(tmp_path, capsys):
+    """BLOOM normalises the embedding before the stream starts (a norm of the embedding's output,
+    beside the final one), its attention and MLP add the residual themselves (so the norm reading
+    the attention's output reads the stream), its GELU is a custom autograd Function, and its
+    positions are ALiBi biases, one slope per head: every tensor is placed, no head has rotary
+    planes, the key bias shifts (a constant per query) are flat, swapping the KV groups is not a
+    symmetry (their slopes differ), and every stream writer — that norm's shift too; not the
+    embedding, which the tied unembedding reads — may gain multiples of 1 that every LayerNorm
+    reader is blind to."""
+    path = tiny_checkpoint("BloomForCausalLM", tmp_path / "bloom", 0)
+    desc = describe(load(path))
+    assert desc.unplaced == [] and desc.residual == "serial"
+    (emb,) = [n for n in desc.post_norms if n.reads == "embed-out"]
+    assert desc.post_writers[emb.module][0].param == desc.embed
+    assert desc.final_norm is not None and desc.final_norm.module.endswith("ln_f")
+    assert all(r.norm is not None for r in desc.readers) and all(h.rotary == 0 for h in desc.heads)
+    out = explained(path, capsys)
+    fams = {(f["name"], f["scope"]): f for f in out["families"]}
+    e = desc.heads[0].head_dim
+    assert all(f["flat"] == e for (name, _), f in fams.items() if name == "key-bias-shift")
+    assert desc.tied
+    writers = sum(_writer_vectors(desc, path, skip=desc.embed)) + 1  # + the embedding norm's shift
+    assert fams[("ln-writer-ones", "stream")]["flat"] == writers
+    swaps = [d for d in out["discrete"] if d["name"] == "kv-group-swap"]
+    assert swaps and not any(d["holds"] for d in swaps)
+
+
+def _writer_vectors(desc, path, skip: str):
+    """The vectors each stream writer adds, one per slice along its non-stream axes, and its bias."""
+    params = load(path).params
+    for w in desc.writers:
+        if w.param != skip:
+            yield params[w.param].numel() // params[w.param].shape[w.axis] + (1 if w.bias else 0)

@@ -256,24 +256,16 @@ def qk_norm_scale(h: Heads, params) -> list[Family]:
 
 
 # ----------------------------------------------------------------------------- hidden spaces
-def _bias_of(name: str) -> str | None:
-    """The weight a bias belongs to (``x.bias`` of ``x.weight``, ``x_bias`` of ``x``), None for a weight."""
-    if name.endswith(".bias"):
-        return name[: -len(".bias")] + ".weight"
-    if name.endswith("_bias"):
-        return name[: -len("_bias")]
-    return None
-
-
 def hidden_scale(hd: Hidden, params) -> list[Family]:
     """Every hidden coordinate of every reader (its weight's row with its bias entry: the unit's
     pre-activation), of every reader bias alone (a shift) and of the writer, scaled on its own
     (per expert)."""
-    biases = {_bias_of(n): (n, a) for n, a in hd.readers if _bias_of(n)}
+    axes = dict(hd.readers)
+    biases = {w: (b, axes[b]) for b, w in hd.biases}  # a weight → its bias and the bias's unit axis
     gens: list[list[Entry]] = []
     for e in range(hd.experts) if hd.experts else [None]:
         for name, axis in hd.readers + hd.writers:
-            if _bias_of(name):
+            if name in dict(hd.biases):
                 continue
             for j in range(params[name].shape[axis]):
                 entries: list[Entry] = [(name, _index(params[name], axis, j, e), 1.0, "scale")]
@@ -457,6 +449,7 @@ def latent_heads_gl(mh: LatentHeads, params) -> list[Family]:
         sides: list[Side] = [(mh.q, 0, [head * qs], True), (mh.kv_b, 0, [head * kvs], False)]
         out.append(_gl("mla-nope-gl", f"layer {mh.layer} head {head}", params, mh.nope, sides))
     sides = [(mh.q, 0, [head * qs + mh.nope for head in range(mh.n_heads)], True), (mh.kv_a, 0, [mh.rope_start], False)]
+    sides.append((mh.rope_bias, 0, [mh.rope_start], False))
     out.append(_gl("mla-rope-gl", f"layer {mh.layer}", params, mh.rope, sides))
     for head in range(mh.n_heads):
         sides = [(mh.kv_b, 0, [head * kvs + mh.nope], True), (mh.o, 1, [head * mh.v], False)]
@@ -525,23 +518,35 @@ def _ones_direction(n: Norm, p: Params, d: int) -> torch.Tensor:
 
 def _blind_to_ones(desc: Description) -> bool:
     """Every reader of the stream reads it through a centring norm (a LayerNorm): the stream's
-    component along 1 is seen by nobody."""
-    if not desc.stream_described or desc.post_norms or not desc.readers:
+    component along 1 is seen by nobody.  (A norm after a sublayer or after the embedding reads
+    no stream: it writes into it.)"""
+    if not desc.stream_described or not desc.readers:
         return False
     return all(r.norm is not None and r.norm.kind in CENTRED for r in desc.readers)
+
+
+def _behind_post_norms(desc: Description) -> dict[str, Norm]:
+    """A writer whose output passes a norm before the stream → that norm."""
+    return {w.param: pn for pn in desc.post_norms for w in desc.post_writers.get(pn.module, [])}
 
 
 def ln_writer_ones(desc: Description, params) -> list[Family]:
     """Where every reader of the stream reads it through a centring norm (a LayerNorm), the
     stream's component along 1 is seen by nobody: each vector a writer adds (a row of the
-    embedding, a column of an output projection, a bias) may gain any multiple of 1."""
+    embedding, a column of an output projection, a bias) may gain any multiple of 1 — behind a
+    norm only if that norm centres too (BLOOM's embedding LayerNorm) — and so may the shift β of a
+    norm whose output enters the stream."""
     if not _blind_to_ones(desc):
         return []
+    behind = _behind_post_norms(desc)
     gens: list[list[Entry]] = []
     for w in desc.writers:
+        if w.param in behind and behind[w.param].kind not in CENTRED:
+            continue
         gens += [[(w.param, idx, 1.0, "shift")] for idx in _slices(params[w.param], w.axis)]
         if w.bias:
             gens += [[(w.bias, idx, 1.0, "shift")] for idx in _slices(params[w.bias], params[w.bias].dim() - 1)]
+    gens += [[(pn.bias, (slice(None),), 1.0, "shift")] for pn in desc.post_norms if pn.bias]
     return [_coordinatewise("ln-writer-ones", "stream", params, gens, f"R^{len(gens)}")]
 
 
@@ -791,10 +796,13 @@ def value_constant_unseen(desc: Description, params) -> list[Family]:
     landing = _landing_biases(desc)
     blind = _blind_to_ones(desc)
     readers = {r.param: r for r in desc.readers}
+    behind = _behind_post_norms(desc)
     out = []
     for h in desc.heads:
         if h.layer in landing:
             continue
+        # behind a norm a multiple of 1 is seen (only W_O·E·c = 0 is unseen there)
+        seen_ones = not blind or h.o in behind
         r = readers.get(h.v)
         norm: Norm | None = None  # the constant from the value bias, or from the ones shifts behind it
         if not h.vb:
@@ -803,10 +811,10 @@ def value_constant_unseen(desc: Description, params) -> list[Family]:
                 continue
             if float(params[norm.bias].to(torch.float64) @ _ones_direction(norm, params, desc.d_model)) == 0.0:
                 continue
-        C = _unseen_values(h, params, desc.d_model, blind)
+        C = _unseen_values(h, params, desc.d_model, not seen_ones)
         if C.shape[1] == 0:
             continue
-        act = partial(_unseen_value, h, norm, desc.d_model, blind)
+        act = partial(_unseen_value, h, norm, desc.d_model, not seen_ones)
         moves = h.vb if norm is None else h.v
         assert moves is not None
         gens = []
@@ -906,6 +914,29 @@ def _value_fold(h: Heads, g: int, p: Params, c: torch.Tensor) -> Params:
     return out
 
 
+def table_offset(desc: Description, params) -> list[Family]:
+    """A vector added to every row of the first input table (the tokens') and taken from every row
+    of another (learned positions): the stream's first value, their sum, is unchanged."""
+    first, *rest = desc.tables
+    gens: list[list[Entry]] = [
+        [(first, (slice(None), j), 1.0, "shift"), (t, (slice(None), j), -1.0, "shift")]
+        for t in rest
+        for j in range(desc.d_model)
+    ]
+    return [_coordinatewise("embed-offset", "input tables", params, gens, f"R^{len(gens)}")] if gens else []
+
+
+def selection_only(desc: Description, params) -> list[Family]:
+    """Every entry of a parameter that only chooses (which experts a token goes to), moved on its
+    own: the choice, and so the function, is constant near a point where no choice is tied."""
+    return [
+        _coordinatewise(
+            "selection-only", name, params, [[(name, (j,), 1.0, "shift")] for j in range(params[name].numel())]
+        )
+        for name in desc.selection
+    ]
+
+
 def continuous(desc: Description, params) -> list[Family]:
     fams: list[Family] = []
     for op in desc.opaque:
@@ -922,7 +953,7 @@ def continuous(desc: Description, params) -> list[Family]:
     fams += stream_gl(desc, params) + norm_fold(desc, params) + post_norm_diagonal(desc, params)
     fams += ln_writer_ones(desc, params) + ln_reader_ones(desc, params) + ln_bias_shift(desc, params)
     fams += ln_bias_into_ones(desc, params) + value_ones_into_bias(desc, params) + value_constant_unseen(desc, params)
-    return fams + parallel_bias_trade(desc, params)
+    return fams + parallel_bias_trade(desc, params) + table_offset(desc, params) + selection_only(desc, params)
 
 
 # ----------------------------------------------------------------------------- discrete

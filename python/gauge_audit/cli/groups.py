@@ -11,7 +11,7 @@ from ..errors import GaugeAuditError
 from ..models.architectures import ARCHITECTURES
 from ..models.derived import needs_derivation
 from ..models.registry import config_of, model_names
-from ..nullity.groups import G_MAX, discrete, factors, repeats, to_json, total, verify
+from ..nullity.groups import G_MAX, discrete, factors, repeats, to_json, total, verify, verify_described
 
 _MLA = ("q_lora_rank", "kv_lora_rank", "nope_dim", "v_dim", "moe_d_ff", "experts", "first_dense", "router")
 
@@ -176,9 +176,11 @@ def run(args) -> int:
     out = to_json(cfg, fs)
     out["model"] = args.model
     v = verify(cfg, args.seed) if args.verify else None
+    dv = verify_described(cfg, args.seed) if args.verify else None
     ok = True
     if v is not None:
         ok = v.measured == v.explained and all(a == b for _, a, b in v.rows)
+        ok = ok and (isinstance(dv, str) or (dv is not None and dv.agrees))
         out["verify"] = {
             "sizes": {
                 k: getattr(v.cfg, k)
@@ -190,13 +192,39 @@ def run(args) -> int:
             "group_total": v.factor_total,
             "factors": [{"family": n, "formula": a, "rank": b} for n, a, b in v.rows],
             "other_families": v.others,
+            "described": _described_json(dv),
             "agrees": ok,
         }
     if args.json:
         print(json.dumps(out, sort_keys=True))
     else:
-        print(format_table(args.model, cfg, fs, v))
+        print(format_table(args.model, cfg, fs, v, dv))
     return 0 if ok else 1
+
+
+def _described_json(dv) -> dict:
+    if dv is None or isinstance(dv, str):
+        return {"refused": dv}
+    f = dv.found
+    return {
+        "sizes": {k: getattr(dv.cfg, k) for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab")},
+        "measured_nullity": f.nullity,
+        "explained": f.explained,
+        "rows": f.rows,
+        "converged": f.converged,
+        "flat": _flat_by_family(f),
+        "discrete": {d.name: d.holds for d in f.discrete},
+        "unexplained": f.unexplained,
+        "agrees": f.agrees,
+    }
+
+
+def _flat_by_family(found) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in found.families:
+        if r.flat:
+            out[r.name] = out.get(r.name, 0) + r.flat
+    return out
 
 
 def _table(rows: list[list[str]], width: int) -> list[str]:
@@ -218,7 +246,7 @@ def _heads(cfg) -> str:
     )
 
 
-def format_table(name: str, cfg, fs, v) -> str:
+def format_table(name: str, cfg, fs, v, dv=None) -> str:
     width = shutil.get_terminal_size((120, 24)).columns
     rows = [["scope", "factor", "group", "dim", "generators", "G_max predicts", "differs"]]
     for f in fs:
@@ -249,4 +277,16 @@ def format_table(name: str, cfg, fs, v) -> str:
             "  other families (norm reparametrisations, small vocabulary): "
             + (", ".join(f"{k} {r}" for k, r in v.others.items()) or "none")
         )
+    if isinstance(dv, str):
+        lines.append(f"described per tensor: refused ({dv})")
+    elif dv is not None:
+        f = dv.found
+        lines.append(
+            f"described per tensor (vocab={dv.cfg.vocab}): candidate families tested on the forward, measured "
+            f"nullity {f.nullity} at {f.rows:,} rows, flat candidates explain {f.explained}"
+            + ("  (measured = explained)" if f.agrees else f"  ({f.nullity - f.explained} UNEXPLAINED)")
+        )
+        lines.append("  " + ", ".join(f"{k} {n}" for k, n in _flat_by_family(f).items()))
+        held = [d.name for d in f.discrete if d.holds]
+        lines.append("  discrete, held on the forward: " + (", ".join(dict.fromkeys(held)) or "none"))
     return "\n".join(lines)

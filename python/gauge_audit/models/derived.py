@@ -31,9 +31,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -72,6 +74,46 @@ class Float64(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Context:
+    """What a custom autograd Function's forward may write to its context, taken and dropped."""
+
+    def save_for_backward(self, *tensors) -> None:
+        pass
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        pass
+
+
+@contextmanager
+def plain_functions(module: torch.nn.Module):
+    """The custom ``torch.autograd.Function`` classes of the module's own source files, called as
+    their forward — so torch.func differentiates the forward's own operations (its derivative
+    exact) instead of refusing a Function it cannot transform (BLOOM's GELU, whose hand-written
+    backward is that same tanh-GELU's derivative).  Restored on exit."""
+    sources = {sys.modules.get(type(m).__module__) for m in module.modules()}
+    functions = {
+        obj
+        for src in sources
+        if src is not None
+        for obj in vars(src).values()
+        if isinstance(obj, type)
+        and issubclass(obj, torch.autograd.Function)
+        and obj.__module__ == src.__name__
+        and "setup_context" not in vars(obj)  # torch.func transforms those itself
+    }
+    saved = {f: vars(f).get("apply") for f in functions}
+    for f in functions:
+        f.apply = classmethod(lambda cls, *args: cls.forward(_Context(), *args))  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        for f, apply in saved.items():
+            if apply is None:
+                delattr(f, "apply")
+            else:
+                f.apply = apply  # type: ignore[method-assign]
+
+
 # ----------------------------------------------------------------------------- description
 @dataclass(frozen=True)
 class Norm:
@@ -79,7 +121,9 @@ class Norm:
     weight: str | None  # parameter name; None: a weightless norm
     bias: str | None
     kind: str  # rms | rms1p (n(x)·(1 + w)) | layernorm | weightless | layernorm-weightless (centred)
-    reads: str  # stream-mixer | stream-ffn | stream (both, in a parallel block) | mixer-out | ffn-out | heads
+    reads: (
+        str  # stream-mixer | stream-ffn | stream (both, in a parallel block) | mixer-out | ffn-out | embed-out | heads
+    )
 
     def gamma(self, params: dict) -> torch.Tensor | None:
         """The elementwise factor the normalised input is multiplied by."""
@@ -123,6 +167,7 @@ class Hidden:
     router_bias: str | None = None
     per_expert: tuple[str, ...] = ()  # further tensors indexed by expert (the writer's bias, router buffers)
     layer: int = -1
+    biases: tuple[tuple[str, str], ...] = ()  # (a reader's bias, the reader's weight): one unit's pre-activation
 
 
 @dataclass(frozen=True)
@@ -198,6 +243,7 @@ class LatentHeads:
     rope: int
     v: int
     rope_start: int
+    rope_bias: str | None = None  # the bias whose entries from ``rope_start`` the rotary key adds
 
 
 @dataclass(frozen=True)
@@ -242,6 +288,10 @@ class Description:
     placed: set[str] = field(default_factory=set)
     unplaced: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why)
     residual: str = "serial"  # serial, parallel, or why the stream structure was not recognised
+    # the input tables summed into the stream's first value, the tokens' first (learned positions after)
+    tables: list[str] = field(default_factory=list)
+    # parameters read only by a discrete choice (a router's correction bias, as a parameter)
+    selection: list[str] = field(default_factory=list)
 
     @property
     def stream_described(self) -> bool:
@@ -302,6 +352,24 @@ class Description:
 
 
 # ----------------------------------------------------------------------------- the model
+class Forward(Protocol):
+    """What the measurement of a group asks of a model: its float64 parameters (and stored
+    buffers), its vocabulary and its logits at any parameters — transformers' forward
+    (:class:`HFModel`) or a reference family's own (:class:`.described.FamilyModel`)."""
+
+    name: str
+    source: str
+    params: dict[str, torch.Tensor]
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]: ...
+
+    @property
+    def vocab(self) -> int: ...
+
+    def logits(self, params: dict, ids: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass
 class HFModel:
     """transformers' model of one architecture at one float64 parameter point."""
@@ -326,7 +394,7 @@ class HFModel:
     def logits(self, params: dict, ids: torch.Tensor) -> torch.Tensor:
         from torch.func import functional_call
 
-        with Float64():
+        with Float64(), plain_functions(self.module):
             return functional_call(self.module, params, (ids,), {"use_cache": False}).logits
 
     @property
@@ -689,9 +757,12 @@ def _is_norm(mod) -> bool:
     return "norm" in type(mod).__name__.lower()
 
 
-def _rotary(config, attn, head_dim: int) -> int:
+def _rotary(config, attn, head_dim: int, root: torch.nn.Module) -> int:
     if getattr(attn, "use_rope", True) in (0, False):
         return 0
+    rotary_module = any("rotary" in type(m).__name__.lower() for m in root.modules())
+    if not rotary_module and all(getattr(config, k, None) is None for k in ("rope_parameters", "rotary_dim")):
+        return 0  # no rotary embedding at all: learned or ALiBi positions (BLOOM, MPT)
     if isinstance(getattr(config, "rotary_dim", None), int):  # GPT-J, CodeGen: the rotated width itself
         return min(int(config.rotary_dim), head_dim)
     rp = getattr(config, "rope_parameters", None) or {}
@@ -735,9 +806,21 @@ def describe(model: HFModel, seed: int = 0) -> Description:
     head_bias = _opt(params, f"{head_name}.bias")
     desc = Description(model.name, d, int(cfg.num_hidden_layers), model.vocab, embed, head, head == embed, None)
     desc.writers.append(Writer(embed, 1))
+    desc.tables.append(embed)
     desc.placed |= {embed, head, head_bias or ""}
-    # the final norm: the one norm beside the layers
+    # the final norm: the one norm beside the layers that does not read the embedding (BLOOM's
+    # embedding LayerNorm does: it normalises the embedding's output before the stream starts)
     finals = [(f"{pre}{n}", mod) for n, mod in base.named_children() if _is_norm(mod)]
+    embedded = io.get(names[id(embed_mod)])
+    for n, mod in [f for f in finals if embedded is not None and f[0] in io and _same(io[f[0]][0], embedded[1])]:
+        finals.remove((n, mod))
+        nk = _norm_kind(mod, io[n][0], io[n][1], params, n)
+        if nk is None:
+            desc.unplaced.append((n, "the embedding norm's kind was not recognised"))
+            continue
+        desc.post_norms.append(Norm(nk.module, nk.weight, nk.bias, nk.kind, "embed-out"))
+        desc.post_writers[nk.module] = [Writer(embed, 1)]
+        desc.placed |= {nk.weight or "", nk.bias or ""}
     fname = finals[0][0] if len(finals) == 1 else f"{pre}norm"
     fn = io.get(fname)
     if fn is not None and len(finals) == 1:
@@ -828,13 +911,15 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer, prefix: str) ->
         return
     (mix_name, mix, mix_x, mix_y), (ffn_name, ffn, ffn_x, ffn_y) = subs
     desc.mixers.append(type(mix).__name__)
+    # a mixer that adds the residual itself (BLOOM's) returns the stream: a norm reading it is a pre-norm
+    mix_adds = _adds_residual(io, f"{prefix}.{mix_name}", mix, x_in)
     placed_norms: dict[str, Norm] = {}
     for n, mod, x, y in norms:
         nk = _norm_kind(mod, x, y, params, f"{prefix}.{n}")
         if nk is None:
             desc.unplaced.append((f"{prefix}.{n}", "a norm whose kind was not recognised"))
             continue
-        if _same(x, mix_y) or _same(x, ffn_y):  # a post-norm: it reads a sublayer's output
+        if (_same(x, mix_y) and not mix_adds) or _same(x, ffn_y):  # a post-norm: it reads a sublayer's output
             feeds = ["mixer-out" if _same(x, mix_y) else "ffn-out"]
         else:  # a pre-norm: the sublayer(s) its output feeds (a parallel block: one norm may feed both)
             feeds = [r for r, sx in (("stream-mixer", mix_x), ("stream-ffn", ffn_x)) if _same(y, sx)]
@@ -850,7 +935,7 @@ def _layer(desc: Description, model: HFModel, io, i: int, layer, prefix: str) ->
     # the serial residual: x_mid = x_in + (post-norm of) mixer out; x_out = x_mid + (post-norm of) FFN out;
     # the parallel one (GPT-J, NeoX, Cohere): x_out = x_in + mixer out + FFN out, both reading x_in
     w_mix = (io[post_mix.module][1] if post_mix else mix_y).reshape(x_in.shape)
-    if post_mix is None and _adds_residual(io, f"{prefix}.{mix_name}", mix, x_in):
+    if post_mix is None and mix_adds:
         w_mix = w_mix - x_in
     x_mid = x_in + w_mix
     w_ffn = (io[post_ffn.module][1] if post_ffn else ffn_y).reshape(x_mid.shape)
@@ -900,7 +985,7 @@ def _linear(mod, name) -> bool:
     return isinstance(mod, torch.nn.Linear) and getattr(mod, "weight", None) is not None
 
 
-def _starts(fused: str | None, n_heads: int, n_kv: int, e: int, q_stride: int) -> dict[str, tuple[int, ...]]:
+def head_starts(fused: str | None, n_heads: int, n_kv: int, e: int, q_stride: int) -> dict[str, tuple[int, ...]]:
     """Where each query head's rows and each KV group's key and value rows start (:class:`Heads`)."""
     G = n_heads // n_kv
     if fused == "query_key_value":  # per KV group: G query heads, its key, its value
@@ -978,12 +1063,12 @@ def _mixer(desc: Description, model: HFModel, io, i: int, prefix: str, mix, norm
             n_kv=n_kv,
             head_dim=e,
             q_stride=q_out // n_heads,
-            rotary=_rotary(cfg, mix, e),
+            rotary=_rotary(cfg, mix, e, model.module),
             q_norm=qn,
             k_norm=kn,
             qk_norm=kind,
             sinks=sinks,
-            **_starts(fused, n_heads, n_kv, e, q_out // n_heads),
+            **head_starts(fused, n_heads, n_kv, e, q_out // n_heads),
         )
         desc.heads.append(h)
         biases = {h.v: h.vb, h.k: h.kb, h.q: h.qb}  # a fused projection: its one bias (the first key wins)
@@ -1065,7 +1150,8 @@ def _latent_attention(desc: Description, model: HFModel, io, i: int, prefix: str
         desc.placed |= {f"{r}.weight", f"{r}.bias"}
     desc.writers.append(Writer(o, 0, _opt(params, f"{prefix}.{out}.bias")))
     desc.latents += latents
-    desc.latent_heads.append(LatentHeads(i, q, kv_a, kv_b, o, H, nope, rope, v, r_kv))
+    kv_a_bias = _opt(params, f"{prefix}.kv_a_proj_with_mqa.bias")
+    desc.latent_heads.append(LatentHeads(i, q, kv_a, kv_b, o, H, nope, rope, v, r_kv, kv_a_bias))
     desc.placed |= {q, kv_b, o, f"{prefix}.{out}.bias"} | {lt.norm.weight or "" for lt in latents}
 
 
@@ -1079,13 +1165,15 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
             return
         readers = [n for n in FFN_READERS if n in ch]
         rs: list[tuple[str, int]] = []
+        bs: list[tuple[str, str]] = []
         for n in readers:
             desc.readers.append(Reader(f"{pre}.{n}.weight", 1, norm, _opt(params, f"{pre}.{n}.bias")))
             rs.append((f"{pre}.{n}.weight", 0))
             if f"{pre}.{n}.bias" in params:
                 rs.append((f"{pre}.{n}.bias", 0))
+                bs.append((f"{pre}.{n}.bias", f"{pre}.{n}.weight"))
         desc.writers.append(Writer(f"{pre}.{down}.weight", 0, _opt(params, f"{pre}.{down}.bias")))
-        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.{down}.weight", 1),), layer=i))
+        desc.hidden.append(Hidden(name, tuple(rs), ((f"{pre}.{down}.weight", 1),), layer=i, biases=tuple(bs)))
         desc.placed |= {p for p, _ in rs} | {f"{pre}.{down}.weight", f"{pre}.{down}.bias"}
 
     ch = dict(ffn.named_children())
@@ -1100,7 +1188,7 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
             for n in pe:
                 desc.unplaced.append((n, "experts stored as other than fused (E, ·, ·) tensors"))
         else:
-            rs, ws = [], []
+            rs, ws, bs = [], [], []
             for n in up:
                 ax = _stream_axis(pe[n], d, n, desc)
                 if ax is None:
@@ -1110,6 +1198,7 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
                 b = n + "_bias"
                 if b in params:
                     rs.append((b, 1))
+                    bs.append((b, n))
                     desc.placed.add(b)
             ax = _stream_axis(pe[down[0]], d, down[0], desc)
             if ax is None:
@@ -1133,7 +1222,7 @@ def _ffn(desc: Description, model: HFModel, i: int, prefix: str, ffn, norm: Norm
                 else ()
             )
             per = ((bias,) if bias else ()) + extra
-            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, per, layer=i))
+            desc.hidden.append(Hidden(f"layer {i} experts", tuple(rs), tuple(ws), E, rw, rb, per, i, tuple(bs)))
     for sname in ("shared_expert", "shared_experts"):
         if sname in ch:
             dense(f"{prefix}.{sname}", ch[sname], f"layer {i} shared expert")

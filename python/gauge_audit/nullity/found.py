@@ -1,7 +1,8 @@
 """The gauge group found on a model's own forward, not assumed.
 
-1. **Converged nullity.**  Rows of J = ∂logits/∂θ (transformers' float64 forward, reverse mode
-   per block of sequences) are added a block at a time into the triangular factor R of a QR
+1. **Converged nullity.**  Rows of J = ∂logits/∂θ (transformers' float64 forward, or a reference
+   family's own; reverse mode per block of sequences, the tokens placed in one random order
+   cycle after cycle) are added a block at a time into the triangular factor R of a QR
    factorisation (JᵀJ = RᵀR, so ‖Jv‖ = ‖Rv‖ with R only P × P).  After each block the rank is
    read from the largest relative gap of R's spectrum.  Too few rows leave directions flat that
    are not symmetries, so rows are added until the nullity has not changed over the last P rows
@@ -26,7 +27,7 @@ from torch.func import jacrev
 
 from ..actions.candidates import Family, continuous, discrete
 from ..errors import GaugeAuditError
-from ..models.derived import MAX_PARAMS_MEASURED, Description, HFModel
+from ..models.derived import MAX_PARAMS_MEASURED, Description, Forward
 from ..numeric import statistical_factor, worst_case_tolerance
 from ..progress import bar
 from ..runtime import eps, generator
@@ -81,22 +82,32 @@ class Found:
         return self.converged and self.explained == self.nullity
 
 
-def inputs(vocab: int, batch: int, g: torch.Generator, cover: bool) -> torch.Tensor:
+def inputs(vocab: int, batch: int, g: torch.Generator, cover: bool, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """``batch`` random sequences; ``cover``: with ``tokens`` (all of them, in a random order, by
+    default) each placed once at a random position, as many as fit — so no embedding row is unseen."""
     ids = torch.randint(0, vocab, (batch, SEQ), generator=g)
-    if cover:  # every token once, so no embedding row is unseen
+    if cover:
         flat = ids.reshape(-1)
-        k = min(vocab, flat.numel())
-        flat[torch.randperm(flat.numel(), generator=g)[:k]] = torch.randperm(vocab, generator=g)[:k]
+        want = torch.randperm(vocab, generator=g) if tokens is None else tokens
+        k = min(want.numel(), flat.numel())
+        flat[torch.randperm(flat.numel(), generator=g)[:k]] = want[:k]
     return ids
 
 
 def converged_factor(
-    model: HFModel, layout: Layout, seed: int, budget_s: float, max_factor: float, quiet: bool
+    model: Forward, layout: Layout, seed: int, budget_s: float, max_factor: float, quiet: bool
 ) -> tuple[torch.Tensor, list[tuple[int, int]], bool, Spectrum]:
     """R (P × P, upper) over enough rows that the nullity is stable; the (rows, nullity) history."""
-    P = layout.size
-    per_seq = SEQ * model.vocab
+    P, V = layout.size, model.vocab
+    per_seq = SEQ * V
     batch = max(1, math.ceil(P / 2 / per_seq))  # blocks of about P/2 rows
+    # Each block places the next tokens of one random order, so every token occurs once a cycle;
+    # a token's embedding row is seen only where it occurs, so the nullity must stay unchanged over
+    # a whole cycle as well as over P rows (NeoX at 60 tokens, blocks of 2 sequences: 254 stable
+    # over P rows, 240 — the group — over a cycle)
+    placed = min(V, batch * SEQ)
+    order = torch.randperm(V, generator=generator(seed + 3))
+    window = max(P, math.ceil(V / placed) * batch * per_seq)
     g = generator(seed + 1)
     names = layout.names
 
@@ -106,15 +117,16 @@ def converged_factor(
     jac = jacrev(f)
     R = torch.zeros(0, P, dtype=torch.float64)
     history: list[tuple[int, int]] = []
-    rows, t0 = 0, time.time()
+    rows, blocks, t0 = 0, 0, time.time()
     spec: Spectrum | None = None
     converged = False
     with bar(total=None, desc="Jacobian rows", unit="row", disable=quiet) as pb:
         while True:
-            ids = inputs(model.vocab, batch, g, cover=rows == 0)
+            ids = inputs(V, batch, g, cover=True, tokens=order[(torch.arange(placed) + blocks * placed) % V])
+            blocks += 1
             try:
                 J = jac(model.params, ids)
-            except RuntimeError as exc:  # e.g. a custom autograd.Function torch.func cannot transform (BLOOM's GELU)
+            except RuntimeError as exc:  # e.g. a custom autograd.Function from outside the model's own source
                 line = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
                 raise GaugeAuditError(f"{model.name}: torch.func cannot differentiate its forward: {line}") from None
             block = torch.cat([J[n].reshape(J[n].shape[0], -1) for n in names], dim=1)
@@ -132,7 +144,7 @@ def converged_factor(
                 spec = None
             history.append((rows, -1 if spec is None else spec.nullity))
             if spec is not None and rows >= 2 * P:
-                back = [n for r, n in history if r <= rows - P]
+                back = [n for r, n in history if r <= rows - window]
                 if back and back[-1] == spec.nullity:
                     converged = True
                     break
@@ -175,7 +187,7 @@ def _left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def measure(
-    model: HFModel,
+    model: Forward,
     desc: Description,
     seed: int = 0,
     budget_s: float = 600.0,
@@ -310,7 +322,7 @@ def _opaque_length(op, params: dict) -> int:
     return fan_in + SEQ * width
 
 
-def forward_condition(model: HFModel, state: dict, ids: torch.Tensor, y0: torch.Tensor, seed: int) -> float:
+def forward_condition(model: Forward, state: dict, ids: torch.Tensor, y0: torch.Tensor, seed: int) -> float:
     """The logits' relative response, in ε, to one relative rounding of every parameter (each
     entry times 1 ± ε, signs drawn from ``seed``; the largest of three draws): the forward's
     condition number at this point, about 1 at a generic one and larger at a copy moved by a
@@ -328,7 +340,7 @@ def forward_condition(model: HFModel, state: dict, ids: torch.Tensor, y0: torch.
     return worst
 
 
-def _discrete(model: HFModel, desc: Description, seed: int) -> list[DiscreteResult]:
+def _discrete(model: Forward, desc: Description, seed: int) -> list[DiscreteResult]:
     cands = discrete(desc, model.params)
     state = model.state  # a permutation of experts moves the router's stored buffers too
     if not cands:

@@ -5,7 +5,9 @@ Each factor names the action whose generators the nullity theory builds (``sourc
 what the maximal-gauge paper's G_max (per head GL(d_k) × GL(d_v), with the RoPE commutant and GQA
 tying) predicts for the same slot.  :func:`verify` measures the Jacobian nullity of a small model
 with the same switches and compares, family by family: the factors' formulas against the
-families' ranks, and the total against the measured nullity.
+families' ranks, and the total against the measured nullity; :func:`verify_described` measures the
+same small model a second way, through its per-tensor description (the candidate families of a
+derived architecture, tested on the family's own forward).
 
 The norm reparametrisations (a norm's γ folded into its readers, LayerNorm's ones directions, the
 embedding offset) and the small-vocabulary families are part of the measured total but not of the
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..errors import GaugeAuditError
 from ..models.config import Config
 from ..models.deepseek import as_latent
+from ..models.described import description, generic_model
+from .found import SEQ, Found, measure
 from .groups_mla import mla_discrete, mla_factors, mla_small
 
 G_MAX = "G_max (per head GL(d_k)×GL(d_v), RoPE commutant, GQA tying)"
@@ -210,6 +215,41 @@ def verify(cfg: Config, seed: int = 0) -> Verification:
     used = {f.source for f in fs}
     others = {k: v for k, v in ranks.items() if k not in used}
     return Verification(s, r.measured_nullity, r.explained, total(s, fs), rows, others)
+
+
+@dataclass
+class DescribedVerification:
+    """The group measured through the per-tensor description (:mod:`..models.described`): every
+    candidate family tested for flatness on the family's own forward, as for a derived
+    architecture, at ``cfg`` (the small model's switches, at a vocabulary no block makes special)."""
+
+    cfg: Config
+    found: Found
+
+    @property
+    def agrees(self) -> bool:
+        return self.found.agrees
+
+
+def described_small(cfg: Config, seed: int = 0) -> Config:
+    """:func:`small` at sizes its description measures as generic: every learned position used by
+    the measurement's sequences (and no other), a vocabulary no first block makes special (a size
+    of our choosing need not be).  A configuration the description cannot state raises its line."""
+    s = small(cfg)
+    if s.pos == "learned":
+        s = s.with_(n_ctx=SEQ)
+    special = description(s).special_vocabulary(generic_model(s, seed).params)
+    return s if special is None else s.with_(vocab=special.safe)
+
+
+def verify_described(cfg: Config, seed: int = 0) -> DescribedVerification | str:
+    """:func:`verify`'s small model measured through its description; what the description cannot
+    state, in one line, instead."""
+    try:
+        s = described_small(cfg, seed)
+    except GaugeAuditError as exc:
+        return str(exc)
+    return DescribedVerification(s, measure(generic_model(s, seed), description(s), seed))
 
 
 def to_json(cfg: Config, fs: list[Factor]) -> dict:
