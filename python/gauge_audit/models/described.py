@@ -50,8 +50,12 @@ _HEADS = {
 _TRANSPOSED = ("W_router", "W_DQ", "W_DKV", "W_KR")
 # where the norms after a sublayer live: normed outputs only (OLMo 2), or after a pre-norm (Gemma)
 _POST = {"output": ("ln1", "ln2"), "sandwich": ("ln1_post", "ln2_post")}
-_KINDS = {"layernorm": "layernorm", "layernorm-noaffine": "layernorm-weightless", "rmsnorm": "rms"}
-_KINDS["rmsnorm-noweight"] = "weightless"
+_KINDS = {
+    "layernorm": "layernorm",
+    "layernorm-noaffine": "layernorm-weightless",
+    "rmsnorm": "rms",
+    "rmsnorm-noweight": "weightless",
+}
 # latent attention's key and value up-projections, per head [key nope | value] in one tensor as rows
 # (transformers' kv_b_proj): W_UK (heads, r, nope) and W_UV (heads, r, v) side by side
 _UKV = "W_UKV"
